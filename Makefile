@@ -1,0 +1,149 @@
+# kvq - one Makefile for the library, the kvq tool, tests, benchmarks and fuzzers.
+#
+#   make            libkvq.a, libkvq.so, kvq.pc and the kvq command in $(BUILD)/
+#   make test       build and run every test (closes with "N passed, N failed")
+#   make run        the main job: the bundled model answers a ~3.5K-token passkey prompt
+#   make bench      benchmarks: JSON in $(BUILD)/bench/, a table on stdout
+#   make sanitize   the tests under ASan + UBSan (in build-san/)
+#   make fuzz       the parsers of untrusted bytes under libFuzzer (FUZZ_SECONDS each)
+#   make install PREFIX=/usr/local
+#
+# Missing Debian packages are installed by mk/deps.sh when run as root;
+# otherwise the build stops with the apt-get line to run.
+# Several builds may share the tree: BUILD=dir keeps their outputs apart.
+
+BUILD   ?= build
+PREFIX  ?= /usr/local
+CC      ?= cc
+FUZZ_CC ?= clang
+FUZZ_SECONDS ?= 30
+VERSION := 0.1.0
+NVCC    ?= $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
+
+ifeq ($(CI),true)
+WERROR ?= 1
+endif
+
+MODULES  := common codebook rotation codec cache attn
+INCDIRS  := kvq $(addprefix kvq/,$(MODULES)) kvq/cuda codebooks decoder tools tests
+WARN     := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wvla -Wformat=2 -Wundef
+CFLAGS   ?= -O2 -g
+ALL_CFLAGS = -std=c11 -D_DEFAULT_SOURCE -D_POSIX_C_SOURCE=200809L -fPIC $(WARN) \
+             $(if $(filter 1,$(WERROR)),-Werror) $(addprefix -I,$(INCDIRS)) -MMD -MP $(CFLAGS)
+SIMD_FLAGS := -mavx2 -mfma -mf16c
+LDLIBS   := -lfftw3f -lopenblas -lcjson -lm -lpthread
+
+LIB_SRC   := $(sort $(wildcard kvq/*/*.c) $(wildcard codebooks/*.c) $(wildcard decoder/*.c))
+TOOL_SRC  := $(sort $(wildcard tools/*.c))
+TEST_SRC  := $(sort $(wildcard tests/test_*.c))
+BENCH_SRC := $(sort $(wildcard bench/bench_*.c))
+FUZZ_SRC  := $(sort $(wildcard tests/fuzz/fuzz_*.c))
+CUDA_SRC  := $(sort $(wildcard kvq/cuda/*.cu))
+
+LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+TOOL_OBJ  := $(TOOL_SRC:%.c=$(BUILD)/obj/%.o)
+TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
+FUZZ_BIN  := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/fuzz/%)
+
+# CUDA objects join the library whenever nvcc exists; the code checks for a
+# device at run time, so the same build works (and skips) without a GPU.
+ifneq ($(strip $(NVCC)),)
+ifneq ($(strip $(CUDA_SRC)),)
+CUDA_HOME  := $(patsubst %/bin/nvcc,%,$(NVCC))
+NVCC_FLAGS ?= -O3 -std=c++17 -Xcompiler -fPIC -gencode=arch=compute_90a,code=sm_90a \
+              -gencode=arch=compute_80,code=compute_80 $(addprefix -I,$(INCDIRS))
+LIB_OBJ    += $(CUDA_SRC:%.cu=$(BUILD)/obj/%.o)
+ALL_CFLAGS += -DKVQ_HAVE_CUDA=1
+LDLIBS     += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
+endif
+endif
+
+LIB_A  := $(BUILD)/lib/libkvq.a
+LIB_SO := $(BUILD)/lib/libkvq.so
+KVQ    := $(BUILD)/bin/kvq
+PC     := $(BUILD)/lib/pkgconfig/kvq.pc
+DEPS_OK := $(BUILD)/.deps-ok
+
+.PHONY: all test bench sanitize fuzz run install clean deps tests benches
+all: $(LIB_A) $(LIB_SO) $(PC) $(KVQ)
+
+deps: $(DEPS_OK)
+$(DEPS_OK): mk/deps.sh
+	@sh mk/deps.sh
+	@mkdir -p $(@D) && touch $@
+
+$(BUILD)/obj/%_avx2.o: %_avx2.c | $(DEPS_OK)
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) $(SIMD_FLAGS) -c $< -o $@
+
+$(BUILD)/obj/%.o: %.c | $(DEPS_OK)
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/%.o: %.cu
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCC_FLAGS) -MMD -MP -c $< -o $@
+
+$(LIB_A): $(LIB_OBJ)
+	@mkdir -p $(@D)
+	rm -f $@ && ar rcs $@ $^
+
+$(LIB_SO): $(LIB_OBJ)
+	@mkdir -p $(@D)
+	$(CC) -shared -o $@ $^ $(LDFLAGS) $(LDLIBS)
+
+$(PC): mk/kvq.pc.in Makefile
+	@mkdir -p $(@D)
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' -e 's|@LIBS@|$(LDLIBS)|' $< > $@
+
+$(KVQ): $(TOOL_OBJ) $(LIB_A)
+	@mkdir -p $(@D)
+	$(CC) $(LDFLAGS) -o $@ $(TOOL_OBJ) $(LIB_A) $(LDLIBS)
+
+# Tests link the tool objects too (except main), so subcommands are testable.
+TOOL_LIB_OBJ := $(filter-out $(BUILD)/obj/tools/kvq.o,$(TOOL_OBJ))
+$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TOOL_LIB_OBJ) $(LIB_A)
+	@mkdir -p $(@D)
+	$(CC) $(LDFLAGS) -o $@ $< $(TOOL_LIB_OBJ) $(LIB_A) $(LDLIBS)
+
+$(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(LIB_A)
+	@mkdir -p $(@D)
+	$(CC) $(LDFLAGS) -o $@ $< $(LIB_A) $(LDLIBS)
+
+tests: $(TEST_BIN) $(KVQ)
+test: tests
+	@sh tests/run.sh $(BUILD) $(TEST_BIN)
+
+benches: $(BENCH_BIN) $(KVQ)
+bench: benches
+	@sh bench/run.sh $(BUILD) $(BENCH_BIN)
+
+sanitize:
+	$(MAKE) BUILD=build-san CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" \
+	        LDFLAGS="-fsanitize=address,undefined" NVCC= test
+
+# libFuzzer targets: clang, no CUDA, each run for FUZZ_SECONDS on its corpus.
+fuzz:
+	$(MAKE) BUILD=build-fuzz CC=$(FUZZ_CC) NVCC= CFLAGS="-O1 -g -fsanitize=fuzzer-no-link,address,undefined" fuzzers
+	@sh tests/fuzz/run.sh build-fuzz $(FUZZ_SECONDS)
+fuzzers: $(FUZZ_BIN)
+$(BUILD)/fuzz/%: $(BUILD)/obj/tests/fuzz/%.o $(LIB_A)
+	@mkdir -p $(@D)
+	$(CC) -fsanitize=fuzzer,address,undefined -o $@ $< $(LIB_A) $(LDLIBS)
+
+run: all
+	@sh mk/run-demo.sh $(BUILD)
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/include/kvq $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin
+	install -m 644 kvq/kvq.h $(wildcard kvq/*/kvq_*.h) $(wildcard decoder/kvq_*.h) $(DESTDIR)$(PREFIX)/include/kvq/
+	install -m 644 $(LIB_A) $(DESTDIR)$(PREFIX)/lib/
+	install -m 755 $(LIB_SO) $(DESTDIR)$(PREFIX)/lib/
+	install -m 644 $(PC) $(DESTDIR)$(PREFIX)/lib/pkgconfig/
+	install -m 755 $(KVQ) $(DESTDIR)$(PREFIX)/bin/
+
+clean:
+	rm -rf $(BUILD) build-san build-fuzz
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -1,0 +1,105 @@
+/* kvq_cache.h - the packed KV cache of one layer.
+ *
+ * A cache holds the keys and values of one sequence for one layer, for all KV
+ * heads, in fixed-size pages (layout: kvq_layout.h). Pages are allocated on
+ * demand as tokens are appended and never moved or reallocated, so pointers
+ * into old pages stay valid and a device copy can mirror them page by page.
+ * reset() and truncate() keep the pages for reuse.
+ *
+ * Shapes: K and V inputs are [n_tokens][n_kv_heads][head_dim] floats, the
+ * order a transformer produces them in (post-RoPE keys).
+ *
+ * Threading: append/reset/truncate need exclusive access; concurrent readers
+ * (kvq_cache_read, kvq_attn_*) are safe while no writer runs.
+ */
+#ifndef KVQ_CACHE_H
+#define KVQ_CACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvq_codec.h"
+#include "kvq_layout.h"
+#include "kvq_status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct kvq_cache_config {
+    int n_kv_heads;           /* >= 1 */
+    int head_dim;             /* see kvq_type_check_dim */
+    enum kvq_type type_k;     /* default KVQ_DEFAULT_TYPE_K (tq3j) */
+    enum kvq_type type_v;     /* default KVQ_DEFAULT_TYPE_V (tq3) */
+    uint64_t seed;            /* K codec uses seed, V codec an independent derived seed */
+    enum kvq_rot_kind rot;    /* default KVQ_ROT_HADAMARD */
+    enum kvq_qjl_kind qjl;    /* default KVQ_QJL_ORTHO */
+    int page_tokens;          /* multiple of 16; 0 -> KVQ_DEFAULT_PAGE_TOKENS */
+    size_t max_tokens;        /* context limit, >= 1 */
+    size_t max_bytes;         /* page memory budget; 0 = no limit beyond max_tokens */
+};
+
+typedef struct kvq_cache kvq_cache;
+
+/** Fills cfg with defaults (tq3j/tq3, seed 0, HADAMARD, ORTHO, 64-token pages). */
+void kvq_cache_config_default(struct kvq_cache_config *cfg, int n_kv_heads, int head_dim, size_t max_tokens);
+
+/** Validates cfg, creates the K and V codecs and the page table (no pages yet).
+ *  @return KVQ_OK and *out, or KVQ_ERR_INVALID_ARG / KVQ_ERR_UNSUPPORTED / KVQ_ERR_NOMEM. */
+kvq_status kvq_cache_create(const struct kvq_cache_config *cfg, kvq_cache **out);
+
+/** Frees c and all its pages; accepts NULL. */
+void kvq_cache_free(kvq_cache *c);
+
+/** Encodes and appends n_tokens tokens. All-or-nothing: every row is checked
+ *  and every page needed is allocated before the first byte is written, so
+ *  on any error the cache is exactly as before.
+ *  @return KVQ_OK; KVQ_ERR_NONFINITE / KVQ_ERR_RANGE (bad input row);
+ *  KVQ_ERR_CONTEXT_FULL (len + n_tokens > max_tokens); KVQ_ERR_BUDGET (a new
+ *  page would exceed max_bytes); KVQ_ERR_NOMEM. */
+kvq_status kvq_cache_append(kvq_cache *c, size_t n_tokens, const float *k, const float *v);
+
+/** Decodes tokens [t0, t0 + n) of one KV head into k and/or v ([n][head_dim]
+ *  each; either may be NULL).
+ *  @return KVQ_OK or KVQ_ERR_INVALID_ARG (range beyond len, bad head). */
+kvq_status kvq_cache_read(const kvq_cache *c, int kv_head, size_t t0, size_t n, float *k, float *v);
+
+/** Number of tokens held. */
+size_t kvq_cache_len(const kvq_cache *c);
+
+/** Forgets all tokens; keeps the pages for reuse. */
+void kvq_cache_reset(kvq_cache *c);
+
+/** Drops tokens [n, len) (speculative decoding rollback). n > len is an error.
+ *  @return KVQ_OK or KVQ_ERR_INVALID_ARG. */
+kvq_status kvq_cache_truncate(kvq_cache *c, size_t n);
+
+struct kvq_cache_stats {
+    size_t tokens;          /* len */
+    size_t pages;           /* pages allocated (>= pages in use) */
+    size_t page_bytes;      /* bytes of one page */
+    size_t bytes_allocated; /* pages * page_bytes */
+    size_t bytes_used;      /* tokens * n_kv_heads * (K row + V row): what the tokens occupy */
+    size_t bytes_f16;       /* what an f16 cache would use for the same tokens */
+};
+void kvq_cache_get_stats(const kvq_cache *c, struct kvq_cache_stats *st);
+
+const struct kvq_cache_config *kvq_cache_config_of(const kvq_cache *c);
+const struct kvq_page_layout *kvq_cache_layout(const kvq_cache *c);
+const kvq_codec *kvq_cache_codec_k(const kvq_cache *c);
+const kvq_codec *kvq_cache_codec_v(const kvq_cache *c);
+
+/** Pages currently allocated, and page i's bytes (kvq_cache_layout() says
+ *  where each field is). Token t lives in page t / page_tokens, slot
+ *  t % page_tokens. @return NULL when i is out of range. */
+size_t kvq_cache_page_count(const kvq_cache *c);
+const uint8_t *kvq_cache_page(const kvq_cache *c, size_t i);
+
+/** Bytes a cache with this config needs for n_tokens tokens (whole pages).
+ *  @return 0 when cfg is invalid. */
+size_t kvq_cache_bytes_for(const struct kvq_cache_config *cfg, size_t n_tokens);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVQ_CACHE_H */

@@ -1,0 +1,193 @@
+/* kvq_layout.h - the byte layout of encoded rows and cache pages, defined once.
+ *
+ * This header compiles as C11 and under nvcc (C++), so the CPU cache, the CUDA
+ * kernels and any third-party kernel agree on every offset. Everything here is
+ * plain data and inline arithmetic.
+ *
+ * A cache page holds page_tokens consecutive tokens of one layer, for every KV
+ * head, K then V:
+ *
+ *   page = [K head 0][K head 1]...[K head H-1][V head 0]...[V head H-1]
+ *
+ * Each head chunk stores its row fields as separate sections (structure of
+ * arrays), each section page_tokens entries long and starting on a 16-byte
+ * boundary, so kernels stream each field with 16-byte loads:
+ *
+ *   tqBj chunk: norm[P] (u16) | rnorm[P] (u16) | codes[P][d*B/8] | signs[P][d/8]
+ *   tqB  chunk: norm[P] (u16) | codes[P][d*B/8]
+ *   f32/f16/q8_0/q4_0 chunk: codes[P][row_bytes] (llama.cpp rows)
+ *
+ * page_tokens is a multiple of 16, which makes every section a multiple of
+ * 16 bytes without padding: a page costs exactly P * H * (K row + V row)
+ * bytes, the same as the packed rows it holds.
+ */
+#ifndef KVQ_LAYOUT_H
+#define KVQ_LAYOUT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvq_codec.h"
+#include "kvq_half.h" /* KVQ_HD */
+
+#ifdef __cplusplus
+#define KVQ_STATIC_ASSERT(c, m) static_assert(c, m)
+#else
+#define KVQ_STATIC_ASSERT(c, m) _Static_assert(c, m)
+#endif
+
+#define KVQ_PAGE_ALIGN 16
+#define KVQ_DEFAULT_PAGE_TOKENS 64
+#define KVQ_MIN_PAGE_TOKENS 16
+#define KVQ_MAX_PAGE_TOKENS 4096
+#define KVQ_NO_SECTION 0xffffffffu
+
+/* llama.cpp-compatible baseline blocks. */
+#define KVQ_QK 32 /* values per q8_0 / q4_0 block */
+typedef struct kvq_block_q8_0 {
+    uint16_t d;          /* f16 scale: max|x| / 127 */
+    int8_t qs[KVQ_QK];   /* x ~ d * qs */
+} kvq_block_q8_0;
+typedef struct kvq_block_q4_0 {
+    uint16_t d;              /* f16 scale: (value of max |x|) / -8 */
+    uint8_t qs[KVQ_QK / 2];  /* x_j ~ d * ((qs[j] & 15) - 8), x_{j+16} ~ d * ((qs[j] >> 4) - 8) */
+} kvq_block_q4_0;
+KVQ_STATIC_ASSERT(sizeof(kvq_block_q8_0) == 34, "q8_0 block is 34 bytes as in llama.cpp");
+KVQ_STATIC_ASSERT(sizeof(kvq_block_q4_0) == 18, "q4_0 block is 18 bytes as in llama.cpp");
+
+/* Field sizes of one tq row, in bytes. */
+#define KVQ_TQ_NORM_BYTES 2
+#define KVQ_TQ_CODE_BYTES(d, b) ((d) * (b) / 8)
+#define KVQ_TQ_SIGN_BYTES(d) ((d) / 8)
+#define KVQ_TQ_ROW_BYTES(d, b, qjl) \
+    (KVQ_TQ_NORM_BYTES * ((qjl) ? 2 : 1) + KVQ_TQ_CODE_BYTES(d, b) + ((qjl) ? KVQ_TQ_SIGN_BYTES(d) : 0))
+KVQ_STATIC_ASSERT(KVQ_TQ_ROW_BYTES(128, 3, 1) == 68, "tq3j row at d=128 is 68 bytes");
+KVQ_STATIC_ASSERT(KVQ_TQ_ROW_BYTES(128, 3, 0) == 50, "tq3 row at d=128 is 50 bytes");
+KVQ_STATIC_ASSERT(KVQ_TQ_ROW_BYTES(128, 4, 1) == 84, "tq4j row at d=128 is 84 bytes");
+KVQ_STATIC_ASSERT(KVQ_TQ_ROW_BYTES(80, 3, 1) == 44, "tq3j row at d=80 is 44 bytes");
+KVQ_STATIC_ASSERT(KVQ_DEFAULT_PAGE_TOKENS % 16 == 0, "pages hold a multiple of 16 tokens");
+
+/* Per-row field sizes of type t at dim d; all zero when unsupported. */
+struct kvq_row_fields {
+    uint32_t norm, rnorm, codes, signs; /* bytes; codes is the whole row for baselines */
+};
+
+KVQ_HD static inline int kvq_layout_tq_bits(int t)
+{
+    if (t >= KVQ_TYPE_TQ1 && t <= KVQ_TYPE_TQ4)
+        return t - KVQ_TYPE_TQ1 + 1;
+    if (t >= KVQ_TYPE_TQ1J && t <= KVQ_TYPE_TQ4J)
+        return t - KVQ_TYPE_TQ1J + 1;
+    return 0;
+}
+
+KVQ_HD static inline int kvq_layout_tq_qjl(int t)
+{
+    return t >= KVQ_TYPE_TQ1J && t <= KVQ_TYPE_TQ4J;
+}
+
+KVQ_HD static inline struct kvq_row_fields kvq_layout_row_fields(int t, int d)
+{
+    struct kvq_row_fields f = {0, 0, 0, 0};
+    if (d < 8 || d > KVQ_MAX_DIM)
+        return f;
+    switch (t) {
+    case KVQ_TYPE_F32: f.codes = 4u * (uint32_t)d; return f;
+    case KVQ_TYPE_F16: f.codes = 2u * (uint32_t)d; return f;
+    case KVQ_TYPE_Q8_0:
+        if (d % KVQ_QK == 0)
+            f.codes = (uint32_t)(d / KVQ_QK) * (uint32_t)sizeof(kvq_block_q8_0);
+        return f;
+    case KVQ_TYPE_Q4_0:
+        if (d % KVQ_QK == 0)
+            f.codes = (uint32_t)(d / KVQ_QK) * (uint32_t)sizeof(kvq_block_q4_0);
+        return f;
+    default: break;
+    }
+    int b = kvq_layout_tq_bits(t);
+    if (b == 0 || d % 8 != 0)
+        return f;
+    f.norm = KVQ_TQ_NORM_BYTES;
+    f.codes = (uint32_t)KVQ_TQ_CODE_BYTES(d, b);
+    if (kvq_layout_tq_qjl(t)) {
+        f.rnorm = KVQ_TQ_NORM_BYTES;
+        f.signs = (uint32_t)KVQ_TQ_SIGN_BYTES(d);
+    }
+    return f;
+}
+
+KVQ_HD static inline uint32_t kvq_layout_row_bytes(int t, int d)
+{
+    struct kvq_row_fields f = kvq_layout_row_fields(t, d);
+    return f.norm + f.rnorm + f.codes + f.signs;
+}
+
+/* One (page, head) chunk of one type. Offsets are from the chunk start. */
+struct kvq_head_layout {
+    uint32_t type, dim, page_tokens;
+    uint32_t norm_off, rnorm_off, codes_off, signs_off; /* KVQ_NO_SECTION when absent */
+    uint32_t codes_stride, signs_stride;                /* bytes per token */
+    uint32_t bytes;                                     /* whole chunk, multiple of 16 */
+};
+
+struct kvq_page_layout {
+    uint32_t n_kv_heads, page_tokens, dim;
+    struct kvq_head_layout k, v;
+    uint64_t k_off;      /* = 0: K head h chunk at k_off + h * k.bytes */
+    uint64_t v_off;      /* V head h chunk at v_off + h * v.bytes */
+    uint64_t page_bytes;
+};
+
+/** @return 0 on success, -1 when (type, d, page_tokens) is unsupported. */
+KVQ_HD static inline int kvq_head_layout_init(struct kvq_head_layout *hl, int t, int d, int page_tokens)
+{
+    struct kvq_row_fields f = kvq_layout_row_fields(t, d);
+    if (f.codes == 0 || page_tokens < KVQ_MIN_PAGE_TOKENS || page_tokens > KVQ_MAX_PAGE_TOKENS ||
+        page_tokens % 16 != 0)
+        return -1;
+    uint32_t P = (uint32_t)page_tokens, off = 0;
+    hl->type = (uint32_t)t;
+    hl->dim = (uint32_t)d;
+    hl->page_tokens = P;
+    hl->norm_off = f.norm ? off : KVQ_NO_SECTION;
+    off += f.norm * P;
+    hl->rnorm_off = f.rnorm ? off : KVQ_NO_SECTION;
+    off += f.rnorm * P;
+    hl->codes_off = off;
+    off += f.codes * P;
+    hl->signs_off = f.signs ? off : KVQ_NO_SECTION;
+    off += f.signs * P;
+    hl->codes_stride = f.codes;
+    hl->signs_stride = f.signs;
+    hl->bytes = off;
+    return 0;
+}
+
+/** @return 0 on success, -1 when unsupported. */
+KVQ_HD static inline int kvq_page_layout_init(struct kvq_page_layout *pl, int n_kv_heads, int d,
+                                              int type_k, int type_v, int page_tokens)
+{
+    if (n_kv_heads < 1 || kvq_head_layout_init(&pl->k, type_k, d, page_tokens) ||
+        kvq_head_layout_init(&pl->v, type_v, d, page_tokens))
+        return -1;
+    pl->n_kv_heads = (uint32_t)n_kv_heads;
+    pl->page_tokens = (uint32_t)page_tokens;
+    pl->dim = (uint32_t)d;
+    pl->k_off = 0;
+    pl->v_off = (uint64_t)n_kv_heads * pl->k.bytes;
+    pl->page_bytes = pl->v_off + (uint64_t)n_kv_heads * pl->v.bytes;
+    return 0;
+}
+
+/* Row view of token `slot` (0 <= slot < page_tokens) inside a head chunk. */
+KVQ_HD static inline struct kvq_row kvq_head_row(const struct kvq_head_layout *hl, uint8_t *chunk, uint32_t slot)
+{
+    struct kvq_row r;
+    r.norm = hl->norm_off == KVQ_NO_SECTION ? NULL : (uint16_t *)(chunk + hl->norm_off) + slot;
+    r.rnorm = hl->rnorm_off == KVQ_NO_SECTION ? NULL : (uint16_t *)(chunk + hl->rnorm_off) + slot;
+    r.codes = chunk + hl->codes_off + (size_t)slot * hl->codes_stride;
+    r.signs = hl->signs_off == KVQ_NO_SECTION ? NULL : chunk + hl->signs_off + (size_t)slot * hl->signs_stride;
+    return r;
+}
+
+#endif /* KVQ_LAYOUT_H */
