@@ -6,11 +6,17 @@
 #include "cli.h"
 
 int cmd_types(int argc, char **argv);
+int cmd_run(int argc, char **argv);
+int cmd_shard(int argc, char **argv);
 int cmd_codebook(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
 
 static const struct cli_command commands[] = {
     {"types", "list cache types with their exact storage cost", cmd_types},
+    {"run", "generate text with a Llama-family model on the compressed KV cache", cmd_run},
+    {"shard", "split a Hugging Face model into layer / LM-head shards with a manifest", cmd_shard},
     {"codebook", "compute or print a Lloyd-Max codebook for rotated coordinates", cmd_codebook},
+    {"eval", "attention error against compression on real q/k/v dumps, per cache type", cmd_eval},
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])
 

@@ -26,12 +26,16 @@
 extern "C" {
 #endif
 
+/* The V codec's seed is kvq_seed_derive(seed, KVQ_CACHE_SEED_STREAM_V)
+ * (rng_internal.h); the K codec uses seed itself. */
+#define KVQ_CACHE_SEED_STREAM_V 3u
+
 struct kvq_cache_config {
     int n_kv_heads;           /* >= 1 */
     int head_dim;             /* see kvq_type_check_dim */
     enum kvq_type type_k;     /* default KVQ_DEFAULT_TYPE_K (tq3j) */
     enum kvq_type type_v;     /* default KVQ_DEFAULT_TYPE_V (tq3) */
-    uint64_t seed;            /* K codec uses seed, V codec an independent derived seed */
+    uint64_t seed;            /* K codec uses seed, V codec kvq_seed_derive(seed, KVQ_CACHE_SEED_STREAM_V) */
     enum kvq_rot_kind rot;    /* default KVQ_ROT_HADAMARD */
     enum kvq_qjl_kind qjl;    /* default KVQ_QJL_ORTHO */
     int page_tokens;          /* multiple of 16; 0 -> KVQ_DEFAULT_PAGE_TOKENS */

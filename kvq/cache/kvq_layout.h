@@ -41,6 +41,11 @@
 #define KVQ_MIN_PAGE_TOKENS 16
 #define KVQ_MAX_PAGE_TOKENS 4096
 #define KVQ_NO_SECTION 0xffffffffu
+/* Readable zero bytes after the last byte of every page allocation: SIMD and
+ * CUDA kernels load whole 32-bit words at the last packed code group (a
+ * 3-byte group at byte 3g is read as 4 bytes), which may run past the page.
+ * page_bytes does not include this padding. */
+#define KVQ_PAGE_TAIL_PAD 16
 
 /* llama.cpp-compatible baseline blocks. */
 #define KVQ_QK 32 /* values per q8_0 / q4_0 block */

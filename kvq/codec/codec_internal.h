@@ -13,14 +13,29 @@
  *  6. tqBj: r_j = y_j - c[idx_j]; gamma = kvq_norm_ref(r); z = S r;
  *     sign bit j = !(z_j < 0);
  *  7. norm = f16(n), rnorm = f16(gamma), round to nearest even.
- * Decode: w_j = c[idx_j]; tqBj: t = S^T s~ (s~_j = +-1.0f), g = gamma_f32 * qjl_kappa_f,
- * w_j = fmaf(g, t_j, w_j); z = R^T w; x~_j = z_j * n_f32.
+ * Decode: n_f32 == 0 -> x~ = +0.0f everywhere (no rotation: a zero row must
+ * decode to exact, positive zeros); otherwise w_j = c[idx_j]; tqBj: t = S^T s~
+ * (s~_j = +-1.0f), g = gamma_f32 * qjl_kappa_f, w_j = fmaf(g, t_j, w_j);
+ * z = R^T w; x~_j = z_j * n_f32.
+ * The reference uses kvq_rotation_apply_ref/_t_ref, the fast path
+ * kvq_rotation_apply/_t; both give the same bits for HADAMARD and IDENTITY
+ * (DCT and the Gaussian S go through FFTW/OpenBLAS, whose rounding may differ).
+ *
+ * Score (kvq_codec_score for tq types), also identical on both paths:
+ * A = sum_j q'_j c[idx_j], P = sum_{sign bit j = 1} (S q')_j, T = sum_j (S q')_j,
+ * each an 8-lane fmaf/add accumulation over j = k mod 8 reduced like the norm;
+ * score = n_f32 * fmaf(g, 2P - T, A), with 2P - T = sum_j (S q')_j s~_j.
+ *
+ * Row fields of packed rows may be unaligned (a tq row can have an odd size,
+ * e.g. tq3 at d = 24 is 11 bytes): read and write norm/rnorm through
+ * kvq_row_load_u16 / kvq_row_store_u16, never by dereferencing.
  */
 #ifndef KVQ_CODEC_INTERNAL_H
 #define KVQ_CODEC_INTERNAL_H
 
 #include <math.h>
 #include <stddef.h>
+#include <string.h>
 
 #include "kvq_codebook.h"
 #include "kvq_codec.h"
@@ -49,6 +64,98 @@ struct kvq_codec {
     float qjl_kappa_f;               /* (float)qjl_kappa, the factor decode and scoring use */
 };
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Row-level kernels, one set per family; the traits table points at them.
+ * Baselines: f32, f16, q8_0, q4_0 (block formats of llama.cpp). */
+kvq_status kvq_f32_encode(const kvq_codec *c, const float *x, const struct kvq_row *dst);
+void kvq_f32_decode(const kvq_codec *c, const struct kvq_row *src, float *x);
+float kvq_f32_score(const kvq_codec *c, const float *q, const struct kvq_row *src);
+kvq_status kvq_f16_encode(const kvq_codec *c, const float *x, const struct kvq_row *dst);
+void kvq_f16_decode(const kvq_codec *c, const struct kvq_row *src, float *x);
+float kvq_f16_score(const kvq_codec *c, const float *q, const struct kvq_row *src);
+kvq_status kvq_q8_0_encode(const kvq_codec *c, const float *x, const struct kvq_row *dst);
+void kvq_q8_0_decode(const kvq_codec *c, const struct kvq_row *src, float *x);
+float kvq_q8_0_score(const kvq_codec *c, const float *q, const struct kvq_row *src);
+kvq_status kvq_q4_0_encode(const kvq_codec *c, const float *x, const struct kvq_row *dst);
+void kvq_q4_0_decode(const kvq_codec *c, const struct kvq_row *src, float *x);
+float kvq_q4_0_score(const kvq_codec *c, const float *q, const struct kvq_row *src);
+/* TurboQuant tqB / tqBj (c->bits, c->qjl select the variant): scalar
+ * references (tq_ref.c), AVX2 (tq_avx2.c) and dispatchers (tq.c). */
+kvq_status kvq_tq_encode_ref(const kvq_codec *c, const float *x, const struct kvq_row *dst);
+void kvq_tq_decode_ref(const kvq_codec *c, const struct kvq_row *src, float *x);
+float kvq_tq_score_ref(const kvq_codec *c, const float *qprep, const struct kvq_row *src);
+kvq_status kvq_tq_encode_avx2(const kvq_codec *c, const float *x, const struct kvq_row *dst);
+void kvq_tq_decode_avx2(const kvq_codec *c, const struct kvq_row *src, float *x);
+float kvq_tq_score_avx2(const kvq_codec *c, const float *qprep, const struct kvq_row *src);
+kvq_status kvq_tq_encode(const kvq_codec *c, const float *x, const struct kvq_row *dst);
+void kvq_tq_decode(const kvq_codec *c, const struct kvq_row *src, float *x);
+float kvq_tq_score(const kvq_codec *c, const float *qprep, const struct kvq_row *src);
+/* Steps 1-2 of encode without writing: KVQ_OK, KVQ_ERR_NONFINITE or KVQ_ERR_RANGE. */
+kvq_status kvq_tq_check_ref(const kvq_codec *c, const float *x);
+kvq_status kvq_tq_check_avx2(const kvq_codec *c, const float *x);
+
+/** Step 1 and 2 of encode for any type, without writing anything: KVQ_OK,
+ *  KVQ_ERR_NONFINITE or KVQ_ERR_RANGE (what encode would return). */
+kvq_status kvq_codec_check_row(const kvq_codec *c, const float *x);
+
+#ifdef __cplusplus
+}
+#endif
+
+/* y = S x and x = S^T y for tqBj codecs (fast and reference paths). Kernels
+ * apply S only through these, never through c->qjl directly, so that what S
+ * is stays decided in one place (codec.c). In place allowed. */
+static inline void kvq_codec_s_apply(const kvq_codec *c, const float *x, float *y)
+{
+    kvq_rotation_apply(c->qjl, x, y);
+}
+
+static inline void kvq_codec_s_apply_t(const kvq_codec *c, const float *y, float *x)
+{
+    kvq_rotation_apply_t(c->qjl, y, x);
+}
+
+static inline void kvq_codec_s_apply_ref(const kvq_codec *c, const float *x, float *y)
+{
+    kvq_rotation_apply_ref(c->qjl, x, y);
+}
+
+static inline void kvq_codec_s_apply_t_ref(const kvq_codec *c, const float *y, float *x)
+{
+    kvq_rotation_apply_t_ref(c->qjl, y, x);
+}
+
+static inline uint16_t kvq_row_load_u16(const uint16_t *p)
+{
+    uint16_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline void kvq_row_store_u16(uint16_t *p, uint16_t v)
+{
+    memcpy(p, &v, sizeof v);
+}
+
+/* 1 when every x_j is finite. */
+static inline int kvq_all_finite(const float *x, int d)
+{
+    int ok = 1;
+    for (int j = 0; j < d; j++)
+        ok &= isfinite(x[j]) != 0;
+    return ok;
+}
+
+/* The one reduction order of eight partial sums (lane k holds j = k mod 8):
+ * what an AVX2 register reduces to by adding its halves, then pairs. */
+static inline float kvq_reduce8(const float s[8])
+{
+    return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
+}
+
 /* Step 2 above; d % 8 == 0. */
 static inline float kvq_norm_ref(const float *x, int d)
 {
@@ -56,8 +163,7 @@ static inline float kvq_norm_ref(const float *x, int d)
     for (int j = 0; j < d; j += 8)
         for (int k = 0; k < 8; k++)
             s[k] = fmaf(x[j + k], x[j + k], s[k]);
-    float t = ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
-    return sqrtf(t);
+    return sqrtf(kvq_reduce8(s));
 }
 
 /* Packed-code access, stream bit order as in kvq_codec.h. */

@@ -105,6 +105,7 @@ struct kvq_type_traits {
     /* Scalar references. */
     kvq_encode_fn encode_ref;
     kvq_decode_fn decode_ref;
+    kvq_score_fn score_ref; /* bit-identical to score (see codec_internal.h) */
 };
 
 /** @return the traits of t, or NULL when t is not a valid type. */

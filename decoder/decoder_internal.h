@@ -1,0 +1,130 @@
+/* decoder_internal.h - the model and sequence-state structures shared by
+ * model_load.c, forward.c, lm_head.c, seq.c and generate.c. */
+#ifndef KVQ_DECODER_INTERNAL_H
+#define KVQ_DECODER_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvq_attn.h"
+#include "kvq_cache.h"
+#include "kvq_model.h"
+#include "kvq_safetensors.h"
+#include "kvq_sampler.h"
+
+/* Weights of one layer, f32, HF Linear layout [out][in]. Projections that
+ * read the same input are fused so one sgemm does them: wqkv = [q; k; v]
+ * rows, wgu = [gate; up] rows. Optional tensors are NULL when absent. */
+struct kvq_layer_weights {
+    const float *attn_norm; /* [hidden] */
+    const float *wqkv;      /* [q_dim + 2 kv_dim][hidden] */
+    const float *bqkv;      /* [q_dim + 2 kv_dim] or NULL */
+    const float *q_norm;    /* [head_dim] or NULL */
+    const float *k_norm;    /* [head_dim] or NULL */
+    const float *wo;        /* [hidden][q_dim] */
+    const float *bo;        /* [hidden] or NULL */
+    const float *ffn_norm;  /* [hidden] */
+    const float *wgu;       /* [2 ffn][hidden] */
+    const float *bgu;       /* [2 ffn] or NULL */
+    const float *wdown;     /* [hidden][ffn] */
+    const float *bdown;     /* [hidden] or NULL */
+};
+
+#define KVQ_PATH_MAX 4096
+
+/* The mapped safetensors files of a model (weight_files.c). */
+struct kvq_file_set {
+    kvq_st_file **files;
+    int n;
+    size_t bytes; /* all files together */
+};
+/* Maps dir/name and adds it to fs. */
+kvq_status kvq_files_open(struct kvq_file_set *fs, const char *dir, const char *name, kvq_error *err);
+/* Maps the weight files of a plain HF directory (index or single file). */
+kvq_status kvq_files_open_hf(struct kvq_file_set *fs, const char *dir, kvq_error *err);
+void kvq_files_close(struct kvq_file_set *fs);
+/* The tensor called name in file `only` (or in any file when only < 0);
+ * *where (optional) gets the file index. */
+const struct kvq_st_tensor *kvq_files_find(const struct kvq_file_set *fs, int only, const char *name, int *where);
+int kvq_path_join(char *out, size_t cap, const char *dir, const char *name);
+int kvq_file_exists(const char *path);
+/* Reads a whole file of at most max bytes, NUL-terminated; NULL on failure. */
+char *kvq_read_text(const char *path, size_t max, size_t *len);
+
+/* One vocabulary slice of the LM head: rows [start, start + count). */
+struct kvq_lm_slice {
+    int32_t start, count;
+    const float *w; /* [count][hidden] */
+};
+
+struct kvq_model {
+    struct kvq_model_config cfg;
+    int q_dim, kv_dim, qkv_dim; /* n_heads * head_dim, n_kv_heads * head_dim, q + 2 kv */
+    struct kvq_file_set fs;     /* every mapped weight file */
+    int sharded;
+    const struct kvq_st_tensor *embed; /* [vocab][hidden], mapped, any float dtype */
+    const float *final_norm;
+    struct kvq_layer_weights *layers;
+    struct kvq_lm_slice *lm;
+    int n_lm;
+    int max_lm_rows;            /* largest slice count */
+    float *arena;               /* all converted weights */
+    size_t arena_floats;
+    float *rope_cos, *rope_sin; /* [max_ctx][head_dim / 2] */
+    double load_seconds;
+};
+
+/* Time accumulators of one sequence (seconds). */
+struct kvq_seq_timers {
+    double matmul, attn, lm_head;
+};
+
+struct kvq_seq {
+    const struct kvq_model *m;
+    struct kvq_seq_config cfg;
+    size_t max_ctx;
+    int max_chunk;
+    kvq_cache **caches;          /* [n_layers] */
+    kvq_attn_workspace *ws;
+    size_t pos;                  /* tokens in the caches */
+    int32_t *tokens;             /* [max_ctx + 1] history: cached tokens, then a pending one */
+    kvq_sampler *sampler;        /* owns the sequence's RNG */
+    /* n-gram table: hash of the n tokens ending at position p -> p + 1 */
+    int32_t *ngram_pos;
+    size_t ngram_mask;
+    size_t ngram_indexed;        /* history positions already in the table */
+    /* activations, all [max_chunk][...] */
+    float *x, *xn, *qkv, *q, *k, *v, *qg, *og, *attn, *gu, *hb;
+    /* LM head */
+    float *lm_x;                 /* [max_chunk][hidden] final-normed rows */
+    float *lm_out;               /* [max_chunk][max_lm_rows] one slice's logits */
+    kvq_best *lm_best;           /* [max_chunk] best token so far per row (greedy) */
+    float *logits;               /* [KVQ_MAX_DRAFT + 1][vocab] rows for sampling */
+    int32_t *draft;              /* [KVQ_MAX_DRAFT + 1] pending token + draft */
+    int32_t *verify;             /* [KVQ_MAX_DRAFT + 1] the model's tokens for them */
+    int decoding;                /* forward time counts as decode (else prefill) */
+    kvq_qkv_hook hook;
+    void *hook_user;
+    struct kvq_seq_timers tm;
+    struct kvq_seq_stats st;
+};
+
+/* forward.c: one chunk of T <= max_chunk tokens through all layers; leaves
+ * the final hidden states in s->x. On error the caches are rolled back to
+ * s->pos. Does not advance s->pos. */
+kvq_status kvq_forward_chunk(kvq_seq *s, const int32_t *ids, size_t T);
+
+/* lm_head.c: for rows [r0, T) of s->x: logits ([T - r0][vocab]) and/or
+ * argmax ([T - r0]). @return KVQ_OK or KVQ_ERR_NONFINITE (NaN logits). */
+kvq_status kvq_lm_head(kvq_seq *s, size_t T, size_t r0, float *logits, int32_t *argmax);
+
+/* ngram.c: the n-gram table over s->tokens. */
+void kvq_ngram_clear(kvq_seq *s);
+/* Indexes history positions up to len - 2 (those with a known successor). */
+void kvq_ngram_update(kvq_seq *s, size_t len);
+/* Drafts up to max tokens continuing tokens[0..len) into out. @return count. */
+int kvq_ngram_draft(const kvq_seq *s, size_t len, int32_t *out, int max);
+
+double kvq_now(void);
+
+#endif /* KVQ_DECODER_INTERNAL_H */

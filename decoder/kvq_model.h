@@ -1,0 +1,236 @@
+/* kvq_model.h - a Llama-family decoder that keeps its KV cache in kvq caches.
+ *
+ * Three objects:
+ *  - struct kvq_model_config: what config.json says, with every architecture
+ *    difference (q/k/v bias, q/k norm, tied embeddings, GQA) as plain fields,
+ *    decided in one place (model_config.c) from model_type and config keys.
+ *  - kvq_model: the loaded weights. Loaded once from a Hugging Face directory
+ *    (config.json + one safetensors file or several with
+ *    model.safetensors.index.json) or from a `kvq shard` directory
+ *    (runtime_meta.json, validated first); then immutable, so any number of
+ *    sequence states, on any threads, may share it.
+ *  - kvq_seq: one sequence's state: a kvq_cache per layer (any K/V types,
+ *    default tq3j/tq3), the position, the token history and its n-gram table
+ *    (speculative drafts), the sampler RNG, all activation buffers and the
+ *    attention workspace. Created once, reset between sequences; forward and
+ *    generate never allocate.
+ *
+ * Forward computation (per layer, T tokens at once with OpenBLAS sgemm):
+ *   x += Wo . attn(RoPE(Wq . rms(x)), RoPE(Wk . rms(x)), Wv . rms(x))
+ *   x += Wdown . (silu(Wgate . rms(x)) * (Wup . rms(x)))
+ * RoPE follows HF's rotate_half convention (pairs i and i + head_dim/2).
+ * The post-RoPE keys and values of each chunk are appended to the layer's
+ * kvq cache, and attention runs only through kvq's public API
+ * (kvq_attn_causal for T > 1, kvq_attn_decode for T = 1): query head h uses
+ * KV head h / (n_heads / n_kv_heads).
+ *
+ * Token ids are int32_t in [0, vocab). Logits are [rows][vocab] floats.
+ */
+#ifndef KVQ_MODEL_H
+#define KVQ_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvq_codec.h"
+#include "kvq_status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Architecture differences between Llama-family checkpoints. */
+struct kvq_model_arch {
+    int qkv_bias;        /* q_proj/k_proj/v_proj carry .bias (Qwen2; Llama attention_bias) */
+    int o_bias;          /* o_proj carries .bias (Llama attention_bias) */
+    int mlp_bias;        /* gate/up/down carry .bias (Llama mlp_bias) */
+    int qk_norm;         /* per-head RMSNorm of q and k before RoPE (Qwen3) */
+    int tied_embeddings; /* LM head = embedding table (tie_word_embeddings) */
+};
+
+#define KVQ_MODEL_MAX_EOS 4
+
+struct kvq_model_config {
+    char model_type[32]; /* "llama", "mistral", "qwen2", "qwen3" */
+    int hidden;          /* hidden_size */
+    int n_layers;        /* num_hidden_layers */
+    int n_heads;         /* num_attention_heads */
+    int n_kv_heads;      /* num_key_value_heads (GQA; = n_heads when absent) */
+    int head_dim;        /* head_dim, or hidden / n_heads */
+    int ffn;             /* intermediate_size */
+    int vocab;           /* vocab_size */
+    int max_ctx;         /* max_position_embeddings */
+    float rms_eps;       /* rms_norm_eps */
+    double rope_theta;   /* rope_theta or rope_parameters.rope_theta */
+    int32_t bos_id;      /* -1 when absent */
+    int32_t eos_ids[KVQ_MODEL_MAX_EOS]; /* eos_token_id (int or list); unused slots -1 */
+    int n_eos;
+    struct kvq_model_arch arch;
+};
+
+/** Parses config.json text (json[0..len)). Refuses, with one line in err:
+ *  unknown model_type, hidden_act other than silu, rope scaling other than
+ *  the default, missing or non-positive dimensions, n_heads not a multiple of
+ *  n_kv_heads, odd head_dim.
+ *  @return KVQ_OK; KVQ_ERR_FORMAT; KVQ_ERR_UNSUPPORTED. */
+kvq_status kvq_model_config_parse(const char *json, size_t len, struct kvq_model_config *cfg, kvq_error *err);
+
+/** Reads and parses a config.json file. @return as above, or KVQ_ERR_IO. */
+kvq_status kvq_model_config_load(const char *path, struct kvq_model_config *cfg, kvq_error *err);
+
+/* Parameters per layer as the config implies them (attention with GQA +
+ * SwiGLU MLP + norms + biases), and for the embedding and LM head. */
+size_t kvq_model_config_layer_params(const struct kvq_model_config *cfg);
+
+/* ---- loaded model ---------------------------------------------------- */
+
+typedef struct kvq_model kvq_model;
+
+struct kvq_model_load_opts {
+    int lm_head_slice_rows;  /* plain HF dirs: vocabulary rows per LM-head slice (0 = 8192) */
+    int verify_checksums;    /* sharded dirs: check every shard's FNV-1a (default 1) */
+};
+void kvq_model_load_opts_default(struct kvq_model_load_opts *o);
+
+/** Loads a model directory: a `kvq shard` output (runtime_meta.json present:
+ *  the manifest is validated before any weight is read) or a plain HF
+ *  directory. Weights (f32, f16 or bf16) are converted once to f32; the
+ *  embedding table stays memory-mapped and rows are converted on lookup.
+ *  opts may be NULL for defaults.
+ *  @return KVQ_OK and *out; KVQ_ERR_IO (missing file); KVQ_ERR_FORMAT
+ *  (corrupt file or manifest, missing tensor, wrong shape or dtype);
+ *  KVQ_ERR_UNSUPPORTED; KVQ_ERR_NOMEM. err gets one line. */
+kvq_status kvq_model_load(const char *dir, const struct kvq_model_load_opts *opts, kvq_model **out,
+                          kvq_error *err);
+
+/** Frees m; accepts NULL. Every kvq_seq using m must be freed first. */
+void kvq_model_free(kvq_model *m);
+
+const struct kvq_model_config *kvq_model_config_of(const kvq_model *m);
+
+struct kvq_model_info {
+    int sharded;              /* 1: loaded from runtime_meta.json */
+    int n_files;              /* safetensors files mapped */
+    int n_lm_slices;          /* LM-head vocabulary slices */
+    size_t file_bytes;        /* bytes of all weight files */
+    size_t weight_bytes;      /* f32 weights held in memory (embedding table excluded) */
+    double load_seconds;      /* wall time of kvq_model_load */
+};
+void kvq_model_get_info(const kvq_model *m, struct kvq_model_info *info);
+
+/* ---- sequence state --------------------------------------------------- */
+
+typedef struct kvq_seq kvq_seq;
+
+struct kvq_seq_config {
+    enum kvq_type type_k;   /* default KVQ_DEFAULT_TYPE_K (tq3j) */
+    enum kvq_type type_v;   /* default KVQ_DEFAULT_TYPE_V (tq3) */
+    uint64_t seed;          /* kvq codec seeds (per layer, derived) and sampler RNG */
+    size_t max_ctx;         /* tokens; 0 = the model's max_ctx */
+    int max_chunk;          /* tokens per forward chunk (prefill); 0 = 256 */
+    int ngram;              /* n-gram length for speculative drafts; 0 = 3 */
+};
+void kvq_seq_config_default(struct kvq_seq_config *cfg);
+
+/** Creates a sequence state for m: caches (whose pages grow on demand up to
+ *  max_ctx), buffers, RoPE tables, workspace, n-gram table.
+ *  @return KVQ_OK and *out; KVQ_ERR_INVALID_ARG / KVQ_ERR_UNSUPPORTED (cache
+ *  type for this head_dim) / KVQ_ERR_NOMEM. */
+kvq_status kvq_seq_create(const kvq_model *m, const struct kvq_seq_config *cfg, kvq_seq **out, kvq_error *err);
+
+/** Frees s; accepts NULL. */
+void kvq_seq_free(kvq_seq *s);
+
+/** Back to an empty sequence: caches emptied (pages kept), position 0,
+ *  n-gram table cleared, sampler RNG reseeded from the config seed,
+ *  statistics zeroed. */
+void kvq_seq_reset(kvq_seq *s);
+
+/** Tokens in the cache (= the position of the next token). */
+size_t kvq_seq_pos(const kvq_seq *s);
+
+/** Largest context of s. */
+size_t kvq_seq_max_ctx(const kvq_seq *s);
+
+/** Runs ids[0..n) at positions pos..pos+n-1 (in chunks of max_chunk),
+ *  appending them to the caches. For the tokens [first_out, n) it writes
+ *  logits ([n - first_out][vocab], if logits != NULL) and/or the greedy
+ *  token (argmax, lowest id on ties; [n - first_out], if argmax != NULL);
+ *  the LM head is skipped entirely when both are NULL, and greedy-only
+ *  calls reduce each vocabulary slice without building full logits.
+ *  @return KVQ_OK; KVQ_ERR_RANGE (an id outside [0, vocab): nothing
+ *  appended); KVQ_ERR_CONTEXT_FULL (pos + n > max_ctx: nothing appended);
+ *  KVQ_ERR_INVALID_ARG; a cache/attention error (the caches are then
+ *  truncated back to pos). */
+kvq_status kvq_seq_forward(kvq_seq *s, const int32_t *ids, size_t n, size_t first_out, float *logits,
+                           int32_t *argmax);
+
+/** Drops tokens [n, pos) from every cache and the history (speculative
+ *  rollback). @return KVQ_OK or KVQ_ERR_INVALID_ARG (n > pos). */
+kvq_status kvq_seq_truncate(kvq_seq *s, size_t n);
+
+/** Called once per layer and chunk with the post-RoPE q [T][n_heads][head_dim],
+ *  k and v [T][n_kv_heads][head_dim] of tokens at positions pos0..pos0+T-1
+ *  (after the q/k norm when the model has one). For dumps and analysis; NULL
+ *  removes the hook. */
+typedef void (*kvq_qkv_hook)(void *user, int layer, size_t pos0, size_t T, const float *q, const float *k,
+                             const float *v);
+void kvq_seq_set_qkv_hook(kvq_seq *s, kvq_qkv_hook fn, void *user);
+
+/** The caches (read-only), e.g. for statistics or external attention. */
+const struct kvq_cache *kvq_seq_cache(const kvq_seq *s, int layer);
+
+/* ---- generation ------------------------------------------------------- */
+
+/* Most draft tokens one speculative step verifies. */
+#define KVQ_MAX_DRAFT 15
+
+struct kvq_gen_params {
+    int max_tokens;       /* tokens to generate (>= 0) */
+    float temperature;    /* 0 = greedy */
+    int top_k;            /* 0 = off */
+    float top_p;          /* 1 = off */
+    int speculative;      /* n-gram draft tokens per step, 0..KVQ_MAX_DRAFT (0 = plain decoding) */
+    int stop_at_eos;      /* stop after an EOS id of the config (default 1) */
+};
+void kvq_gen_params_default(struct kvq_gen_params *p);
+
+/* Called with each generated token as soon as it is final; return non-zero
+ * to stop generation. */
+typedef int (*kvq_token_fn)(void *user, int32_t id);
+
+/** Prefills prompt[0..n_prompt) (appended at the current position) and
+ *  generates up to p->max_tokens tokens into out[0..max_out) (*n_out written).
+ *  Greedy when temperature is 0; otherwise samples from the temperature /
+ *  top-k / top-p distribution with the sequence's RNG. With speculative > 0,
+ *  drafts from the n-gram table are verified in one forward of T = N + 1 and
+ *  the longest prefix the model agrees with is kept (the caches roll back
+ *  the rest), which leaves the output identical to plain decoding.
+ *  Generation also stops at the context end.
+ *  @return KVQ_OK; KVQ_ERR_CONTEXT_FULL (the prompt does not fit);
+ *  KVQ_ERR_RANGE (prompt id out of range); other errors from forward. */
+kvq_status kvq_seq_generate(kvq_seq *s, const int32_t *prompt, size_t n_prompt, const struct kvq_gen_params *p,
+                            int32_t *out, size_t max_out, size_t *n_out, kvq_token_fn fn, void *user);
+
+struct kvq_seq_stats {
+    size_t tokens;            /* in the cache */
+    size_t prefill_tokens;    /* tokens run through forward in chunks of T > 1 */
+    size_t decode_tokens;     /* tokens generated */
+    size_t decode_forwards;   /* forward calls during generation */
+    size_t drafted, accepted; /* speculative draft tokens proposed / accepted */
+    size_t kv_bytes_used;     /* what the cached tokens occupy in all layers */
+    size_t kv_bytes_alloc;    /* pages allocated */
+    size_t kv_bytes_f16;      /* what an f16 cache would need for them */
+    double t_prefill;         /* seconds in prompt forwards */
+    double t_decode;          /* seconds in generation (forwards + sampling) */
+    double t_matmul;          /* of both: projection and MLP sgemm */
+    double t_attn;            /* of both: cache append + kvq attention */
+    double t_lm_head;         /* of both: final norm + LM head + reduction/sampling */
+    double t_host;            /* the rest: embeddings, norms, RoPE, copies, drafts */
+};
+void kvq_seq_get_stats(const kvq_seq *s, struct kvq_seq_stats *st);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVQ_MODEL_H */

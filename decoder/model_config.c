@@ -1,0 +1,235 @@
+/* model_config.c - config.json -> struct kvq_model_config.
+ *
+ * This file is the one place that knows how Llama-family variants differ:
+ * arch_from_type() maps model_type and the bias/norm/tying keys to the flags
+ * of struct kvq_model_arch, and everything downstream only reads the flags.
+ */
+#include "kvq_model.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvq_attn.h"
+
+#define MAX_DIM (1 << 20)
+#define MAX_LAYERS 4096
+#define MAX_VOCAB (1 << 24)
+#define MAX_CTX (1 << 24)
+
+/* @return 1 when key is present and true. */
+static int get_bool(const cJSON *root, const char *key)
+{
+    return cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, key));
+}
+
+/* Reads an integer key into *out. Absent or null: *out = def, and an error
+ * when def < 0 (required). */
+static kvq_status get_int(const cJSON *root, const char *key, int def, long max, int *out, kvq_error *err)
+{
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(root, key);
+    if (!j || cJSON_IsNull(j)) {
+        if (def < 0)
+            return kvq_error_set(err, KVQ_ERR_FORMAT, "config.json: missing '%s'", key);
+        *out = def;
+        return KVQ_OK;
+    }
+    double v = cJSON_IsNumber(j) ? j->valuedouble : -1.0;
+    if (!(v >= 1.0) || v > (double)max || floor(v) != v)
+        return kvq_error_set(err, KVQ_ERR_FORMAT, "config.json: '%s' must be an integer in [1, %ld]", key, max);
+    *out = (int)v;
+    return KVQ_OK;
+}
+
+/* Token id keys: int, list of ints (eos) or null. */
+static kvq_status get_ids(const cJSON *root, const char *key, int32_t *ids, int max_ids, int *n, kvq_error *err)
+{
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(root, key);
+    *n = 0;
+    for (int i = 0; i < max_ids; i++)
+        ids[i] = -1;
+    if (!j || cJSON_IsNull(j))
+        return KVQ_OK;
+    const cJSON *e = cJSON_IsArray(j) ? j->child : j;
+    for (; e && *n < max_ids; e = cJSON_IsArray(j) ? e->next : NULL) {
+        double v = cJSON_IsNumber(e) ? e->valuedouble : -1.0;
+        if (!(v >= 0.0) || v >= (double)MAX_VOCAB || floor(v) != v)
+            return kvq_error_set(err, KVQ_ERR_FORMAT, "config.json: '%s' is not a token id", key);
+        ids[(*n)++] = (int32_t)v;
+    }
+    return KVQ_OK;
+}
+
+/* The architecture flags of each supported model_type. */
+static kvq_status arch_from_type(const cJSON *root, const char *type, struct kvq_model_arch *a, kvq_error *err)
+{
+    memset(a, 0, sizeof *a);
+    a->tied_embeddings = get_bool(root, "tie_word_embeddings");
+    int attention_bias = get_bool(root, "attention_bias");
+    if (strcmp(type, "llama") == 0 || strcmp(type, "mistral") == 0) {
+        a->qkv_bias = a->o_bias = attention_bias;
+        a->mlp_bias = get_bool(root, "mlp_bias");
+    } else if (strcmp(type, "qwen2") == 0) {
+        a->qkv_bias = 1; /* Qwen2 always has q/k/v biases and none elsewhere */
+    } else if (strcmp(type, "qwen3") == 0) {
+        a->qkv_bias = a->o_bias = attention_bias;
+        a->qk_norm = 1;
+    } else {
+        return kvq_error_set(err, KVQ_ERR_UNSUPPORTED,
+                             "config.json: model_type '%s' is not supported (llama, mistral, qwen2, qwen3)", type);
+    }
+    return KVQ_OK;
+}
+
+/* rope_theta at top level (older HF) or in rope_parameters (newer); only the
+ * default (unscaled) RoPE is implemented. */
+static kvq_status parse_rope(const cJSON *root, double *theta, kvq_error *err)
+{
+    const cJSON *params = cJSON_GetObjectItemCaseSensitive(root, "rope_parameters");
+    const cJSON *scaling = cJSON_GetObjectItemCaseSensitive(root, "rope_scaling");
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "rope_theta");
+    const cJSON *kinds[2] = {params, scaling};
+    for (int i = 0; i < 2; i++) {
+        if (!kinds[i] || cJSON_IsNull(kinds[i]))
+            continue;
+        if (!cJSON_IsObject(kinds[i]))
+            return kvq_error_set(err, KVQ_ERR_FORMAT, "config.json: '%s' is not an object",
+                                 i ? "rope_scaling" : "rope_parameters");
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(kinds[i], "rope_type");
+        if (!ty)
+            ty = cJSON_GetObjectItemCaseSensitive(kinds[i], "type");
+        if (ty && !(cJSON_IsString(ty) && strcmp(ty->valuestring, "default") == 0))
+            return kvq_error_set(err, KVQ_ERR_UNSUPPORTED, "config.json: rope type '%s' is not supported (default only)",
+                                 cJSON_IsString(ty) ? ty->valuestring : "?");
+        if (!t || cJSON_IsNull(t))
+            t = cJSON_GetObjectItemCaseSensitive(kinds[i], "rope_theta");
+    }
+    if (!t || cJSON_IsNull(t)) {
+        *theta = 10000.0; /* the Llama default when a config omits it */
+        return KVQ_OK;
+    }
+    if (!cJSON_IsNumber(t) || !(t->valuedouble > 1.0) || !isfinite(t->valuedouble))
+        return kvq_error_set(err, KVQ_ERR_FORMAT, "config.json: rope_theta must be a number > 1");
+    *theta = t->valuedouble;
+    return KVQ_OK;
+}
+
+static kvq_status parse_root(const cJSON *root, struct kvq_model_config *c, kvq_error *err)
+{
+    if (!cJSON_IsObject(root))
+        return kvq_error_set(err, KVQ_ERR_FORMAT, "config.json: not a JSON object");
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+    if (!cJSON_IsString(mt))
+        return kvq_error_set(err, KVQ_ERR_FORMAT, "config.json: missing 'model_type'");
+    if (strlen(mt->valuestring) >= sizeof c->model_type)
+        return kvq_error_set(err, KVQ_ERR_UNSUPPORTED, "config.json: model_type '%.40s...' is not supported",
+                             mt->valuestring);
+    strcpy(c->model_type, mt->valuestring);
+    kvq_status st = arch_from_type(root, c->model_type, &c->arch, err);
+    if (st != KVQ_OK)
+        return st;
+
+    const cJSON *act = cJSON_GetObjectItemCaseSensitive(root, "hidden_act");
+    if (act && !(cJSON_IsString(act) && strcmp(act->valuestring, "silu") == 0))
+        return kvq_error_set(err, KVQ_ERR_UNSUPPORTED, "config.json: hidden_act '%s' is not supported (silu only)",
+                             cJSON_IsString(act) ? act->valuestring : "?");
+    if (get_bool(root, "use_sliding_window"))
+        return kvq_error_set(err, KVQ_ERR_UNSUPPORTED, "config.json: sliding-window attention is not supported");
+
+    if ((st = get_int(root, "hidden_size", -1, MAX_DIM, &c->hidden, err)) ||
+        (st = get_int(root, "num_hidden_layers", -1, MAX_LAYERS, &c->n_layers, err)) ||
+        (st = get_int(root, "num_attention_heads", -1, MAX_DIM, &c->n_heads, err)) ||
+        (st = get_int(root, "num_key_value_heads", c->n_heads, MAX_DIM, &c->n_kv_heads, err)) ||
+        (st = get_int(root, "head_dim", c->hidden / c->n_heads, KVQ_MAX_DIM, &c->head_dim, err)) ||
+        (st = get_int(root, "intermediate_size", -1, MAX_DIM, &c->ffn, err)) ||
+        (st = get_int(root, "vocab_size", -1, MAX_VOCAB, &c->vocab, err)) ||
+        (st = get_int(root, "max_position_embeddings", -1, MAX_CTX, &c->max_ctx, err)))
+        return st;
+    if (c->head_dim < 2 || c->head_dim % 2)
+        return kvq_error_set(err, KVQ_ERR_UNSUPPORTED, "config.json: head_dim %d must be even", c->head_dim);
+    if (c->n_heads % c->n_kv_heads || c->n_heads / c->n_kv_heads > KVQ_ATTN_MAX_Q)
+        return kvq_error_set(err, KVQ_ERR_FORMAT,
+                             "config.json: num_attention_heads %d is not a multiple of num_key_value_heads %d "
+                             "(with at most %d query heads per KV head)",
+                             c->n_heads, c->n_kv_heads, KVQ_ATTN_MAX_Q);
+    const cJSON *sw = cJSON_GetObjectItemCaseSensitive(root, "sliding_window");
+    if (cJSON_IsNumber(sw) && sw->valuedouble < c->max_ctx &&
+        !cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(root, "use_sliding_window")))
+        return kvq_error_set(err, KVQ_ERR_UNSUPPORTED,
+                             "config.json: sliding_window %g < max_position_embeddings is not supported",
+                             sw->valuedouble);
+
+    const cJSON *eps = cJSON_GetObjectItemCaseSensitive(root, "rms_norm_eps");
+    c->rms_eps = 1e-6f;
+    if (eps) {
+        if (!cJSON_IsNumber(eps) || !(eps->valuedouble > 0.0) || eps->valuedouble > 1.0)
+            return kvq_error_set(err, KVQ_ERR_FORMAT, "config.json: rms_norm_eps must be in (0, 1]");
+        c->rms_eps = (float)eps->valuedouble;
+    }
+    if ((st = parse_rope(root, &c->rope_theta, err)))
+        return st;
+    int nb;
+    if ((st = get_ids(root, "bos_token_id", &c->bos_id, 1, &nb, err)) ||
+        (st = get_ids(root, "eos_token_id", c->eos_ids, KVQ_MODEL_MAX_EOS, &c->n_eos, err)))
+        return st;
+    for (int i = 0; i < c->n_eos; i++)
+        if (c->eos_ids[i] >= c->vocab)
+            return kvq_error_set(err, KVQ_ERR_FORMAT, "config.json: eos_token_id %d >= vocab_size", c->eos_ids[i]);
+    if (c->bos_id >= c->vocab)
+        return kvq_error_set(err, KVQ_ERR_FORMAT, "config.json: bos_token_id %d >= vocab_size", c->bos_id);
+    return KVQ_OK;
+}
+
+kvq_status kvq_model_config_parse(const char *json, size_t len, struct kvq_model_config *cfg, kvq_error *err)
+{
+    if (!json || !cfg)
+        return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "kvq_model_config_parse: NULL argument");
+    cJSON *root = cJSON_ParseWithLength(json, len);
+    if (!root)
+        return kvq_error_set(err, KVQ_ERR_FORMAT, "config.json: not valid JSON");
+    struct kvq_model_config c;
+    memset(&c, 0, sizeof c);
+    kvq_status st = parse_root(root, &c, err);
+    cJSON_Delete(root);
+    if (st == KVQ_OK)
+        *cfg = c;
+    return st;
+}
+
+kvq_status kvq_model_config_load(const char *path, struct kvq_model_config *cfg, kvq_error *err)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return kvq_error_set(err, KVQ_ERR_IO, "%s: cannot open", path);
+    char *buf = NULL;
+    long n = -1;
+    if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && n < (1l << 24) && fseek(f, 0, SEEK_SET) == 0)
+        buf = malloc((size_t)n + 1);
+    size_t got = buf ? fread(buf, 1, (size_t)n, f) : 0;
+    fclose(f);
+    if (!buf || got != (size_t)n) {
+        free(buf);
+        return kvq_error_set(err, KVQ_ERR_IO, "%s: cannot read", path);
+    }
+    kvq_status st = kvq_model_config_parse(buf, (size_t)n, cfg, err);
+    free(buf);
+    return st;
+}
+
+size_t kvq_model_config_layer_params(const struct kvq_model_config *c)
+{
+    size_t h = (size_t)c->hidden, q = (size_t)c->n_heads * c->head_dim, kv = (size_t)c->n_kv_heads * c->head_dim;
+    size_t f = (size_t)c->ffn;
+    size_t p = h * q + 2 * h * kv + q * h + 3 * h * f + 2 * h;
+    if (c->arch.qkv_bias)
+        p += q + 2 * kv;
+    if (c->arch.o_bias)
+        p += h;
+    if (c->arch.mlp_bias)
+        p += 2 * f + h;
+    if (c->arch.qk_norm)
+        p += 2 * (size_t)c->head_dim;
+    return p;
+}

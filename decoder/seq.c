@@ -1,0 +1,253 @@
+/* seq.c - the sequence state: creation (every buffer the forward pass and
+ * generation will ever need, allocated once), reset, the chunked forward
+ * entry point, rollback and statistics. */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "decoder_internal.h"
+#include "rng_internal.h"
+
+#define DEFAULT_CHUNK 256
+
+double kvq_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void kvq_seq_config_default(struct kvq_seq_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->type_k = KVQ_DEFAULT_TYPE_K;
+    cfg->type_v = KVQ_DEFAULT_TYPE_V;
+}
+
+static float *alloc_f(size_t n)
+{
+    return aligned_alloc(64, ((n * sizeof(float) + 63) / 64) * 64);
+}
+
+kvq_status kvq_seq_create(const kvq_model *m, const struct kvq_seq_config *cfg, kvq_seq **out, kvq_error *err)
+{
+    if (!m || !out)
+        return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "kvq_seq_create: NULL argument");
+    struct kvq_seq_config sc;
+    kvq_seq_config_default(&sc);
+    if (cfg)
+        sc = *cfg;
+    const struct kvq_model_config *c = &m->cfg;
+    if (sc.max_ctx > (size_t)c->max_ctx)
+        return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "context %zu exceeds the model's maximum %d", sc.max_ctx,
+                             c->max_ctx);
+    if (sc.max_chunk < 0 || sc.ngram < 0)
+        return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "negative max_chunk or ngram");
+    const struct kvq_type_traits *tk = kvq_type_traits(sc.type_k), *tv = kvq_type_traits(sc.type_v);
+    if (!tk || !tv)
+        return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "unknown cache type");
+
+    kvq_seq *s = calloc(1, sizeof *s);
+    if (!s)
+        return kvq_error_set(err, KVQ_ERR_NOMEM, "out of memory");
+    s->m = m;
+    s->cfg = sc;
+    s->max_ctx = sc.max_ctx ? sc.max_ctx : (size_t)c->max_ctx;
+    s->max_chunk = sc.max_chunk ? sc.max_chunk : DEFAULT_CHUNK;
+    if ((size_t)s->max_chunk > s->max_ctx)
+        s->max_chunk = (int)s->max_ctx;
+    if (s->max_chunk < KVQ_MAX_DRAFT + 1)
+        s->max_chunk = KVQ_MAX_DRAFT + 1; /* a verify pass is one chunk */
+    if (!s->cfg.ngram)
+        s->cfg.ngram = 3;
+
+    kvq_status st = KVQ_OK;
+    s->caches = calloc((size_t)c->n_layers, sizeof *s->caches);
+    if (!s->caches)
+        goto nomem;
+    for (int l = 0; l < c->n_layers; l++) {
+        struct kvq_cache_config cc;
+        kvq_cache_config_default(&cc, c->n_kv_heads, c->head_dim, s->max_ctx);
+        cc.type_k = sc.type_k;
+        cc.type_v = sc.type_v;
+        cc.seed = kvq_seed_derive(sc.seed, (uint64_t)l);
+        if ((st = kvq_cache_create(&cc, &s->caches[l])) != KVQ_OK) {
+            kvq_seq_free(s);
+            return kvq_error_set(err, st, "cannot create a %s/%s cache for head_dim %d: %s", tk->name, tv->name,
+                                 c->head_dim, kvq_status_str(st));
+        }
+    }
+    if ((st = kvq_attn_workspace_create(c->head_dim, c->n_heads / c->n_kv_heads, s->max_ctx, &s->ws)) != KVQ_OK) {
+        kvq_seq_free(s);
+        return kvq_error_set(err, st, "cannot create the attention workspace: %s", kvq_status_str(st));
+    }
+
+    size_t mc = (size_t)s->max_chunk, h = (size_t)c->hidden, V = (size_t)c->vocab;
+    s->x = alloc_f(mc * h);
+    s->xn = alloc_f(mc * h);
+    s->qkv = alloc_f(mc * (size_t)m->qkv_dim);
+    s->q = alloc_f(mc * (size_t)m->q_dim);
+    s->qg = alloc_f(mc * (size_t)m->q_dim);
+    s->og = alloc_f(mc * (size_t)m->q_dim);
+    s->attn = alloc_f(mc * (size_t)m->q_dim);
+    s->k = alloc_f(mc * (size_t)m->kv_dim);
+    s->v = alloc_f(mc * (size_t)m->kv_dim);
+    s->gu = alloc_f(mc * 2 * (size_t)c->ffn);
+    s->hb = alloc_f(mc * (size_t)c->ffn);
+    s->lm_x = alloc_f(mc * h);
+    s->lm_out = alloc_f(mc * (size_t)m->max_lm_rows);
+    s->lm_best = malloc(mc * sizeof *s->lm_best);
+    s->logits = alloc_f((KVQ_MAX_DRAFT + 1) * V);
+    kvq_sampler_params sp = kvq_sampler_params_default();
+    sp.seed = sc.seed;
+    if (kvq_sampler_create(c->vocab, &sp, &s->sampler) != KVQ_OK)
+        goto nomem;
+    s->draft = malloc((KVQ_MAX_DRAFT + 1) * sizeof *s->draft);
+    s->verify = malloc((KVQ_MAX_DRAFT + 1) * sizeof *s->verify);
+    s->tokens = malloc((s->max_ctx + 1) * sizeof *s->tokens);
+    s->ngram_mask = 1;
+    while (s->ngram_mask < 2 * s->max_ctx)
+        s->ngram_mask <<= 1;
+    s->ngram_pos = malloc((size_t)s->cfg.ngram * s->ngram_mask * sizeof *s->ngram_pos);
+    s->ngram_mask--;
+    if (!s->x || !s->xn || !s->qkv || !s->q || !s->qg || !s->og || !s->attn || !s->k || !s->v || !s->gu ||
+        !s->hb || !s->lm_x || !s->lm_out || !s->lm_best || !s->logits || !s->draft ||
+        !s->verify || !s->tokens || !s->ngram_pos)
+        goto nomem;
+    kvq_seq_reset(s);
+    *out = s;
+    return KVQ_OK;
+nomem:
+    kvq_seq_free(s);
+    return kvq_error_set(err, KVQ_ERR_NOMEM, "out of memory for the sequence state");
+}
+
+void kvq_seq_free(kvq_seq *s)
+{
+    if (!s)
+        return;
+    for (int l = 0; s->caches && l < s->m->cfg.n_layers; l++)
+        kvq_cache_free(s->caches[l]);
+    free(s->caches);
+    kvq_attn_workspace_free(s->ws);
+    float *fl[] = {s->x, s->xn, s->qkv, s->q, s->qg, s->og, s->attn, s->k, s->v, s->gu, s->hb,
+                   s->lm_x, s->lm_out, s->logits};
+    for (size_t i = 0; i < sizeof fl / sizeof fl[0]; i++)
+        free(fl[i]);
+    free(s->lm_best);
+    kvq_sampler_free(s->sampler);
+    free(s->draft);
+    free(s->verify);
+    free(s->tokens);
+    free(s->ngram_pos);
+    free(s);
+}
+
+void kvq_seq_reset(kvq_seq *s)
+{
+    if (!s)
+        return;
+    for (int l = 0; l < s->m->cfg.n_layers; l++)
+        kvq_cache_reset(s->caches[l]);
+    s->pos = 0;
+    kvq_ngram_clear(s);
+    kvq_sampler_reset(s->sampler);
+    memset(&s->tm, 0, sizeof s->tm);
+    memset(&s->st, 0, sizeof s->st);
+    s->decoding = 0;
+}
+
+size_t kvq_seq_pos(const kvq_seq *s)
+{
+    return s ? s->pos : 0;
+}
+
+size_t kvq_seq_max_ctx(const kvq_seq *s)
+{
+    return s ? s->max_ctx : 0;
+}
+
+kvq_status kvq_seq_forward(kvq_seq *s, const int32_t *ids, size_t n, size_t first_out, float *logits,
+                           int32_t *argmax)
+{
+    if (!s || (!ids && n) || first_out > n)
+        return KVQ_ERR_INVALID_ARG;
+    const struct kvq_model_config *c = &s->m->cfg;
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= c->vocab)
+            return KVQ_ERR_RANGE;
+    if (n > s->max_ctx - s->pos)
+        return KVQ_ERR_CONTEXT_FULL;
+    double t0 = kvq_now();
+    size_t pos0 = s->pos;
+    for (size_t i = 0; i < n;) {
+        size_t T = n - i < (size_t)s->max_chunk ? n - i : (size_t)s->max_chunk;
+        kvq_status st = kvq_forward_chunk(s, ids + i, T);
+        if (st != KVQ_OK) {
+            kvq_seq_truncate(s, pos0); /* all or nothing */
+            return st;
+        }
+        memcpy(s->tokens + s->pos, ids + i, T * sizeof *ids);
+        s->pos += T;
+        if (i + T > first_out && (logits || argmax)) {
+            size_t r0 = first_out > i ? first_out - i : 0;
+            size_t o = i + r0 - first_out;
+            st = kvq_lm_head(s, T, r0, logits ? logits + o * (size_t)c->vocab : NULL, argmax ? argmax + o : NULL);
+            if (st != KVQ_OK)
+                return st; /* the tokens stay: only the head's output was bad */
+        }
+        i += T;
+    }
+    if (!s->decoding) { /* generation times its whole loop itself */
+        s->st.t_prefill += kvq_now() - t0;
+        s->st.prefill_tokens += n;
+    }
+    return KVQ_OK;
+}
+
+kvq_status kvq_seq_truncate(kvq_seq *s, size_t n)
+{
+    if (!s || n > s->pos)
+        return KVQ_ERR_INVALID_ARG;
+    for (int l = 0; l < s->m->cfg.n_layers; l++)
+        if (kvq_cache_len(s->caches[l]) > n)
+            kvq_cache_truncate(s->caches[l], n);
+    s->pos = n;
+    if (s->ngram_indexed > n)
+        s->ngram_indexed = n;
+    return KVQ_OK;
+}
+
+void kvq_seq_set_qkv_hook(kvq_seq *s, kvq_qkv_hook fn, void *user)
+{
+    if (s) {
+        s->hook = fn;
+        s->hook_user = user;
+    }
+}
+
+const struct kvq_cache *kvq_seq_cache(const kvq_seq *s, int layer)
+{
+    return s && layer >= 0 && layer < s->m->cfg.n_layers ? s->caches[layer] : NULL;
+}
+
+void kvq_seq_get_stats(const kvq_seq *s, struct kvq_seq_stats *st)
+{
+    memset(st, 0, sizeof *st);
+    if (!s)
+        return;
+    *st = s->st;
+    st->tokens = s->pos;
+    for (int l = 0; l < s->m->cfg.n_layers; l++) {
+        struct kvq_cache_stats cs;
+        kvq_cache_get_stats(s->caches[l], &cs);
+        st->kv_bytes_used += cs.bytes_used;
+        st->kv_bytes_alloc += cs.bytes_allocated;
+        st->kv_bytes_f16 += cs.bytes_f16;
+    }
+    st->t_matmul = s->tm.matmul;
+    st->t_attn = s->tm.attn;
+    st->t_lm_head = s->tm.lm_head;
+    double host = st->t_prefill + st->t_decode - st->t_matmul - st->t_attn - st->t_lm_head;
+    st->t_host = host > 0 ? host : 0;
+}

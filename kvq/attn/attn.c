@@ -1,0 +1,229 @@
+/* attn.c - workspace, argument checks and the block driver of fused decode
+ * attention (the kernels are in attn_avx2.c and attn_ref.c; see
+ * attn_internal.h for the structure of one block). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn_internal.h"
+#include "cpu_internal.h"
+#include "kvq_half.h"
+
+static void *alloc64(size_t n_bytes)
+{
+    size_t sz = (n_bytes + 63) / 64 * 64;
+    void *p = aligned_alloc(64, sz ? sz : 64);
+    if (p)
+        memset(p, 0, sz ? sz : 64);
+    return p;
+}
+
+kvq_status kvq_attn_workspace_create(int head_dim, int max_q, size_t max_ctx, kvq_attn_workspace **out)
+{
+    if (!out || head_dim < 1 || max_q < 1 || max_ctx < 1)
+        return KVQ_ERR_INVALID_ARG;
+    if (head_dim > KVQ_MAX_DIM || max_q > KVQ_ATTN_MAX_Q)
+        return KVQ_ERR_UNSUPPORTED;
+    kvq_attn_workspace *ws = calloc(1, sizeof *ws);
+    if (!ws)
+        return KVQ_ERR_NOMEM;
+    const size_t d = (size_t)head_dim, nq = (size_t)max_q, B = KVQ_ATTN_BLOCK;
+    const size_t nq4 = (nq + KVQ_ATTN_QCHUNK - 1) / KVQ_ATTN_QCHUNK * KVQ_ATTN_QCHUNK;
+    ws->dim = head_dim;
+    ws->max_q = max_q;
+    ws->max_ctx = max_ctx;
+    ws->lut_floats = nq4 * (d / 8) * 256;
+    ws->qprep = alloc64(nq * 2 * d * sizeof(float));
+    ws->qsum = alloc64(nq * sizeof(float));
+    ws->lut = alloc64(ws->lut_floats * sizeof(float));
+    ws->dot = alloc64(nq * B * sizeof(float));
+    ws->w = alloc64(nq * B * sizeof(float));
+    ws->wv = alloc64(nq * B * sizeof(float));
+    ws->wg = alloc64(nq * B * sizeof(float));
+    ws->ssum = alloc64(B * 4 * sizeof(float));
+    ws->acc = alloc64(nq * d * sizeof(double));
+    ws->acc_s = alloc64(nq * d * sizeof(double));
+    ws->m = alloc64(nq * sizeof(double));
+    ws->l = alloc64(nq * sizeof(double));
+    ws->alpha = alloc64(nq * sizeof(double));
+    ws->row = alloc64(nq * 2 * d * sizeof(float));
+    if (!ws->qprep || !ws->qsum || !ws->lut || !ws->dot || !ws->w || !ws->wv || !ws->wg || !ws->ssum ||
+        !ws->acc || !ws->acc_s || !ws->m || !ws->l || !ws->alpha || !ws->row) {
+        kvq_attn_workspace_free(ws);
+        return KVQ_ERR_NOMEM;
+    }
+    *out = ws;
+    return KVQ_OK;
+}
+
+void kvq_attn_workspace_free(kvq_attn_workspace *ws)
+{
+    if (!ws)
+        return;
+    free(ws->qprep);
+    free(ws->qsum);
+    free(ws->lut);
+    free(ws->dot);
+    free(ws->w);
+    free(ws->wv);
+    free(ws->wg);
+    free(ws->ssum);
+    free(ws->acc);
+    free(ws->acc_s);
+    free(ws->m);
+    free(ws->l);
+    free(ws->alpha);
+    free(ws->row);
+    free(ws);
+}
+
+/* The checks every entry point shares; n_ctx is the longest context used. */
+static kvq_status check_args(const kvq_cache *c, int kv_head, size_t n_ctx, const float *q, int n_q,
+                             const float *out, const kvq_attn_workspace *ws)
+{
+    if (!c || !q || !out || !ws)
+        return KVQ_ERR_INVALID_ARG;
+    const struct kvq_cache_config *cfg = kvq_cache_config_of(c);
+    if (kv_head < 0 || kv_head >= cfg->n_kv_heads || n_ctx == 0 || n_ctx > kvq_cache_len(c) ||
+        n_q < 1 || n_q > ws->max_q || n_ctx > ws->max_ctx || ws->dim != cfg->head_dim)
+        return KVQ_ERR_INVALID_ARG;
+    return KVQ_OK;
+}
+
+static kvq_status check_queries(const float *q, size_t n, int d)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!kvq_all_finite(q + i * (size_t)d, d))
+            return KVQ_ERR_NONFINITE;
+    return KVQ_OK;
+}
+
+void kvq_attn_sign_lut(const struct kvq_attn_job *job, int q0, int qc)
+{
+    const int d = job->dim, W = kvq_attn_lut_width(qc);
+    float *lut = job->ws->lut + kvq_attn_lut_offset(d, q0);
+    for (int p = 0; p < d / 8; p++) {
+        for (int k = 0; k < qc; k++) {
+            const float *sq = job->ws->qprep + (size_t)(q0 + k) * 2 * (size_t)d + (size_t)d + 8 * (size_t)p;
+            float *e = lut + (size_t)p * 256 * (size_t)W + (size_t)k;
+            /* Each entry extends a smaller one by its highest set bit. */
+            e[0] = 0.0f;
+            for (int b = 1; b < 256; b++) {
+                int top = 31 - __builtin_clz((unsigned)b);
+                e[(size_t)b * W] = e[(size_t)(b & ~(1 << top)) * W] + sq[top];
+            }
+        }
+        for (int k = qc; k < W; k++) /* unused lanes of a chunk of 3 stay zero */
+            for (int b = 0; b < 256; b++)
+                lut[((size_t)p * 256 + (size_t)b) * W + (size_t)k] = 0.0f;
+    }
+}
+
+/* Size of the next query chunk: 4, or the remainder split into 2 + 1. */
+static int chunk_size(int left)
+{
+    return left >= 4 ? 4 : left == 3 ? 2 : left;
+}
+
+kvq_status kvq_attn_decode(const kvq_cache *c, int kv_head, size_t n_ctx, const float *q, int n_q, float scale,
+                           float *out, kvq_attn_workspace *ws)
+{
+    int simd = kvq_cpu_has_avx2() && c && kvq_cache_config_of(c)->head_dim % 8 == 0;
+    return kvq_attn_decode_kernels(simd ? &kvq_attn_kernels_avx2 : &kvq_attn_kernels_scalar, c, kv_head, n_ctx, q,
+                                   n_q, scale, out, ws);
+}
+
+kvq_status kvq_attn_decode_kernels(const struct kvq_attn_kernels *kr, const kvq_cache *c, int kv_head, size_t n_ctx,
+                                   const float *q, int n_q, float scale, float *out, kvq_attn_workspace *ws)
+{
+    kvq_status st = check_args(c, kv_head, n_ctx, q, n_q, out, ws);
+    if (st != KVQ_OK)
+        return st;
+    const struct kvq_page_layout *pl = kvq_cache_layout(c);
+    const int d = (int)pl->dim;
+    if ((st = check_queries(q, (size_t)n_q, d)) != KVQ_OK)
+        return st;
+
+    struct kvq_attn_job job = {kvq_cache_codec_k(c), kvq_cache_codec_v(c), &pl->k, &pl->v, d, n_q, scale, ws};
+    const size_t D = (size_t)d;
+    for (int h = 0; h < n_q; h++) {
+        float *qp = ws->qprep + (size_t)h * 2 * D;
+        if ((st = kvq_codec_prepare_query(job.ck, q + (size_t)h * D, qp)) != KVQ_OK)
+            return st;
+        if (job.ck->traits->qjl) {
+            float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            for (int j = 0; j < d; j++)
+                s[j & 7] += qp[D + (size_t)j];
+            ws->qsum[h] = kvq_reduce8(s);
+        }
+    }
+    if (job.ck->traits->qjl)
+        for (int q0 = 0; q0 < n_q; q0 += chunk_size(n_q - q0))
+            kvq_attn_sign_lut(&job, q0, chunk_size(n_q - q0));
+    for (int h = 0; h < n_q; h++) {
+        ws->m[h] = -INFINITY;
+        ws->l[h] = 0.0;
+    }
+    memset(ws->acc, 0, (size_t)n_q * D * sizeof *ws->acc);
+    memset(ws->acc_s, 0, (size_t)n_q * D * sizeof *ws->acc_s);
+
+    const size_t P = pl->page_tokens;
+    for (size_t t0 = 0; t0 < n_ctx;) {
+        size_t page = t0 / P, s0 = t0 % P, n = P - s0;
+        if (n > KVQ_ATTN_BLOCK)
+            n = KVQ_ATTN_BLOCK;
+        if (n > n_ctx - t0)
+            n = n_ctx - t0;
+        const uint8_t *base = kvq_cache_page(c, page);
+        struct kvq_attn_block b = {base + pl->k_off + (uint64_t)kv_head * pl->k.bytes,
+                                   base + pl->v_off + (uint64_t)kv_head * pl->v.bytes, (uint32_t)s0,
+                                   (uint32_t)n};
+        kr->score(&job, &b);
+        kr->softmax(&job, b.n);
+        kr->value(&job, &b);
+        t0 += n;
+    }
+
+    /* out = acc / l, back from V's stored domain with one rotation per head. */
+    const kvq_codec *cv = job.cv;
+    for (int h = 0; h < n_q; h++) {
+        float *o = out + (size_t)h * D, *t = ws->row;
+        const double inv = 1.0 / ws->l[h];
+        for (size_t j = 0; j < D; j++)
+            o[j] = (float)(ws->acc[(size_t)h * D + j] * inv);
+        if (cv->traits->rotated) {
+            if (cv->traits->qjl) {
+                for (size_t j = 0; j < D; j++)
+                    t[j] = (float)(ws->acc_s[(size_t)h * D + j] * inv);
+                kvq_rotation_apply_t(cv->qjl, t, t);
+                for (size_t j = 0; j < D; j++)
+                    o[j] += t[j];
+            }
+            kvq_rotation_apply_t(cv->rot, o, o);
+        }
+        /* Only a float overflow of the scores (queries near FLT_MAX) gets here. */
+        if (!kvq_all_finite(o, d))
+            return KVQ_ERR_RANGE;
+    }
+    return KVQ_OK;
+}
+
+kvq_status kvq_attn_causal(const kvq_cache *c, int kv_head, size_t pos0, size_t T, const float *q, int n_q,
+                           float scale, float *out, kvq_attn_workspace *ws)
+{
+    if (!c || T == 0 || pos0 > SIZE_MAX - T)
+        return KVQ_ERR_INVALID_ARG;
+    kvq_status st = check_args(c, kv_head, pos0 + T, q, n_q, out, ws);
+    if (st != KVQ_OK)
+        return st;
+    const size_t stride = (size_t)n_q * (size_t)ws->dim;
+    if ((st = check_queries(q, T * (size_t)n_q, ws->dim)) != KVQ_OK)
+        return st;
+    /* Each position is one decode over its own prefix: exact causal masking. */
+    for (size_t t = 0; t < T; t++) {
+        st = kvq_attn_decode(c, kv_head, pos0 + t + 1, q + t * stride, n_q, scale, out + t * stride, ws);
+        if (st != KVQ_OK)
+            return st;
+    }
+    return KVQ_OK;
+}

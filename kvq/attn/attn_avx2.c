@@ -1,0 +1,491 @@
+/* attn_avx2.c - AVX2/FMA/F16C block kernels of fused decode attention.
+ *
+ * Dequantizing 8 coordinates of a tq row costs one 32-bit load, one variable
+ * shift and one permute: the B-bit codes of 8 coordinates are B bytes, so the
+ * word at byte B*g, broadcast to 8 lanes and shifted right by (0, B, .., 7B),
+ * leaves code l in the low bits of lane l, and _mm256_permutevar8x32_ps (which
+ * reads only the low 3 bits of each index) looks the centroid up in a
+ * register. For B < 3 the table repeats the centroids so the neighbouring
+ * code's bits do not matter; for B = 4 a second table and a blend on bit 3.
+ * Baseline rows (f32, f16 via F16C, q8_0, q4_0) are expanded to 8 floats per
+ * step the same way, so one kernel body serves every type.
+ *
+ * One unpack feeds all query heads of a chunk (up to 4), and the score loop
+ * takes 2-4 keys at a time so that each query load feeds several FMAs; the
+ * value loop keeps a tile of (heads x 8-coordinate groups) accumulators in
+ * registers across the block. The QJL sign term of a tqBj key is one table
+ * load per sign byte (kvq_attn_sign_lut), for all heads of a chunk at once.
+ *
+ * Reads: the 32-bit word of the last code group of a row ends up to 3 bytes
+ * past the row; that stays inside the page or its KVQ_PAGE_TAIL_PAD.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "attn_internal.h"
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* What one row stores, as far as expanding 8 coordinates goes. */
+enum kind { K_TQ1 = 1, K_TQ2 = 2, K_TQ3 = 3, K_TQ4 = 4, K_SIGN, K_F32, K_F16, K_Q8, K_Q4 };
+
+struct consts {
+    __m256 lo, hi;    /* centroid tables (hi: codes 8..15 of a 4-bit codebook); K_SIGN: -1/+1 */
+    __m256i shr, shl; /* per-lane shifts */
+};
+
+static int kind_of(const kvq_codec *c)
+{
+    switch (c->cfg.type) {
+    case KVQ_TYPE_F32: return K_F32;
+    case KVQ_TYPE_F16: return K_F16;
+    case KVQ_TYPE_Q8_0: return K_Q8;
+    case KVQ_TYPE_Q4_0: return K_Q4;
+    default: return c->bits; /* tq: 1..4 */
+    }
+}
+
+static struct consts make_consts(const kvq_codec *c, int kind)
+{
+    struct consts k;
+    float lo[8], hi[8];
+    int sr[8], sl[8];
+    for (int l = 0; l < 8; l++) {
+        int B = kind <= K_TQ4 ? kind : 1;
+        sr[l] = B * l;
+        sl[l] = 28 - 4 * l;
+        if (kind == K_SIGN) {
+            lo[l] = (l & 1) ? 1.0f : -1.0f;
+            hi[l] = 0.0f;
+        } else if (kind <= K_TQ4) {
+            lo[l] = c->centroids[l % c->levels];
+            hi[l] = kind == K_TQ4 ? c->centroids[8 + l] : 0.0f;
+        } else {
+            lo[l] = hi[l] = 0.0f;
+        }
+    }
+    k.lo = _mm256_loadu_ps(lo);
+    k.hi = _mm256_loadu_ps(hi);
+    k.shr = _mm256_loadu_si256((const __m256i *)sr);
+    k.shl = _mm256_loadu_si256((const __m256i *)sl);
+    return k;
+}
+
+static inline int32_t load_i32(const uint8_t *p)
+{
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* Coordinates 8g .. 8g+7 of the row at r, as floats (tq: unit-scale centroids;
+ * K_SIGN: +-1 from the sign bits). */
+INLINE __m256 expand(const int kind, const uint8_t *r, int g, const struct consts *k)
+{
+    switch (kind) {
+    case K_TQ1:
+    case K_TQ2:
+    case K_TQ3:
+    case K_SIGN: {
+        const int B = kind == K_SIGN ? 1 : kind;
+        __m256i w = _mm256_set1_epi32(load_i32(r + B * g));
+        return _mm256_permutevar8x32_ps(k->lo, _mm256_srlv_epi32(w, k->shr));
+    }
+    case K_TQ4: {
+        __m256i w = _mm256_set1_epi32(load_i32(r + 4 * g));
+        __m256i idx = _mm256_srlv_epi32(w, k->shr);
+        __m256 a = _mm256_permutevar8x32_ps(k->lo, idx), b = _mm256_permutevar8x32_ps(k->hi, idx);
+        return _mm256_blendv_ps(a, b, _mm256_castsi256_ps(_mm256_sllv_epi32(w, k->shl)));
+    }
+    case K_F32:
+        return _mm256_loadu_ps((const float *)(const void *)(r + 32 * g));
+    case K_F16:
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(r + 16 * g)));
+    case K_Q8: {
+        const uint8_t *blk = r + (size_t)(g >> 2) * sizeof(kvq_block_q8_0);
+        uint16_t h;
+        memcpy(&h, blk, sizeof h);
+        __m128i b8 = _mm_loadl_epi64((const __m128i *)(const void *)(blk + 2 + 8 * (g & 3)));
+        __m256 x = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b8));
+        return _mm256_mul_ps(x, _mm256_set1_ps(_cvtsh_ss(h)));
+    }
+    default: { /* K_Q4: byte j holds x_j (low nibble) and x_{j+16} (high) */
+        const uint8_t *blk = r + (size_t)(g >> 2) * sizeof(kvq_block_q4_0);
+        uint16_t h;
+        memcpy(&h, blk, sizeof h);
+        __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(blk + 2 + 8 * (g & 1))));
+        b = (g & 2) ? _mm256_srli_epi32(b, 4) : _mm256_and_si256(b, _mm256_set1_epi32(15));
+        __m256 x = _mm256_cvtepi32_ps(_mm256_sub_epi32(b, _mm256_set1_epi32(8)));
+        return _mm256_mul_ps(x, _mm256_set1_ps(_cvtsh_ss(h)));
+    }
+    }
+}
+
+/* Eight vectors -> one vector of their eight horizontal sums. */
+INLINE __m256 hsum8(const __m256 *v)
+{
+    __m256 h01 = _mm256_hadd_ps(v[0], v[1]), h23 = _mm256_hadd_ps(v[2], v[3]);
+    __m256 h45 = _mm256_hadd_ps(v[4], v[5]), h67 = _mm256_hadd_ps(v[6], v[7]);
+    __m256 a = _mm256_hadd_ps(h01, h23), b = _mm256_hadd_ps(h45, h67);
+    return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+
+/* ---- score ---- */
+
+/* dot[h][i] = q_h . row_i for QC heads, rows at codes + i * stride, i < n
+ * rounded up to 8 (the extra rows are inside the page; their dots are unused). */
+INLINE void score_pass(const int kind, const int QC, const int KB, const uint8_t *codes, uint32_t stride,
+                       uint32_t n, int dim, const float *q, size_t qstride, float *dot, const struct consts *k)
+{
+    const int G = dim / 8;
+    for (uint32_t i0 = 0; i0 < n; i0 += 8) {
+        __m256 part[KVQ_ATTN_QCHUNK][8];
+        for (int k0 = 0; k0 < 8; k0 += KB) {
+            __m256 a[4][KVQ_ATTN_QCHUNK];
+            const uint8_t *r[4];
+#pragma GCC unroll 4
+            for (int kb = 0; kb < KB; kb++) {
+                r[kb] = codes + (size_t)(i0 + (uint32_t)(k0 + kb)) * stride;
+#pragma GCC unroll 4
+                for (int h = 0; h < QC; h++)
+                    a[kb][h] = _mm256_setzero_ps();
+            }
+            for (int g = 0; g < G; g++) {
+                __m256 x[4];
+#pragma GCC unroll 4
+                for (int kb = 0; kb < KB; kb++)
+                    x[kb] = expand(kind, r[kb], g, k);
+#pragma GCC unroll 4
+                for (int h = 0; h < QC; h++) {
+                    __m256 qv = _mm256_load_ps(q + (size_t)h * qstride + 8 * (size_t)g);
+#pragma GCC unroll 4
+                    for (int kb = 0; kb < KB; kb++)
+                        a[kb][h] = _mm256_fmadd_ps(x[kb], qv, a[kb][h]);
+                }
+            }
+#pragma GCC unroll 4
+            for (int kb = 0; kb < KB; kb++)
+#pragma GCC unroll 4
+                for (int h = 0; h < QC; h++)
+                    part[h][k0 + kb] = a[kb][h];
+        }
+#pragma GCC unroll 4
+        for (int h = 0; h < QC; h++)
+            _mm256_store_ps(dot + (size_t)h * KVQ_ATTN_BLOCK + i0, hsum8(part[h]));
+    }
+}
+
+/* ssum[i][0..W) = per-head sums of (S q')_j over the set sign bits of row i. */
+INLINE void sign_pass(const int W, const uint8_t *signs, uint32_t stride, uint32_t n, int dim, const float *lut,
+                      float *ssum)
+{
+    const int P = dim / 8;
+    for (uint32_t i = 0; i < n; i++) {
+        const uint8_t *s = signs + (size_t)i * stride;
+        __m128 a0 = _mm_setzero_ps(), a1 = _mm_setzero_ps();
+        int p = 0;
+        for (; p + 1 < P; p += 2) {
+            const float *e0 = lut + ((size_t)p * 256 + s[p]) * W, *e1 = lut + ((size_t)(p + 1) * 256 + s[p + 1]) * W;
+            if (W == 1) {
+                a0 = _mm_add_ss(a0, _mm_load_ss(e0));
+                a1 = _mm_add_ss(a1, _mm_load_ss(e1));
+            } else if (W == 2) {
+                a0 = _mm_add_ps(a0, _mm_castpd_ps(_mm_load_sd((const double *)(const void *)e0)));
+                a1 = _mm_add_ps(a1, _mm_castpd_ps(_mm_load_sd((const double *)(const void *)e1)));
+            } else {
+                a0 = _mm_add_ps(a0, _mm_loadu_ps(e0));
+                a1 = _mm_add_ps(a1, _mm_loadu_ps(e1));
+            }
+        }
+        if (p < P) { /* odd number of sign bytes (d = 8 mod 16) */
+            const float *e0 = lut + ((size_t)p * 256 + s[p]) * W;
+            if (W == 1)
+                a0 = _mm_add_ss(a0, _mm_load_ss(e0));
+            else if (W == 2)
+                a0 = _mm_add_ps(a0, _mm_castpd_ps(_mm_load_sd((const double *)(const void *)e0)));
+            else
+                a0 = _mm_add_ps(a0, _mm_loadu_ps(e0));
+        }
+        _mm_store_ps(ssum + 4 * (size_t)i, _mm_add_ps(a0, a1));
+    }
+}
+
+/* Specialisations by (kind, chunk size): 2-4 keys per step, as registers allow. */
+#define SCORE_CASES(KIND)                                                                                  \
+    case KIND:                                                                                             \
+        if (qc == 4)                                                                                       \
+            score_pass(KIND, 4, 2, codes, stride, n, dim, q, qstride, dot, k);                             \
+        else if (qc == 2)                                                                                  \
+            score_pass(KIND, 2, 4, codes, stride, n, dim, q, qstride, dot, k);                             \
+        else                                                                                               \
+            score_pass(KIND, 1, 4, codes, stride, n, dim, q, qstride, dot, k);                             \
+        break;
+
+static void score_chunk(int kind, int qc, const uint8_t *codes, uint32_t stride, uint32_t n, int dim,
+                        const float *q, size_t qstride, float *dot, const struct consts *k)
+{
+    switch (kind) {
+        SCORE_CASES(K_TQ1)
+        SCORE_CASES(K_TQ2)
+        SCORE_CASES(K_TQ3)
+        SCORE_CASES(K_TQ4)
+        SCORE_CASES(K_F32)
+        SCORE_CASES(K_F16)
+        SCORE_CASES(K_Q8)
+        SCORE_CASES(K_Q4)
+    default: break;
+    }
+}
+
+static int chunk_size(int left)
+{
+    return left >= 4 ? 4 : left == 3 ? 2 : left;
+}
+
+static void score_avx2(const struct kvq_attn_job *job, const struct kvq_attn_block *b)
+{
+    const kvq_codec *ck = job->ck;
+    const struct kvq_head_layout *hl = job->hk;
+    kvq_attn_workspace *ws = job->ws;
+    const int kind = kind_of(ck), dim = job->dim;
+    const struct consts k = make_consts(ck, kind);
+    const size_t qstride = 2 * (size_t)dim;
+    const uint8_t *codes = b->kchunk + hl->codes_off + (size_t)b->s0 * hl->codes_stride;
+    const uint32_t n8 = (b->n + 7) & ~7u;
+
+    for (int q0 = 0; q0 < job->n_q; q0 += chunk_size(job->n_q - q0)) {
+        const int qc = chunk_size(job->n_q - q0);
+        float *dot = ws->dot + (size_t)q0 * KVQ_ATTN_BLOCK;
+        score_chunk(kind, qc, codes, hl->codes_stride, b->n, dim, ws->qprep + (size_t)q0 * qstride, qstride, dot, &k);
+        if (!ck->traits->rotated)
+            continue;
+        /* tq: times the row norm, plus the QJL term g (2 P - T). */
+        const uint16_t *norm = (const uint16_t *)(const void *)(b->kchunk + hl->norm_off) + b->s0;
+        const uint16_t *rnorm = NULL;
+        if (ck->traits->qjl) {
+            const int W = kvq_attn_lut_width(qc);
+            const float *lut = ws->lut + kvq_attn_lut_offset(dim, q0);
+            const uint8_t *signs = b->kchunk + hl->signs_off + (size_t)b->s0 * hl->signs_stride;
+            if (W == 1)
+                sign_pass(1, signs, hl->signs_stride, n8, dim, lut, ws->ssum);
+            else if (W == 2)
+                sign_pass(2, signs, hl->signs_stride, n8, dim, lut, ws->ssum);
+            else
+                sign_pass(4, signs, hl->signs_stride, n8, dim, lut, ws->ssum);
+            rnorm = (const uint16_t *)(const void *)(b->kchunk + hl->rnorm_off) + b->s0;
+        }
+        const __m256 kappa = _mm256_set1_ps(ck->qjl_kappa_f), two = _mm256_set1_ps(2.0f);
+        const float *ss = ws->ssum;
+        for (uint32_t i0 = 0; i0 < n8; i0 += 8) {
+            __m256 nv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(norm + i0)));
+            __m256 gv = _mm256_setzero_ps();
+            if (rnorm)
+                gv = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(rnorm + i0))), kappa);
+            for (int h = 0; h < qc; h++) {
+                float *dp = dot + (size_t)h * KVQ_ATTN_BLOCK + i0;
+                __m256 a = _mm256_load_ps(dp);
+                if (rnorm) {
+                    const float *s = ss + 4 * (size_t)i0 + h;
+                    __m256 p = _mm256_setr_ps(s[0], s[4], s[8], s[12], s[16], s[20], s[24], s[28]);
+                    __m256 t = _mm256_fmsub_ps(two, p, _mm256_set1_ps(ws->qsum[q0 + h]));
+                    a = _mm256_fmadd_ps(gv, t, a);
+                }
+                _mm256_store_ps(dp, _mm256_mul_ps(nv, a));
+            }
+        }
+    }
+}
+
+/* ---- softmax ---- */
+
+/* e^x for x <= 0 (inputs below -87.3 give ~1e-38, not 0): Cody-Waite
+ * reduction by ln 2 and the degree-6 polynomial of Cephes' expf, ~1 ulp. */
+INLINE __m256 exp_ps(__m256 x)
+{
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.33654f));
+    __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+INLINE float hmax(__m256 v)
+{
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+    return _mm_cvtss_f32(m);
+}
+
+INLINE float hsum(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+
+static void softmax_avx2(const struct kvq_attn_job *job, uint32_t n)
+{
+    kvq_attn_workspace *ws = job->ws;
+    const __m256 sc = _mm256_set1_ps(job->scale), ninf = _mm256_set1_ps(-INFINITY);
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const uint32_t n8 = (n + 7) & ~7u;
+    for (int h = 0; h < job->n_q; h++) {
+        const float *dot = ws->dot + (size_t)h * KVQ_ATTN_BLOCK;
+        float *w = ws->w + (size_t)h * KVQ_ATTN_BLOCK;
+        __m256 mx = ninf;
+        for (uint32_t i = 0; i < n8; i += 8) {
+            __m256 live = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - i)), lane));
+            mx = _mm256_max_ps(mx, _mm256_blendv_ps(ninf, _mm256_mul_ps(sc, _mm256_load_ps(dot + i)), live));
+        }
+        float mo = (float)ws->m[h], mn = fmaxf(mo, hmax(mx));
+        ws->alpha[h] = mo == -INFINITY ? 0.0 : exp((double)mo - (double)mn);
+        ws->m[h] = mn;
+        const __m256 m = _mm256_set1_ps(mn);
+        __m256 sum = _mm256_setzero_ps();
+        for (uint32_t i = 0; i < n8; i += 8) {
+            __m256 live = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - i)), lane));
+            __m256 e = _mm256_and_ps(live, exp_ps(_mm256_sub_ps(_mm256_mul_ps(sc, _mm256_load_ps(dot + i)), m)));
+            _mm256_store_ps(w + i, e);
+            sum = _mm256_add_ps(sum, e);
+        }
+        ws->l[h] = ws->l[h] * ws->alpha[h] + (double)hsum(sum);
+    }
+}
+
+/* ---- value ---- */
+
+/* acc[h][8(g0+t) ..] = alpha_h acc + sum_i w[h][i] row_i[8(g0+t) ..] for
+ * groups g0 .. g0+TG-1: QC x TG accumulators stay in registers over the block. */
+INLINE void value_tile(const int kind, const int QC, const int TG, int g0, const uint8_t *rows, uint32_t stride,
+                       uint32_t n, const float *w, double *acc, const double *alpha, int dim,
+                       const struct consts *k)
+{
+    __m256 a[KVQ_ATTN_QCHUNK][8];
+#pragma GCC unroll 4
+    for (int h = 0; h < QC; h++)
+#pragma GCC unroll 8
+        for (int t = 0; t < TG; t++)
+            a[h][t] = _mm256_setzero_ps();
+    for (uint32_t i = 0; i < n; i++) {
+        const uint8_t *r = rows + (size_t)i * stride;
+        __m256 wq[KVQ_ATTN_QCHUNK];
+#pragma GCC unroll 4
+        for (int h = 0; h < QC; h++)
+            wq[h] = _mm256_broadcast_ss(w + (size_t)h * KVQ_ATTN_BLOCK + i);
+#pragma GCC unroll 8
+        for (int t = 0; t < TG; t++) {
+            __m256 x = expand(kind, r, g0 + t, k);
+#pragma GCC unroll 4
+            for (int h = 0; h < QC; h++)
+                a[h][t] = _mm256_fmadd_ps(wq[h], x, a[h][t]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int h = 0; h < QC; h++) {
+        const __m256d al = _mm256_set1_pd(alpha[h]);
+#pragma GCC unroll 8
+        for (int t = 0; t < TG; t++) {
+            double *p = acc + (size_t)h * (size_t)dim + 8 * (size_t)(g0 + t);
+            __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(a[h][t]));
+            __m256d hi = _mm256_cvtps_pd(_mm256_extractf128_ps(a[h][t], 1));
+            _mm256_store_pd(p, _mm256_fmadd_pd(al, _mm256_load_pd(p), lo));
+            _mm256_store_pd(p + 4, _mm256_fmadd_pd(al, _mm256_load_pd(p + 4), hi));
+        }
+    }
+}
+
+/* All groups of a chunk of QC heads: tiles of TG = 8 / QC groups, then single groups. */
+INLINE void value_pass(const int kind, const int QC, const uint8_t *rows, uint32_t stride, uint32_t n,
+                       const float *w, double *acc, const double *alpha, int dim, const struct consts *k)
+{
+    const int G = dim / 8, TG = 8 / QC;
+    int g0 = 0;
+    for (; g0 + TG <= G; g0 += TG)
+        value_tile(kind, QC, 8 / QC, g0, rows, stride, n, w, acc, alpha, dim, k);
+    for (; g0 < G; g0++)
+        value_tile(kind, QC, 1, g0, rows, stride, n, w, acc, alpha, dim, k);
+}
+
+#define VALUE_CASES(KIND)                                                                                  \
+    case KIND:                                                                                             \
+        if (qc == 4)                                                                                       \
+            value_pass(KIND, 4, rows, stride, n, w, acc, alpha, dim, k);                                   \
+        else if (qc == 2)                                                                                  \
+            value_pass(KIND, 2, rows, stride, n, w, acc, alpha, dim, k);                                   \
+        else                                                                                               \
+            value_pass(KIND, 1, rows, stride, n, w, acc, alpha, dim, k);                                   \
+        break;
+
+static void value_chunk(int kind, int qc, const uint8_t *rows, uint32_t stride, uint32_t n, const float *w,
+                        double *acc, const double *alpha, int dim, const struct consts *k)
+{
+    switch (kind) {
+        VALUE_CASES(K_TQ1)
+        VALUE_CASES(K_TQ2)
+        VALUE_CASES(K_TQ3)
+        VALUE_CASES(K_TQ4)
+        VALUE_CASES(K_SIGN)
+        VALUE_CASES(K_F32)
+        VALUE_CASES(K_F16)
+        VALUE_CASES(K_Q8)
+        VALUE_CASES(K_Q4)
+    default: break;
+    }
+}
+
+/* dst[h][i] = src[h][i] * f16(h16[i]) * mul, for whole groups of 8 slots. */
+static void scale_weights(const float *src, const uint16_t *h16, float mul, int n_q, uint32_t n8, float *dst)
+{
+    const __m256 m = _mm256_set1_ps(mul);
+    for (uint32_t i = 0; i < n8; i += 8) {
+        __m256 f = _mm256_mul_ps(m, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(h16 + i))));
+        for (int h = 0; h < n_q; h++)
+            _mm256_store_ps(dst + (size_t)h * KVQ_ATTN_BLOCK + i,
+                            _mm256_mul_ps(f, _mm256_load_ps(src + (size_t)h * KVQ_ATTN_BLOCK + i)));
+    }
+}
+
+static void value_avx2(const struct kvq_attn_job *job, const struct kvq_attn_block *b)
+{
+    const kvq_codec *cv = job->cv;
+    const struct kvq_head_layout *hl = job->hv;
+    kvq_attn_workspace *ws = job->ws;
+    const int kind = kind_of(cv), dim = job->dim;
+    const uint32_t n8 = (b->n + 7) & ~7u;
+    const float *w = ws->w;
+    if (cv->traits->rotated) { /* the row norm joins the weight: sum_i (w n_i) c[idx_i] */
+        const uint16_t *norm = (const uint16_t *)(const void *)(b->vchunk + hl->norm_off) + b->s0;
+        scale_weights(ws->w, norm, 1.0f, job->n_q, n8, ws->wv);
+        w = ws->wv;
+    }
+    const struct consts k = make_consts(cv, kind);
+    const uint8_t *codes = b->vchunk + hl->codes_off + (size_t)b->s0 * hl->codes_stride;
+    for (int q0 = 0; q0 < job->n_q; q0 += chunk_size(job->n_q - q0))
+        value_chunk(kind, chunk_size(job->n_q - q0), codes, hl->codes_stride, b->n, w + (size_t)q0 * KVQ_ATTN_BLOCK,
+                    ws->acc + (size_t)q0 * (size_t)dim, ws->alpha + q0, dim, &k);
+    if (!cv->traits->qjl)
+        return;
+    /* tqBj V: sum_i (w n_i g_i) s~_i, rotated back by S^T at the end. */
+    const uint16_t *rnorm = (const uint16_t *)(const void *)(b->vchunk + hl->rnorm_off) + b->s0;
+    scale_weights(ws->wv, rnorm, cv->qjl_kappa_f, job->n_q, n8, ws->wg);
+    const struct consts ks = make_consts(cv, K_SIGN);
+    const uint8_t *signs = b->vchunk + hl->signs_off + (size_t)b->s0 * hl->signs_stride;
+    for (int q0 = 0; q0 < job->n_q; q0 += chunk_size(job->n_q - q0))
+        value_chunk(K_SIGN, chunk_size(job->n_q - q0), signs, hl->signs_stride, b->n,
+                    ws->wg + (size_t)q0 * KVQ_ATTN_BLOCK, ws->acc_s + (size_t)q0 * (size_t)dim, ws->alpha + q0, dim,
+                    &ks);
+}
+
+const struct kvq_attn_kernels kvq_attn_kernels_avx2 = {score_avx2, softmax_avx2, value_avx2};

@@ -1,0 +1,108 @@
+/* attn_internal.h - the workspace and the block kernels of fused decode attention.
+ *
+ * kvq_attn_decode() walks the context in blocks of at most KVQ_ATTN_BLOCK
+ * tokens that never cross a page. For each block:
+ *   1. score: dot[q][i] = q_q . k_i, straight from the K chunk (tq types in
+ *      the rotated domain: n_i (q'.c[idx_i] + g_i (S q').s~_i));
+ *   2. online softmax (max-subtracted, exp in float): w[q][i] =
+ *      exp(scale dot - m_q) with the running max m_q; alpha_q =
+ *      exp(m_old - m_new) rescales what earlier blocks accumulated;
+ *   3. value: acc[q] = alpha_q acc[q] + sum_i w[q][i] v_i, in V's stored
+ *      domain (tq types: the rotated one, sum_i w n_i c[idx_i], plus for a
+ *      tqBj V a second sum in S's domain). The block sum is formed in float
+ *      registers and folded into double accumulators, so the error does
+ *      not grow with the context length.
+ * Finally out = acc / l, rotated back once (R^T, and S^T for a tqBj V).
+ *
+ * Two implementations of steps 1-3 exist: scalar (attn_ref.c, also the
+ * fallback on CPUs without AVX2 and for head dims not a multiple of 8) and
+ * AVX2 (attn_avx2.c). kvq_attn_decode_ref() (attn_ref.c) is the independent
+ * reference: dequantize each row with the codec's decode_ref, attend in double.
+ */
+#ifndef KVQ_ATTN_INTERNAL_H
+#define KVQ_ATTN_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "codec_internal.h"
+#include "kvq_attn.h"
+
+#define KVQ_ATTN_BLOCK 64 /* tokens per block: scores stay in L1 */
+#define KVQ_ATTN_QCHUNK 4 /* query heads one pass of a kernel handles */
+
+struct kvq_attn_workspace {
+    int dim, max_q;
+    size_t max_ctx;
+    /* fused path */
+    float *qprep;    /* [max_q][2 dim]: q (baseline K) or q', S q' (tq K) */
+    float *qsum;     /* [max_q]: sum_j (S q')_j */
+    float *lut;      /* sign tables, see kvq_attn_sign_lut (lut_floats floats) */
+    size_t lut_floats;
+    float *dot;      /* [max_q][KVQ_ATTN_BLOCK] */
+    float *w;        /* [max_q][KVQ_ATTN_BLOCK] softmax weights */
+    float *wv;       /* [max_q][KVQ_ATTN_BLOCK] weights times V norms (tq V) */
+    float *wg;       /* [max_q][KVQ_ATTN_BLOCK] weights times V norms times g (tqBj V) */
+    float *ssum;     /* [KVQ_ATTN_BLOCK][4] sign sums of one query chunk */
+    double *acc;     /* [max_q][dim] */
+    double *acc_s;   /* [max_q][dim]: tqBj V, the S-domain part */
+    double *m, *l, *alpha; /* [max_q] */
+    float *row;      /* [2 dim] scratch */
+};
+
+/* One decode call, as the kernels see it. */
+struct kvq_attn_job {
+    const kvq_codec *ck, *cv;
+    const struct kvq_head_layout *hk, *hv;
+    int dim, n_q;
+    float scale;
+    kvq_attn_workspace *ws;
+};
+
+/* Where one block of keys/values lives: a head chunk and the slots [s0, s0+n). */
+struct kvq_attn_block {
+    const uint8_t *kchunk, *vchunk;
+    uint32_t s0, n;
+};
+
+/* The three steps above for one block; all queries of the job.
+ *  score: ws->dot[q][i] for i < n (unscaled dot products)
+ *  softmax: ws->w, ws->alpha, and updates ws->m, ws->l
+ *  value: ws->acc (and ws->acc_s) = alpha acc + sum_i w v_i */
+struct kvq_attn_kernels {
+    void (*score)(const struct kvq_attn_job *job, const struct kvq_attn_block *b);
+    void (*softmax)(const struct kvq_attn_job *job, uint32_t n);
+    void (*value)(const struct kvq_attn_job *job, const struct kvq_attn_block *b);
+};
+
+extern const struct kvq_attn_kernels kvq_attn_kernels_scalar;
+extern const struct kvq_attn_kernels kvq_attn_kernels_avx2; /* needs AVX2 and dim % 8 == 0 */
+
+/* kvq_attn_decode() with the kernels given (tests compare both sets). */
+kvq_status kvq_attn_decode_kernels(const struct kvq_attn_kernels *kr, const kvq_cache *c, int kv_head, size_t n_ctx,
+                                   const float *q, int n_q, float scale, float *out, kvq_attn_workspace *ws);
+
+/* Sign tables for a tqBj K and the query chunk starting at q0 with qc heads:
+ * entry [p][b] holds, for each head of the chunk, the sum of (S q')_j over
+ * the set bits of byte b at byte position p (j = 8p + bit), i.e. the sign sum
+ * of one byte of a key by one load. Entries are kvq_attn_lut_width(qc) floats
+ * wide (1, 2 or 4) so that one head's table is 4 KiB per byte position. */
+static inline int kvq_attn_lut_width(int qc)
+{
+    return qc <= 1 ? 1 : qc == 2 ? 2 : 4;
+}
+/* Offset of the chunk starting at query q0 inside ws->lut. */
+static inline size_t kvq_attn_lut_offset(int dim, int q0)
+{
+    return (size_t)q0 * (size_t)(dim / 8) * 256u;
+}
+void kvq_attn_sign_lut(const struct kvq_attn_job *job, int q0, int qc);
+
+/* Row views of the block's slot s of a head chunk. */
+static inline struct kvq_row kvq_attn_row(const struct kvq_head_layout *hl, const uint8_t *chunk, uint32_t slot)
+{
+    /* Rows are only read; kvq_row's pointers are non-const by type only. */
+    return kvq_head_row(hl, (uint8_t *)(uintptr_t)chunk, slot);
+}
+
+#endif /* KVQ_ATTN_INTERNAL_H */

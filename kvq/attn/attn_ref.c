@@ -1,0 +1,176 @@
+/* attn_ref.c - the reference attention (dequantize, then attend in double)
+ * and the scalar block kernels of the fused path (no SIMD; used when the CPU
+ * lacks AVX2 or the head dim is not a multiple of 8). */
+#include <math.h>
+#include <string.h>
+
+#include "attn_internal.h"
+#include "kvq_half.h"
+
+/* ---- reference ---- */
+
+static struct kvq_row row_at(const kvq_cache *c, int v, int kv_head, size_t t)
+{
+    const struct kvq_page_layout *pl = kvq_cache_layout(c);
+    const uint8_t *page = kvq_cache_page(c, t / pl->page_tokens);
+    uint32_t slot = (uint32_t)(t % pl->page_tokens);
+    if (v)
+        return kvq_attn_row(&pl->v, page + pl->v_off + (uint64_t)kv_head * pl->v.bytes, slot);
+    return kvq_attn_row(&pl->k, page + pl->k_off + (uint64_t)kv_head * pl->k.bytes, slot);
+}
+
+static double dot_d(const float *a, const float *b, int d)
+{
+    double s = 0.0;
+    for (int j = 0; j < d; j++)
+        s += (double)a[j] * (double)b[j];
+    return s;
+}
+
+kvq_status kvq_attn_decode_ref(const kvq_cache *c, int kv_head, size_t n_ctx, const float *q, int n_q, float scale,
+                               float *out, kvq_attn_workspace *ws)
+{
+    if (!c || !q || !out || !ws)
+        return KVQ_ERR_INVALID_ARG;
+    const struct kvq_cache_config *cfg = kvq_cache_config_of(c);
+    const int d = cfg->head_dim;
+    if (kv_head < 0 || kv_head >= cfg->n_kv_heads || n_ctx == 0 || n_ctx > kvq_cache_len(c) || n_q < 1 ||
+        n_q > ws->max_q || n_ctx > ws->max_ctx || ws->dim != d)
+        return KVQ_ERR_INVALID_ARG;
+    for (int h = 0; h < n_q; h++)
+        if (!kvq_all_finite(q + (size_t)h * d, d))
+            return KVQ_ERR_NONFINITE;
+
+    const kvq_codec *ck = kvq_cache_codec_k(c), *cv = kvq_cache_codec_v(c);
+    const double ds = (double)scale;
+    float *k = ws->row, *v = ws->row + d;
+    double *m = ws->m, *l = ws->l, *acc = ws->acc;
+    /* Pass 1: the exact maximum of every head's logits. */
+    for (int h = 0; h < n_q; h++)
+        m[h] = -INFINITY;
+    for (size_t i = 0; i < n_ctx; i++) {
+        struct kvq_row rk = row_at(c, 0, kv_head, i);
+        ck->traits->decode_ref(ck, &rk, k);
+        for (int h = 0; h < n_q; h++) {
+            double s = ds * dot_d(q + (size_t)h * d, k, d);
+            if (s > m[h])
+                m[h] = s;
+        }
+    }
+    /* Pass 2: weights and the weighted sum of values, all in double. */
+    memset(acc, 0, (size_t)n_q * (size_t)d * sizeof *acc);
+    for (int h = 0; h < n_q; h++)
+        l[h] = 0.0;
+    for (size_t i = 0; i < n_ctx; i++) {
+        struct kvq_row rk = row_at(c, 0, kv_head, i), rv = row_at(c, 1, kv_head, i);
+        ck->traits->decode_ref(ck, &rk, k);
+        cv->traits->decode_ref(cv, &rv, v);
+        for (int h = 0; h < n_q; h++) {
+            double w = exp(ds * dot_d(q + (size_t)h * d, k, d) - m[h]);
+            l[h] += w;
+            for (int j = 0; j < d; j++)
+                acc[(size_t)h * d + j] += w * (double)v[j];
+        }
+    }
+    for (int h = 0; h < n_q; h++)
+        for (int j = 0; j < d; j++) {
+            double o = acc[(size_t)h * d + j] / l[h];
+            out[(size_t)h * d + j] = (float)o;
+            if (!isfinite(o) || !isfinite((float)o))
+                return KVQ_ERR_RANGE;
+        }
+    return KVQ_OK;
+}
+
+/* ---- scalar block kernels ---- */
+
+/* The codec's own reference score: n (q'.c + g (S q').s~) for tq types, a
+ * plain dot product for baselines (the prepared query is q itself). */
+static void score_scalar(const struct kvq_attn_job *job, const struct kvq_attn_block *b)
+{
+    const kvq_codec *ck = job->ck;
+    kvq_attn_workspace *ws = job->ws;
+    const size_t qs = 2 * (size_t)job->dim;
+    for (uint32_t i = 0; i < b->n; i++) {
+        struct kvq_row r = kvq_attn_row(job->hk, b->kchunk, b->s0 + i);
+        for (int h = 0; h < job->n_q; h++)
+            ws->dot[(size_t)h * KVQ_ATTN_BLOCK + i] = ck->traits->score_ref(ck, ws->qprep + (size_t)h * qs, &r);
+    }
+}
+
+static void softmax_scalar(const struct kvq_attn_job *job, uint32_t n)
+{
+    kvq_attn_workspace *ws = job->ws;
+    for (int h = 0; h < job->n_q; h++) {
+        const float *dot = ws->dot + (size_t)h * KVQ_ATTN_BLOCK;
+        float *w = ws->w + (size_t)h * KVQ_ATTN_BLOCK;
+        float mb = -INFINITY;
+        for (uint32_t i = 0; i < n; i++)
+            mb = fmaxf(mb, job->scale * dot[i]);
+        float mo = (float)ws->m[h], mn = fmaxf(mo, mb);
+        ws->alpha[h] = mo == -INFINITY ? 0.0 : exp((double)mo - (double)mn);
+        ws->m[h] = mn;
+        float sum = 0.0f;
+        for (uint32_t i = 0; i < n; i++) {
+            w[i] = expf(job->scale * dot[i] - mn);
+            sum += w[i];
+        }
+        ws->l[h] = ws->l[h] * ws->alpha[h] + (double)sum;
+    }
+}
+
+/* acc = alpha acc + blk for every head, blk being [n_q][dim] floats. */
+static void fold(double *acc, const float *blk, const struct kvq_attn_job *job)
+{
+    const size_t d = (size_t)job->dim;
+    for (int h = 0; h < job->n_q; h++)
+        for (size_t j = 0; j < d; j++)
+            acc[(size_t)h * d + j] = job->ws->alpha[h] * acc[(size_t)h * d + j] + (double)blk[(size_t)h * d + j];
+}
+
+static void value_scalar(const struct kvq_attn_job *job, const struct kvq_attn_block *b)
+{
+    const kvq_codec *cv = job->cv;
+    kvq_attn_workspace *ws = job->ws;
+    const int d = job->dim, nq = job->n_q, qjl = cv->traits->qjl;
+    /* Block sums in float (like the SIMD path), folded into double below. */
+    float *blk = ws->row, tmp_s[KVQ_MAX_DIM];
+    memset(blk, 0, (size_t)nq * (size_t)d * sizeof *blk);
+    if (!cv->traits->rotated) {
+        for (uint32_t i = 0; i < b->n; i++) {
+            struct kvq_row r = kvq_attn_row(job->hv, b->vchunk, b->s0 + i);
+            cv->traits->decode_ref(cv, &r, tmp_s);
+            for (int h = 0; h < nq; h++) {
+                float w = ws->w[(size_t)h * KVQ_ATTN_BLOCK + i];
+                for (int j = 0; j < d; j++)
+                    blk[(size_t)h * d + j] += w * tmp_s[j];
+            }
+        }
+        fold(ws->acc, blk, job);
+        return;
+    }
+    /* tq: sum_i w n_i c[idx_i] in R's domain, and for tqBj sum_i w n_i g_i s~_i in S's. */
+    for (int pass = 0; pass < 1 + qjl; pass++) {
+        memset(blk, 0, (size_t)nq * (size_t)d * sizeof *blk);
+        for (uint32_t i = 0; i < b->n; i++) {
+            struct kvq_row r = kvq_attn_row(job->hv, b->vchunk, b->s0 + i);
+            float n = kvq_f16_to_f32(kvq_row_load_u16(r.norm));
+            if (pass == 0) {
+                for (int j = 0; j < d; j++)
+                    tmp_s[j] = cv->centroids[kvq_code_get(r.codes, cv->bits, j)];
+            } else {
+                n *= kvq_f16_to_f32(kvq_row_load_u16(r.rnorm)) * cv->qjl_kappa_f;
+                for (int j = 0; j < d; j++)
+                    tmp_s[j] = (r.signs[j >> 3] >> (j & 7)) & 1u ? 1.0f : -1.0f;
+            }
+            for (int h = 0; h < nq; h++) {
+                float w = ws->w[(size_t)h * KVQ_ATTN_BLOCK + i] * n;
+                for (int j = 0; j < d; j++)
+                    blk[(size_t)h * d + j] += w * tmp_s[j];
+            }
+        }
+        fold(pass == 0 ? ws->acc : ws->acc_s, blk, job);
+    }
+}
+
+const struct kvq_attn_kernels kvq_attn_kernels_scalar = {score_scalar, softmax_scalar, value_scalar};

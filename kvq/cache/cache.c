@@ -1,0 +1,313 @@
+/* cache.c - the paged, packed KV cache of one layer (see kvq_cache.h).
+ *
+ * Pages are allocated on demand and never moved: the page table is sized
+ * once at create (from max_tokens, and from max_bytes when a budget is set)
+ * so appending never reallocates anything that readers or a device mirror
+ * may hold pointers into. Each page is over-allocated by KVQ_PAGE_TAIL_PAD
+ * zero bytes because the SIMD kernels read whole 32-bit words at the last
+ * packed code group of a section.
+ *
+ * Seeds: the K codec uses cfg.seed as given; the V codec uses
+ * kvq_seed_derive(cfg.seed, KVQ_CACHE_SEED_STREAM_V) so that the rotation of
+ * values is independent of the rotation of keys (and of the QJL projection,
+ * which the codec derives from the K seed with streams 1 and 2).
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codec_internal.h"
+#include "kvq_cache.h"
+#include "rng_internal.h"
+
+struct kvq_cache {
+    struct kvq_cache_config cfg;
+    struct kvq_page_layout layout;
+    kvq_codec *ck, *cv;
+    uint8_t **pages;     /* table_cap entries; the first n_pages are allocated */
+    size_t table_cap;    /* the most pages this cache may ever hold */
+    size_t n_pages;
+    size_t len;          /* tokens held */
+    size_t alloc_bytes;  /* bytes of one page allocation, padding included */
+};
+
+void kvq_cache_config_default(struct kvq_cache_config *cfg, int n_kv_heads, int head_dim, size_t max_tokens)
+{
+    if (!cfg)
+        return;
+    memset(cfg, 0, sizeof *cfg);
+    cfg->n_kv_heads = n_kv_heads;
+    cfg->head_dim = head_dim;
+    cfg->type_k = KVQ_DEFAULT_TYPE_K;
+    cfg->type_v = KVQ_DEFAULT_TYPE_V;
+    cfg->seed = 0;
+    cfg->rot = KVQ_ROT_HADAMARD;
+    cfg->qjl = KVQ_QJL_ORTHO;
+    cfg->page_tokens = KVQ_DEFAULT_PAGE_TOKENS;
+    cfg->max_tokens = max_tokens;
+    cfg->max_bytes = 0;
+}
+
+/* Checks everything create() checks except what only the codecs know, and
+ * fills the page layout. */
+static kvq_status check_config(const struct kvq_cache_config *cfg, struct kvq_page_layout *pl)
+{
+    if (!cfg || cfg->n_kv_heads < 1 || cfg->max_tokens < 1)
+        return KVQ_ERR_INVALID_ARG;
+    if ((int)cfg->rot < 0 || cfg->rot >= KVQ_ROT_KIND_COUNT || cfg->rot == KVQ_ROT_GAUSS ||
+        (int)cfg->qjl < 0 || cfg->qjl >= KVQ_QJL_KIND_COUNT)
+        return KVQ_ERR_INVALID_ARG;
+    int P = cfg->page_tokens ? cfg->page_tokens : KVQ_DEFAULT_PAGE_TOKENS;
+    if (P < KVQ_MIN_PAGE_TOKENS || P > KVQ_MAX_PAGE_TOKENS || P % 16 != 0)
+        return KVQ_ERR_INVALID_ARG;
+    kvq_status st = kvq_type_check_dim(cfg->type_k, cfg->head_dim);
+    if (st == KVQ_OK)
+        st = kvq_type_check_dim(cfg->type_v, cfg->head_dim);
+    if (st != KVQ_OK)
+        return st;
+    /* A page must stay addressable with its padding; heads * chunk is 64-bit. */
+    if (kvq_page_layout_init(pl, cfg->n_kv_heads, cfg->head_dim, (int)cfg->type_k, (int)cfg->type_v, P) ||
+        pl->page_bytes > (uint64_t)(SIZE_MAX / 4))
+        return KVQ_ERR_UNSUPPORTED;
+    return KVQ_OK;
+}
+
+static size_t pages_for(size_t n_tokens, size_t P)
+{
+    return n_tokens / P + (n_tokens % P != 0);
+}
+
+kvq_status kvq_cache_create(const struct kvq_cache_config *cfg, kvq_cache **out)
+{
+    if (!out)
+        return KVQ_ERR_INVALID_ARG;
+    struct kvq_page_layout pl;
+    kvq_status st = check_config(cfg, &pl);
+    if (st != KVQ_OK)
+        return st;
+
+    kvq_cache *c = calloc(1, sizeof *c);
+    if (!c)
+        return KVQ_ERR_NOMEM;
+    c->cfg = *cfg;
+    c->cfg.page_tokens = (int)pl.page_tokens;
+    c->layout = pl;
+    size_t page_bytes = (size_t)pl.page_bytes;
+    c->alloc_bytes = (page_bytes + KVQ_PAGE_TAIL_PAD + 63) / 64 * 64;
+
+    struct kvq_codec_config kc, vc;
+    kvq_codec_config_default(&kc, cfg->type_k, cfg->head_dim);
+    kc.seed = cfg->seed;
+    kc.rot = cfg->rot;
+    kc.qjl = cfg->qjl;
+    vc = kc;
+    vc.type = cfg->type_v;
+    vc.seed = kvq_seed_derive(cfg->seed, KVQ_CACHE_SEED_STREAM_V);
+    st = kvq_codec_create(&kc, &c->ck);
+    if (st == KVQ_OK)
+        st = kvq_codec_create(&vc, &c->cv);
+    if (st != KVQ_OK)
+        goto fail;
+
+    /* Pages beyond the budget can never be allocated, so the table need not
+     * hold them (this also keeps a huge max_tokens with a budget cheap). */
+    c->table_cap = pages_for(cfg->max_tokens, pl.page_tokens);
+    if (cfg->max_bytes && cfg->max_bytes / page_bytes < c->table_cap)
+        c->table_cap = cfg->max_bytes / page_bytes;
+    if (c->table_cap > SIZE_MAX / sizeof *c->pages) {
+        st = KVQ_ERR_NOMEM;
+        goto fail;
+    }
+    c->pages = calloc(c->table_cap ? c->table_cap : 1, sizeof *c->pages);
+    if (!c->pages) {
+        st = KVQ_ERR_NOMEM;
+        goto fail;
+    }
+    *out = c;
+    return KVQ_OK;
+fail:
+    kvq_cache_free(c);
+    return st;
+}
+
+void kvq_cache_free(kvq_cache *c)
+{
+    if (!c)
+        return;
+    if (c->pages)
+        for (size_t i = 0; i < c->n_pages; i++)
+            free(c->pages[i]);
+    free(c->pages);
+    kvq_codec_free(c->ck);
+    kvq_codec_free(c->cv);
+    free(c);
+}
+
+/* Frees the pages [keep, n_pages): undoes the allocations of a failed append. */
+static void drop_pages(kvq_cache *c, size_t keep)
+{
+    while (c->n_pages > keep)
+        free(c->pages[--c->n_pages]);
+}
+
+static uint8_t *head_chunk(const kvq_cache *c, size_t page, int v, int h)
+{
+    const struct kvq_page_layout *pl = &c->layout;
+    uint64_t off = v ? pl->v_off + (uint64_t)h * pl->v.bytes : pl->k_off + (uint64_t)h * pl->k.bytes;
+    return c->pages[page] + off;
+}
+
+kvq_status kvq_cache_append(kvq_cache *c, size_t n_tokens, const float *k, const float *v)
+{
+    if (!c)
+        return KVQ_ERR_INVALID_ARG;
+    if (n_tokens == 0)
+        return KVQ_OK;
+    if (!k || !v)
+        return KVQ_ERR_INVALID_ARG;
+    if (n_tokens > c->cfg.max_tokens - c->len)
+        return KVQ_ERR_CONTEXT_FULL;
+
+    const int H = c->cfg.n_kv_heads, d = c->cfg.head_dim;
+    const size_t rows = n_tokens * (size_t)H;
+    /* 1. every row, exactly as encode will judge it */
+    for (size_t r = 0; r < rows; r++) {
+        kvq_status st = kvq_codec_check_row(c->ck, k + r * (size_t)d);
+        if (st == KVQ_OK)
+            st = kvq_codec_check_row(c->cv, v + r * (size_t)d);
+        if (st != KVQ_OK)
+            return st;
+    }
+    /* 2. every page, before anything is written */
+    const size_t P = c->layout.page_tokens, had = c->n_pages;
+    const size_t need = pages_for(c->len + n_tokens, P);
+    if (need > had) {
+        if (need > c->table_cap) /* only the budget can make the table short */
+            return KVQ_ERR_BUDGET;
+        for (size_t i = had; i < need; i++) {
+            uint8_t *p = aligned_alloc(64, c->alloc_bytes);
+            if (!p) {
+                drop_pages(c, had);
+                return KVQ_ERR_NOMEM;
+            }
+            /* Zeroed, padding included: kernels may read (and ignore) the bytes
+             * past the last row, and they are then defined. */
+            memset(p, 0, c->alloc_bytes);
+            c->pages[c->n_pages++] = p;
+        }
+    }
+    /* 3. encode; only slots at or past len are written, so on a (never
+     * expected) failure the tokens already held are untouched. */
+    const kvq_encode_fn enc_k = c->ck->traits->encode, enc_v = c->cv->traits->encode;
+    for (size_t t = 0; t < n_tokens; t++) {
+        size_t pos = c->len + t, page = pos / P;
+        uint32_t slot = (uint32_t)(pos % P);
+        for (int h = 0; h < H; h++) {
+            size_t r = t * (size_t)H + (size_t)h;
+            struct kvq_row rk = kvq_head_row(&c->layout.k, head_chunk(c, page, 0, h), slot);
+            struct kvq_row rv = kvq_head_row(&c->layout.v, head_chunk(c, page, 1, h), slot);
+            if (enc_k(c->ck, k + r * (size_t)d, &rk) != KVQ_OK || enc_v(c->cv, v + r * (size_t)d, &rv) != KVQ_OK) {
+                drop_pages(c, had);
+                return KVQ_ERR_INTERNAL; /* the checks above admit exactly what encode accepts */
+            }
+        }
+    }
+    c->len += n_tokens;
+    return KVQ_OK;
+}
+
+kvq_status kvq_cache_read(const kvq_cache *c, int kv_head, size_t t0, size_t n, float *k, float *v)
+{
+    if (!c || kv_head < 0 || kv_head >= c->cfg.n_kv_heads || t0 > c->len || n > c->len - t0)
+        return KVQ_ERR_INVALID_ARG;
+    const size_t P = c->layout.page_tokens, d = (size_t)c->cfg.head_dim;
+    for (size_t i = 0; i < n; i++) {
+        size_t pos = t0 + i, page = pos / P;
+        uint32_t slot = (uint32_t)(pos % P);
+        if (k) {
+            struct kvq_row r = kvq_head_row(&c->layout.k, head_chunk(c, page, 0, kv_head), slot);
+            c->ck->traits->decode(c->ck, &r, k + i * d);
+        }
+        if (v) {
+            struct kvq_row r = kvq_head_row(&c->layout.v, head_chunk(c, page, 1, kv_head), slot);
+            c->cv->traits->decode(c->cv, &r, v + i * d);
+        }
+    }
+    return KVQ_OK;
+}
+
+size_t kvq_cache_len(const kvq_cache *c)
+{
+    return c ? c->len : 0;
+}
+
+void kvq_cache_reset(kvq_cache *c)
+{
+    if (c)
+        c->len = 0;
+}
+
+kvq_status kvq_cache_truncate(kvq_cache *c, size_t n)
+{
+    if (!c || n > c->len)
+        return KVQ_ERR_INVALID_ARG;
+    c->len = n;
+    return KVQ_OK;
+}
+
+void kvq_cache_get_stats(const kvq_cache *c, struct kvq_cache_stats *st)
+{
+    if (!st)
+        return;
+    memset(st, 0, sizeof *st);
+    if (!c)
+        return;
+    const size_t H = (size_t)c->cfg.n_kv_heads, d = (size_t)c->cfg.head_dim;
+    st->tokens = c->len;
+    st->pages = c->n_pages;
+    st->page_bytes = (size_t)c->layout.page_bytes;
+    st->bytes_allocated = c->n_pages * st->page_bytes;
+    st->bytes_used = c->len * H * (c->ck->row_bytes + c->cv->row_bytes);
+    st->bytes_f16 = c->len * H * 2 * d * 2;
+}
+
+const struct kvq_cache_config *kvq_cache_config_of(const kvq_cache *c)
+{
+    return c ? &c->cfg : NULL;
+}
+
+const struct kvq_page_layout *kvq_cache_layout(const kvq_cache *c)
+{
+    return c ? &c->layout : NULL;
+}
+
+const kvq_codec *kvq_cache_codec_k(const kvq_cache *c)
+{
+    return c ? c->ck : NULL;
+}
+
+const kvq_codec *kvq_cache_codec_v(const kvq_cache *c)
+{
+    return c ? c->cv : NULL;
+}
+
+size_t kvq_cache_page_count(const kvq_cache *c)
+{
+    return c ? c->n_pages : 0;
+}
+
+const uint8_t *kvq_cache_page(const kvq_cache *c, size_t i)
+{
+    return c && i < c->n_pages ? c->pages[i] : NULL;
+}
+
+size_t kvq_cache_bytes_for(const struct kvq_cache_config *cfg, size_t n_tokens)
+{
+    struct kvq_page_layout pl;
+    if (check_config(cfg, &pl) != KVQ_OK)
+        return 0;
+    size_t pages = pages_for(n_tokens, pl.page_tokens);
+    if (pages > SIZE_MAX / (size_t)pl.page_bytes)
+        return 0;
+    return pages * (size_t)pl.page_bytes;
+}

@@ -1,0 +1,453 @@
+/* cuda_attn.cu - decode attention entry point: query preparation, the split
+ * merge / output rotation, and the scalar fp32 reference kernel.
+ *
+ * Queries are rotated once per (sequence, head) with dense d x d matrices
+ * read off the host rotations (so every rotation kind works), and outputs
+ * rotated back once; the kernels in between only ever see the rotated domain.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_internal.cuh"
+
+namespace {
+
+using namespace kvq_cu;
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+/* ---- slot tables of the fused kernel (see kvq_cuda_hooks.cuh) --------- */
+
+int kslot_dim(int ktype, int s)
+{
+    int t, p, e;
+    slot_split(s, &t, &p, &e);
+    if (ktype == KVQ_TYPE_F16) {
+        const int i = p / 4, ch = 2 * t + (i & 1) + 8 * (i >> 1);
+        return 8 * ch + 2 * (p % 4) + e;
+    }
+    return 32 * t + kTq3Pair[2 * p + e];
+}
+
+int sslot_dim(int s, float *bitval)
+{
+    int t, p, e;
+    slot_split(s, &t, &p, &e);
+    *bitval = kQjlBitValue[p & 3];
+    return 32 * t + p + 16 * e;
+}
+
+int vslot_dim(int vtype, int s)
+{
+    if (vtype == KVQ_TYPE_F16)
+        return s;
+    const int t = s / 32, p = (s % 32) / 2, e = s % 2;
+    return 32 * t + kTq3Pair[2 * p + e];
+}
+
+/* ---- kernels ----------------------------------------------------------- */
+
+struct batch_ids {
+    int seq[KVQ_CU_MAX_BATCH];
+    int len[KVQ_CU_MAX_BATCH];
+};
+
+/* y = M x for a column-major dense matrix (M[i][j] at j * d + i), thread i. */
+__device__ float dense_row(const float *Mc, const float *x, int d, int i)
+{
+    float acc = 0.0f;
+    for (int j = 0; j < d; j++)
+        acc = fmaf(Mc[(size_t)j * d + i], x[j], acc);
+    return acc;
+}
+
+/* Fused-kernel query block of (entry b, KV head h); blockDim = 128 = d. */
+__global__ void prep_fast_kernel(const float *q, int Hq, int H, int G, float c, const float *rk, const float *sk,
+                                 const int16_t *ktab, const int16_t *stab, const float *sdiv, uint8_t *qfrag)
+{
+    constexpr int D = 128;
+    __shared__ float xs[D];
+    __shared__ float qr[8][D];
+    __shared__ float sq[8][D];
+    __shared__ float sig[8], tsum[8];
+    const int i = threadIdx.x, h = blockIdx.x, b = blockIdx.y;
+    for (int qi = 0; qi < 8; qi++) {
+        if (qi < G) {
+            xs[i] = q[((size_t)b * Hq + (size_t)h * G + qi) * D + i];
+            __syncthreads();
+            qr[qi][i] = c * (rk ? dense_row(rk, xs, D, i) : xs[i]);
+            __syncthreads();
+            sq[qi][i] = sk ? dense_row(sk, qr[qi], D, i) : 0.0f;
+        } else {
+            qr[qi][i] = 0.0f;
+            sq[qi][i] = 0.0f;
+        }
+        __syncthreads();
+    }
+    const int warp = i >> 5, lane = i & 31;
+    for (int qi = warp; qi < 8; qi += 4) {
+        float mx = 0.0f, sum = 0.0f;
+        for (int j = lane; j < D; j += 32) {
+            mx = fmaxf(mx, fabsf(sq[qi][j]));
+            sum += sq[qi][j];
+        }
+        for (int o = 16; o; o >>= 1) {
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        }
+        if (lane == 0) {
+            sig[qi] = mx > 0.0f ? mx : 1.0f;
+            tsum[qi] = sum;
+        }
+    }
+    __syncthreads();
+    uint8_t *blk = qfrag + ((size_t)b * H + h) * KVQ_CU_QFRAG_BYTES;
+    uint4 *qa = reinterpret_cast<uint4 *>(blk);
+    uint4 *sa = qa + 256;
+    for (int item = i; item < 256; item += D) {
+        const int kb = item / 32, ln = item % 32, g = ln >> 2, t = ln & 3;
+        uint32_t ra[4], rs[4];
+        for (int r = 0; r < 4; r++) {
+            const int s = kb * 16 + 2 * t + 8 * (r >> 1);
+            uint32_t hi, lo, shi, slo;
+            split_f16x2(qr[g][ktab[s]], qr[g][ktab[s + 1]], &hi, &lo);
+            split_f16x2(sq[g][stab[s]] / sig[g] * sdiv[s], sq[g][stab[s + 1]] / sig[g] * sdiv[s + 1], &shi, &slo);
+            ra[r] = (r & 1) ? lo : hi;
+            rs[r] = (r & 1) ? slo : shi;
+        }
+        qa[item] = make_uint4(ra[0], ra[1], ra[2], ra[3]);
+        sa[item] = make_uint4(rs[0], rs[1], rs[2], rs[3]);
+    }
+    if (i < 8) {
+        float *cst = reinterpret_cast<float *>(blk + 8192);
+        cst[i] = i < G ? 2.0f * sig[i] : 0.0f;
+        cst[8 + i] = i < G ? -tsum[i] : 0.0f;
+    }
+}
+
+/* Merges the splits of (entry b, KV head h) and rotates back; blockDim = 128. */
+__global__ void finalize_kernel(const float *part, int n_splits, int Hq, int H, int G, const int16_t *vtab,
+                                const float *rv, float *out)
+{
+    constexpr int D = 128;
+    __shared__ float od[D];
+    const int i = threadIdx.x, h = blockIdx.x, b = blockIdx.y;
+    const size_t stride = (size_t)G * (D + 2);
+    const float *base = part + ((size_t)b * H + h) * n_splits * stride;
+    for (int qi = 0; qi < G; qi++) {
+        float M = -INFINITY;
+        for (int s = 0; s < n_splits; s++)
+            M = fmaxf(M, base[s * stride + G * D + qi]);
+        float L = 0.0f, o = 0.0f;
+        for (int s = 0; s < n_splits; s++) {
+            const float *e = base + s * stride;
+            const float m = e[G * D + qi];
+            if (m == -INFINITY)
+                continue;
+            const float w = exp2f(m - M);
+            L += e[G * D + G + qi] * w;
+            o += e[qi * D + i] * w;
+        }
+        od[vtab[i]] = o / L;
+        __syncthreads();
+        float y = od[i];
+        if (rv) {
+            y = 0.0f;
+            for (int j = 0; j < D; j++)
+                y = fmaf(rv[(size_t)j * D + i], od[j], y);
+        }
+        out[((size_t)b * Hq + (size_t)h * G + qi) * D + i] = y;
+        __syncthreads();
+    }
+}
+
+/* Reference query prep: qprep[entry][hq] = (scale * R q, S (scale * R q)). */
+__global__ void prep_ref_kernel(const float *q, int Hq, int d, float scale, const float *rk, const float *sk,
+                                float *qprep)
+{
+    extern __shared__ float sh[];
+    float *xs = sh, *qr = sh + d;
+    const int hq = blockIdx.x, b = blockIdx.y;
+    const float *x = q + ((size_t)b * Hq + hq) * d;
+    float *dst = qprep + ((size_t)b * Hq + hq) * 2 * d;
+    for (int i = threadIdx.x; i < d; i += blockDim.x)
+        xs[i] = x[i];
+    __syncthreads();
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        qr[i] = scale * (rk ? dense_row(rk, xs, d, i) : xs[i]);
+        dst[i] = qr[i];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < d; i += blockDim.x)
+        dst[d + i] = sk ? dense_row(sk, qr, d, i) : 0.0f;
+}
+
+struct ref_params {
+    kvq_dev_pages pg;
+    kvq_dev_codec ck, cv;
+    const float *qprep;
+    const float *rv; /* row-major R_v, NULL for baseline V */
+    float *out;
+    int Hq, G, d;
+    batch_ids ids;
+};
+
+__device__ float warp_sum(float v)
+{
+    for (int o = 16; o; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* One block per (query head, entry), 4 warps striding over the tokens, fp32
+ * throughout, one token at a time: slow and simple on purpose. */
+__global__ void ref_kernel(const __grid_constant__ ref_params p)
+{
+    extern __shared__ float sh[];
+    const int d = p.d, hq = blockIdx.x, b = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int h = hq / p.G, seq = p.ids.seq[b], len = p.ids.len[b];
+    float *qv = sh;            /* 2d */
+    float *acc = sh + 2 * d;   /* 4 x d */
+    float *ml = acc + 4 * d;   /* m[4], l[4] */
+    const float *src = p.qprep + ((size_t)b * p.Hq + hq) * 2 * d;
+    for (int i = threadIdx.x; i < 2 * d; i += blockDim.x)
+        qv[i] = src[i];
+    float *my = acc + warp * d;
+    for (int j = lane; j < d; j += 32)
+        my[j] = 0.0f;
+    __syncthreads();
+    const kvq_dev_pages &pg = p.pg;
+    float m = -INFINITY, l = 0.0f;
+    for (int tok = warp; tok < len; tok += 4) {
+        const int32_t page = pg.ptab[(size_t)seq * pg.max_pages_per_seq + (uint32_t)tok / pg.page_tokens];
+        const uint32_t slot = (uint32_t)tok % pg.page_tokens;
+        const uint8_t *base = pg.pool + (uint64_t)page * pg.page_bytes;
+        const uint8_t *kc = base + pg.k_off + (uint64_t)h * pg.k.bytes;
+        const uint8_t *vc = base + pg.v_off + (uint64_t)h * pg.v.bytes;
+        const uint8_t *kcodes = kc + pg.k.codes_off + (size_t)slot * pg.k.codes_stride;
+        float s;
+        if (p.ck.rotated) {
+            float a = 0.0f, z = 0.0f;
+            for (int j = lane; j < d; j += 32)
+                a = fmaf(qv[j], p.ck.centroids[code_get(kcodes, p.ck.bits, j)], a);
+            if (p.ck.qjl) {
+                const uint8_t *sg = kc + pg.k.signs_off + (size_t)slot * pg.k.signs_stride;
+                for (int j = lane; j < d; j += 32)
+                    z += ((sg[j >> 3] >> (j & 7)) & 1) ? qv[d + j] : -qv[d + j];
+            }
+            a = warp_sum(a);
+            z = warp_sum(z);
+            const float n = f16_at(kc + pg.k.norm_off, (int)slot);
+            const float gam = p.ck.qjl ? f16_at(kc + pg.k.rnorm_off, (int)slot) * p.ck.kappa : 0.0f;
+            s = n * fmaf(gam, z, a);
+        } else {
+            float a = 0.0f;
+            for (int j = lane; j < d; j += 32)
+                a = fmaf(qv[j], baseline_elem(p.ck.type, kcodes, j), a);
+            s = warp_sum(a);
+        }
+        const float m_new = fmaxf(m, s);
+        const float alpha = m == -INFINITY ? 0.0f : expf(m - m_new);
+        const float pw = expf(s - m_new);
+        l = l * alpha + pw;
+        m = m_new;
+        const uint8_t *vcodes = vc + pg.v.codes_off + (size_t)slot * pg.v.codes_stride;
+        const float nv = p.cv.rotated ? f16_at(vc + pg.v.norm_off, (int)slot) : 1.0f;
+        for (int j = lane; j < d; j += 32) {
+            const float val = p.cv.rotated ? nv * p.cv.centroids[code_get(vcodes, p.cv.bits, j)]
+                                           : baseline_elem(p.cv.type, vcodes, j);
+            my[j] = fmaf(pw, val, my[j] * alpha);
+        }
+    }
+    if (lane == 0) {
+        ml[warp] = m;
+        ml[4 + warp] = l;
+    }
+    __syncthreads();
+    float M = -INFINITY;
+    for (int w = 0; w < 4; w++)
+        M = fmaxf(M, ml[w]);
+    float L = 0.0f, wgt[4];
+    for (int w = 0; w < 4; w++) {
+        wgt[w] = ml[w] == -INFINITY ? 0.0f : expf(ml[w] - M);
+        L += ml[4 + w] * wgt[w];
+    }
+    for (int j = threadIdx.x; j < d; j += blockDim.x) {
+        float o = 0.0f;
+        for (int w = 0; w < 4; w++)
+            o += acc[w * d + j] * wgt[w];
+        qv[j] = o / L; /* reuse: the rotated-domain output */
+    }
+    __syncthreads();
+    float *dst = p.out + ((size_t)b * p.Hq + hq) * d;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        float y = qv[i];
+        if (p.rv) {
+            y = 0.0f;
+            for (int j = 0; j < d; j++)
+                y = fmaf(p.rv[(size_t)j * d + i], qv[j], y);
+        }
+        dst[i] = y;
+    }
+}
+
+int fast_ktype(int t)
+{
+    return t == KVQ_TYPE_TQ3J ? KVQ_CU_KT_TQ3J : t == KVQ_TYPE_TQ3 ? KVQ_CU_KT_TQ3 : t == KVQ_TYPE_F16 ? KVQ_CU_KT_F16 : -1;
+}
+
+int fast_vtype(int t)
+{
+    return t == KVQ_TYPE_TQ3 ? KVQ_CU_VT_TQ3 : t == KVQ_TYPE_F16 ? KVQ_CU_VT_F16 : -1;
+}
+
+int batch_cap(const kvq_cuda_cache *c)
+{
+    return c->cfg.max_seqs < KVQ_CU_MAX_BATCH ? c->cfg.max_seqs : KVQ_CU_MAX_BATCH;
+}
+
+} /* namespace */
+
+/* ---- workspace ----------------------------------------------------------- */
+
+kvq_status kvq_cu_attn_init(kvq_cuda_cache *c)
+{
+    const int d = c->cfg.cache.head_dim, H = c->cfg.cache.n_kv_heads, G = c->cfg.max_q_per_kv;
+    const size_t nb = (size_t)batch_cap(c);
+    int dev = 0;
+    KVQ_CU_TRY(cudaGetDevice(&dev));
+    KVQ_CU_TRY(cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, dev));
+    KVQ_CU_TRY(cudaMalloc(&c->qprep_d, nb * H * G * 2 * (size_t)d * sizeof(float)));
+    if (d != 128)
+        return KVQ_OK; /* the fused kernel's buffers are for d = 128 only */
+    KVQ_CU_TRY(cudaMalloc(&c->qfrag_d, nb * H * KVQ_CU_QFRAG_BYTES));
+    c->part_entries = nb * H * 4 > 2048 ? nb * H * 4 : 2048;
+    KVQ_CU_TRY(cudaMalloc(&c->part_d, c->part_entries * G * (size_t)(d + 2) * sizeof(float)));
+    int16_t tabs[3 * 128];
+    float sdiv[128];
+    for (int s = 0; s < 128; s++) {
+        float bitval;
+        tabs[s] = (int16_t)kslot_dim(c->dk.type, s);
+        tabs[128 + s] = (int16_t)sslot_dim(s, &bitval);
+        tabs[256 + s] = (int16_t)vslot_dim(c->dv.type, s);
+        sdiv[s] = 1.0f / bitval;
+    }
+    KVQ_CU_TRY(cudaMalloc(&c->slot_tab_d, sizeof tabs));
+    KVQ_CU_TRY(cudaMemcpy(c->slot_tab_d, tabs, sizeof tabs, cudaMemcpyHostToDevice));
+    KVQ_CU_TRY(cudaMalloc(&c->slot_scale_d, sizeof sdiv));
+    KVQ_CU_TRY(cudaMemcpy(c->slot_scale_d, sdiv, sizeof sdiv, cudaMemcpyHostToDevice));
+    return KVQ_OK;
+}
+
+void kvq_cu_attn_free(kvq_cuda_cache *c)
+{
+    cudaFree(c->qprep_d);
+    cudaFree(c->qfrag_d);
+    cudaFree(c->part_d);
+    cudaFree(c->slot_tab_d);
+    cudaFree(c->slot_scale_d);
+}
+
+int kvq_cuda_fast_supported(const kvq_cuda_cache *c, int n_q_heads)
+{
+    if (!c || c->cfg.cache.head_dim != 128 || !c->qfrag_d)
+        return 0;
+    const int H = c->cfg.cache.n_kv_heads;
+    if (n_q_heads < H || n_q_heads % H != 0 || n_q_heads / H > 8 || n_q_heads / H > c->cfg.max_q_per_kv)
+        return 0;
+    return fast_ktype(c->dk.type) >= 0 && fast_vtype(c->dv.type) >= 0;
+}
+
+/* ---- attend -------------------------------------------------------------- */
+
+static kvq_status attend_chunk(kvq_cuda_cache *c, int nb, const int *seqs, const float *q, int Hq, float scale,
+                               float *out, int use_fast, int n_splits)
+{
+    const int H = c->cfg.cache.n_kv_heads, G = Hq / H, d = c->cfg.cache.head_dim;
+    if (use_fast) {
+        kvq_cu_fast_params p;
+        memset(&p, 0, sizeof p);
+        p.pg = kvq_cu_pages_of(c);
+        p.qfrag = c->qfrag_d;
+        p.part = c->part_d;
+        p.H = H;
+        p.G = G;
+        p.kappa = c->dk.kappa;
+        if (c->dk.type != KVQ_TYPE_F16)
+            p.lut_k = tq3_lut_make(c->dk.centroids);
+        if (c->dv.type != KVQ_TYPE_F16)
+            p.lut_v = tq3_lut_make(c->dv.centroids);
+        for (int i = 0; i < nb; i++) {
+            p.seq[i] = seqs[i];
+            p.len[i] = (int)c->len[seqs[i]];
+        }
+        const int16_t *tab = c->slot_tab_d;
+        prep_fast_kernel<<<dim3((unsigned)H, (unsigned)nb), 128, 0, c->stream>>>(
+            q, Hq, H, G, scale * kLog2e, c->dk.rotated ? c->rk_dense : NULL, c->dk.qjl ? c->sk_dense : NULL, tab,
+            tab + 128, c->slot_scale_d, c->qfrag_d);
+        KVQ_CU_TRY(cudaGetLastError());
+        const int max_splits = (int)(c->part_entries / ((size_t)nb * H));
+        kvq_status st = kvq_cu_fast_launch(&p, fast_ktype(c->dk.type), fast_vtype(c->dv.type), nb, n_splits,
+                                           max_splits, c->n_sm, c->stream);
+        if (st != KVQ_OK)
+            return st;
+        finalize_kernel<<<dim3((unsigned)H, (unsigned)nb), 128, 0, c->stream>>>(
+            c->part_d, p.n_splits, Hq, H, G, tab + 256, c->dv.rotated ? c->rv_dense : NULL, out);
+        KVQ_CU_TRY(cudaGetLastError());
+        return KVQ_OK;
+    }
+    prep_ref_kernel<<<dim3((unsigned)Hq, (unsigned)nb), 128, 2 * (size_t)d * sizeof(float), c->stream>>>(
+        q, Hq, d, scale, c->dk.rotated ? c->rk_dense : NULL, c->dk.qjl ? c->sk_dense : NULL, c->qprep_d);
+    KVQ_CU_TRY(cudaGetLastError());
+    ref_params rp;
+    memset(&rp, 0, sizeof rp);
+    rp.pg = kvq_cu_pages_of(c);
+    rp.ck = c->dk;
+    rp.cv = c->dv;
+    rp.qprep = c->qprep_d;
+    rp.rv = c->dv.rotated ? c->rv_dense : NULL;
+    rp.out = out;
+    rp.Hq = Hq;
+    rp.G = G;
+    rp.d = d;
+    for (int i = 0; i < nb; i++) {
+        rp.ids.seq[i] = seqs[i];
+        rp.ids.len[i] = (int)c->len[seqs[i]];
+    }
+    const size_t smem = (6 * (size_t)d + 8) * sizeof(float);
+    if (smem > 48 * 1024)
+        KVQ_CU_TRY(cudaFuncSetAttribute(ref_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    ref_kernel<<<dim3((unsigned)Hq, (unsigned)nb), 128, smem, c->stream>>>(rp);
+    KVQ_CU_TRY(cudaGetLastError());
+    return KVQ_OK;
+}
+
+kvq_status kvq_cuda_cache_attend(kvq_cuda_cache *c, int n_seqs, const int *seqs, const float *q_dev,
+                                 int n_q_heads, float scale, float *out_dev, const struct kvq_cuda_attn_opts *opts)
+{
+    if (!c || n_seqs < 1 || !seqs || !q_dev || !out_dev || n_seqs > c->cfg.max_seqs)
+        return KVQ_ERR_INVALID_ARG;
+    const int H = c->cfg.cache.n_kv_heads;
+    if (n_q_heads < H || n_q_heads % H != 0 || n_q_heads / H > c->cfg.max_q_per_kv || !isfinite(scale))
+        return KVQ_ERR_INVALID_ARG;
+    for (int i = 0; i < n_seqs; i++)
+        if (seqs[i] < 0 || seqs[i] >= c->cfg.max_seqs || c->len[seqs[i]] == 0 || c->len[seqs[i]] > INT32_MAX / 2)
+            return KVQ_ERR_INVALID_ARG;
+    const enum kvq_cuda_kernel kern = opts ? opts->kernel : KVQ_CUDA_KERNEL_AUTO;
+    const int fast_ok = kvq_cuda_fast_supported(c, n_q_heads);
+    if (kern == KVQ_CUDA_KERNEL_FAST && !fast_ok)
+        return KVQ_ERR_UNSUPPORTED;
+    const int use_fast = kern != KVQ_CUDA_KERNEL_REF && fast_ok;
+    const int n_splits = opts ? opts->n_splits : 0;
+    const size_t row = (size_t)n_q_heads * c->cfg.cache.head_dim;
+    const int cap = batch_cap(c);
+    for (int off = 0; off < n_seqs; off += cap) {
+        const int nb = n_seqs - off < cap ? n_seqs - off : cap;
+        kvq_status st = attend_chunk(c, nb, seqs + off, q_dev + (size_t)off * row, n_q_heads, scale,
+                                     out_dev + (size_t)off * row, use_fast, n_splits);
+        if (st != KVQ_OK)
+            return st;
+    }
+    return KVQ_OK;
+}

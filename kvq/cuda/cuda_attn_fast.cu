@@ -1,0 +1,534 @@
+/* cuda_attn_fast.cu - fused decode attention over packed pages, tensor cores.
+ *
+ * Grid (split, KV head, batch entry); 4 warps per block. The tokens of a
+ * (sequence, KV head) are cut into 16-token segments (a segment never
+ * crosses a page: page_tokens % 16 == 0) and the segments into n_splits
+ * contiguous ranges, one per block (flash-decoding). Inside a block each warp
+ * owns every 4th segment and runs its own pipeline: NST stage buffers in
+ * shared memory, filled by the bulk copy engine (cp.async.bulk, one copy per
+ * page section, completing on an mbarrier), so the warp never waits on a
+ * load it issued itself and no block-wide barrier sits in the main loop.
+ *
+ * Per segment a warp (kvq_cuda_hooks.cuh has the fragment layouts):
+ *  1. decodes the 16 keys into B fragments and computes S^T = Q K^T with 16
+ *     MMAs (and 16 more for the QJL sign sums of tq3j);
+ *  2. turns scores into softmax weights with an online softmax kept per
+ *     query row (the running max only rescales the accumulators when some
+ *     lane's max grew);
+ *  3. decodes the 16 values into a swizzled f16 tile and accumulates
+ *     O^T += V^T (p * n_v)^T with 8 MMAs (16 for 5-8 query heads).
+ * The queries enter pre-rotated, pre-scaled by scale * log2(e) and split
+ * into f16 hi + lo rows (prep kernel); the block merges its warps and writes
+ * an unnormalised partial (O, m, l) that the finalize kernel combines across
+ * splits and rotates back.
+ */
+#include "cuda_internal.cuh"
+
+namespace {
+
+using namespace kvq_cu;
+
+constexpr int NW = 4;      /* warps per block */
+constexpr int D = 128;     /* head dim of the fused kernel */
+constexpr int FROW = 272;  /* f16 row stride in a stage: 256 + 16 keeps ldmatrix/LDS conflict-free */
+
+template <int KT, int VT>
+struct stage_layout {
+    static constexpr bool kf16 = KT == KVQ_CU_KT_F16;
+    static constexpr bool qjl = KT == KVQ_CU_KT_TQ3J;
+    static constexpr bool vf16 = VT == KVQ_CU_VT_F16;
+    static constexpr int k_codes = 0;
+    static constexpr int k_signs = 768;
+    static constexpr int k_norm = qjl ? 1024 : 768;
+    static constexpr int k_rnorm = k_norm + 32;
+    static constexpr int k_bytes = kf16 ? 16 * FROW : (qjl ? 1088 : 800);
+    static constexpr int v_base = k_bytes;
+    static constexpr int v_norm = v_base + 768;
+    static constexpr int v_bytes = vf16 ? 16 * FROW : 800;
+    static constexpr int bytes = k_bytes + v_bytes;
+    static constexpr int nk = kf16 ? 16 : (qjl ? 4 : 2); /* bulk copies per segment */
+    static constexpr int nv = vf16 ? 16 : 2;
+    static constexpr uint32_t tx = kf16 ? 16 * 256 : (qjl ? 1088 : 800);
+    static constexpr uint32_t txv = vf16 ? 16 * 256 : 800;
+    static constexpr int nst = (kf16 || vf16) ? 3 : 4; /* stages per warp */
+};
+
+template <int KT, int VT>
+constexpr size_t smem_bytes()
+{
+    using L = stage_layout<KT, VT>;
+    return (size_t)NW * L::nst * L::bytes + (L::vf16 ? 0 : NW * 4096) + 4096 + (L::qjl ? 4096 : 0) + 64 +
+           NW * L::nst * 8;
+}
+
+/* ---- mbarrier + bulk copy (sm_90), with a plain-copy fallback ------------ */
+
+__device__ __forceinline__ void mbar_init(uint64_t *bar)
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(bar)) : "memory");
+#else
+    (void)bar;
+#endif
+}
+
+__device__ __forceinline__ void mbar_fence_init()
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void mbar_expect_tx(uint64_t *bar, uint32_t bytes)
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
+                 : "memory");
+#else
+    (void)bar, (void)bytes;
+#endif
+}
+
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity)
+{
+#if __CUDA_ARCH__ >= 900
+    uint32_t ok = 0;
+    do {
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     " selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(ok)
+                     : "r"(smem_u32(bar)), "r"(parity)
+                     : "memory");
+    } while (!ok);
+#else
+    (void)bar, (void)parity;
+#endif
+}
+
+__device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t bytes, uint64_t *bar)
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                     smem_u32(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_u32(bar))
+                 : "memory");
+#else
+    (void)dst, (void)src, (void)bytes, (void)bar;
+#endif
+}
+
+/* Copy i of a segment: page section -> stage buffer. */
+template <int KT, int VT>
+__device__ __forceinline__ void seg_copy(int i, const kvq_dev_pages &pg, const uint8_t *kc, const uint8_t *vc,
+                                         uint32_t slot0, uint8_t *st, const uint8_t **src, uint8_t **dst,
+                                         uint32_t *bytes)
+{
+    using L = stage_layout<KT, VT>;
+    if (i < L::nk) {
+        if (L::kf16) {
+            *src = kc + pg.k.codes_off + (size_t)(slot0 + i) * 256;
+            *dst = st + i * FROW;
+            *bytes = 256;
+        } else if (i == 0) {
+            *src = kc + pg.k.codes_off + (size_t)slot0 * 48;
+            *dst = st + L::k_codes;
+            *bytes = 768;
+        } else if (i == 1) {
+            *src = kc + pg.k.norm_off + (size_t)slot0 * 2;
+            *dst = st + L::k_norm;
+            *bytes = 32;
+        } else if (i == 2) {
+            *src = kc + pg.k.signs_off + (size_t)slot0 * 16;
+            *dst = st + L::k_signs;
+            *bytes = 256;
+        } else {
+            *src = kc + pg.k.rnorm_off + (size_t)slot0 * 2;
+            *dst = st + L::k_rnorm;
+            *bytes = 32;
+        }
+        return;
+    }
+    i -= L::nk;
+    if (L::vf16) {
+        *src = vc + pg.v.codes_off + (size_t)(slot0 + i) * 256;
+        *dst = st + L::v_base + i * FROW;
+        *bytes = 256;
+    } else if (i == 0) {
+        *src = vc + pg.v.codes_off + (size_t)slot0 * 48;
+        *dst = st + L::v_base;
+        *bytes = 768;
+    } else {
+        *src = vc + pg.v.norm_off + (size_t)slot0 * 2;
+        *dst = st + L::v_norm;
+        *bytes = 32;
+    }
+}
+
+/* Starts filling stage buffer st (barrier bar) with segment seg. */
+template <int KT, int VT>
+__device__ __forceinline__ void seg_issue(const kvq_cu_fast_params &p, int b, int h, int seg, uint8_t *st,
+                                          uint64_t *bar, int lane)
+{
+    using L = stage_layout<KT, VT>;
+    const kvq_dev_pages &pg = p.pg;
+    const uint32_t tok = (uint32_t)seg * 16u;
+    const int32_t page = pg.ptab[(size_t)p.seq[b] * pg.max_pages_per_seq + tok / pg.page_tokens];
+    const uint32_t slot0 = tok % pg.page_tokens;
+    const uint8_t *base = pg.pool + (uint64_t)page * pg.page_bytes;
+    const uint8_t *kc = base + pg.k_off + (uint64_t)h * pg.k.bytes;
+    const uint8_t *vc = base + pg.v_off + (uint64_t)h * pg.v.bytes;
+#if __CUDA_ARCH__ >= 900
+    if (lane == 0)
+        mbar_expect_tx(bar, L::tx + L::txv);
+    __syncwarp();
+    if (lane < L::nk + L::nv) {
+        const uint8_t *src;
+        uint8_t *dst;
+        uint32_t bytes;
+        seg_copy<KT, VT>(lane, pg, kc, vc, slot0, st, &src, &dst, &bytes);
+        bulk_copy(dst, src, bytes, bar);
+    }
+#else
+    (void)bar;
+    for (int i = 0; i < L::nk + L::nv; i++) {
+        const uint8_t *src;
+        uint8_t *dst;
+        uint32_t bytes;
+        seg_copy<KT, VT>(i, pg, kc, vc, slot0, st, &src, &dst, &bytes);
+        for (uint32_t o = 16u * lane; o < bytes; o += 16u * 32u)
+            *reinterpret_cast<uint4 *>(dst + o) = *reinterpret_cast<const uint4 *>(src + o);
+    }
+    __syncwarp();
+#endif
+}
+
+__device__ __forceinline__ float2 half2_bits_to_float2(uint32_t u)
+{
+    __half2 h = *reinterpret_cast<__half2 *>(&u);
+    return __half22float2(h);
+}
+
+template <int KT, int VT, int GP>
+__global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __grid_constant__ kvq_cu_fast_params p)
+{
+    using L = stage_layout<KT, VT>;
+    constexpr int NST = L::nst;
+    constexpr int NT = GP / 4; /* n-tiles of the value MMA: hi/lo columns */
+    extern __shared__ __align__(128) uint8_t smem[];
+    uint8_t *stages = smem;
+    uint8_t *vtiles = stages + NW * NST * L::bytes;
+    uint4 *qa = reinterpret_cast<uint4 *>(vtiles + (L::vf16 ? 0 : NW * 4096));
+    uint4 *sa = qa + 256;
+    float *qc = reinterpret_cast<float *>(reinterpret_cast<uint8_t *>(qa) + 4096 + (L::qjl ? 4096 : 0));
+    uint64_t *bars = reinterpret_cast<uint64_t *>(qc + 16);
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int len = p.len[b];
+    const int nseg = (len + 15) >> 4;
+    const int per = (nseg + p.n_splits - 1) / p.n_splits;
+    const int s0 = split * per;
+    const int s1 = min(nseg, s0 + per);
+
+    /* query fragments of this (entry, head) into shared memory */
+    {
+        const uint4 *src = reinterpret_cast<const uint4 *>(p.qfrag + ((size_t)b * p.H + h) * KVQ_CU_QFRAG_BYTES);
+        uint4 *dst = qa;
+        const int n16 = L::qjl ? 512 : 256;
+        for (int i = tid; i < n16; i += NW * 32)
+            dst[i] = src[i];
+        if (tid < 16)
+            qc[tid] = reinterpret_cast<const float *>(src + 512)[tid];
+    }
+    if (tid < NW * NST)
+        mbar_init(&bars[tid]);
+    mbar_fence_init();
+    __syncthreads();
+
+    uint8_t *my_stages = stages + warp * NST * L::bytes;
+    uint64_t *my_bars = bars + warp * NST;
+    uint8_t *vtile = vtiles + warp * 4096;
+    const int first = s0 + warp;
+    const int nmine = first < s1 ? (s1 - first + NW - 1) / NW : 0;
+
+    for (int k = 0; k < NST && k < nmine; k++)
+        seg_issue<KT, VT>(p, b, h, first + k * NW, my_stages + k * L::bytes, &my_bars[k], lane);
+
+    const float sig2 = L::qjl ? qc[g & 7] : 0.0f;
+    const float tneg = L::qjl ? qc[8 + (g & 7)] : 0.0f;
+    const float kappa = p.kappa;
+
+    float m_run = -INFINITY, l_run = 0.0f;
+    float acc[NT][8][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int mb = 0; mb < 8; mb++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                acc[nt][mb][i] = 0.0f;
+
+    for (int k = 0; k < nmine; k++) {
+        const int seg = first + k * NW;
+        uint8_t *st = my_stages + (k % NST) * L::bytes;
+        mbar_wait(&my_bars[k % NST], (uint32_t)((k / NST) & 1));
+
+        /* 1. scores S^T[query rows][16 tokens] */
+        float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+        float ss[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+        {
+            uint32_t kr[2][16];
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++) {
+                const int row = g + 8 * nt;
+                if (L::kf16) {
+                    const uint8_t *r = st + row * FROW;
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        const int ch = 2 * t + (i & 1) + 8 * (i >> 1);
+                        uint4 v = *reinterpret_cast<const uint4 *>(r + 16 * ch);
+                        kr[nt][4 * i] = v.x, kr[nt][4 * i + 1] = v.y, kr[nt][4 * i + 2] = v.z, kr[nt][4 * i + 3] = v.w;
+                    }
+                } else {
+                    const uint32_t *w = reinterpret_cast<const uint32_t *>(st + L::k_codes + row * 48 + t * 12);
+                    tq3_decode32(w[0], w[1], w[2], p.lut_k, kr[nt]);
+                }
+            }
+#pragma unroll
+            for (int kb = 0; kb < 8; kb++) {
+                const uint4 a = qa[kb * 32 + lane];
+                mma16816(sc[0], a, kr[0][2 * kb], kr[0][2 * kb + 1]);
+                mma16816(sc[1], a, kr[1][2 * kb], kr[1][2 * kb + 1]);
+            }
+            if (L::qjl) {
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++) {
+                    const uint32_t sw =
+                        *reinterpret_cast<const uint32_t *>(st + L::k_signs + (g + 8 * nt) * 16 + t * 4);
+                    qjl_bits32(sw, kr[nt]);
+                }
+#pragma unroll
+                for (int kb = 0; kb < 8; kb++) {
+                    const uint4 a = sa[kb * 32 + lane];
+                    mma16816(ss[0], a, kr[0][2 * kb], kr[0][2 * kb + 1]);
+                    mma16816(ss[1], a, kr[1][2 * kb], kr[1][2 * kb + 1]);
+                }
+            }
+        }
+        /* lane holds tokens 2t, 2t+1 (tile 0) and 8+2t, 9+2t (tile 1) of query g */
+        float s[4];
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+            float a0 = sc[nt][0] + sc[nt][2], a1 = sc[nt][1] + sc[nt][3];
+            if (!L::kf16) {
+                const int tk = 8 * nt + 2 * t;
+                float2 nk = half2_bits_to_float2(*reinterpret_cast<const uint32_t *>(st + L::k_norm + 2 * tk));
+                if (L::qjl) {
+                    float2 rn = half2_bits_to_float2(*reinterpret_cast<const uint32_t *>(st + L::k_rnorm + 2 * tk));
+                    float p0 = fmaf(sig2, ss[nt][0] + ss[nt][2], tneg);
+                    float p1 = fmaf(sig2, ss[nt][1] + ss[nt][3], tneg);
+                    a0 = fmaf(rn.x * kappa, p0, a0);
+                    a1 = fmaf(rn.y * kappa, p1, a1);
+                }
+                a0 *= nk.x;
+                a1 *= nk.y;
+            }
+            s[2 * nt] = a0;
+            s[2 * nt + 1] = a1;
+        }
+        const int tok0 = seg * 16;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int tk = tok0 + 8 * (i >> 1) + 2 * t + (i & 1);
+            if (tk >= len)
+                s[i] = -INFINITY;
+        }
+
+        /* 2. online softmax (log2 domain) */
+        float mx = fmaxf(fmaxf(s[0], s[1]), fmaxf(s[2], s[3]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m_run, mx);
+        if (__any_sync(0xffffffffu, m_new > m_run)) {
+            const float alpha = m_new > m_run ? exp2f(m_run - m_new) : 1.0f;
+            l_run *= alpha;
+            float a0, a1;
+            if (GP == 4) {
+                a0 = __shfl_sync(0xffffffffu, alpha, 4 * ((2 * t) & 3));
+                a1 = __shfl_sync(0xffffffffu, alpha, 4 * ((2 * t + 1) & 3));
+            } else {
+                a0 = __shfl_sync(0xffffffffu, alpha, 8 * t);
+                a1 = __shfl_sync(0xffffffffu, alpha, 8 * t + 4);
+            }
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int mb = 0; mb < 8; mb++) {
+                    acc[nt][mb][0] *= a0;
+                    acc[nt][mb][1] *= a1;
+                    acc[nt][mb][2] *= a0;
+                    acc[nt][mb][3] *= a1;
+                }
+            m_run = m_new;
+        }
+        float pw[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            pw[i] = s[i] == -INFINITY ? 0.0f : exp2f(s[i] - m_run);
+            l_run += pw[i];
+        }
+        if (!L::vf16) {
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++) {
+                float2 nv = half2_bits_to_float2(*reinterpret_cast<const uint32_t *>(st + L::v_norm + 2 * (8 * nt + 2 * t)));
+                pw[2 * nt] *= nv.x;
+                pw[2 * nt + 1] *= nv.y;
+            }
+        }
+        uint32_t hb0, lb0, hb1, lb1;
+        split_f16x2(pw[0], pw[1], &hb0, &lb0);
+        split_f16x2(pw[2], pw[3], &hb1, &lb1);
+        uint32_t pb0[NT], pb1[NT];
+        if (GP == 4) {
+            const uint32_t x0 = __shfl_xor_sync(0xffffffffu, lb0, 16);
+            const uint32_t x1 = __shfl_xor_sync(0xffffffffu, lb1, 16);
+            pb0[0] = lane < 16 ? hb0 : x0;
+            pb1[0] = lane < 16 ? hb1 : x1;
+        } else {
+            pb0[0] = hb0, pb1[0] = hb1;
+            pb0[NT - 1] = lb0, pb1[NT - 1] = lb1;
+        }
+
+        /* 3. values */
+        if (L::vf16) {
+            accum_values16_rows<NT>(acc, st + L::v_base, FROW, lane, pb0, pb1);
+        } else {
+            uint32_t vr[16];
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++) {
+                const int row = g + 8 * nt;
+                const uint32_t *w = reinterpret_cast<const uint32_t *>(st + L::v_base + row * 48 + t * 12);
+                tq3_decode32(w[0], w[1], w[2], p.lut_v, vr);
+                vtile_store32(vtile, row, t, vr);
+            }
+            __syncwarp();
+            accum_values16<NT>(acc, vtile, lane, pb0, pb1);
+        }
+        __syncwarp();
+        if (k + NST < nmine)
+            seg_issue<KT, VT>(p, b, h, first + (k + NST) * NW, st, &my_bars[k % NST], lane);
+    }
+
+    /* merge: warp state -> own stage area (all its copies have landed) */
+    float *ws = reinterpret_cast<float *>(my_stages);
+    float l_sum = l_run + __shfl_xor_sync(0xffffffffu, l_run, 1);
+    l_sum += __shfl_xor_sync(0xffffffffu, l_sum, 2);
+    if (t == 0 && g < GP) {
+        ws[g] = m_run;
+        ws[8 + g] = l_sum;
+    }
+    float *wo = ws + 16;
+#pragma unroll
+    for (int mb = 0; mb < 8; mb++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int slot = mb * 16 + g + 8 * (i >> 1);
+            if (GP == 4) {
+                const float o = acc[0][mb][i];
+                const float other = __shfl_xor_sync(0xffffffffu, o, 2);
+                if (t < 2)
+                    wo[(2 * t + (i & 1)) * D + slot] = o + other;
+            } else {
+                wo[(2 * t + (i & 1)) * D + slot] = acc[0][mb][i] + acc[NT - 1][mb][i];
+            }
+        }
+    __syncthreads();
+
+    const int G = p.G;
+    float *part = p.part + (((size_t)b * p.H + h) * p.n_splits + split) * (size_t)G * (D + 2);
+    for (int idx = tid; idx < G * D; idx += NW * 32) {
+        const int q = idx / D, slot = idx % D;
+        float M = -INFINITY;
+        for (int w = 0; w < NW; w++)
+            M = fmaxf(M, reinterpret_cast<const float *>(stages + w * NST * L::bytes)[q]);
+        float o = 0.0f;
+        if (M != -INFINITY)
+            for (int w = 0; w < NW; w++) {
+                const float *wsw = reinterpret_cast<const float *>(stages + w * NST * L::bytes);
+                if (wsw[q] != -INFINITY)
+                    o += wsw[16 + q * D + slot] * exp2f(wsw[q] - M);
+            }
+        part[q * D + slot] = o;
+        if (slot == 0) {
+            float l = 0.0f;
+            if (M != -INFINITY)
+                for (int w = 0; w < NW; w++) {
+                    const float *wsw = reinterpret_cast<const float *>(stages + w * NST * L::bytes);
+                    if (wsw[q] != -INFINITY)
+                        l += wsw[8 + q] * exp2f(wsw[q] - M);
+                }
+            part[G * D + q] = M;
+            part[G * D + G + q] = l;
+        }
+    }
+}
+
+template <int KT, int VT, int GP>
+kvq_status launch_one(kvq_cu_fast_params *p, int n_batch, int n_splits, int max_splits, int n_sm,
+                      cudaStream_t stream)
+{
+    static int configured = 0, occupancy = 1;
+    const size_t smem = smem_bytes<KT, VT>();
+    auto kern = fast_kernel<KT, VT, GP>;
+    if (!configured) {
+        KVQ_CU_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        int occ = 0;
+        KVQ_CU_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern, NW * 32, smem));
+        occupancy = occ > 0 ? occ : 1;
+        configured = 1;
+    }
+    int max_len = 1;
+    for (int i = 0; i < n_batch; i++)
+        max_len = p->len[i] > max_len ? p->len[i] : max_len;
+    const int nseg = (max_len + 15) / 16;
+    const int pairs = n_batch * p->H;
+    if (n_splits <= 0) {
+        /* two waves of blocks, each warp with >= 4 segments on average */
+        const int target = 2 * n_sm * occupancy;
+        n_splits = (target + pairs - 1) / pairs;
+        const int by_work = nseg / (NW * 4);
+        if (n_splits > by_work)
+            n_splits = by_work;
+    }
+    if (n_splits > nseg)
+        n_splits = nseg;
+    if (n_splits > max_splits)
+        n_splits = max_splits;
+    if (n_splits < 1)
+        n_splits = 1;
+    p->n_splits = n_splits;
+    dim3 grid((unsigned)n_splits, (unsigned)p->H, (unsigned)n_batch);
+    kern<<<grid, NW * 32, smem, stream>>>(*p);
+    KVQ_CU_TRY(cudaGetLastError());
+    return KVQ_OK;
+}
+
+} /* namespace */
+
+kvq_status kvq_cu_fast_launch(kvq_cu_fast_params *p, int kt, int vt, int n_batch, int n_splits, int max_splits,
+                              int n_sm, cudaStream_t stream)
+{
+    const int gp = p->G <= 4 ? 4 : 8;
+#define KVQ_CU_CASE(KT, VT)                                                                                  \
+    if (kt == KT && vt == VT)                                                                                \
+        return gp == 4 ? launch_one<KT, VT, 4>(p, n_batch, n_splits, max_splits, n_sm, stream)              \
+                       : launch_one<KT, VT, 8>(p, n_batch, n_splits, max_splits, n_sm, stream);
+    KVQ_CU_CASE(KVQ_CU_KT_TQ3J, KVQ_CU_VT_TQ3)
+    KVQ_CU_CASE(KVQ_CU_KT_TQ3, KVQ_CU_VT_TQ3)
+    KVQ_CU_CASE(KVQ_CU_KT_F16, KVQ_CU_VT_F16)
+    KVQ_CU_CASE(KVQ_CU_KT_TQ3J, KVQ_CU_VT_F16)
+    KVQ_CU_CASE(KVQ_CU_KT_TQ3, KVQ_CU_VT_F16)
+    KVQ_CU_CASE(KVQ_CU_KT_F16, KVQ_CU_VT_TQ3)
+#undef KVQ_CU_CASE
+    return KVQ_ERR_UNSUPPORTED;
+}

@@ -1,0 +1,547 @@
+/* cuda_cache.cu - the device cache: page pool, per-sequence page tables,
+ * append (GPU encode), page copies between host and device.
+ *
+ * Page bookkeeping lives on the host (a free list and a host mirror of the
+ * page tables); the device copy of a table entry is written when the page is
+ * handed out, before any kernel can read it. Pages never move.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_internal.cuh"
+
+struct kvq_dev_pages kvq_cu_pages_of(const kvq_cuda_cache *c)
+{
+    struct kvq_dev_pages p;
+    p.pool = c->pool;
+    p.page_bytes = c->layout.page_bytes;
+    p.ptab = c->ptab_d;
+    p.max_pages_per_seq = (uint32_t)c->max_pages_per_seq;
+    p.page_tokens = c->layout.page_tokens;
+    p.n_kv_heads = c->layout.n_kv_heads;
+    p.k_off = c->layout.k_off;
+    p.v_off = c->layout.v_off;
+    p.k = c->layout.k;
+    p.v = c->layout.v;
+    return p;
+}
+
+/* ---- codec tables ---------------------------------------------------- */
+
+static size_t rot_floats(const kvq_rotation *r)
+{
+    if (!r || r->kind != KVQ_ROT_HADAMARD)
+        return 0;
+    return (size_t)r->rounds * r->dim + (r->m > 1 ? (size_t)r->m * r->m : 0);
+}
+
+size_t kvq_cu_codec_table_floats(const kvq_codec *c)
+{
+    return rot_floats(c->rot) + rot_floats(c->qjl);
+}
+
+static kvq_status rot_upload(const kvq_rotation *r, float **cursor, struct kvq_dev_rot *d)
+{
+    memset(d, 0, sizeof *d);
+    if (!r)
+        return KVQ_OK;
+    d->kind = (int)r->kind;
+    d->dim = r->dim;
+    d->p = r->p;
+    d->m = r->m;
+    d->rounds = r->rounds;
+    d->scale = r->scale;
+    if (r->kind != KVQ_ROT_HADAMARD)
+        return KVQ_OK;
+    size_t ns = (size_t)r->rounds * r->dim;
+    KVQ_CU_TRY(cudaMemcpy(*cursor, r->signs, ns * sizeof(float), cudaMemcpyHostToDevice));
+    d->signs = *cursor;
+    *cursor += ns;
+    if (r->m > 1) {
+        size_t nm = (size_t)r->m * r->m;
+        KVQ_CU_TRY(cudaMemcpy(*cursor, r->mix, nm * sizeof(float), cudaMemcpyHostToDevice));
+        d->mix = *cursor;
+        *cursor += nm;
+    }
+    return KVQ_OK;
+}
+
+static int rot_gpu_exact(const kvq_rotation *r)
+{
+    return r && (r->kind == KVQ_ROT_HADAMARD || r->kind == KVQ_ROT_IDENTITY);
+}
+
+kvq_status kvq_cu_codec_upload(const kvq_codec *c, float *tables, struct kvq_dev_codec *d)
+{
+    memset(d, 0, sizeof *d);
+    d->type = (int)c->cfg.type;
+    d->dim = c->cfg.dim;
+    d->bits = c->bits;
+    d->qjl = c->traits->qjl;
+    d->levels = c->levels;
+    d->rotated = c->traits->rotated;
+    for (int i = 0; i < c->levels && i < KVQ_TQ_MAX_LEVELS; i++)
+        d->centroids[i] = c->centroids[i];
+    for (int i = 0; i + 1 < c->levels && i < KVQ_TQ_MAX_LEVELS - 1; i++)
+        d->boundaries[i] = c->boundaries[i];
+    d->kappa = c->qjl_kappa_f;
+    float *cursor = tables;
+    kvq_status st = rot_upload(c->rot, &cursor, &d->R);
+    if (st == KVQ_OK)
+        st = rot_upload(c->qjl, &cursor, &d->S);
+    if (st != KVQ_OK)
+        return st;
+    if (!d->rotated)
+        d->gpu_encode = d->type == KVQ_TYPE_F32 || d->type == KVQ_TYPE_F16;
+    else
+        d->gpu_encode = rot_gpu_exact(c->rot) && (!d->qjl || rot_gpu_exact(c->qjl));
+    return KVQ_OK;
+}
+
+/* d x d matrix M with y = M x, read off the host rotation column by column;
+ * stored column-major (M[i][j] at j * d + i: the query prep reads it that
+ * way, coalesced) or row-major (the output rotation reads M^T). */
+static kvq_status dense_upload(const kvq_rotation *r, int d, int col_major, float *dst_dev)
+{
+    float *m = (float *)malloc((size_t)d * d * sizeof(float));
+    float *e = (float *)calloc((size_t)d, sizeof(float));
+    float *col = (float *)malloc((size_t)d * sizeof(float));
+    if (!m || !e || !col) {
+        free(m), free(e), free(col);
+        return KVQ_ERR_NOMEM;
+    }
+    for (int j = 0; j < d; j++) {
+        if (r) {
+            e[j] = 1.0f;
+            kvq_rotation_apply(r, e, col);
+            e[j] = 0.0f;
+        } else {
+            for (int i = 0; i < d; i++)
+                col[i] = i == j ? 1.0f : 0.0f;
+        }
+        for (int i = 0; i < d; i++)
+            m[col_major ? (size_t)j * d + i : (size_t)i * d + j] = col[i];
+    }
+    cudaError_t err = cudaMemcpy(dst_dev, m, (size_t)d * d * sizeof(float), cudaMemcpyHostToDevice);
+    free(m), free(e), free(col);
+    return kvq_cuda_status_of(err);
+}
+
+/* ---- create / free --------------------------------------------------- */
+
+void kvq_cuda_cache_config_default(struct kvq_cuda_cache_config *cfg, int n_kv_heads, int head_dim,
+                                   size_t max_tokens, int max_seqs)
+{
+    if (!cfg)
+        return;
+    memset(cfg, 0, sizeof *cfg);
+    kvq_cache_config_default(&cfg->cache, n_kv_heads, head_dim, max_tokens);
+    cfg->max_seqs = max_seqs;
+    cfg->pool_pages = 0;
+    cfg->max_q_per_kv = 8;
+    cfg->check_input = 1;
+}
+
+void kvq_cuda_cache_free(kvq_cuda_cache *c)
+{
+    if (!c)
+        return;
+    kvq_cu_attn_free(c);
+    cudaFree(c->pool);
+    cudaFree(c->ptab_d);
+    cudaFree(c->tables_d);
+    cudaFree(c->flag_d);
+    cudaFree(c->tok_page_d);
+    cudaFree(c->tok_slot_d);
+    free(c->ptab_h);
+    free(c->len);
+    free(c->n_pages);
+    free(c->free_list);
+    free(c->tok_page_h);
+    free(c->tok_slot_h);
+    kvq_cache_free(c->twin);
+    free(c);
+}
+
+static kvq_status tok_reserve(kvq_cuda_cache *c, size_t n)
+{
+    if (n <= c->tok_cap)
+        return KVQ_OK;
+    size_t cap = c->tok_cap ? c->tok_cap : 256;
+    while (cap < n)
+        cap *= 2;
+    int32_t *hp = (int32_t *)realloc(c->tok_page_h, cap * sizeof(int32_t));
+    if (hp)
+        c->tok_page_h = hp;
+    int32_t *hs = (int32_t *)realloc(c->tok_slot_h, cap * sizeof(int32_t));
+    if (hs)
+        c->tok_slot_h = hs;
+    if (!hp || !hs)
+        return KVQ_ERR_NOMEM;
+    cudaFree(c->tok_page_d);
+    cudaFree(c->tok_slot_d);
+    c->tok_page_d = c->tok_slot_d = NULL;
+    c->tok_cap = 0;
+    KVQ_CU_TRY(cudaMalloc(&c->tok_page_d, cap * sizeof(int32_t)));
+    KVQ_CU_TRY(cudaMalloc(&c->tok_slot_d, cap * sizeof(int32_t)));
+    c->tok_cap = cap;
+    return KVQ_OK;
+}
+
+static kvq_status cache_init(kvq_cuda_cache *c)
+{
+    const struct kvq_cuda_cache_config *cfg = &c->cfg;
+    kvq_status st = kvq_cache_create(&cfg->cache, &c->twin);
+    if (st != KVQ_OK)
+        return st;
+    c->layout = *kvq_cache_layout(c->twin);
+    c->ck = kvq_cache_codec_k(c->twin);
+    c->cv = kvq_cache_codec_v(c->twin);
+    const size_t P = c->layout.page_tokens;
+    const size_t max_tokens = cfg->cache.max_tokens;
+    if (max_tokens / P + 1 > (size_t)INT32_MAX)
+        return KVQ_ERR_INVALID_ARG;
+    c->max_pages_per_seq = (max_tokens + P - 1) / P;
+    size_t pool = cfg->pool_pages;
+    if (pool == 0) {
+        if (c->max_pages_per_seq > SIZE_MAX / (size_t)cfg->max_seqs)
+            return KVQ_ERR_INVALID_ARG;
+        pool = c->max_pages_per_seq * (size_t)cfg->max_seqs;
+    }
+    if (pool > (size_t)INT32_MAX || pool > SIZE_MAX / c->layout.page_bytes)
+        return KVQ_ERR_INVALID_ARG;
+    c->pool_pages = pool;
+
+    const size_t ntab = (size_t)cfg->max_seqs * c->max_pages_per_seq;
+    c->ptab_h = (int32_t *)malloc((ntab ? ntab : 1) * sizeof(int32_t));
+    c->len = (size_t *)calloc((size_t)cfg->max_seqs, sizeof(size_t));
+    c->n_pages = (size_t *)calloc((size_t)cfg->max_seqs, sizeof(size_t));
+    c->free_list = (int32_t *)malloc(pool * sizeof(int32_t));
+    if (!c->ptab_h || !c->len || !c->n_pages || !c->free_list)
+        return KVQ_ERR_NOMEM;
+    for (size_t i = 0; i < ntab; i++)
+        c->ptab_h[i] = 0;
+    /* Hand out low pages first: the free list is a stack. */
+    for (size_t i = 0; i < pool; i++)
+        c->free_list[i] = (int32_t)(pool - 1 - i);
+    c->n_free = pool;
+
+    KVQ_CU_TRY(cudaMalloc(&c->pool, pool * c->layout.page_bytes));
+    /* Zeroed pages: slots past a sequence's end always hold finite values. */
+    KVQ_CU_TRY(cudaMemset(c->pool, 0, pool * c->layout.page_bytes));
+    KVQ_CU_TRY(cudaMalloc(&c->ptab_d, (ntab ? ntab : 1) * sizeof(int32_t)));
+    KVQ_CU_TRY(cudaMemset(c->ptab_d, 0, (ntab ? ntab : 1) * sizeof(int32_t)));
+    KVQ_CU_TRY(cudaMalloc(&c->flag_d, sizeof(int)));
+
+    const int d = cfg->cache.head_dim;
+    const size_t dense = (size_t)d * d;
+    const size_t nk = kvq_cu_codec_table_floats(c->ck), nv = kvq_cu_codec_table_floats(c->cv);
+    KVQ_CU_TRY(cudaMalloc(&c->tables_d, (nk + nv + 3 * dense) * sizeof(float)));
+    st = kvq_cu_codec_upload(c->ck, c->tables_d, &c->dk);
+    if (st == KVQ_OK)
+        st = kvq_cu_codec_upload(c->cv, c->tables_d + nk, &c->dv);
+    if (st != KVQ_OK)
+        return st;
+    c->rk_dense = c->tables_d + nk + nv;
+    c->sk_dense = c->rk_dense + dense;
+    c->rv_dense = c->sk_dense + dense;
+    st = dense_upload(c->dk.rotated ? c->ck->rot : NULL, d, 1, c->rk_dense);
+    if (st == KVQ_OK)
+        st = dense_upload(c->dk.qjl ? c->ck->qjl : NULL, d, 1, c->sk_dense);
+    if (st == KVQ_OK)
+        st = dense_upload(c->dv.rotated ? c->cv->rot : NULL, d, 0, c->rv_dense);
+    if (st == KVQ_OK)
+        st = tok_reserve(c, 256);
+    if (st == KVQ_OK)
+        st = kvq_cu_attn_init(c);
+    return st;
+}
+
+kvq_status kvq_cuda_cache_create(const struct kvq_cuda_cache_config *cfg, kvq_cuda_cache **out)
+{
+    if (!cfg || !out)
+        return KVQ_ERR_INVALID_ARG;
+    *out = NULL;
+    if (cfg->max_seqs < 1 || cfg->max_seqs > (1 << 20) || cfg->max_q_per_kv < 0 ||
+        cfg->max_q_per_kv > KVQ_ATTN_MAX_Q)
+        return KVQ_ERR_INVALID_ARG;
+    if (kvq_cuda_require_device() != KVQ_OK)
+        return KVQ_ERR_NO_DEVICE;
+    kvq_cuda_cache *c = (kvq_cuda_cache *)calloc(1, sizeof *c);
+    if (!c)
+        return KVQ_ERR_NOMEM;
+    c->cfg = *cfg;
+    if (c->cfg.max_q_per_kv == 0)
+        c->cfg.max_q_per_kv = 8;
+    c->cfg.cache.max_bytes = 0;
+    c->stream = 0;
+    kvq_status st = cache_init(c);
+    if (st != KVQ_OK) {
+        (void)cudaGetLastError();
+        kvq_cuda_cache_free(c);
+        return st;
+    }
+    *out = c;
+    return KVQ_OK;
+}
+
+const struct kvq_cuda_cache_config *kvq_cuda_cache_config_of(const kvq_cuda_cache *c)
+{
+    return c ? &c->cfg : NULL;
+}
+
+const struct kvq_page_layout *kvq_cuda_cache_layout(const kvq_cuda_cache *c)
+{
+    return c ? &c->layout : NULL;
+}
+
+void kvq_cuda_cache_set_stream(kvq_cuda_cache *c, void *stream)
+{
+    if (c)
+        c->stream = (cudaStream_t)stream;
+}
+
+size_t kvq_cuda_cache_len(const kvq_cuda_cache *c, int seq)
+{
+    if (!c || seq < 0 || seq >= c->cfg.max_seqs)
+        return 0;
+    return c->len[seq];
+}
+
+size_t kvq_cuda_cache_free_pages(const kvq_cuda_cache *c)
+{
+    return c ? c->n_free : 0;
+}
+
+/* ---- page bookkeeping ------------------------------------------------ */
+
+static int32_t *table_of(kvq_cuda_cache *c, int seq)
+{
+    return c->ptab_h + (size_t)seq * c->max_pages_per_seq;
+}
+
+/* Gives seq enough pages for `tokens` tokens; device table updated. */
+static kvq_status grow_pages(kvq_cuda_cache *c, int seq, size_t tokens)
+{
+    const size_t P = c->layout.page_tokens;
+    const size_t want = (tokens + P - 1) / P, have = c->n_pages[seq];
+    if (want <= have)
+        return KVQ_OK;
+    if (want - have > c->n_free)
+        return KVQ_ERR_BUDGET;
+    int32_t *tab = table_of(c, seq);
+    for (size_t i = have; i < want; i++)
+        tab[i] = c->free_list[--c->n_free];
+    c->n_pages[seq] = want;
+    KVQ_CU_TRY(cudaMemcpyAsync(c->ptab_d + (size_t)seq * c->max_pages_per_seq + have, tab + have,
+                               (want - have) * sizeof(int32_t), cudaMemcpyHostToDevice, c->stream));
+    return KVQ_OK;
+}
+
+static void shrink_pages(kvq_cuda_cache *c, int seq, size_t tokens)
+{
+    const size_t P = c->layout.page_tokens;
+    const size_t keep = (tokens + P - 1) / P;
+    int32_t *tab = table_of(c, seq);
+    while (c->n_pages[seq] > keep)
+        c->free_list[c->n_free++] = tab[--c->n_pages[seq]];
+}
+
+kvq_status kvq_cuda_cache_truncate(kvq_cuda_cache *c, int seq, size_t n)
+{
+    if (!c || seq < 0 || seq >= c->cfg.max_seqs || n > c->len[seq])
+        return KVQ_ERR_INVALID_ARG;
+    c->len[seq] = n;
+    shrink_pages(c, seq, n);
+    return KVQ_OK;
+}
+
+/* ---- append ---------------------------------------------------------- */
+
+static kvq_status check_input(kvq_cuda_cache *c, size_t n_tokens, const float *k, const float *v)
+{
+    if (!c->cfg.check_input)
+        return KVQ_OK;
+    int flag = 0;
+    KVQ_CU_TRY(cudaMemsetAsync(c->flag_d, 0, sizeof(int), c->stream));
+    kvq_status st = kvq_cu_check_rows(c, n_tokens, k, v, c->flag_d);
+    if (st != KVQ_OK)
+        return st;
+    KVQ_CU_TRY(cudaMemcpyAsync(&flag, c->flag_d, sizeof(int), cudaMemcpyDeviceToHost, c->stream));
+    KVQ_CU_TRY(cudaStreamSynchronize(c->stream));
+    if (flag & 1)
+        return KVQ_ERR_NONFINITE;
+    if (flag & 2)
+        return KVQ_ERR_RANGE;
+    return KVQ_OK;
+}
+
+/* Encodes tokens whose page/slot the caller put in tok_page_h / tok_slot_h. */
+static kvq_status encode_mapped(kvq_cuda_cache *c, size_t n_tokens, const float *k, const float *v)
+{
+    KVQ_CU_TRY(cudaMemcpyAsync(c->tok_page_d, c->tok_page_h, n_tokens * sizeof(int32_t), cudaMemcpyHostToDevice,
+                               c->stream));
+    KVQ_CU_TRY(cudaMemcpyAsync(c->tok_slot_d, c->tok_slot_h, n_tokens * sizeof(int32_t), cudaMemcpyHostToDevice,
+                               c->stream));
+    return kvq_cu_encode_rows(c, n_tokens, k, v, c->tok_page_d, c->tok_slot_d);
+}
+
+kvq_status kvq_cuda_cache_append(kvq_cuda_cache *c, int seq, size_t n_tokens, const float *k_dev,
+                                 const float *v_dev)
+{
+    if (!c || seq < 0 || seq >= c->cfg.max_seqs || (n_tokens && (!k_dev || !v_dev)))
+        return KVQ_ERR_INVALID_ARG;
+    if (n_tokens == 0)
+        return KVQ_OK;
+    if (!c->dk.gpu_encode || !c->dv.gpu_encode)
+        return KVQ_ERR_UNSUPPORTED;
+    const size_t len = c->len[seq];
+    if (n_tokens > c->cfg.cache.max_tokens - len)
+        return KVQ_ERR_CONTEXT_FULL;
+    const size_t P = c->layout.page_tokens;
+    if ((len + n_tokens + P - 1) / P - c->n_pages[seq] > c->n_free)
+        return KVQ_ERR_BUDGET;
+    kvq_status st = tok_reserve(c, n_tokens);
+    if (st == KVQ_OK)
+        st = check_input(c, n_tokens, k_dev, v_dev);
+    if (st == KVQ_OK)
+        st = grow_pages(c, seq, len + n_tokens);
+    if (st != KVQ_OK)
+        return st;
+    const int32_t *tab = table_of(c, seq);
+    for (size_t i = 0; i < n_tokens; i++) {
+        c->tok_page_h[i] = tab[(len + i) / P];
+        c->tok_slot_h[i] = (int32_t)((len + i) % P);
+    }
+    st = encode_mapped(c, n_tokens, k_dev, v_dev);
+    if (st != KVQ_OK)
+        return st;
+    c->len[seq] = len + n_tokens;
+    return KVQ_OK;
+}
+
+kvq_status kvq_cuda_cache_append_batch(kvq_cuda_cache *c, int n_seqs, const int *seqs, const float *k_dev,
+                                       const float *v_dev)
+{
+    if (!c || n_seqs < 0 || (n_seqs && (!seqs || !k_dev || !v_dev)))
+        return KVQ_ERR_INVALID_ARG;
+    if (n_seqs == 0)
+        return KVQ_OK;
+    if (!c->dk.gpu_encode || !c->dv.gpu_encode)
+        return KVQ_ERR_UNSUPPORTED;
+    const size_t P = c->layout.page_tokens;
+    size_t new_pages = 0;
+    for (int i = 0; i < n_seqs; i++) {
+        int s = seqs[i];
+        if (s < 0 || s >= c->cfg.max_seqs)
+            return KVQ_ERR_INVALID_ARG;
+        for (int j = 0; j < i; j++)
+            if (seqs[j] == s)
+                return KVQ_ERR_INVALID_ARG;
+        if (c->len[s] >= c->cfg.cache.max_tokens)
+            return KVQ_ERR_CONTEXT_FULL;
+        new_pages += c->len[s] % P == 0;
+    }
+    if (new_pages > c->n_free)
+        return KVQ_ERR_BUDGET;
+    kvq_status st = tok_reserve(c, (size_t)n_seqs);
+    if (st == KVQ_OK)
+        st = check_input(c, (size_t)n_seqs, k_dev, v_dev);
+    for (int i = 0; i < n_seqs && st == KVQ_OK; i++)
+        st = grow_pages(c, seqs[i], c->len[seqs[i]] + 1);
+    if (st != KVQ_OK)
+        return st;
+    for (int i = 0; i < n_seqs; i++) {
+        size_t pos = c->len[seqs[i]];
+        c->tok_page_h[i] = table_of(c, seqs[i])[pos / P];
+        c->tok_slot_h[i] = (int32_t)(pos % P);
+    }
+    st = encode_mapped(c, (size_t)n_seqs, k_dev, v_dev);
+    if (st != KVQ_OK)
+        return st;
+    for (int i = 0; i < n_seqs; i++)
+        c->len[seqs[i]]++;
+    return KVQ_OK;
+}
+
+/* ---- page copies ----------------------------------------------------- */
+
+kvq_status kvq_cuda_cache_read_page(const kvq_cuda_cache *c, int seq, size_t i, void *host)
+{
+    if (!c || !host || seq < 0 || seq >= c->cfg.max_seqs || i >= c->n_pages[seq])
+        return KVQ_ERR_INVALID_ARG;
+    const int32_t page = c->ptab_h[(size_t)seq * c->max_pages_per_seq + i];
+    KVQ_CU_TRY(cudaStreamSynchronize(c->stream));
+    KVQ_CU_TRY(cudaMemcpy(host, c->pool + (size_t)page * c->layout.page_bytes, c->layout.page_bytes,
+                          cudaMemcpyDeviceToHost));
+    return KVQ_OK;
+}
+
+kvq_status kvq_cuda_cache_write_page(kvq_cuda_cache *c, int seq, size_t i, const void *host)
+{
+    if (!c || !host || seq < 0 || seq >= c->cfg.max_seqs || i >= c->n_pages[seq])
+        return KVQ_ERR_INVALID_ARG;
+    const int32_t page = c->ptab_h[(size_t)seq * c->max_pages_per_seq + i];
+    KVQ_CU_TRY(cudaStreamSynchronize(c->stream));
+    KVQ_CU_TRY(cudaMemcpy(c->pool + (size_t)page * c->layout.page_bytes, host, c->layout.page_bytes,
+                          cudaMemcpyHostToDevice));
+    return KVQ_OK;
+}
+
+/* Zeroes the slots [used, P) of every section of one head chunk. */
+static void zero_tail(uint8_t *chunk, const struct kvq_head_layout *hl, uint32_t used)
+{
+    const uint32_t P = hl->page_tokens;
+    const uint32_t offs[4] = {hl->norm_off, hl->rnorm_off, hl->codes_off, hl->signs_off};
+    const uint32_t strides[4] = {2, 2, hl->codes_stride, hl->signs_stride};
+    for (int f = 0; f < 4; f++)
+        if (offs[f] != KVQ_NO_SECTION && strides[f])
+            memset(chunk + offs[f] + (size_t)used * strides[f], 0, (size_t)(P - used) * strides[f]);
+}
+
+static int same_config(const struct kvq_cache_config *a, const struct kvq_cache_config *b,
+                       const struct kvq_page_layout *la, const struct kvq_page_layout *lb)
+{
+    return a->n_kv_heads == b->n_kv_heads && a->head_dim == b->head_dim && a->type_k == b->type_k &&
+           a->type_v == b->type_v && a->seed == b->seed && a->rot == b->rot && a->qjl == b->qjl &&
+           la->page_tokens == lb->page_tokens && la->page_bytes == lb->page_bytes;
+}
+
+kvq_status kvq_cuda_cache_upload(kvq_cuda_cache *c, int seq, const kvq_cache *host)
+{
+    if (!c || !host || seq < 0 || seq >= c->cfg.max_seqs)
+        return KVQ_ERR_INVALID_ARG;
+    const struct kvq_page_layout *hl = kvq_cache_layout(host);
+    if (!same_config(&c->cfg.cache, kvq_cache_config_of(host), &c->layout, hl))
+        return KVQ_ERR_INVALID_ARG;
+    const size_t n = kvq_cache_len(host);
+    if (n > c->cfg.cache.max_tokens)
+        return KVQ_ERR_INVALID_ARG;
+    const size_t P = c->layout.page_tokens;
+    if ((n + P - 1) / P > c->n_pages[seq] + c->n_free)
+        return KVQ_ERR_BUDGET;
+    KVQ_CU_TRY(cudaStreamSynchronize(c->stream));
+    c->len[seq] = 0;
+    shrink_pages(c, seq, 0);
+    kvq_status st = grow_pages(c, seq, n);
+    if (st != KVQ_OK)
+        return st;
+    uint8_t *staging = (uint8_t *)malloc(c->layout.page_bytes);
+    if (!staging)
+        return KVQ_ERR_NOMEM;
+    const size_t pages = (n + P - 1) / P;
+    for (size_t i = 0; i < pages && st == KVQ_OK; i++) {
+        memcpy(staging, kvq_cache_page(host, i), c->layout.page_bytes);
+        uint32_t used = (uint32_t)(i + 1 < pages ? P : n - i * P);
+        if (used < P)
+            for (uint32_t h = 0; h < c->layout.n_kv_heads; h++) {
+                zero_tail(staging + c->layout.k_off + (size_t)h * c->layout.k.bytes, &c->layout.k, used);
+                zero_tail(staging + c->layout.v_off + (size_t)h * c->layout.v.bytes, &c->layout.v, used);
+            }
+        st = kvq_cuda_cache_write_page(c, seq, i, staging);
+    }
+    free(staging);
+    if (st == KVQ_OK)
+        c->len[seq] = n;
+    return st;
+}

@@ -1,0 +1,289 @@
+/* cuda_encode.cu - appending tokens: rows encoded on the GPU, bit-identical to
+ * the CPU encoder.
+ *
+ * One warp encodes one row (one token of one head, K or V) in shared memory,
+ * performing exactly the float operations of the contract in
+ * codec_internal.h and rotation_internal.h, in the same order. nvcc would
+ * contract a*b+c into an FMA and is free to pick the rounding of a plain
+ * division or square root under some flags, so every operation here is an
+ * explicit correctly rounded intrinsic (__fmul_rn, __fadd_rn, __fsub_rn,
+ * __fmaf_rn where the contract says fmaf, __frcp_rn for 1.0f / n,
+ * __fsqrt_rn): the result does not depend on compiler flags.
+ */
+#include "cuda_internal.cuh"
+#include "kvq_cuda_hooks.cuh"
+
+namespace {
+
+constexpr int kWarps = 4;
+
+/* kvq_norm_ref: eight fmaf chains over j = k mod 8, then the fixed tree. */
+__device__ float warp_norm(const float *x, int d, int lane)
+{
+    float s = 0.0f;
+    if (lane < 8)
+        for (int j = lane; j < d; j += 8)
+            s = __fmaf_rn(x[j], x[j], s);
+    float p[8];
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+        p[k] = __shfl_sync(0xffffffffu, s, k);
+    float t = __fadd_rn(__fadd_rn(__fadd_rn(p[0], p[4]), __fadd_rn(p[2], p[6])),
+                        __fadd_rn(__fadd_rn(p[1], p[5]), __fadd_rn(p[3], p[7])));
+    return __fsqrt_rn(t);
+}
+
+/* Unnormalised FWHT of the m rows of length p held in v (d = m p floats). */
+__device__ void warp_fwht_rows(float *v, int d, int p, int lane)
+{
+    const int half = p / 2;
+    for (int h = 1; h < p; h <<= 1) {
+        for (int b = lane; b < d / 2; b += 32) {
+            int i = b / half, bb = b % half;
+            int j = i * p + (bb / h) * 2 * h + (bb % h);
+            float a = v[j], c = v[j + h];
+            v[j] = __fadd_rn(a, c);
+            v[j + h] = __fsub_rn(a, c);
+        }
+        __syncwarp();
+    }
+}
+
+/* y = R x in place for HADAMARD / IDENTITY (v holds x; tmp is scratch of d
+ * floats). @return the buffer holding y. */
+__device__ float *warp_rotate(const kvq_dev_rot &R, float *v, float *tmp, int lane)
+{
+    const int d = R.dim;
+    if (R.kind == KVQ_ROT_IDENTITY)
+        return v;
+    if (R.m == 1) {
+        for (int j = lane; j < d; j += 32)
+            v[j] = __fmul_rn(v[j], R.signs[j]);
+        __syncwarp();
+        warp_fwht_rows(v, d, d, lane);
+        for (int j = lane; j < d; j += 32)
+            v[j] = __fmul_rn(v[j], R.scale);
+        __syncwarp();
+        return v;
+    }
+    float *cur = v, *other = tmp;
+    for (int k = 0; k < R.rounds; k++) {
+        const float *sg = R.signs + (size_t)k * d;
+        for (int j = lane; j < d; j += 32)
+            cur[j] = __fmul_rn(cur[j], sg[j]);
+        __syncwarp();
+        warp_fwht_rows(cur, d, R.p, lane);
+        for (int o = lane; o < d; o += 32) {
+            int i = o / R.p, c = o % R.p;
+            float acc = 0.0f;
+            for (int l = 0; l < R.m; l++)
+                acc = __fmaf_rn(R.mix[i * R.m + l], cur[l * R.p + c], acc);
+            other[o] = acc;
+        }
+        __syncwarp();
+        float *t = cur;
+        cur = other;
+        other = t;
+    }
+    return cur;
+}
+
+__device__ bool f16_overflows(float v)
+{
+    return (kvq_f32_to_f16(v) & 0x7c00u) == 0x7c00u;
+}
+
+struct row_ref {
+    const float *x;
+    const kvq_dev_codec *cd;
+    uint8_t *chunk; /* head chunk of the page */
+    const kvq_head_layout *hl;
+};
+
+/* Locates row r = (token * H + head) * 2 + kv. */
+__device__ row_ref locate(int64_t r, const float *k, const float *v, const kvq_dev_codec &ck, const kvq_dev_codec &cv,
+                          const kvq_dev_pages &pg, const int32_t *tok_page)
+{
+    row_ref rr;
+    int kv = (int)(r & 1);
+    int64_t th = r >> 1; /* token * H + head */
+    int h = (int)(th % pg.n_kv_heads);
+    int64_t tok = th / pg.n_kv_heads;
+    const kvq_dev_codec &cd = kv ? cv : ck;
+    rr.cd = &cd;
+    rr.x = (kv ? v : k) + th * cd.dim;
+    rr.hl = kv ? &pg.v : &pg.k;
+    rr.chunk = NULL;
+    if (tok_page) {
+        uint8_t *page = pg.pool + (uint64_t)tok_page[tok] * pg.page_bytes;
+        rr.chunk = page + (kv ? pg.v_off + (uint64_t)h * pg.v.bytes : pg.k_off + (uint64_t)h * pg.k.bytes);
+    }
+    return rr;
+}
+
+/* Flags 1 (non-finite) and 2 (range) exactly as the CPU's checks. */
+__global__ void check_kernel(int64_t n_rows, const float *k, const float *v, kvq_dev_codec ck, kvq_dev_codec cv,
+                             kvq_dev_pages pg, int *flag)
+{
+    extern __shared__ float smem_f[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int dmax = ck.dim;
+    float *buf = smem_f + warp * dmax;
+    for (int64_t r = (int64_t)blockIdx.x * kWarps + warp; r < n_rows; r += (int64_t)gridDim.x * kWarps) {
+        row_ref rr = locate(r, k, v, ck, cv, pg, NULL);
+        const int d = rr.cd->dim;
+        bool bad = false, range = false;
+        for (int j = lane; j < d; j += 32) {
+            float xj = rr.x[j];
+            buf[j] = xj;
+            bad |= !isfinite(xj);
+            if (rr.cd->type == KVQ_TYPE_F16)
+                range |= f16_overflows(xj);
+        }
+        __syncwarp();
+        bad = __any_sync(0xffffffffu, bad);
+        range = __any_sync(0xffffffffu, range);
+        if (!bad && rr.cd->rotated)
+            range = f16_overflows(warp_norm(buf, d, lane));
+        if (lane == 0 && (bad || range))
+            atomicOr(flag, bad ? 1 : 2);
+        __syncwarp();
+    }
+}
+
+__device__ void store_u16(uint8_t *p, uint16_t v)
+{
+    *reinterpret_cast<uint16_t *>(p) = v; /* norm sections are 2-byte aligned */
+}
+
+__global__ void encode_kernel(int64_t n_rows, const float *k, const float *v, kvq_dev_codec ck, kvq_dev_codec cv,
+                              kvq_dev_pages pg, const int32_t *tok_page, const int32_t *tok_slot)
+{
+    extern __shared__ float smem_f[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int dmax = ck.dim;
+    float *buf0 = smem_f + warp * 2 * dmax;
+    float *buf1 = buf0 + dmax;
+    uint8_t *idx = reinterpret_cast<uint8_t *>(smem_f + kWarps * 2 * dmax) + warp * 2 * dmax;
+    uint8_t *sgn = idx + dmax;
+
+    for (int64_t r = (int64_t)blockIdx.x * kWarps + warp; r < n_rows; r += (int64_t)gridDim.x * kWarps) {
+        row_ref rr = locate(r, k, v, ck, cv, pg, tok_page);
+        const kvq_dev_codec &cd = *rr.cd;
+        const kvq_head_layout &hl = *rr.hl;
+        const int d = cd.dim;
+        const uint32_t slot = (uint32_t)tok_slot[(r >> 1) / pg.n_kv_heads];
+        uint8_t *codes = rr.chunk + hl.codes_off + (size_t)slot * hl.codes_stride;
+
+        if (cd.type == KVQ_TYPE_F32) {
+            for (int j = lane; j < d; j += 32)
+                reinterpret_cast<float *>(codes)[j] = rr.x[j];
+            continue;
+        }
+        if (cd.type == KVQ_TYPE_F16) {
+            for (int j = lane; j < d; j += 32)
+                reinterpret_cast<uint16_t *>(codes)[j] = kvq_f32_to_f16(rr.x[j]);
+            continue;
+        }
+        /* tq types */
+        for (int j = lane; j < d; j += 32)
+            buf0[j] = rr.x[j];
+        __syncwarp();
+        const float n = warp_norm(buf0, d, lane);
+        uint8_t *norm_p = rr.chunk + hl.norm_off + (size_t)slot * 2;
+        uint8_t *rnorm_p = cd.qjl ? rr.chunk + hl.rnorm_off + (size_t)slot * 2 : NULL;
+        uint8_t *signs = cd.qjl ? rr.chunk + hl.signs_off + (size_t)slot * hl.signs_stride : NULL;
+        const int code_bytes = d * cd.bits / 8;
+        if (n == 0.0f) { /* the all-zero row */
+            if (lane == 0) {
+                store_u16(norm_p, 0);
+                if (rnorm_p)
+                    store_u16(rnorm_p, 0);
+            }
+            for (int b = lane; b < code_bytes; b += 32)
+                codes[b] = 0;
+            if (signs)
+                for (int b = lane; b < d / 8; b += 32)
+                    signs[b] = 0;
+            __syncwarp();
+            continue;
+        }
+        const float inv = __frcp_rn(n);
+        for (int j = lane; j < d; j += 32)
+            buf0[j] = __fmul_rn(buf0[j], inv);
+        __syncwarp();
+        float *y = warp_rotate(cd.R, buf0, buf1, lane);
+        for (int j = lane; j < d; j += 32) {
+            int c = 0;
+            for (int i = 0; i + 1 < cd.levels; i++)
+                c += y[j] > cd.boundaries[i];
+            idx[j] = (uint8_t)c;
+        }
+        __syncwarp();
+        float gamma = 0.0f;
+        if (cd.qjl) {
+            for (int j = lane; j < d; j += 32)
+                y[j] = __fsub_rn(y[j], cd.centroids[idx[j]]);
+            __syncwarp();
+            gamma = warp_norm(y, d, lane);
+            float *z = warp_rotate(cd.S, y, y == buf0 ? buf1 : buf0, lane);
+            for (int j = lane; j < d; j += 32)
+                sgn[j] = !(z[j] < 0.0f);
+            __syncwarp();
+        }
+        for (int b = lane; b < code_bytes; b += 32) {
+            unsigned byte = 0;
+            for (int i = 0; i < 8; i++) {
+                int pos = 8 * b + i;
+                byte |= ((unsigned)(idx[pos / cd.bits] >> (pos % cd.bits)) & 1u) << i;
+            }
+            codes[b] = (uint8_t)byte;
+        }
+        if (cd.qjl)
+            for (int b = lane; b < d / 8; b += 32) {
+                unsigned byte = 0;
+                for (int i = 0; i < 8; i++)
+                    byte |= (unsigned)sgn[8 * b + i] << i;
+                signs[b] = (uint8_t)byte;
+            }
+        if (lane == 0) {
+            store_u16(norm_p, kvq_f32_to_f16(n));
+            if (rnorm_p)
+                store_u16(rnorm_p, kvq_f32_to_f16(gamma));
+        }
+        __syncwarp();
+    }
+}
+
+int grid_for(int64_t n_rows)
+{
+    int64_t blocks = (n_rows + kWarps - 1) / kWarps;
+    return (int)(blocks < 65535 ? blocks : 65535);
+}
+
+} /* namespace */
+
+kvq_status kvq_cu_check_rows(const kvq_cuda_cache *c, size_t n_tokens, const float *k, const float *v, int *flag_d)
+{
+    const int64_t n_rows = (int64_t)n_tokens * c->cfg.cache.n_kv_heads * 2;
+    if (n_rows == 0)
+        return KVQ_OK;
+    const size_t smem = (size_t)kWarps * c->dk.dim * sizeof(float);
+    check_kernel<<<grid_for(n_rows), kWarps * 32, smem, c->stream>>>(n_rows, k, v, c->dk, c->dv, kvq_cu_pages_of(c),
+                                                                       flag_d);
+    KVQ_CU_TRY(cudaGetLastError());
+    return KVQ_OK;
+}
+
+kvq_status kvq_cu_encode_rows(const kvq_cuda_cache *c, size_t n_tokens, const float *k, const float *v,
+                              const int32_t *tok_page_d, const int32_t *tok_slot_d)
+{
+    const int64_t n_rows = (int64_t)n_tokens * c->cfg.cache.n_kv_heads * 2;
+    if (n_rows == 0)
+        return KVQ_OK;
+    const size_t smem = (size_t)kWarps * c->dk.dim * (2 * sizeof(float) + 2);
+    encode_kernel<<<grid_for(n_rows), kWarps * 32, smem, c->stream>>>(n_rows, k, v, c->dk, c->dv, kvq_cu_pages_of(c),
+                                                                        tok_page_d, tok_slot_d);
+    KVQ_CU_TRY(cudaGetLastError());
+    return KVQ_OK;
+}

@@ -1,0 +1,155 @@
+/* cuda_internal.cuh - the device cache object and what its .cu files share.
+ * C++ (nvcc) only; the public C API is kvq_cuda.h.
+ */
+#ifndef KVQ_CUDA_INTERNAL_CUH
+#define KVQ_CUDA_INTERNAL_CUH
+
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "codec_internal.h"
+#include "kvq_attn.h"
+#include "kvq_cuda.h"
+#include "kvq_cuda_hooks.cuh"
+#include "kvq_layout.h"
+#include "rotation_internal.h"
+
+/* Returns the kvq status of a failed CUDA call from the enclosing function. */
+#define KVQ_CU_TRY(call)                                                                           \
+    do {                                                                                           \
+        cudaError_t kvq_e_ = (call);                                                               \
+        if (kvq_e_ != cudaSuccess)                                                                 \
+            return kvq_cuda_status_of(kvq_e_);                                                     \
+    } while (0)
+
+kvq_status kvq_cuda_status_of(cudaError_t e);
+/* Makes sure a device is present (cached). KVQ_OK or KVQ_ERR_NO_DEVICE. */
+kvq_status kvq_cuda_require_device(void);
+
+/* Largest batch one kernel launch takes: sequence ids and lengths travel as
+ * kernel parameters (no host->device copy per call, graph-capturable). */
+#define KVQ_CU_MAX_BATCH 128
+
+/* One rotation as device tables, enough to reproduce kvq_rotation_apply bit
+ * for bit for HADAMARD and IDENTITY (rotation_internal.h's contract). */
+struct kvq_dev_rot {
+    int kind;          /* enum kvq_rot_kind */
+    int dim, p, m, rounds;
+    float scale;       /* power-of-two HADAMARD */
+    const float *signs; /* rounds * dim */
+    const float *mix;   /* m * m, NULL when m == 1 */
+};
+
+/* Everything a kernel needs about one codec (passed by value). */
+struct kvq_dev_codec {
+    int type, dim, bits, qjl, levels;
+    int rotated;       /* tq types */
+    int gpu_encode;    /* 1 when kvq_cu_encode can reproduce the CPU bytes */
+    float centroids[KVQ_TQ_MAX_LEVELS];
+    float boundaries[KVQ_TQ_MAX_LEVELS - 1];
+    float kappa;       /* qjl_kappa_f */
+    struct kvq_dev_rot R, S;
+};
+
+/* Where one (page, head) chunk lives and how it is laid out. */
+struct kvq_dev_pages {
+    uint8_t *pool;
+    uint64_t page_bytes;
+    const int32_t *ptab; /* [max_seqs][max_pages_per_seq] */
+    uint32_t max_pages_per_seq;
+    uint32_t page_tokens;
+    uint32_t n_kv_heads;
+    uint64_t k_off, v_off;
+    struct kvq_head_layout k, v;
+};
+
+struct kvq_cuda_cache {
+    struct kvq_cuda_cache_config cfg;
+    struct kvq_page_layout layout;
+    kvq_cache *twin; /* a page-less CPU cache with the same config: the codecs */
+    const kvq_codec *ck, *cv;
+    struct kvq_dev_codec dk, dv;
+    cudaStream_t stream;
+
+    /* pages */
+    uint8_t *pool;
+    size_t pool_pages;
+    size_t max_pages_per_seq;
+    int32_t *ptab_d;   /* device page tables */
+    int32_t *ptab_h;   /* host mirror */
+    size_t *len;       /* tokens per sequence */
+    size_t *n_pages;   /* pages held per sequence */
+    int32_t *free_list;
+    size_t n_free;
+
+    /* codec tables on the device: signs and mix of R and S for K and V,
+     * dense rotations for queries (R_k, S_k) and outputs (R_v). */
+    float *tables_d;
+    float *rk_dense, *sk_dense, *rv_dense; /* d x d row-major: y = M x */
+
+    /* encode scratch */
+    int *flag_d;             /* input check result */
+    int32_t *tok_page_d;     /* per appended token: page index */
+    int32_t *tok_slot_d;     /* per appended token: slot in the page */
+    int32_t *tok_page_h, *tok_slot_h;
+    size_t tok_cap;
+
+    /* attention workspace */
+    float *qprep_d;          /* ref kernel: [KVQ_CU_MAX_BATCH][Hq][2d] */
+    uint8_t *qfrag_d;        /* fast kernel: per (batch entry, kv head) fragment block */
+    float *part_d;           /* split partials: [entries][G][d + 2] */
+    size_t part_entries;
+    int16_t *slot_tab_d;     /* fast kernel slot -> dim tables, see cuda_attn.cu */
+    float *slot_scale_d;
+    int n_sm;
+};
+
+struct kvq_dev_pages kvq_cu_pages_of(const kvq_cuda_cache *c);
+
+/* Fills d from a host codec and uploads its rotation tables into tables
+ * (device floats, at least kvq_cu_codec_table_floats(c) of them).
+ * @return KVQ_OK or KVQ_ERR_DEVICE. */
+size_t kvq_cu_codec_table_floats(const kvq_codec *c);
+kvq_status kvq_cu_codec_upload(const kvq_codec *c, float *tables, struct kvq_dev_codec *d);
+
+/* Encode kernels (cuda_encode.cu). Rows are (token, head, K|V):
+ * x rows [n_tokens][n_kv_heads][dim]; token i goes to page tok_page[i],
+ * slot tok_slot[i]. check: ORs 1 (non-finite) / 2 (range) into *flag. */
+kvq_status kvq_cu_check_rows(const kvq_cuda_cache *c, size_t n_tokens, const float *k, const float *v,
+                             int *flag_d);
+kvq_status kvq_cu_encode_rows(const kvq_cuda_cache *c, size_t n_tokens, const float *k, const float *v,
+                              const int32_t *tok_page_d, const int32_t *tok_slot_d);
+
+/* Attention workspace (cuda_attn.cu): sizes and slot tables. */
+kvq_status kvq_cu_attn_init(kvq_cuda_cache *c);
+void kvq_cu_attn_free(kvq_cuda_cache *c);
+
+/* ---- the fused kernel (cuda_attn_fast.cu) ---------------------------- */
+
+enum { KVQ_CU_KT_TQ3J = 0, KVQ_CU_KT_TQ3 = 1, KVQ_CU_KT_F16 = 2 };
+enum { KVQ_CU_VT_TQ3 = 0, KVQ_CU_VT_F16 = 1 };
+
+/* Per (batch entry, KV head) query block written by the prep kernel:
+ * A fragments of the code scores and of the QJL sign sums, then per query
+ * 2 sigma and -T (see cuda_attn_fast.cu). */
+#define KVQ_CU_QFRAG_BYTES (4096 + 4096 + 64)
+
+struct kvq_cu_fast_params {
+    struct kvq_dev_pages pg;
+    const uint8_t *qfrag; /* [n_batch][H] blocks of KVQ_CU_QFRAG_BYTES */
+    float *part;          /* [(b * H + h) * n_splits + split][G * (128 + 2)] */
+    int n_splits, H, G;
+    float kappa;          /* K codec's qjl_kappa_f */
+    kvq_cu::tq3_lut lut_k, lut_v;
+    int seq[KVQ_CU_MAX_BATCH];
+    int len[KVQ_CU_MAX_BATCH];
+};
+
+/* Launches the fused kernel for kt/vt (enums above) over n_batch entries;
+ * n_splits <= 0 chooses the split count (returned in *used_splits) so that
+ * the GPU is filled, capped by max_splits. */
+kvq_status kvq_cu_fast_launch(kvq_cu_fast_params *p, int kt, int vt, int n_batch, int n_splits, int max_splits,
+                              int n_sm, cudaStream_t stream);
+
+#endif /* KVQ_CUDA_INTERNAL_CUH */

@@ -1,0 +1,210 @@
+/* cuda_stub.c - the kvq_cuda.h API for builds without nvcc.
+ *
+ * The Makefile defines KVQ_HAVE_CUDA only when it compiles the .cu files;
+ * otherwise these stubs keep the API linkable, so the same programs build
+ * everywhere and learn at run time (kvq_cuda_device_count() == 0) that
+ * there is no GPU path.
+ */
+#include <string.h>
+
+#include "kvq_cuda.h"
+
+#if !defined(KVQ_HAVE_CUDA)
+
+int kvq_cuda_device_count(void)
+{
+    return 0;
+}
+
+kvq_status kvq_cuda_device_describe(char *name, size_t n)
+{
+    if (name && n)
+        name[0] = '\0';
+    return KVQ_ERR_NO_DEVICE;
+}
+
+kvq_status kvq_cuda_malloc(void **dev, size_t bytes)
+{
+    (void)bytes;
+    if (dev)
+        *dev = NULL;
+    return KVQ_ERR_NO_DEVICE;
+}
+
+void kvq_cuda_free(void *dev)
+{
+    (void)dev;
+}
+
+kvq_status kvq_cuda_memcpy_h2d(void *dev, const void *host, size_t bytes)
+{
+    (void)dev, (void)host, (void)bytes;
+    return KVQ_ERR_NO_DEVICE;
+}
+
+kvq_status kvq_cuda_memcpy_d2h(void *host, const void *dev, size_t bytes)
+{
+    (void)dev, (void)host, (void)bytes;
+    return KVQ_ERR_NO_DEVICE;
+}
+
+kvq_status kvq_cuda_memcpy_d2d(void *dst_dev, const void *src_dev, size_t bytes)
+{
+    (void)dst_dev, (void)src_dev, (void)bytes;
+    return KVQ_ERR_NO_DEVICE;
+}
+
+kvq_status kvq_cuda_memset(void *dev, int byte, size_t bytes)
+{
+    (void)dev, (void)byte, (void)bytes;
+    return KVQ_ERR_NO_DEVICE;
+}
+
+kvq_status kvq_cuda_synchronize(void)
+{
+    return KVQ_ERR_NO_DEVICE;
+}
+
+kvq_status kvq_cuda_fill_normal(float *x_dev, size_t n, uint64_t seed, float sigma)
+{
+    (void)x_dev, (void)n, (void)seed, (void)sigma;
+    return KVQ_ERR_NO_DEVICE;
+}
+
+kvq_status kvq_cuda_timer_create(kvq_cuda_timer **out)
+{
+    if (out)
+        *out = NULL;
+    return KVQ_ERR_NO_DEVICE;
+}
+
+void kvq_cuda_timer_free(kvq_cuda_timer *t)
+{
+    (void)t;
+}
+
+kvq_status kvq_cuda_timer_start(kvq_cuda_timer *t)
+{
+    (void)t;
+    return KVQ_ERR_NO_DEVICE;
+}
+
+kvq_status kvq_cuda_timer_stop(kvq_cuda_timer *t, double *ms)
+{
+    (void)t;
+    if (ms)
+        *ms = 0.0;
+    return KVQ_ERR_NO_DEVICE;
+}
+
+void kvq_cuda_cache_config_default(struct kvq_cuda_cache_config *cfg, int n_kv_heads, int head_dim,
+                                   size_t max_tokens, int max_seqs)
+{
+    if (!cfg)
+        return;
+    memset(cfg, 0, sizeof *cfg);
+    kvq_cache_config_default(&cfg->cache, n_kv_heads, head_dim, max_tokens);
+    cfg->max_seqs = max_seqs;
+    cfg->max_q_per_kv = 8;
+    cfg->check_input = 1;
+}
+
+kvq_status kvq_cuda_cache_create(const struct kvq_cuda_cache_config *cfg, kvq_cuda_cache **out)
+{
+    (void)cfg;
+    if (out)
+        *out = NULL;
+    return KVQ_ERR_NO_DEVICE;
+}
+
+void kvq_cuda_cache_free(kvq_cuda_cache *c)
+{
+    (void)c;
+}
+
+const struct kvq_cuda_cache_config *kvq_cuda_cache_config_of(const kvq_cuda_cache *c)
+{
+    (void)c;
+    return NULL;
+}
+
+const struct kvq_page_layout *kvq_cuda_cache_layout(const kvq_cuda_cache *c)
+{
+    (void)c;
+    return NULL;
+}
+
+void kvq_cuda_cache_set_stream(kvq_cuda_cache *c, void *stream)
+{
+    (void)c, (void)stream;
+}
+
+size_t kvq_cuda_cache_len(const kvq_cuda_cache *c, int seq)
+{
+    (void)c, (void)seq;
+    return 0;
+}
+
+size_t kvq_cuda_cache_free_pages(const kvq_cuda_cache *c)
+{
+    (void)c;
+    return 0;
+}
+
+kvq_status kvq_cuda_cache_truncate(kvq_cuda_cache *c, int seq, size_t n)
+{
+    (void)c, (void)seq, (void)n;
+    return KVQ_ERR_NO_DEVICE;
+}
+
+kvq_status kvq_cuda_cache_append(kvq_cuda_cache *c, int seq, size_t n_tokens, const float *k_dev,
+                                 const float *v_dev)
+{
+    (void)c, (void)seq, (void)n_tokens, (void)k_dev, (void)v_dev;
+    return KVQ_ERR_NO_DEVICE;
+}
+
+kvq_status kvq_cuda_cache_append_batch(kvq_cuda_cache *c, int n_seqs, const int *seqs, const float *k_dev,
+                                       const float *v_dev)
+{
+    (void)c, (void)n_seqs, (void)seqs, (void)k_dev, (void)v_dev;
+    return KVQ_ERR_NO_DEVICE;
+}
+
+kvq_status kvq_cuda_cache_upload(kvq_cuda_cache *c, int seq, const kvq_cache *host)
+{
+    (void)c, (void)seq, (void)host;
+    return KVQ_ERR_NO_DEVICE;
+}
+
+kvq_status kvq_cuda_cache_read_page(const kvq_cuda_cache *c, int seq, size_t i, void *host)
+{
+    (void)c, (void)seq, (void)i, (void)host;
+    return KVQ_ERR_NO_DEVICE;
+}
+
+kvq_status kvq_cuda_cache_write_page(kvq_cuda_cache *c, int seq, size_t i, const void *host)
+{
+    (void)c, (void)seq, (void)i, (void)host;
+    return KVQ_ERR_NO_DEVICE;
+}
+
+int kvq_cuda_fast_supported(const kvq_cuda_cache *c, int n_q_heads)
+{
+    (void)c, (void)n_q_heads;
+    return 0;
+}
+
+kvq_status kvq_cuda_cache_attend(kvq_cuda_cache *c, int n_seqs, const int *seqs, const float *q_dev,
+                                 int n_q_heads, float scale, float *out_dev,
+                                 const struct kvq_cuda_attn_opts *opts)
+{
+    (void)c, (void)n_seqs, (void)seqs, (void)q_dev, (void)n_q_heads, (void)scale, (void)out_dev, (void)opts;
+    return KVQ_ERR_NO_DEVICE;
+}
+
+#else
+/* Built with CUDA: the real definitions are in the .cu files. ISO C wants
+ * at least one declaration in a translation unit. */
+typedef int kvq_cuda_stub_unused;
+#endif

@@ -1,0 +1,199 @@
+/* kvq_cuda.h - the packed KV cache and fused decode attention on an NVIDIA GPU.
+ *
+ * A device cache holds one layer's keys and values for up to max_seqs
+ * sequences in a pool of pages in GPU memory. Every page has exactly the
+ * byte layout of the CPU cache (kvq_layout.h), so pages copy between host
+ * and device unchanged, and a sequence's page table maps its token t to
+ * page table[t / page_tokens], slot t % page_tokens. Sequences grow and
+ * shrink independently (each has its own length).
+ *
+ *  - append: encodes new tokens on the GPU, bit-identical to the CPU encoder
+ *    (kvq_codec_encode) for the same config and seed;
+ *  - attend: decode attention for a batch of sequences, one query position
+ *    each, straight from the packed pages (see docs/cuda.md for the kernel);
+ *  - page copies: kvq_cuda_cache_upload() mirrors a CPU kvq_cache into a
+ *    sequence, kvq_cuda_cache_read_page()/write_page() move single pages.
+ *
+ * Pointers named *_dev are device memory (kvq_cuda_malloc or any cudaMalloc
+ * pointer); all others are host memory. Shapes are row-major floats:
+ *   K, V to append   [n_tokens][n_kv_heads][head_dim]
+ *   queries, outputs [n_seqs][n_q_heads][head_dim], query head h uses KV head
+ *                    h / (n_q_heads / n_kv_heads) (GQA).
+ *
+ * Every call returns a kvq_status: KVQ_ERR_NO_DEVICE when the library was
+ * built without CUDA or no usable GPU is present (callers and tests use
+ * kvq_cuda_device_count() to skip), KVQ_ERR_DEVICE when a CUDA call failed.
+ * Nothing here prints or exits.
+ *
+ * Threading and streams: a cache and its calls belong to one host thread at
+ * a time. Work is issued on the cache's stream (default: the legacy default
+ * stream, see kvq_cuda_cache_set_stream); kvq_cuda_cache_attend() returns
+ * once the work is queued, without synchronising. append() synchronises once
+ * to learn whether the input rows were valid (all-or-nothing, like the CPU
+ * cache) unless check_input is 0 in the config.
+ */
+#ifndef KVQ_CUDA_H
+#define KVQ_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvq_cache.h"
+#include "kvq_status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- device --------------------------------------------------------- */
+
+/** @return the number of usable CUDA devices; 0 without CUDA, without a
+ *  driver or without a GPU (never an error). */
+int kvq_cuda_device_count(void);
+
+/** Fills name (NUL-terminated, at most n bytes) with the current device's
+ *  name, its multiprocessor count and memory, e.g. "NVIDIA H100 80GB HBM3,
+ *  132 SMs, 79.1 GiB". @return KVQ_OK or KVQ_ERR_NO_DEVICE. */
+kvq_status kvq_cuda_device_describe(char *name, size_t n);
+
+/* ---- device memory helpers (so C callers need no CUDA headers) ------ */
+
+/** @return KVQ_OK and *dev (bytes of device memory); KVQ_ERR_NOMEM. */
+kvq_status kvq_cuda_malloc(void **dev, size_t bytes);
+/** Frees device memory; accepts NULL. */
+void kvq_cuda_free(void *dev);
+kvq_status kvq_cuda_memcpy_h2d(void *dev, const void *host, size_t bytes);
+kvq_status kvq_cuda_memcpy_d2h(void *host, const void *dev, size_t bytes);
+kvq_status kvq_cuda_memcpy_d2d(void *dst_dev, const void *src_dev, size_t bytes);
+kvq_status kvq_cuda_memset(void *dev, int byte, size_t bytes);
+/** Waits for all queued work on the device. @return KVQ_OK or KVQ_ERR_DEVICE
+ *  (also reports an earlier asynchronous kernel failure). */
+kvq_status kvq_cuda_synchronize(void);
+
+/** Fills x_dev[n] with N(0, sigma^2) draws from a counter-based generator
+ *  (seed, index) -> value: deterministic, for tests and benchmarks. */
+kvq_status kvq_cuda_fill_normal(float *x_dev, size_t n, uint64_t seed, float sigma);
+
+/* Device-event timer for benchmarks: start/stop bracket work queued on the
+ * default stream; stop waits for it and returns elapsed milliseconds. */
+typedef struct kvq_cuda_timer kvq_cuda_timer;
+kvq_status kvq_cuda_timer_create(kvq_cuda_timer **out);
+void kvq_cuda_timer_free(kvq_cuda_timer *t);
+kvq_status kvq_cuda_timer_start(kvq_cuda_timer *t);
+kvq_status kvq_cuda_timer_stop(kvq_cuda_timer *t, double *ms);
+
+/* ---- the device cache ---------------------------------------------- */
+
+struct kvq_cuda_cache_config {
+    /* Per-sequence layout, types, seeds and limits, exactly as for the CPU
+     * cache: the device pages of a sequence are byte-identical to those of a
+     * kvq_cache created with this config. cache.max_tokens is the limit per
+     * sequence; cache.max_bytes is ignored (pool_pages is the budget). */
+    struct kvq_cache_config cache;
+    int max_seqs;       /* sequences the cache can hold, >= 1 */
+    size_t pool_pages;  /* device pages shared by all sequences; 0 = enough for
+                           max_seqs sequences of cache.max_tokens tokens */
+    int max_q_per_kv;   /* largest n_q_heads / n_kv_heads attend() will see; 0 = 8 */
+    int check_input;    /* 1 (default when created by kvq_cuda_cache_config_default):
+                           append validates rows first and is all-or-nothing */
+};
+
+typedef struct kvq_cuda_cache kvq_cuda_cache;
+
+/** Fills cfg: kvq_cache_config_default(&cfg->cache, ...), max_seqs, pool for
+ *  all of them, max_q_per_kv 8, check_input 1. */
+void kvq_cuda_cache_config_default(struct kvq_cuda_cache_config *cfg, int n_kv_heads, int head_dim,
+                                   size_t max_tokens, int max_seqs);
+
+/** Validates cfg, builds the codecs (as kvq_cache_create would), allocates
+ *  the page pool (zero-filled), page tables and attention workspace.
+ *  @return KVQ_OK and *out; KVQ_ERR_INVALID_ARG / KVQ_ERR_UNSUPPORTED (bad
+ *  config); KVQ_ERR_NO_DEVICE; KVQ_ERR_NOMEM (host or device). */
+kvq_status kvq_cuda_cache_create(const struct kvq_cuda_cache_config *cfg, kvq_cuda_cache **out);
+
+/** Frees c and its device memory; accepts NULL. */
+void kvq_cuda_cache_free(kvq_cuda_cache *c);
+
+const struct kvq_cuda_cache_config *kvq_cuda_cache_config_of(const kvq_cuda_cache *c);
+const struct kvq_page_layout *kvq_cuda_cache_layout(const kvq_cuda_cache *c);
+
+/** Issues later work on stream (a cudaStream_t; NULL = default stream). */
+void kvq_cuda_cache_set_stream(kvq_cuda_cache *c, void *stream);
+
+/** Tokens held by seq (0 for an invalid seq). */
+size_t kvq_cuda_cache_len(const kvq_cuda_cache *c, int seq);
+
+/** Pages of the pool not in use by any sequence. */
+size_t kvq_cuda_cache_free_pages(const kvq_cuda_cache *c);
+
+/** Drops tokens [n, len) of seq; whole pages past n return to the pool.
+ *  @return KVQ_OK or KVQ_ERR_INVALID_ARG (bad seq, n > len). */
+kvq_status kvq_cuda_cache_truncate(kvq_cuda_cache *c, int seq, size_t n);
+
+/** Encodes n_tokens tokens on the GPU and appends them to seq.
+ *  k_dev, v_dev: [n_tokens][n_kv_heads][head_dim] floats in device memory.
+ *  GPU encoding supports f32, f16 and the tq types with HADAMARD or
+ *  IDENTITY rotations and the orthogonal QJL projection; other configs
+ *  (DCT, Gaussian S, q8_0, q4_0) are encoded on the host
+ *  (kvq_cuda_cache_upload) and give KVQ_ERR_UNSUPPORTED here.
+ *  All-or-nothing when check_input is set: every row is checked first.
+ *  @return KVQ_OK; KVQ_ERR_NONFINITE / KVQ_ERR_RANGE (bad row, nothing
+ *  written); KVQ_ERR_CONTEXT_FULL; KVQ_ERR_BUDGET (pool exhausted);
+ *  KVQ_ERR_INVALID_ARG; KVQ_ERR_UNSUPPORTED; KVQ_ERR_DEVICE. */
+kvq_status kvq_cuda_cache_append(kvq_cuda_cache *c, int seq, size_t n_tokens, const float *k_dev,
+                                 const float *v_dev);
+
+/** One decode step for a batch: appends token i of k_dev/v_dev
+ *  ([n_seqs][n_kv_heads][head_dim]) to sequence seqs[i] (host array of
+ *  distinct sequence ids). Same errors as kvq_cuda_cache_append. */
+kvq_status kvq_cuda_cache_append_batch(kvq_cuda_cache *c, int n_seqs, const int *seqs, const float *k_dev,
+                                       const float *v_dev);
+
+/** Replaces the content of seq with the tokens of a CPU cache whose config
+ *  matches (heads, dim, types, seeds, rotation, QJL kind, page_tokens):
+ *  its pages are copied host -> device unchanged.
+ *  @return KVQ_OK; KVQ_ERR_INVALID_ARG (mismatch, too long); KVQ_ERR_BUDGET;
+ *  KVQ_ERR_DEVICE. */
+kvq_status kvq_cuda_cache_upload(kvq_cuda_cache *c, int seq, const kvq_cache *host);
+
+/** Copies page i of seq (tokens [i * page_tokens, ...)) to/from host memory
+ *  of layout->page_bytes bytes. write_page() needs the page to exist (the
+ *  sequence holds a token in it). @return KVQ_OK or KVQ_ERR_INVALID_ARG. */
+kvq_status kvq_cuda_cache_read_page(const kvq_cuda_cache *c, int seq, size_t i, void *host);
+kvq_status kvq_cuda_cache_write_page(kvq_cuda_cache *c, int seq, size_t i, const void *host);
+
+/* ---- decode attention ---------------------------------------------- */
+
+enum kvq_cuda_kernel {
+    KVQ_CUDA_KERNEL_AUTO = 0, /* the fused tensor-core kernel where it applies, else the reference */
+    KVQ_CUDA_KERNEL_FAST = 1, /* fused kernel only: KVQ_ERR_UNSUPPORTED where it does not apply */
+    KVQ_CUDA_KERNEL_REF = 2   /* scalar fp32 reference kernel (any type, any head dim) */
+};
+
+struct kvq_cuda_attn_opts {
+    enum kvq_cuda_kernel kernel;
+    int n_splits; /* sequence splits per (sequence, KV head); 0 = chosen to fill the GPU */
+};
+
+/** The fused kernel covers head_dim 128, n_q_heads / n_kv_heads <= 8, K in
+ *  {tq3j, tq3, f16} and V in {tq3, f16}, HADAMARD/IDENTITY/DCT rotations
+ *  (queries and outputs are rotated with dense matrices, so any orthogonal
+ *  kind works). @return 1 when it applies to c's config and n_q_heads. */
+int kvq_cuda_fast_supported(const kvq_cuda_cache *c, int n_q_heads);
+
+/** out_dev[i] = softmax(scale * q_i K^T) V over all tokens of seqs[i], for
+ *  every query head. seqs: host array of n_seqs sequence ids (repeats
+ *  allowed, every sequence non-empty). q_dev/out_dev: [n_seqs][n_q_heads]
+ *  [head_dim] device floats. opts may be NULL (AUTO, automatic splits).
+ *  Queued on the cache's stream; no allocation, no synchronisation.
+ *  @return KVQ_OK; KVQ_ERR_INVALID_ARG (bad seq, empty seq, n_seqs beyond
+ *  max_seqs, n_q_heads not a multiple of n_kv_heads or beyond max_q_per_kv);
+ *  KVQ_ERR_UNSUPPORTED (KERNEL_FAST where it does not apply); KVQ_ERR_DEVICE. */
+kvq_status kvq_cuda_cache_attend(kvq_cuda_cache *c, int n_seqs, const int *seqs, const float *q_dev,
+                                 int n_q_heads, float scale, float *out_dev,
+                                 const struct kvq_cuda_attn_opts *opts);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVQ_CUDA_H */

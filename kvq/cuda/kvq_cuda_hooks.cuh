@@ -1,0 +1,323 @@
+/* kvq_cuda_hooks.cuh - device functions for attention kernels that read kvq's
+ * packed cache pages directly (include from a .cu file; sm_80 or newer).
+ *
+ * The idea (docs/cuda.md): a warp scores packed keys and accumulates packed
+ * values with tensor-core MMAs (m16n8k16, f16 inputs, f32 accumulators),
+ * decoding codes straight into MMA fragments with byte permutes instead of
+ * going through f32 or shared-memory lookup tables.
+ *
+ * Warp shape. Lane l = 4g + t (g = l / 4 in 0..7, t = l % 4). For scores a
+ * warp computes S^T[16 rows][8 tokens] = Q[16 rows][128 slots] K^T: row r < 8
+ * is the f16 "hi" part of query r, row r + 8 its "lo" part (q = hi + lo to
+ * ~2^-22, so f16 inputs cost no accuracy on the query side). The B fragment
+ * of token g comes from lane (g, t), which decodes the 32 head dimensions
+ * 32t .. 32t + 31 of that token. Which dimension sits in which MMA "slot"
+ * is whatever makes the decode cheapest; the query fragments are laid out
+ * in the same slot order (kvq_cu::slot tables below), and a dot product does
+ * not care about the order of its terms.
+ *
+ * Codes (tq3, 3 bits, stream order of kvq_codec.h): the 96 bits of a lane's
+ * 32 codes become nibble selectors, and PRMT looks the f16 centroid bytes up
+ * in a 16-byte table held in 4 registers (tq3_decode32): ~2 instructions per
+ * code, no memory traffic.
+ *
+ * QJL signs: sum_j (S q')_j s~_j = 2 P - T with P = sum over sign bit 1 of
+ * (S q')_j and T = sum_j (S q')_j. P is an MMA whose B operand is the sign
+ * word masked in place: the bit at position k (11..14) of an f16 is the exact
+ * power of two 2^-13, 2^-11, 2^-7 or 2, so the query side is pre-divided by
+ * that value (qjl_bits32, 20 instructions for 32 signs).
+ *
+ * Values: decoded to f16 in a swizzled 16 x 128 shared-memory tile and fed
+ * to the MMA with ldmatrix.trans; the softmax weights (times the row norm)
+ * are the other operand, again split into hi + lo f16.
+ */
+#ifndef KVQ_CUDA_HOOKS_CUH
+#define KVQ_CUDA_HOOKS_CUH
+
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "kvq_half.h"
+#include "kvq_layout.h"
+
+namespace kvq_cu {
+
+/* ---- slot orders (host and device) ----------------------------------- */
+
+/* tq3_decode32 returns 16 f16 pairs; pair p holds codes (kTq3Pair[2p],
+ * kTq3Pair[2p + 1]) of the 32 it was given (low half first). */
+static constexpr unsigned char kTq3Pair[32] = {0,  1,  2,  4,  5,  6,  8,  9,  10, 11, 12,
+                                               14, 15, 16, 18, 19, 20, 21, 22, 24, 25, 26,
+                                               28, 29, 3,  13, 23, 7,  17, 27, 30, 31};
+
+/* qjl_bits32: pair r holds signs (r, r + 16); the bit sits at position
+ * 11 + (r & 3) of each half, worth kQjlBitValue[r & 3] as an f16. */
+static constexpr float kQjlBitValue[4] = {1.0f / 8192.0f, 1.0f / 2048.0f, 1.0f / 128.0f, 2.0f};
+
+/* MMA slot s (0..127) of a K fragment: k-block kb = s / 16, w = s % 16 ->
+ * lane t = (w % 8) / 2, pair p = 2 kb + w / 8, half e = w % 2. */
+__host__ __device__ static inline void slot_split(int s, int *t, int *p, int *e)
+{
+    int w = s & 15;
+    *t = (w & 7) >> 1;
+    *p = 2 * (s >> 4) + (w >> 3);
+    *e = w & 1;
+}
+
+/* ---- small wrappers -------------------------------------------------- */
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel)
+{
+    return __byte_perm(a, b, sel);
+}
+
+/* D = A B + D, m16n8k16, f16 x f16 -> f32. Fragment layouts as in the PTX
+ * ISA: a = {A[g][2t..], A[g+8][2t..], A[g][2t+8..], A[g+8][2t+8..]},
+ * b = {B[2t..][g], B[2t+8..][g]}, c = {C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1]}. */
+__device__ __forceinline__ void mma16816(float c[4], uint4 a, uint32_t b0, uint32_t b1)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                 "{%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
+#else
+    (void)c, (void)a, (void)b0, (void)b1;
+    __trap();
+#endif
+}
+
+/* Four 8x8 f16 matrices from shared memory, transposed (ldmatrix.trans):
+ * lane l supplies the address of row l % 8 of matrix l / 8. */
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t smem_addr, uint32_t r[4])
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr));
+#else
+    (void)smem_addr;
+    r[0] = r[1] = r[2] = r[3] = 0;
+    __trap();
+#endif
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* f16x2 of (x, y) rounded to nearest, and the f16x2 of what rounding lost. */
+__device__ __forceinline__ void split_f16x2(float x, float y, uint32_t *hi, uint32_t *lo)
+{
+    __half2 h = __floats2half2_rn(x, y);
+    float2 hf = __half22float2(h);
+    __half2 l = __floats2half2_rn(x - hf.x, y - hf.y);
+    *hi = *reinterpret_cast<uint32_t *>(&h);
+    *lo = *reinterpret_cast<uint32_t *>(&l);
+}
+
+/* ---- tq3 codes -> f16 pairs ------------------------------------------ */
+
+/* The 8 centroids as f16 bytes: lo bytes of c[0..3], c[4..7], hi bytes likewise. */
+struct tq3_lut {
+    uint32_t lo0, lo1, hi0, hi1;
+};
+
+__host__ __device__ static inline tq3_lut tq3_lut_make(const float c[8])
+{
+    tq3_lut t = {0, 0, 0, 0};
+    for (int i = 0; i < 8; i++) {
+        uint32_t h = kvq_f32_to_f16(c[i]);
+        int sh = 8 * (i & 3);
+        if (i < 4) {
+            t.lo0 |= (h & 0xffu) << sh;
+            t.hi0 |= (h >> 8) << sh;
+        } else {
+            t.lo1 |= (h & 0xffu) << sh;
+            t.hi1 |= (h >> 8) << sh;
+        }
+    }
+    return t;
+}
+
+/* Nibble selectors of a 30-bit window starting at code c:
+ * nibbles = codes c, c+1, c+2, c+4, c+5, c+6, c+8, c+9. */
+__device__ __forceinline__ uint32_t tq3_window_sel(uint32_t w)
+{
+    uint32_t s = w & 0x07007007u;
+    s |= (w << 1) & 0x70070070u;
+    s |= (w << 2) & 0x00700700u;
+    return s;
+}
+
+/* Two pairs from the low 16 bits of sel (4 nibbles = 4 codes). */
+__device__ __forceinline__ void tq3_lookup4(uint32_t sel, const tq3_lut &T, uint32_t *p0, uint32_t *p1)
+{
+    uint32_t lo = prmt(T.lo0, T.lo1, sel);
+    uint32_t hi = prmt(T.hi0, T.hi1, sel);
+    *p0 = prmt(lo, hi, 0x5140);
+    *p1 = prmt(lo, hi, 0x7362);
+}
+
+/* 32 codes of 3 bits (w0..w2: 96 stream bits, code j at bit 3j) -> 16 f16x2
+ * centroid pairs in kTq3Pair order. */
+__device__ __forceinline__ void tq3_decode32(uint32_t w0, uint32_t w1, uint32_t w2, const tq3_lut &T,
+                                             uint32_t out[16])
+{
+    uint32_t s0 = tq3_window_sel(w0);
+    uint32_t s1 = tq3_window_sel(__funnelshift_r(w0, w1, 30));
+    uint32_t s2 = tq3_window_sel(__funnelshift_r(w1, w2, 28));
+    /* the codes the windows skip: 3, 13, 23, 7, 17, 27, 30, 31 */
+    uint32_t s3 = (w0 >> 9) & 0x00007007u;
+    s3 |= (w1 >> 3) & 0x00070070u;
+    s3 |= (w2 << 3) & 0x00700700u;
+    s3 |= (w2 >> 2) & 0x07000000u;
+    s3 |= (w2 >> 1) & 0x70000000u;
+    tq3_lookup4(s0, T, &out[0], &out[1]);
+    tq3_lookup4(s0 >> 16, T, &out[2], &out[3]);
+    tq3_lookup4(s1, T, &out[4], &out[5]);
+    tq3_lookup4(s1 >> 16, T, &out[6], &out[7]);
+    tq3_lookup4(s2, T, &out[8], &out[9]);
+    tq3_lookup4(s2 >> 16, T, &out[10], &out[11]);
+    tq3_lookup4(s3, T, &out[12], &out[13]);
+    tq3_lookup4(s3 >> 16, T, &out[14], &out[15]);
+}
+
+/* ---- QJL sign words -> masked f16 pairs ------------------------------ */
+
+/* sw: 32 sign bits (dims 32t + i at bit i). out[r] holds bit r in its low
+ * half and bit r + 16 in its high half, each at position 11 + (r & 3). */
+__device__ __forceinline__ void qjl_bits32(uint32_t sw, uint32_t out[16])
+{
+    const uint32_t a0 = sw << 11, a1 = sw << 7, a2 = sw << 3, a3 = sw >> 1;
+#pragma unroll
+    for (int b = 0; b < 4; b++) {
+        const uint32_t m = 0x00010001u << (11 + b);
+        out[b] = a0 & m;
+        out[4 + b] = a1 & m;
+        out[8 + b] = a2 & m;
+        out[12 + b] = a3 & m;
+    }
+}
+
+/* ---- scoring one 8-token tile ---------------------------------------- */
+
+/* Accumulates S^T for 8 tokens: kb_regs are the lane's 16 B-fragment pairs
+ * (tq3_decode32, qjl_bits32 or raw f16 pairs); qfrag[kb * 32 + lane] the
+ * matching A fragments (hi/lo query rows). */
+__device__ __forceinline__ void score_tile8(float acc[4], const uint32_t kb_regs[16], const uint4 *qfrag, int lane)
+{
+#pragma unroll
+    for (int kb = 0; kb < 8; kb++)
+        mma16816(acc, qfrag[kb * 32 + lane], kb_regs[2 * kb], kb_regs[2 * kb + 1]);
+}
+
+/* ---- values ----------------------------------------------------------- */
+
+/* The f16 value tile of 16 tokens x 128 slots (4 KB): 16-byte chunk c of row
+ * r lives at chunk c ^ (r & 7) ^ ((c >> 3) << 1), which keeps both the
+ * decoders' 16-byte stores and ldmatrix's row reads free of bank conflicts. */
+__device__ __forceinline__ uint32_t vtile_off(int row, int chunk)
+{
+    int pc = chunk ^ (row & 7) ^ ((chunk >> 3) << 1);
+    return (uint32_t)(row * 256 + pc * 16);
+}
+
+/* Lane (g, t) stores 16 decoded pairs of token `row` into slots 32t .. 32t+31. */
+__device__ __forceinline__ void vtile_store32(uint8_t *tile, int row, int t, const uint32_t v[16])
+{
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        uint4 q = make_uint4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
+        *reinterpret_cast<uint4 *>(tile + vtile_off(row, 4 * t + i)) = q;
+    }
+}
+
+/* O^T[slot rows of m-block mb][cols] += V^T P^T for 16 tokens, V from the
+ * swizzled tile (ldmatrix.trans), P as B fragments pb0/pb1. */
+template <int NT>
+__device__ __forceinline__ void accum_values16(float acc[][8][4], const uint8_t *tile, int lane, const uint32_t pb0[NT],
+                                               const uint32_t pb1[NT])
+{
+    const int row = (lane & 7) + ((lane >> 4) & 1) * 8;
+    const int hi = (lane >> 3) & 1;
+    const uint32_t base = smem_u32(tile);
+#pragma unroll
+    for (int mb = 0; mb < 8; mb++) {
+        uint32_t a[4];
+        ldsm_x4_trans(base + vtile_off(row, 2 * mb + hi), a);
+        uint4 av = make_uint4(a[0], a[1], a[2], a[3]);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+            mma16816(acc[nt][mb], av, pb0[nt], pb1[nt]);
+    }
+}
+
+/* The same from plain f16 rows (stride bytes apart, natural slot order). */
+template <int NT>
+__device__ __forceinline__ void accum_values16_rows(float acc[][8][4], const uint8_t *rows, uint32_t stride, int lane,
+                                                    const uint32_t pb0[NT], const uint32_t pb1[NT])
+{
+    const int row = (lane & 7) + ((lane >> 4) & 1) * 8;
+    const int hi = (lane >> 3) & 1;
+    const uint32_t base = smem_u32(rows) + (uint32_t)row * stride;
+#pragma unroll
+    for (int mb = 0; mb < 8; mb++) {
+        uint32_t a[4];
+        ldsm_x4_trans(base + (uint32_t)(2 * mb + hi) * 16u, a);
+        uint4 av = make_uint4(a[0], a[1], a[2], a[3]);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+            mma16816(acc[nt][mb], av, pb0[nt], pb1[nt]);
+    }
+}
+
+/* ---- scalar helpers (any type, any dim): used by the reference kernel - */
+
+/* Code j of a packed code stream of `bits` bits per code. */
+__device__ __forceinline__ unsigned code_get(const uint8_t *codes, int bits, int j)
+{
+    unsigned pos = (unsigned)(bits * j), v = 0;
+    for (int b = 0; b < bits; b++, pos++)
+        v |= (unsigned)((codes[pos >> 3] >> (pos & 7)) & 1u) << b;
+    return v;
+}
+
+__device__ __forceinline__ float f16_at(const uint8_t *p, int j)
+{
+    uint16_t h = (uint16_t)(p[2 * j] | (p[2 * j + 1] << 8));
+    return kvq_f16_to_f32(h);
+}
+
+/* Element j of a baseline row (f32, f16, q8_0, q4_0) in the original basis. */
+__device__ __forceinline__ float baseline_elem(int type, const uint8_t *row, int j)
+{
+    switch (type) {
+    case KVQ_TYPE_F32: {
+        uint32_t u = (uint32_t)row[4 * j] | ((uint32_t)row[4 * j + 1] << 8) | ((uint32_t)row[4 * j + 2] << 16) |
+                     ((uint32_t)row[4 * j + 3] << 24);
+        return __uint_as_float(u);
+    }
+    case KVQ_TYPE_F16:
+        return f16_at(row, j);
+    case KVQ_TYPE_Q8_0: {
+        const uint8_t *blk = row + (j / KVQ_QK) * 34;
+        float d = f16_at(blk, 0);
+        return (float)(int8_t)blk[2 + j % KVQ_QK] * d;
+    }
+    case KVQ_TYPE_Q4_0: {
+        const uint8_t *blk = row + (j / KVQ_QK) * 18;
+        float d = f16_at(blk, 0);
+        int i = j % KVQ_QK;
+        int q = i < 16 ? (blk[2 + i] & 15) : (blk[2 + i - 16] >> 4);
+        return (float)(q - 8) * d;
+    }
+    default:
+        return 0.0f;
+    }
+}
+
+} /* namespace kvq_cu */
+
+#endif /* KVQ_CUDA_HOOKS_CUH */

@@ -1,0 +1,619 @@
+/* test_cuda.c - the GPU path against the CPU library:
+ *  - encode: pages written by the GPU are byte-identical to the CPU cache's,
+ *    for many types, dims (power-of-two and Kronecker rotations), page sizes
+ *    and append patterns;
+ *  - attention: the fused tensor-core kernel and the fp32 reference kernel
+ *    against the CPU's dequantize-then-attend reference (relative error
+ *    <= 1e-3), on random data with outlier channels and on the real
+ *    keys/values/queries of the fixture model;
+ *  - page copies, truncation, pool accounting and every error path.
+ * Without a GPU (CI) the GPU tests skip with a message and one test checks
+ * that the API reports KVQ_ERR_NO_DEVICE cleanly.
+ * KVQ_CUDA_TEST_SMALL=1 shrinks the sizes (for compute-sanitizer runs). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvq_attn.h"
+#include "kvq_cache.h"
+#include "kvq_cuda.h"
+#include "kvq_safetensors.h"
+#include "rng_internal.h"
+#include "test.h"
+
+#define TOL 1e-3
+
+static int have_gpu(void)
+{
+    return kvq_cuda_device_count() > 0;
+}
+
+#define REQUIRE_GPU()                                                                        \
+    do {                                                                                     \
+        if (!have_gpu())                                                                     \
+            SKIP("no CUDA device (kvq_cuda_device_count() == 0): GPU test not run");         \
+    } while (0)
+
+static int small_mode(void)
+{
+    const char *s = getenv("KVQ_CUDA_TEST_SMALL");
+    return s && s[0] == '1';
+}
+
+static float *random_rows(size_t n, int d, uint64_t seed, double outlier)
+{
+    float *x = malloc(n * (size_t)d * sizeof *x);
+    kvq_rng rng;
+    kvq_rng_init(&rng, seed);
+    for (size_t i = 0; i < n * (size_t)d; i++) {
+        int j = (int)(i % (size_t)d);
+        double s = (j == 5 || j == d - 3) ? outlier : 1.0;
+        x[i] = (float)(s * kvq_rng_gauss(&rng));
+    }
+    return x;
+}
+
+static float *to_dev(const float *h, size_t n)
+{
+    void *d = NULL;
+    if (kvq_cuda_malloc(&d, n * sizeof(float)) != KVQ_OK)
+        return NULL;
+    if (kvq_cuda_memcpy_h2d(d, h, n * sizeof(float)) != KVQ_OK) {
+        kvq_cuda_free(d);
+        return NULL;
+    }
+    return d;
+}
+
+static double rel_err(const float *a, const float *b, size_t n)
+{
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double e = (double)a[i] - (double)b[i];
+        num += e * e;
+        den += (double)b[i] * (double)b[i];
+    }
+    if (!(num == num))
+        return INFINITY;
+    return den > 0.0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* Both caches share one config; the GPU one holds max_seqs sequences. */
+static struct kvq_cache_config cache_cfg(enum kvq_type tk, enum kvq_type tv, int H, int d, size_t max_tokens,
+                                         int page_tokens, uint64_t seed, enum kvq_rot_kind rot)
+{
+    struct kvq_cache_config cfg;
+    kvq_cache_config_default(&cfg, H, d, max_tokens);
+    cfg.type_k = tk;
+    cfg.type_v = tv;
+    cfg.page_tokens = page_tokens;
+    cfg.seed = seed;
+    cfg.rot = rot;
+    return cfg;
+}
+
+static kvq_cuda_cache *gpu_cache(const struct kvq_cache_config *cc, int max_seqs, int max_q)
+{
+    struct kvq_cuda_cache_config cfg;
+    kvq_cuda_cache_config_default(&cfg, cc->n_kv_heads, cc->head_dim, cc->max_tokens, max_seqs);
+    cfg.cache = *cc;
+    cfg.max_q_per_kv = max_q;
+    kvq_cuda_cache *g = NULL;
+    kvq_status st = kvq_cuda_cache_create(&cfg, &g);
+    CHECKF(st == KVQ_OK, "kvq_cuda_cache_create: %s", kvq_status_str(st));
+    return g;
+}
+
+static const char *tname(enum kvq_type t)
+{
+    return kvq_type_traits(t)->name;
+}
+
+/* Byte-compares every row of tokens [0, n) of seq with the CPU cache.
+ * @return the number of differing rows (first few are printed). */
+static int compare_rows(const kvq_cache *cpu, const kvq_cuda_cache *gpu, int seq, size_t n)
+{
+    const struct kvq_page_layout *L = kvq_cache_layout(cpu);
+    const size_t P = L->page_tokens;
+    uint8_t *buf = malloc(L->page_bytes);
+    int bad = 0;
+    for (size_t i = 0; i * P < n; i++) {
+        kvq_status st = kvq_cuda_cache_read_page(gpu, seq, i, buf);
+        CHECK_OK(st);
+        if (st != KVQ_OK) {
+            bad++;
+            break;
+        }
+        uint8_t *cp = (uint8_t *)(uintptr_t)kvq_cache_page(cpu, i);
+        for (uint32_t h = 0; h < L->n_kv_heads; h++)
+            for (int kv = 0; kv < 2; kv++) {
+                const struct kvq_head_layout *hl = kv ? &L->v : &L->k;
+                size_t off = (kv ? L->v_off : L->k_off) + (size_t)h * hl->bytes;
+                struct kvq_row_fields f = kvq_layout_row_fields((int)hl->type, (int)hl->dim);
+                for (uint32_t s = 0; s < P && i * P + s < n; s++) {
+                    struct kvq_row a = kvq_head_row(hl, buf + off, s), b = kvq_head_row(hl, cp + off, s);
+                    int diff = memcmp(a.codes, b.codes, f.codes) != 0;
+                    if (f.norm)
+                        diff |= memcmp(a.norm, b.norm, 2) != 0;
+                    if (f.rnorm)
+                        diff |= memcmp(a.rnorm, b.rnorm, 2) != 0;
+                    if (f.signs)
+                        diff |= memcmp(a.signs, b.signs, f.signs) != 0;
+                    if (diff && bad++ < 3)
+                        fprintf(stderr, "  row differs: seq %d token %zu head %u %s\n", seq, i * P + s, h,
+                                kv ? "V" : "K");
+                }
+            }
+    }
+    free(buf);
+    return bad;
+}
+
+/* ---- encode -------------------------------------------------------------- */
+
+struct enc_case {
+    enum kvq_type tk, tv;
+    int d, page_tokens;
+    enum kvq_rot_kind rot;
+};
+
+static void encode_case(const struct enc_case *ec, uint64_t seed)
+{
+    const int H = 3;
+    const size_t N = 204;
+    struct kvq_cache_config cc = cache_cfg(ec->tk, ec->tv, H, ec->d, N, ec->page_tokens, seed, ec->rot);
+    float *k = random_rows(N * H, ec->d, seed + 11, 8.0), *v = random_rows(N * H, ec->d, seed + 12, 2.0);
+    /* an all-zero token, a tiny one and a large one */
+    memset(k + 5 * H * ec->d, 0, (size_t)H * ec->d * sizeof(float));
+    memset(v + 5 * H * ec->d, 0, (size_t)H * ec->d * sizeof(float));
+    for (int j = 0; j < H * ec->d; j++) {
+        k[6 * H * ec->d + j] *= 1e-30f;
+        v[7 * H * ec->d + j] *= 300.0f;
+    }
+    kvq_cache *cpu = NULL;
+    CHECK_OK(kvq_cache_create(&cc, &cpu));
+    CHECK_OK(kvq_cache_append(cpu, N, k, v));
+    kvq_cuda_cache *gpu = gpu_cache(&cc, 2, 8);
+    float *kd = to_dev(k, N * H * ec->d), *vd = to_dev(v, N * H * ec->d);
+    if (!cpu || !gpu || !kd || !vd)
+        goto done;
+    const size_t row = (size_t)H * ec->d;
+    /* seq 1: chunks of 100, 1 (batch path), 102; seq 0: 40 single-token steps */
+    CHECK_OK(kvq_cuda_cache_append(gpu, 1, 100, kd, vd));
+    int one = 1;
+    CHECK_OK(kvq_cuda_cache_append_batch(gpu, 1, &one, kd + 100 * row, vd + 100 * row));
+    CHECK_OK(kvq_cuda_cache_append(gpu, 1, 102, kd + 101 * row, vd + 101 * row));
+    int zero = 0;
+    for (size_t t = 0; t < 40; t++)
+        CHECK_OK(kvq_cuda_cache_append_batch(gpu, 1, &zero, kd + t * row, vd + t * row));
+    /* one step for both sequences: token 40 to seq 0, token 203 to seq 1 */
+    float *kb = NULL, *vb = NULL;
+    CHECK_OK(kvq_cuda_malloc((void **)&kb, 2 * row * sizeof(float)));
+    CHECK_OK(kvq_cuda_malloc((void **)&vb, 2 * row * sizeof(float)));
+    CHECK_OK(kvq_cuda_memcpy_d2d(kb, kd + 40 * row, row * sizeof(float)));
+    CHECK_OK(kvq_cuda_memcpy_d2d(kb + row, kd + 203 * row, row * sizeof(float)));
+    CHECK_OK(kvq_cuda_memcpy_d2d(vb, vd + 40 * row, row * sizeof(float)));
+    CHECK_OK(kvq_cuda_memcpy_d2d(vb + row, vd + 203 * row, row * sizeof(float)));
+    int both[2] = {0, 1};
+    CHECK_OK(kvq_cuda_cache_append_batch(gpu, 2, both, kb, vb));
+    kvq_cuda_free(kb);
+    kvq_cuda_free(vb);
+    CHECK(kvq_cuda_cache_len(gpu, 0) == 41);
+    CHECK(kvq_cuda_cache_len(gpu, 1) == N);
+    int bad1 = compare_rows(cpu, gpu, 1, N), bad0 = compare_rows(cpu, gpu, 0, 41);
+    CHECKF(bad1 == 0 && bad0 == 0, "K %s V %s d=%d P=%d rot=%s: %d + %d rows differ from the CPU encoder",
+           tname(ec->tk), tname(ec->tv), ec->d, ec->page_tokens, kvq_rot_kind_name(ec->rot), bad0, bad1);
+done:
+    kvq_cuda_free(kd);
+    kvq_cuda_free(vd);
+    kvq_cuda_cache_free(gpu);
+    kvq_cache_free(cpu);
+    free(k);
+    free(v);
+}
+
+static void test_encode_bit_exact(void)
+{
+    REQUIRE_GPU();
+    static const struct enc_case cases[] = {
+        {KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, 128, 64, KVQ_ROT_HADAMARD},
+        {KVQ_TYPE_TQ4J, KVQ_TYPE_TQ2, 128, 16, KVQ_ROT_HADAMARD},
+        {KVQ_TYPE_TQ1J, KVQ_TYPE_TQ4, 64, 32, KVQ_ROT_HADAMARD},
+        {KVQ_TYPE_TQ2J, KVQ_TYPE_TQ1, 96, 48, KVQ_ROT_HADAMARD},  /* Kronecker 32 x 3 */
+        {KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3J, 80, 64, KVQ_ROT_HADAMARD}, /* Kronecker 16 x 5 */
+        {KVQ_TYPE_TQ3, KVQ_TYPE_TQ3J, 256, 16, KVQ_ROT_HADAMARD},
+        {KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, 128, 64, KVQ_ROT_IDENTITY},
+        {KVQ_TYPE_F16, KVQ_TYPE_F32, 128, 64, KVQ_ROT_HADAMARD},
+        {KVQ_TYPE_TQ3J, KVQ_TYPE_F16, 128, 32, KVQ_ROT_HADAMARD},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        encode_case(&cases[i], 1000 + 17 * i);
+}
+
+static void test_encode_errors(void)
+{
+    REQUIRE_GPU();
+    const int H = 2, d = 128;
+    struct kvq_cache_config cc = cache_cfg(KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, H, d, 64, 16, 7, KVQ_ROT_HADAMARD);
+    struct kvq_cuda_cache_config cfg;
+    kvq_cuda_cache_config_default(&cfg, H, d, 64, 2);
+    cfg.cache = cc;
+    cfg.pool_pages = 5;
+    kvq_cuda_cache *g = NULL;
+    CHECK_OK(kvq_cuda_cache_create(&cfg, &g));
+    float *x = random_rows(80 * (size_t)H, d, 5, 1.0);
+    float *xd = to_dev(x, 80 * (size_t)H * d);
+    if (!g || !xd)
+        goto done;
+    /* NaN, Inf and an f16-overflowing norm: refused, nothing changes */
+    float *bad = malloc(5 * (size_t)H * d * sizeof(float));
+    memcpy(bad, x, 5 * (size_t)H * d * sizeof(float));
+    bad[3 * H * d + 7] = NAN;
+    float *bd = to_dev(bad, 5 * (size_t)H * d);
+    CHECK_STATUS(kvq_cuda_cache_append(g, 0, 5, bd, xd), KVQ_ERR_NONFINITE);
+    CHECK_STATUS(kvq_cuda_cache_append(g, 0, 5, xd, bd), KVQ_ERR_NONFINITE);
+    bad[3 * H * d + 7] = INFINITY;
+    CHECK_OK(kvq_cuda_memcpy_h2d(bd, bad, 5 * (size_t)H * d * sizeof(float)));
+    CHECK_STATUS(kvq_cuda_cache_append(g, 0, 5, bd, xd), KVQ_ERR_NONFINITE);
+    for (int j = 0; j < d; j++)
+        bad[3 * H * d + j] = 1.0e4f;
+    CHECK_OK(kvq_cuda_memcpy_h2d(bd, bad, 5 * (size_t)H * d * sizeof(float)));
+    CHECK_STATUS(kvq_cuda_cache_append(g, 0, 5, bd, xd), KVQ_ERR_RANGE);
+    CHECK(kvq_cuda_cache_len(g, 0) == 0);
+    CHECK(kvq_cuda_cache_free_pages(g) == 5);
+    kvq_cuda_free(bd);
+    free(bad);
+    /* limits: context (64 tokens) and pool (5 pages of 16) */
+    CHECK_STATUS(kvq_cuda_cache_append(g, 0, 65, xd, xd), KVQ_ERR_CONTEXT_FULL);
+    CHECK_OK(kvq_cuda_cache_append(g, 0, 64, xd, xd));
+    CHECK_STATUS(kvq_cuda_cache_append(g, 0, 1, xd, xd), KVQ_ERR_CONTEXT_FULL);
+    CHECK_OK(kvq_cuda_cache_append(g, 1, 16, xd, xd));
+    CHECK_STATUS(kvq_cuda_cache_append(g, 1, 1, xd, xd), KVQ_ERR_BUDGET);
+    CHECK(kvq_cuda_cache_len(g, 1) == 16);
+    CHECK_OK(kvq_cuda_cache_truncate(g, 0, 20)); /* frees 2 pages */
+    CHECK(kvq_cuda_cache_free_pages(g) == 2);
+    CHECK_OK(kvq_cuda_cache_append(g, 1, 17, xd, xd));
+    CHECK_STATUS(kvq_cuda_cache_truncate(g, 0, 21), KVQ_ERR_INVALID_ARG);
+    /* bad arguments */
+    CHECK_STATUS(kvq_cuda_cache_append(g, 2, 1, xd, xd), KVQ_ERR_INVALID_ARG);
+    CHECK_STATUS(kvq_cuda_cache_append(g, -1, 1, xd, xd), KVQ_ERR_INVALID_ARG);
+    CHECK_STATUS(kvq_cuda_cache_append(g, 0, 1, NULL, xd), KVQ_ERR_INVALID_ARG);
+    int dup[2] = {0, 0};
+    CHECK_STATUS(kvq_cuda_cache_append_batch(g, 2, dup, xd, xd), KVQ_ERR_INVALID_ARG);
+    uint8_t page[16];
+    CHECK_STATUS(kvq_cuda_cache_read_page(g, 0, 99, page), KVQ_ERR_INVALID_ARG);
+done:
+    kvq_cuda_free(xd);
+    free(x);
+    kvq_cuda_cache_free(g);
+    /* configs the GPU encoder cannot reproduce are refused, not approximated */
+    struct kvq_cache_config c2 = cache_cfg(KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, 1, 128, 64, 16, 1, KVQ_ROT_DCT);
+    kvq_cuda_cache *g2 = gpu_cache(&c2, 1, 8);
+    float *z = NULL;
+    CHECK_OK(kvq_cuda_malloc((void **)&z, 128 * sizeof(float)));
+    if (g2 && z)
+        CHECK_STATUS(kvq_cuda_cache_append(g2, 0, 1, z, z), KVQ_ERR_UNSUPPORTED);
+    kvq_cuda_cache_free(g2);
+    kvq_cuda_free(z);
+}
+
+/* ---- attention ----------------------------------------------------------- */
+
+struct attn_case {
+    enum kvq_type tk, tv;
+    int d, G, page_tokens;
+    enum kvq_rot_kind rot;
+};
+
+/* CPU reference for one sequence: out[Hq][d]. */
+static void cpu_attend(const kvq_cache *c, size_t n_ctx, const float *q, int H, int G, int d, float scale, float *out)
+{
+    kvq_attn_workspace *ws = NULL;
+    CHECK_OK(kvq_attn_workspace_create(d, G, n_ctx, &ws));
+    for (int h = 0; h < H; h++)
+        CHECK_OK(kvq_attn_decode_ref(c, h, n_ctx, q + (size_t)h * G * d, G, scale, out + (size_t)h * G * d, ws));
+    kvq_attn_workspace_free(ws);
+}
+
+/* Runs kernel kind on the GPU and compares every (sequence, KV head) with ref. */
+static double gpu_vs(kvq_cuda_cache *g, int n_seqs, const int *seqs, const float *qd, int Hq, float scale,
+                     const float *ref, enum kvq_cuda_kernel kern, int n_splits, const char *what)
+{
+    const int d = kvq_cuda_cache_config_of(g)->cache.head_dim, H = kvq_cuda_cache_config_of(g)->cache.n_kv_heads;
+    const size_t n = (size_t)n_seqs * Hq * d;
+    float *od = NULL, *out = malloc(n * sizeof(float));
+    CHECK_OK(kvq_cuda_malloc((void **)&od, n * sizeof(float)));
+    CHECK_OK(kvq_cuda_memset(od, 0xff, n * sizeof(float))); /* NaN: unwritten outputs fail */
+    struct kvq_cuda_attn_opts o = {kern, n_splits};
+    CHECK_OK(kvq_cuda_cache_attend(g, n_seqs, seqs, qd, Hq, scale, od, &o));
+    CHECK_OK(kvq_cuda_synchronize());
+    CHECK_OK(kvq_cuda_memcpy_d2h(out, od, n * sizeof(float)));
+    double worst = 0.0;
+    const int G = Hq / H;
+    for (int i = 0; i < n_seqs; i++)
+        for (int h = 0; h < H; h++) {
+            size_t off = ((size_t)i * Hq + (size_t)h * G) * d;
+            double e = rel_err(out + off, ref + off, (size_t)G * d);
+            worst = e > worst ? e : worst;
+            CHECKF(e <= TOL, "%s: entry %d head %d: relative error %.3g > %.0e", what, i, h, e, TOL);
+        }
+    kvq_cuda_free(od);
+    free(out);
+    return worst;
+}
+
+static void attn_case_run(const struct attn_case *ac, uint64_t seed)
+{
+    const int H = 2, d = ac->d, G = ac->G, Hq = H * G;
+    size_t lens_full[] = {1, 77, 600, 3001}, lens_small[] = {1, 77, 300};
+    const size_t *lens = small_mode() ? lens_small : lens_full;
+    const int n_lens = small_mode() ? 3 : 4;
+    const size_t max_len = lens[n_lens - 1];
+    struct kvq_cache_config cc = cache_cfg(ac->tk, ac->tv, H, d, max_len, ac->page_tokens, seed, ac->rot);
+    kvq_cuda_cache *g = gpu_cache(&cc, n_lens + 1, 8);
+    kvq_cache *cpu[5] = {NULL, NULL, NULL, NULL, NULL};
+    const float scale = 1.0f / sqrtf((float)d);
+    /* batch: every length, then the longest again (a repeated sequence) */
+    int seqs[5];
+    const int nb = n_lens + 1;
+    float *q = random_rows((size_t)nb * Hq, d, seed + 3, 1.0);
+    for (size_t i = 0; i < (size_t)nb * Hq * d; i++)
+        q[i] *= 2.0f; /* peaky softmax */
+    float *ref = malloc((size_t)nb * Hq * d * sizeof(float));
+    float *qd = to_dev(q, (size_t)nb * Hq * d);
+    if (!g || !qd)
+        goto done;
+    for (int i = 0; i < n_lens; i++) {
+        float *k = random_rows(lens[i] * H, d, seed + 100 + i, 8.0), *v = random_rows(lens[i] * H, d, seed + 200 + i, 2.0);
+        CHECK_OK(kvq_cache_create(&cc, &cpu[i]));
+        CHECK_OK(kvq_cache_append(cpu[i], lens[i], k, v));
+        CHECK_OK(kvq_cuda_cache_upload(g, i, cpu[i]));
+        seqs[i] = i;
+        free(k);
+        free(v);
+    }
+    seqs[n_lens] = n_lens - 1;
+    for (int i = 0; i < nb; i++)
+        cpu_attend(cpu[seqs[i]], lens[seqs[i]], q + (size_t)i * Hq * d, H, G, d, scale, ref + (size_t)i * Hq * d);
+    char what[128];
+    snprintf(what, sizeof what, "K %s V %s d=%d G=%d P=%d ref kernel", tname(ac->tk), tname(ac->tv), d, G,
+             ac->page_tokens);
+    double e_ref = gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_REF, 0, what);
+    double e_fast = -1.0;
+    if (kvq_cuda_fast_supported(g, Hq)) {
+        snprintf(what, sizeof what, "K %s V %s d=%d G=%d P=%d fused kernel", tname(ac->tk), tname(ac->tv), d, G,
+                 ac->page_tokens);
+        e_fast = gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST, 0, what);
+        for (int s = 1; s <= 7; s += 3) /* forced split counts: 1, 4, 7 */
+            gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST, s, what);
+    } else {
+        CHECK_STATUS(kvq_cuda_cache_attend(g, nb, seqs, qd, Hq, scale, qd, &(struct kvq_cuda_attn_opts){KVQ_CUDA_KERNEL_FAST, 0}),
+                     KVQ_ERR_UNSUPPORTED);
+    }
+    printf("  K %-5s V %-5s d=%3d G=%d P=%2d rot=%-8s  max rel err: ref kernel %.2e, fused %.2e\n", tname(ac->tk),
+           tname(ac->tv), d, G, ac->page_tokens, kvq_rot_kind_name(ac->rot), e_ref, e_fast);
+done:
+    for (int i = 0; i < 5; i++)
+        kvq_cache_free(cpu[i]);
+    kvq_cuda_cache_free(g);
+    kvq_cuda_free(qd);
+    free(q);
+    free(ref);
+}
+
+static void test_attend_random(void)
+{
+    REQUIRE_GPU();
+    static const struct attn_case cases[] = {
+        {KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, 128, 4, 64, KVQ_ROT_HADAMARD},
+        {KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, 128, 8, 16, KVQ_ROT_HADAMARD},
+        {KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, 128, 1, 64, KVQ_ROT_DCT},
+        {KVQ_TYPE_TQ3, KVQ_TYPE_TQ3, 128, 3, 32, KVQ_ROT_HADAMARD},
+        {KVQ_TYPE_F16, KVQ_TYPE_F16, 128, 4, 64, KVQ_ROT_HADAMARD},
+        {KVQ_TYPE_F16, KVQ_TYPE_F16, 128, 6, 48, KVQ_ROT_HADAMARD},
+        {KVQ_TYPE_TQ3J, KVQ_TYPE_F16, 128, 4, 64, KVQ_ROT_HADAMARD},
+        {KVQ_TYPE_F16, KVQ_TYPE_TQ3, 128, 2, 64, KVQ_ROT_HADAMARD},
+        {KVQ_TYPE_TQ3, KVQ_TYPE_F16, 128, 8, 64, KVQ_ROT_IDENTITY},
+        /* reference kernel only */
+        {KVQ_TYPE_Q8_0, KVQ_TYPE_Q4_0, 128, 4, 64, KVQ_ROT_HADAMARD},
+        {KVQ_TYPE_TQ4J, KVQ_TYPE_TQ2, 128, 4, 64, KVQ_ROT_HADAMARD},
+        {KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, 96, 4, 64, KVQ_ROT_HADAMARD},
+        {KVQ_TYPE_F32, KVQ_TYPE_F16, 64, 2, 16, KVQ_ROT_HADAMARD},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        attn_case_run(&cases[i], 500 + 31 * i);
+}
+
+/* Real keys, values and queries of the fixture model: for a few query
+ * positions p, a GPU sequence holding tokens [0, p] (encoded on the GPU)
+ * against the CPU reference over the first p + 1 tokens of a CPU cache. */
+static void fixture_file(const char *path, enum kvq_type tk, enum kvq_type tv)
+{
+    kvq_st_file *f = NULL;
+    kvq_error err;
+    kvq_status st = kvq_st_open(path, &f, &err);
+    CHECKF(st == KVQ_OK, "%s: %s", path, err.msg);
+    if (st != KVQ_OK)
+        return;
+    const struct kvq_st_tensor *tk_t = kvq_st_find(f, "k"), *tv_t = kvq_st_find(f, "v"), *tq_t = kvq_st_find(f, "q");
+    CHECK(tk_t && tv_t && tq_t && tk_t->n_dims == 4 && tq_t->n_dims == 4);
+    if (!tk_t || !tv_t || !tq_t || tk_t->n_dims != 4 || tq_t->n_dims != 4) {
+        kvq_st_close(f);
+        return;
+    }
+    const int NL = (int)tk_t->shape[0], H = (int)tk_t->shape[1], T = (int)tk_t->shape[2], d = (int)tk_t->shape[3];
+    const int Hq = (int)tq_t->shape[1], NQ = (int)tq_t->shape[2], G = Hq / H;
+    float *kall = malloc(tk_t->n_elements * sizeof(float)), *vall = malloc(tv_t->n_elements * sizeof(float));
+    float *qall = malloc(tq_t->n_elements * sizeof(float));
+    CHECK_OK(kvq_st_to_f32(tk_t, kall, tk_t->n_elements));
+    CHECK_OK(kvq_st_to_f32(tv_t, vall, tv_t->n_elements));
+    CHECK_OK(kvq_st_to_f32(tq_t, qall, tq_t->n_elements));
+    float *k = malloc((size_t)T * H * d * sizeof(float)), *v = malloc((size_t)T * H * d * sizeof(float));
+    const int pos_i[3] = {0, NQ / 2, NQ - 1};
+    const float scale = 1.0f / sqrtf((float)d);
+    for (int layer = 0; layer < NL; layer += small_mode() ? NL - 1 : 1) {
+        /* [layer][h][t][d] -> [t][h][d] */
+        for (int h = 0; h < H; h++)
+            for (int t = 0; t < T; t++) {
+                memcpy(k + ((size_t)t * H + h) * d, kall + (((size_t)layer * H + h) * T + t) * d, d * sizeof(float));
+                memcpy(v + ((size_t)t * H + h) * d, vall + (((size_t)layer * H + h) * T + t) * d, d * sizeof(float));
+            }
+        struct kvq_cache_config cc = cache_cfg(tk, tv, H, d, (size_t)T, 64, 42 + layer, KVQ_ROT_HADAMARD);
+        kvq_cache *cpu = NULL;
+        CHECK_OK(kvq_cache_create(&cc, &cpu));
+        CHECK_OK(kvq_cache_append(cpu, (size_t)T, k, v));
+        kvq_cuda_cache *g = gpu_cache(&cc, 3, 8);
+        float *kd = to_dev(k, (size_t)T * H * d), *vd = to_dev(v, (size_t)T * H * d);
+        float q[3 * 64 * 128], ref[3 * 64 * 128];
+        int seqs[3] = {0, 1, 2};
+        if (!cpu || !g || !kd || !vd || Hq * d > 64 * 128)
+            goto next;
+        for (int i = 0; i < 3; i++) {
+            const int p = T - NQ + pos_i[i];
+            CHECK_OK(kvq_cuda_cache_append(g, i, (size_t)p + 1, kd, vd));
+            for (int hq = 0; hq < Hq; hq++)
+                memcpy(q + ((size_t)i * Hq + hq) * d, qall + (((size_t)layer * Hq + hq) * NQ + pos_i[i]) * d,
+                       d * sizeof(float));
+            cpu_attend(cpu, (size_t)p + 1, q + (size_t)i * Hq * d, H, G, d, scale, ref + (size_t)i * Hq * d);
+        }
+        CHECK(compare_rows(cpu, g, 2, (size_t)(T - NQ + pos_i[2]) + 1) == 0);
+        float *qd = to_dev(q, (size_t)3 * Hq * d);
+        char what[160];
+        snprintf(what, sizeof what, "%s layer %d K %s V %s ref kernel", path, layer, tname(tk), tname(tv));
+        double e1 = gpu_vs(g, 3, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_REF, 0, what);
+        snprintf(what, sizeof what, "%s layer %d K %s V %s fused kernel", path, layer, tname(tk), tname(tv));
+        double e2 = gpu_vs(g, 3, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST, 0, what);
+        printf("  %s layer %d K %s V %s: max rel err ref kernel %.2e, fused %.2e\n", path, layer, tname(tk), tname(tv),
+               e1, e2);
+        kvq_cuda_free(qd);
+    next:
+        kvq_cuda_free(kd);
+        kvq_cuda_free(vd);
+        kvq_cuda_cache_free(g);
+        kvq_cache_free(cpu);
+    }
+    free(k), free(v), free(kall), free(vall), free(qall);
+    kvq_st_close(f);
+}
+
+static void test_attend_fixture(void)
+{
+    REQUIRE_GPU();
+    fixture_file(TEST_REF_DIR "/kv_text.safetensors", KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3);
+    fixture_file(TEST_REF_DIR "/kv_passkey.safetensors", KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3);
+    if (!small_mode())
+        fixture_file(TEST_REF_DIR "/kv_text.safetensors", KVQ_TYPE_F16, KVQ_TYPE_F16);
+}
+
+/* Truncate, re-append, attend over the shorter sequence, pages still equal. */
+static void test_truncate_reappend(void)
+{
+    REQUIRE_GPU();
+    const int H = 2, d = 128, G = 4, Hq = H * G;
+    const size_t N = 300;
+    struct kvq_cache_config cc = cache_cfg(KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, H, d, N, 32, 9, KVQ_ROT_HADAMARD);
+    float *k = random_rows(N * H, d, 77, 4.0), *v = random_rows(N * H, d, 78, 1.0);
+    kvq_cache *cpu = NULL;
+    CHECK_OK(kvq_cache_create(&cc, &cpu));
+    kvq_cuda_cache *g = gpu_cache(&cc, 1, 8);
+    float *kd = to_dev(k, N * H * d), *vd = to_dev(v, N * H * d);
+    float *q = random_rows((size_t)Hq, d, 79, 2.0), ref[8 * 128];
+    float *qd = to_dev(q, (size_t)Hq * d);
+    int seq0 = 0;
+    if (!cpu || !g || !kd || !vd || !qd)
+        goto done;
+    CHECK_OK(kvq_cache_append(cpu, 150, k, v));
+    CHECK_OK(kvq_cuda_cache_append(g, 0, 150, kd, vd));
+    const size_t before = kvq_cuda_cache_free_pages(g);
+    CHECK_OK(kvq_cache_truncate(cpu, 70));
+    CHECK_OK(kvq_cuda_cache_truncate(g, 0, 70));
+    CHECK(kvq_cuda_cache_free_pages(g) == before + 2); /* 5 pages of 32 -> 3 */
+    CHECK_OK(kvq_cache_append(cpu, 100, k + 150 * H * d, v + 150 * H * d));
+    CHECK_OK(kvq_cuda_cache_append(g, 0, 100, kd + 150 * H * d, vd + 150 * H * d));
+    CHECK(compare_rows(cpu, g, 0, 170) == 0);
+    cpu_attend(cpu, 170, q, H, G, d, 1.0f / sqrtf((float)d), ref);
+    gpu_vs(g, 1, &seq0, qd, Hq, 1.0f / sqrtf((float)d), ref, KVQ_CUDA_KERNEL_FAST, 0, "after truncate");
+done:
+    kvq_cuda_free(kd), kvq_cuda_free(vd), kvq_cuda_free(qd);
+    kvq_cuda_cache_free(g);
+    kvq_cache_free(cpu);
+    free(k), free(v), free(q);
+}
+
+static void test_attend_bad_args(void)
+{
+    REQUIRE_GPU();
+    struct kvq_cache_config cc = cache_cfg(KVQ_TYPE_Q8_0, KVQ_TYPE_TQ3, 2, 128, 64, 16, 1, KVQ_ROT_HADAMARD);
+    kvq_cuda_cache *g = gpu_cache(&cc, 2, 4);
+    float *qd = NULL;
+    CHECK_OK(kvq_cuda_malloc((void **)&qd, 2 * 8 * 128 * sizeof(float)));
+    int s0 = 0, s9 = 9;
+    if (!g || !qd)
+        goto done;
+    CHECK_STATUS(kvq_cuda_cache_attend(g, 1, &s0, qd, 8, 0.1f, qd, NULL), KVQ_ERR_INVALID_ARG); /* empty seq */
+    kvq_cache *cpu = NULL;
+    float *k = random_rows(10 * 2, 128, 1, 1.0);
+    CHECK_OK(kvq_cache_create(&cc, &cpu));
+    CHECK_OK(kvq_cache_append(cpu, 10, k, k));
+    CHECK_OK(kvq_cuda_cache_upload(g, 0, cpu)); /* q8_0: host-encoded pages work */
+    CHECK(kvq_cuda_cache_len(g, 0) == 10);
+    CHECK_STATUS(kvq_cuda_cache_attend(g, 1, &s9, qd, 8, 0.1f, qd, NULL), KVQ_ERR_INVALID_ARG);
+    CHECK_STATUS(kvq_cuda_cache_attend(g, 1, &s0, qd, 7, 0.1f, qd, NULL), KVQ_ERR_INVALID_ARG);
+    CHECK_STATUS(kvq_cuda_cache_attend(g, 1, &s0, qd, 10, 0.1f, qd, NULL), KVQ_ERR_INVALID_ARG); /* G > 4 */
+    CHECK_STATUS(kvq_cuda_cache_attend(g, 3, (int[]){0, 0, 0}, qd, 8, 0.1f, qd, NULL), KVQ_ERR_INVALID_ARG);
+    CHECK_STATUS(kvq_cuda_cache_attend(g, 1, &s0, NULL, 8, 0.1f, qd, NULL), KVQ_ERR_INVALID_ARG);
+    CHECK_STATUS(kvq_cuda_cache_attend(g, 1, &s0, qd, 8, NAN, qd, NULL), KVQ_ERR_INVALID_ARG);
+    struct kvq_cuda_attn_opts fast = {KVQ_CUDA_KERNEL_FAST, 0};
+    CHECK(!kvq_cuda_fast_supported(g, 8));
+    CHECK_STATUS(kvq_cuda_cache_attend(g, 1, &s0, qd, 8, 0.1f, qd + 8 * 128, &fast), KVQ_ERR_UNSUPPORTED);
+    CHECK_OK(kvq_cuda_cache_attend(g, 1, &s0, qd, 8, 0.1f, qd + 8 * 128, NULL)); /* AUTO -> reference */
+    CHECK_OK(kvq_cuda_synchronize());
+    /* a mismatched host cache is refused */
+    struct kvq_cache_config c2 = cc;
+    c2.seed = 2;
+    kvq_cache *cpu2 = NULL;
+    CHECK_OK(kvq_cache_create(&c2, &cpu2));
+    CHECK_STATUS(kvq_cuda_cache_upload(g, 1, cpu2), KVQ_ERR_INVALID_ARG);
+    kvq_cache_free(cpu2);
+    kvq_cache_free(cpu);
+    free(k);
+done:
+    kvq_cuda_free(qd);
+    kvq_cuda_cache_free(g);
+}
+
+/* Runs everywhere: without a GPU the API must say so, not crash. */
+static void test_no_device_contract(void)
+{
+    if (have_gpu()) {
+        char name[256];
+        CHECK_OK(kvq_cuda_device_describe(name, sizeof name));
+        printf("  device: %s\n", name);
+        return;
+    }
+    struct kvq_cuda_cache_config cfg;
+    kvq_cuda_cache_config_default(&cfg, 8, 128, 4096, 4);
+    kvq_cuda_cache *g = (kvq_cuda_cache *)&cfg; /* must be reset to NULL */
+    CHECK_STATUS(kvq_cuda_cache_create(&cfg, &g), KVQ_ERR_NO_DEVICE);
+    CHECK(g == NULL);
+    void *p = (void *)&cfg;
+    CHECK_STATUS(kvq_cuda_malloc(&p, 16), KVQ_ERR_NO_DEVICE);
+    CHECK(p == NULL);
+    char name[64];
+    CHECK_STATUS(kvq_cuda_device_describe(name, sizeof name), KVQ_ERR_NO_DEVICE);
+    CHECK_STATUS(kvq_cuda_synchronize(), KVQ_ERR_NO_DEVICE);
+    kvq_cuda_cache_free(NULL);
+    printf("  no CUDA device here: GPU tests skipped (they run on a machine with a GPU)\n");
+}
+
+int main(void)
+{
+    RUN(test_no_device_contract);
+    RUN(test_encode_errors);
+    RUN(test_encode_bit_exact);
+    RUN(test_truncate_reappend);
+    RUN(test_attend_bad_args);
+    RUN(test_attend_random);
+    RUN(test_attend_fixture);
+    return TEST_END("test_cuda");
+}

@@ -1,0 +1,133 @@
+/* test_decoder_spec.c - n-gram speculative decoding gives exactly the greedy
+ * output of plain decoding (f32 and compressed caches), accepts drafts on
+ * repetitive text, and keeps the cache consistent after rollbacks. */
+#include <stdint.h>
+
+#include "kvq_model.h"
+#include "kvq_safetensors.h"
+#include "test.h"
+
+static kvq_model *model;
+static kvq_st_file *ref;
+
+static int32_t *ref_ids(const char *name, size_t *n)
+{
+    char key[64];
+    snprintf(key, sizeof key, "%s.ids", name);
+    const struct kvq_st_tensor *t = kvq_st_find(ref, key);
+    if (!t)
+        return NULL;
+    int64_t *v = malloc(t->n_elements * sizeof *v);
+    int32_t *o = malloc(t->n_elements * sizeof *o);
+    kvq_st_to_i64(t, v, t->n_elements);
+    for (size_t i = 0; i < t->n_elements; i++)
+        o[i] = (int32_t)v[i];
+    free(v);
+    *n = t->n_elements;
+    return o;
+}
+
+/* Generates n tokens with speculative = spec; returns the stats. */
+static struct kvq_seq_stats gen(kvq_seq *s, const int32_t *ids, size_t n_ids, int spec, int32_t *out, size_t n,
+                                size_t *n_out)
+{
+    struct kvq_gen_params gp;
+    kvq_gen_params_default(&gp);
+    gp.max_tokens = (int)n;
+    gp.speculative = spec;
+    gp.stop_at_eos = 0;
+    kvq_seq_reset(s);
+    CHECK_OK(kvq_seq_generate(s, ids, n_ids, &gp, out, n, n_out, NULL, NULL));
+    struct kvq_seq_stats st;
+    kvq_seq_get_stats(s, &st);
+    return st;
+}
+
+static void check_identity(enum kvq_type tk, enum kvq_type tv, const char *name, size_t n_prompt_max, int spec)
+{
+    struct kvq_seq_config sc;
+    kvq_seq_config_default(&sc);
+    sc.type_k = tk;
+    sc.type_v = tv;
+    kvq_seq *s = NULL;
+    CHECK_OK(kvq_seq_create(model, &sc, &s, NULL));
+    size_t n_ids;
+    int32_t *ids = ref_ids(name, &n_ids);
+    if (!s || !ids)
+        goto out;
+    if (n_ids > n_prompt_max)
+        n_ids = n_prompt_max;
+    enum { N = 96 };
+    int32_t plain[N], fast[N];
+    size_t np, nf;
+    struct kvq_seq_stats a = gen(s, ids, n_ids, 0, plain, N, &np);
+    size_t pos_plain = kvq_seq_pos(s);
+    struct kvq_seq_stats b = gen(s, ids, n_ids, spec, fast, N, &nf);
+    CHECK(np == N && nf == N);
+    int first_diff = -1;
+    for (int i = 0; i < N && first_diff < 0; i++)
+        if (plain[i] != fast[i])
+            first_diff = i;
+    CHECKF(first_diff < 0, "%s %s/%s: speculative output differs at token %d", name, kvq_type_traits(tk)->name,
+           kvq_type_traits(tv)->name, first_diff);
+    CHECK(kvq_seq_pos(s) == pos_plain); /* rollbacks left exactly the plain cache length */
+    CHECK(a.decode_forwards == N - 1 && a.drafted == 0);
+    CHECK(b.decode_forwards + b.accepted == N - 1);
+    printf("  %-8s %s/%s: %zu forwards plain, %zu speculative (%zu of %zu drafts accepted, %.2f tokens/forward)\n",
+           name, kvq_type_traits(tk)->name, kvq_type_traits(tv)->name, a.decode_forwards, b.decode_forwards,
+           b.accepted, b.drafted, (double)(b.decode_forwards + b.accepted) / (double)b.decode_forwards);
+out:
+    free(ids);
+    kvq_seq_free(s);
+}
+
+static void test_identity_f32(void)
+{
+    check_identity(KVQ_TYPE_F32, KVQ_TYPE_F32, "prose", 1 << 20, 4);
+    check_identity(KVQ_TYPE_F32, KVQ_TYPE_F32, "code", 1 << 20, 8);
+    check_identity(KVQ_TYPE_F32, KVQ_TYPE_F32, "valid_1", 1 << 20, 4);
+}
+
+static void test_identity_compressed(void)
+{
+    check_identity(KVQ_DEFAULT_TYPE_K, KVQ_DEFAULT_TYPE_V, "code", 1 << 20, 4);
+    check_identity(KVQ_TYPE_Q8_0, KVQ_TYPE_Q8_0, "valid_2", 400, 6);
+    check_identity(KVQ_DEFAULT_TYPE_K, KVQ_DEFAULT_TYPE_V, "passkey_1k", 600, KVQ_MAX_DRAFT);
+}
+
+/* On the passkey filler (a repeated sentence) the drafts are right almost
+ * always: the speedup in forwards must show. */
+static void test_drafts_accepted(void)
+{
+    kvq_seq *s = NULL;
+    CHECK_OK(kvq_seq_create(model, NULL, &s, NULL));
+    size_t n_ids;
+    int32_t *ids = ref_ids("passkey_1k", &n_ids);
+    if (!s || !ids)
+        goto out;
+    /* Stop inside the filler, so the continuation is more filler. */
+    int32_t out[64];
+    size_t n;
+    struct kvq_seq_stats st = gen(s, ids, 300, 8, out, 64, &n);
+    CHECK(n == 64);
+    CHECKF(st.decode_forwards * 2 < 63, "%zu forwards for 64 tokens", st.decode_forwards);
+out:
+    free(ids);
+    kvq_seq_free(s);
+}
+
+int main(void)
+{
+    kvq_error err = {0};
+    if (kvq_model_load(TEST_MODEL_DIR, NULL, &model, &err) != KVQ_OK ||
+        kvq_st_open(TEST_REF_DIR "/reference.safetensors", &ref, &err) != KVQ_OK) {
+        fprintf(stderr, "test_decoder_spec: %s\n", err.msg);
+        return 1;
+    }
+    RUN(test_identity_f32);
+    RUN(test_identity_compressed);
+    RUN(test_drafts_accepted);
+    kvq_model_free(model);
+    kvq_st_close(ref);
+    return TEST_END("test_decoder_spec");
+}

@@ -1,0 +1,366 @@
+/* test_model.c - the decoder against the Hugging Face fixtures: logits at the
+ * reference positions, greedy continuations, passkey retrieval on the
+ * compressed cache, config parsing, state reuse and bad input. */
+#include <cjson/cJSON.h>
+#include <stdint.h>
+
+#include "kvq_model.h"
+#include "kvq_safetensors.h"
+#include "kvq_tokenizer.h"
+#include "test.h"
+
+#define N_GREEDY 24
+
+static kvq_model *model;
+static kvq_st_file *ref;
+static cJSON *ref_json;
+
+static char *slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    if (buf) {
+        buf[n] = 0;
+        *len = (size_t)n;
+    }
+    return buf;
+}
+
+/* NAME.FIELD of the reference file as int32 (ids, positions, greedy). */
+static int32_t *ref_ints(const char *name, const char *field, size_t *n)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", name, field);
+    const struct kvq_st_tensor *t = kvq_st_find(ref, key);
+    if (!t)
+        return NULL;
+    int64_t *v = malloc(t->n_elements * sizeof *v);
+    int32_t *o = malloc(t->n_elements * sizeof *o);
+    kvq_st_to_i64(t, v, t->n_elements);
+    for (size_t i = 0; i < t->n_elements; i++)
+        o[i] = (int32_t)v[i];
+    free(v);
+    *n = t->n_elements;
+    return o;
+}
+
+static kvq_seq *new_seq(enum kvq_type k, enum kvq_type v)
+{
+    struct kvq_seq_config sc;
+    kvq_seq_config_default(&sc);
+    sc.type_k = k;
+    sc.type_v = v;
+    kvq_seq *s = NULL;
+    kvq_error err = {0};
+    CHECKF(kvq_seq_create(model, &sc, &s, &err) == KVQ_OK, "%s", err.msg);
+    return s;
+}
+
+/* Logits at every reference position (f32 cache): within 1e-3 x max|logit|
+ * of HF, same argmax; then the 24 greedy tokens. */
+static void check_case(kvq_seq *s, const char *name)
+{
+    size_t n_ids, n_pos, n_greedy;
+    int32_t *ids = ref_ints(name, "ids", &n_ids);
+    int32_t *pos = ref_ints(name, "logit_positions", &n_pos);
+    int32_t *greedy = ref_ints(name, "greedy", &n_greedy);
+    char key[128];
+    snprintf(key, sizeof key, "%s.logits", name);
+    const struct kvq_st_tensor *lt = kvq_st_find(ref, key);
+    CHECK(ids && pos && greedy && lt && n_greedy == N_GREEDY);
+    if (!ids || !pos || !greedy || !lt)
+        return;
+    int V = kvq_model_config_of(model)->vocab;
+    float *want = malloc(lt->n_elements * sizeof *want), *got = malloc((size_t)V * sizeof *got);
+    kvq_st_to_f32(lt, want, lt->n_elements);
+    kvq_seq_reset(s);
+    size_t done = 0;
+    double worst = 0;
+    for (size_t i = 0; i < n_pos; i++) {
+        size_t p = (size_t)pos[i];
+        /* Run up to and including position p; logits of its row only. */
+        CHECK_OK(kvq_seq_forward(s, ids + done, p + 1 - done, p - done, got, NULL));
+        done = p + 1;
+        const float *w = want + i * (size_t)V;
+        double maxabs = 0, diff = 0;
+        int am_w = 0, am_g = 0;
+        for (int j = 0; j < V; j++) {
+            maxabs = fmax(maxabs, fabs(w[j]));
+            diff = fmax(diff, fabs((double)w[j] - got[j]));
+            if (w[j] > w[am_w])
+                am_w = j;
+            if (got[j] > got[am_g])
+                am_g = j;
+        }
+        worst = fmax(worst, diff / maxabs);
+        CHECKF(diff <= 1e-3 * maxabs, "%s pos %zu: max |diff| %.3g > 1e-3 x %.3g", name, p, diff, maxabs);
+        CHECKF(am_w == am_g, "%s pos %zu: argmax %d, reference %d", name, p, am_g, am_w);
+    }
+    printf("  %-10s %5zu tokens: worst logit error %.2e x max|logit|\n", name, n_ids, worst);
+
+    /* Greedy continuation from a fresh state. */
+    kvq_seq_reset(s);
+    struct kvq_gen_params gp;
+    kvq_gen_params_default(&gp);
+    gp.max_tokens = N_GREEDY;
+    int32_t out[N_GREEDY];
+    size_t n_out = 0;
+    CHECK_OK(kvq_seq_generate(s, ids, n_ids, &gp, out, N_GREEDY, &n_out, NULL, NULL));
+    /* HF pads after EOS with EOS (pad = eos): we stop at the first EOS. */
+    int32_t eos = kvq_model_config_of(model)->eos_ids[0];
+    int same = n_out >= 1 && (n_out == N_GREEDY || out[n_out - 1] == eos);
+    for (size_t i = 0; i < N_GREEDY && same; i++)
+        same = i < n_out ? out[i] == greedy[i] : greedy[i] == eos;
+    CHECKF(same, "%s: greedy continuation (%zu tokens) differs from NAME.greedy", name, n_out);
+    CHECK(kvq_seq_pos(s) == n_ids + n_out - 1);
+    free(want);
+    free(got);
+    free(ids);
+    free(pos);
+    free(greedy);
+}
+
+static void test_fixture_cases_f32(void)
+{
+    kvq_seq *s = new_seq(KVQ_TYPE_F32, KVQ_TYPE_F32);
+    if (!s)
+        return;
+    const cJSON *c;
+    int n = 0;
+    cJSON_ArrayForEach(c, cJSON_GetObjectItem(ref_json, "cases"))
+    {
+        check_case(s, cJSON_GetObjectItem(c, "name")->valuestring);
+        n++;
+    }
+    CHECK(n == 6);
+    kvq_seq_free(s);
+}
+
+/* The key as written in the prompt: "The pass key is KEY. Remember it." */
+static int prompt_key(const char *text, char *key, size_t cap)
+{
+    const char *p = strstr(text, "The pass key is ");
+    if (!p)
+        return -1;
+    p += strlen("The pass key is ");
+    size_t n = 0;
+    while (p[n] >= '0' && p[n] <= '9' && n + 1 < cap) {
+        key[n] = p[n];
+        n++;
+    }
+    key[n] = 0;
+    return n >= 5 ? 0 : -1;
+}
+
+/* tq3j keys / tq3 values (the default cache) still retrieve both keys. */
+static void test_passkey_compressed(void)
+{
+    kvq_tokenizer *tok = NULL;
+    CHECK_OK(kvq_tokenizer_create(TEST_MODEL_DIR "/tokenizer.json", &tok, NULL));
+    kvq_seq *s = new_seq(KVQ_DEFAULT_TYPE_K, KVQ_DEFAULT_TYPE_V);
+    if (!s || !tok)
+        goto out;
+    const cJSON *c;
+    int n = 0;
+    cJSON_ArrayForEach(c, cJSON_GetObjectItem(ref_json, "cases"))
+    {
+        const char *name = cJSON_GetObjectItem(c, "name")->valuestring;
+        if (strncmp(name, "passkey", 7) != 0)
+            continue;
+        char key[16];
+        CHECK(prompt_key(cJSON_GetObjectItem(c, "text")->valuestring, key, sizeof key) == 0);
+        size_t n_ids;
+        int32_t *ids = ref_ints(name, "ids", &n_ids);
+        kvq_seq_reset(s);
+        struct kvq_gen_params gp;
+        kvq_gen_params_default(&gp);
+        gp.max_tokens = 12;
+        int32_t out[12];
+        size_t n_out = 0;
+        CHECK_OK(kvq_seq_generate(s, ids, n_ids, &gp, out, 12, &n_out, NULL, NULL));
+        char text[256] = "";
+        size_t len;
+        CHECK_OK(kvq_tokenizer_decode(tok, out, n_out, KVQ_DETOK_SKIP_CONTROL, text, sizeof text, &len));
+        CHECKF(strstr(text, key) != NULL, "%s: answer '%s' lacks the key %s", name, text, key);
+        struct kvq_seq_stats st;
+        kvq_seq_get_stats(s, &st);
+        printf("  %-10s key %s -> '%s'; KV %zu bytes vs f16 %zu (%.2fx)\n", name, key, text, st.kv_bytes_used,
+               st.kv_bytes_f16, (double)st.kv_bytes_f16 / (double)st.kv_bytes_used);
+        CHECK(st.kv_bytes_used > 0 && st.kv_bytes_used * 4 < st.kv_bytes_f16);
+        free(ids);
+        n++;
+    }
+    CHECK(n == 2);
+out:
+    kvq_seq_free(s);
+    kvq_tokenizer_free(tok);
+}
+
+/* Two states share the model; a reset state repeats itself exactly; prefill
+ * in one call equals prefill in uneven pieces. */
+static void test_states_share_model(void)
+{
+    kvq_seq *a = new_seq(KVQ_TYPE_F32, KVQ_TYPE_F32), *b = new_seq(KVQ_TYPE_F32, KVQ_TYPE_F32);
+    size_t n;
+    int32_t *ids = ref_ints("valid_1", "ids", &n);
+    if (!a || !b || !ids)
+        goto out;
+    int32_t g1[16], g2[16], g3[16];
+    size_t n1, n2, n3;
+    struct kvq_gen_params gp;
+    kvq_gen_params_default(&gp);
+    gp.max_tokens = 16;
+    CHECK_OK(kvq_seq_generate(a, ids, n, &gp, g1, 16, &n1, NULL, NULL));
+    CHECK_OK(kvq_seq_generate(b, ids, 300, &gp, g3, 0, &n3, NULL, NULL)); /* prefill only */
+    CHECK(n3 == 0 && kvq_seq_pos(b) == 300);
+    CHECK_OK(kvq_seq_generate(b, ids + 300, n - 300, &gp, g2, 16, &n2, NULL, NULL));
+    CHECK(n1 == 16 && n2 == 16 && memcmp(g1, g2, sizeof g1) == 0);
+    kvq_seq_reset(a);
+    CHECK(kvq_seq_pos(a) == 0);
+    CHECK_OK(kvq_seq_generate(a, ids, n, &gp, g3, 16, &n3, NULL, NULL));
+    CHECK(n3 == 16 && memcmp(g1, g3, sizeof g1) == 0);
+out:
+    free(ids);
+    kvq_seq_free(a);
+    kvq_seq_free(b);
+}
+
+static void test_bad_input(void)
+{
+    kvq_seq *s = new_seq(KVQ_DEFAULT_TYPE_K, KVQ_DEFAULT_TYPE_V);
+    if (!s)
+        return;
+    const struct kvq_model_config *c = kvq_model_config_of(model);
+    int32_t ids[3] = {1, 5, c->vocab};
+    CHECK_STATUS(kvq_seq_forward(s, ids, 3, 2, NULL, NULL), KVQ_ERR_RANGE);
+    ids[2] = -1;
+    CHECK_STATUS(kvq_seq_forward(s, ids, 3, 2, NULL, NULL), KVQ_ERR_RANGE);
+    CHECK(kvq_seq_pos(s) == 0); /* nothing appended */
+    CHECK_STATUS(kvq_seq_forward(s, ids, 2, 3, NULL, NULL), KVQ_ERR_INVALID_ARG);
+    /* A prompt longer than the context. */
+    size_t big = kvq_seq_max_ctx(s) + 1;
+    int32_t *many = calloc(big, sizeof *many);
+    struct kvq_gen_params gp;
+    kvq_gen_params_default(&gp);
+    int32_t out[4];
+    size_t n_out = 99;
+    CHECK_STATUS(kvq_seq_generate(s, many, big, &gp, out, 4, &n_out, NULL, NULL), KVQ_ERR_CONTEXT_FULL);
+    CHECK(n_out == 0 && kvq_seq_pos(s) == 0);
+    gp.speculative = KVQ_MAX_DRAFT + 1;
+    CHECK_STATUS(kvq_seq_generate(s, ids, 2, &gp, out, 4, &n_out, NULL, NULL), KVQ_ERR_INVALID_ARG);
+    gp.speculative = 0;
+    gp.top_p = 0.0f;
+    CHECK_STATUS(kvq_seq_generate(s, ids, 2, &gp, out, 4, &n_out, NULL, NULL), KVQ_ERR_INVALID_ARG);
+    CHECK_STATUS(kvq_seq_truncate(s, 1), KVQ_ERR_INVALID_ARG);
+    free(many);
+    kvq_seq_free(s);
+
+    /* Unsupported cache type for this head dim; context beyond the model's. */
+    struct kvq_seq_config sc;
+    kvq_seq_config_default(&sc);
+    sc.type_k = KVQ_TYPE_COUNT;
+    kvq_seq *t = NULL;
+    kvq_error err = {0};
+    CHECK_STATUS(kvq_seq_create(model, &sc, &t, &err), KVQ_ERR_INVALID_ARG);
+    kvq_seq_config_default(&sc);
+    sc.max_ctx = (size_t)c->max_ctx + 1;
+    CHECK_STATUS(kvq_seq_create(model, &sc, &t, &err), KVQ_ERR_INVALID_ARG);
+    CHECK(t == NULL);
+
+    /* Missing directory / missing files. */
+    kvq_model *m = NULL;
+    CHECK_STATUS(kvq_model_load("models/no-such-model", NULL, &m, &err), KVQ_ERR_IO);
+    CHECK(strstr(err.msg, "config.json") != NULL);
+    CHECK_STATUS(kvq_model_load(TEST_REF_DIR, NULL, &m, &err), KVQ_ERR_IO);
+    CHECK(m == NULL);
+}
+
+static void test_config_parse(void)
+{
+    size_t len;
+    char *text = slurp(TEST_MODEL_DIR "/config.json", &len);
+    struct kvq_model_config c;
+    kvq_error err = {0};
+    CHECK_OK(kvq_model_config_parse(text, len, &c, &err));
+    CHECK(c.hidden == 512 && c.n_layers == 4 && c.n_heads == 4 && c.n_kv_heads == 2 && c.head_dim == 128);
+    CHECK(c.ffn == 1024 && c.vocab == 4096 && c.max_ctx == 4096 && c.bos_id == 1 && c.n_eos == 1 && c.eos_ids[0] == 2);
+    CHECK(c.rope_theta == 10000.0 && fabsf(c.rms_eps - 1e-5f) < 1e-12f);
+    CHECK(!c.arch.qkv_bias && !c.arch.o_bias && !c.arch.mlp_bias && !c.arch.qk_norm && !c.arch.tied_embeddings);
+    CHECK(kvq_model_config_layer_params(&c) == 512 * 512 * 2 + 2 * 512 * 256 + 3 * 512 * 1024 + 2 * 512);
+    free(text);
+
+    struct {
+        const char *json;
+        kvq_status want;
+        const char *msg;
+    } cases[] = {
+        {"{\"model_type\":\"llama\",\"hidden_size\":64,\"num_hidden_layers\":2,\"num_attention_heads\":4,"
+         "\"intermediate_size\":128,\"vocab_size\":100,\"max_position_embeddings\":64,\"rope_theta\":500000.0,"
+         "\"eos_token_id\":[2,7],\"tie_word_embeddings\":true}",
+         KVQ_OK, ""},
+        {"{\"model_type\":\"qwen2\",\"hidden_size\":64,\"num_hidden_layers\":2,\"num_attention_heads\":4,"
+         "\"num_key_value_heads\":2,\"intermediate_size\":128,\"vocab_size\":100,\"max_position_embeddings\":64}",
+         KVQ_OK, ""},
+        {"{\"model_type\":\"gpt2\"}", KVQ_ERR_UNSUPPORTED, "model_type 'gpt2'"},
+        {"{\"model_type\":\"llama\",\"hidden_act\":\"gelu\"}", KVQ_ERR_UNSUPPORTED, "hidden_act 'gelu'"},
+        {"{\"model_type\":\"llama\",\"hidden_size\":64}", KVQ_ERR_FORMAT, "missing 'num_hidden_layers'"},
+        {"{\"model_type\":\"llama\",\"hidden_size\":-64,\"num_hidden_layers\":2}", KVQ_ERR_FORMAT, "'hidden_size'"},
+        {"{\"model_type\":\"llama\",\"hidden_size\":64,\"num_hidden_layers\":2,\"num_attention_heads\":4,"
+         "\"num_key_value_heads\":3,\"intermediate_size\":128,\"vocab_size\":100,\"max_position_embeddings\":64}",
+         KVQ_ERR_FORMAT, "not a multiple"},
+        {"{\"model_type\":\"llama\",\"hidden_size\":64,\"num_hidden_layers\":2,\"num_attention_heads\":4,"
+         "\"intermediate_size\":128,\"vocab_size\":100,\"max_position_embeddings\":64,"
+         "\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8}}",
+         KVQ_ERR_UNSUPPORTED, "rope type 'llama3'"},
+        {"{\"model_type\":\"llama\",\"hidden_size\":64,\"num_hidden_layers\":2,\"num_attention_heads\":4,"
+         "\"intermediate_size\":128,\"vocab_size\":100,\"max_position_embeddings\":64,\"eos_token_id\":100}",
+         KVQ_ERR_FORMAT, "eos_token_id 100"},
+        {"[1]", KVQ_ERR_FORMAT, "not a JSON object"},
+        {"{", KVQ_ERR_FORMAT, "not valid JSON"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        memset(&err, 0, sizeof err);
+        kvq_status st = kvq_model_config_parse(cases[i].json, strlen(cases[i].json), &c, &err);
+        CHECKF(st == cases[i].want, "case %zu: %d (%s)", i, (int)st, err.msg);
+        CHECKF(strstr(err.msg, cases[i].msg) != NULL, "case %zu: '%s' lacks '%s'", i, err.msg, cases[i].msg);
+        if (i == 0) {
+            CHECK(c.rope_theta == 500000.0 && c.n_kv_heads == 4 && c.head_dim == 16 && c.arch.tied_embeddings);
+            CHECK(c.n_eos == 2 && c.eos_ids[1] == 7 && c.bos_id == -1);
+        }
+        if (i == 1)
+            CHECK(c.arch.qkv_bias && !c.arch.o_bias && !c.arch.qk_norm && c.rope_theta == 10000.0);
+    }
+}
+
+int main(void)
+{
+    kvq_error err = {0};
+    size_t len;
+    char *js = slurp(TEST_REF_DIR "/reference.json", &len);
+    ref_json = js ? cJSON_Parse(js) : NULL;
+    free(js);
+    if (kvq_model_load(TEST_MODEL_DIR, NULL, &model, &err) != KVQ_OK ||
+        kvq_st_open(TEST_REF_DIR "/reference.safetensors", &ref, &err) != KVQ_OK || !ref_json) {
+        fprintf(stderr, "test_model: cannot load the fixtures: %s\n", err.msg);
+        return 1;
+    }
+    RUN(test_config_parse);
+    RUN(test_fixture_cases_f32);
+    RUN(test_passkey_compressed);
+    RUN(test_states_share_model);
+    RUN(test_bad_input);
+    kvq_model_free(model);
+    kvq_st_close(ref);
+    cJSON_Delete(ref_json);
+    return TEST_END("test_model");
+}

@@ -1,0 +1,450 @@
+/* cmd_run.c - `kvq run`: generate text with a Llama-family model whose KV
+ * cache lives in kvq caches.
+ *
+ * Text streams to stdout as tokens become final (never splitting a UTF-8
+ * character); the timing and memory summary goes to stderr, so stdout holds
+ * only the answer (or, with --json, one JSON object).
+ */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "kvq_model.h"
+#include "kvq_qkv_dump.h"
+#include "kvq_tokenizer.h"
+
+#define CMD "run"
+#define DUMP_Q_LAST 256 /* queries kept by --dump-qkv, as in the reference dumps */
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: kvq run --model DIR (--prompt TEXT | --prompt-file F | --prompt-ids IDS) [options]\n\n"
+            "Runs a Llama-family model (a Hugging Face directory or a `kvq shard` output) on\n"
+            "the prompt and streams the continuation to stdout; timings and KV-cache memory\n"
+            "go to stderr.\n\n"
+            "  --model DIR          model directory\n"
+            "  --prompt TEXT        prompt text (BOS is prepended)\n"
+            "  --prompt-file F      prompt from a file (one trailing newline is dropped)\n"
+            "  --prompt-ids IDS     prompt as token ids, e.g. 1,450,3791 (no BOS added)\n"
+            "  --max-tokens N       tokens to generate (default 64; 0 = prefill only)\n"
+            "  --cache-type-k T     key cache type (default tq3j; see `kvq types`)\n"
+            "  --cache-type-v T     value cache type (default tq3)\n"
+            "  --temp X             temperature (default 0 = greedy)\n"
+            "  --top-k K            keep the K most likely tokens (default 0 = all)\n"
+            "  --top-p P            nucleus sampling mass in (0, 1] (default 1)\n"
+            "  --seed S             sampler and cache-rotation seed (default 0)\n"
+            "  --speculative N      n-gram speculative decoding with up to N drafts (0..%d)\n"
+            "  --no-eos             do not stop at the end-of-sequence token\n"
+            "  --json               print one JSON object instead of streaming text\n"
+            "  --dump-qkv FILE      write post-RoPE q/k/v of all cached tokens (kvq eval format)\n",
+            KVQ_MAX_DRAFT);
+}
+
+struct opts {
+    const char *model, *prompt, *prompt_file, *prompt_ids, *dump;
+    long max_tokens, top_k, speculative;
+    double temp, top_p;
+    uint64_t seed;
+    enum kvq_type tk, tv;
+    int json, no_eos;
+};
+
+static int parse_type(const char *s, enum kvq_type *t)
+{
+    if (kvq_type_from_name(s, t) == KVQ_OK)
+        return 0;
+    char names[256] = "";
+    for (int i = 0; i < KVQ_TYPE_COUNT; i++) {
+        strncat(names, i ? ", " : "", sizeof names - strlen(names) - 1);
+        strncat(names, kvq_type_traits((enum kvq_type)i)->name, sizeof names - strlen(names) - 1);
+    }
+    return cli_error(CMD, "unknown cache type '%s' (one of: %s)", s, names);
+}
+
+static int parse_args(int argc, char **argv, struct opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->max_tokens = 64;
+    o->top_p = 1.0;
+    o->tk = KVQ_DEFAULT_TYPE_K;
+    o->tv = KVQ_DEFAULT_TYPE_V;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (cli_is_help(a)) {
+            usage(stdout);
+            return -1;
+        }
+        if (strcmp(a, "--json") == 0) {
+            o->json = 1;
+            continue;
+        }
+        if (strcmp(a, "--no-eos") == 0) {
+            o->no_eos = 1;
+            continue;
+        }
+        if (i + 1 >= argc)
+            return cli_error(CMD, "%s needs a value (see kvq run --help)", a);
+        const char *v = argv[++i];
+        int bad = 0;
+        if (strcmp(a, "--model") == 0)
+            o->model = v;
+        else if (strcmp(a, "--prompt") == 0)
+            o->prompt = v;
+        else if (strcmp(a, "--prompt-file") == 0)
+            o->prompt_file = v;
+        else if (strcmp(a, "--prompt-ids") == 0)
+            o->prompt_ids = v;
+        else if (strcmp(a, "--dump-qkv") == 0)
+            o->dump = v;
+        else if (strcmp(a, "--max-tokens") == 0)
+            bad = cli_parse_int(v, 0, 1 << 24, &o->max_tokens);
+        else if (strcmp(a, "--top-k") == 0)
+            bad = cli_parse_int(v, 0, 1 << 30, &o->top_k);
+        else if (strcmp(a, "--speculative") == 0)
+            bad = cli_parse_int(v, 0, KVQ_MAX_DRAFT, &o->speculative);
+        else if (strcmp(a, "--temp") == 0)
+            bad = cli_parse_double(v, &o->temp) || o->temp < 0;
+        else if (strcmp(a, "--top-p") == 0)
+            bad = cli_parse_double(v, &o->top_p) || !(o->top_p > 0 && o->top_p <= 1);
+        else if (strcmp(a, "--seed") == 0)
+            bad = cli_parse_u64(v, &o->seed);
+        else if (strcmp(a, "--cache-type-k") == 0) {
+            if (parse_type(v, &o->tk))
+                return 2;
+        } else if (strcmp(a, "--cache-type-v") == 0) {
+            if (parse_type(v, &o->tv))
+                return 2;
+        } else
+            return cli_error(CMD, "unknown option '%s' (see kvq run --help)", a);
+        if (bad)
+            return cli_error(CMD, "bad value '%s' for %s", v, a);
+    }
+    if (!o->model)
+        return cli_error(CMD, "--model DIR is required");
+    if (!!o->prompt + !!o->prompt_file + !!o->prompt_ids != 1)
+        return cli_error(CMD, "give exactly one of --prompt, --prompt-file, --prompt-ids");
+    return 0;
+}
+
+static char *read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    size_t got;
+    while (buf && (got = fread(buf + n, 1, cap - n - 1, f)) > 0) {
+        n += got;
+        if (n + 1 == cap) {
+            char *nb = cap < (1u << 30) ? realloc(buf, cap *= 2) : NULL;
+            if (!nb)
+                free(buf);
+            buf = nb;
+        }
+    }
+    if (buf && ferror(f)) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    if (buf) {
+        buf[n] = 0;
+        *len = n;
+    }
+    return buf;
+}
+
+/* "1,2, 3" -> ids (malloc'ed). @return count, or -1 on a bad list. */
+static long parse_ids(const char *s, int32_t **out)
+{
+    size_t cap = 16, n = 0;
+    int32_t *ids = malloc(cap * sizeof *ids);
+    while (ids && *s) {
+        while (*s == ',' || *s == ' ')
+            s++;
+        if (!*s)
+            break;
+        char *end;
+        errno = 0;
+        long v = strtol(s, &end, 10);
+        if (end == s || errno || v < -(1l << 30) || v > (1l << 30)) {
+            free(ids);
+            return -1;
+        }
+        if (n == cap) {
+            int32_t *ni = realloc(ids, (cap *= 2) * sizeof *ids);
+            if (!ni)
+                free(ids);
+            ids = ni;
+            if (!ids)
+                return -1;
+        }
+        ids[n++] = (int32_t)v;
+        s = end;
+    }
+    *out = ids;
+    return ids && n ? (long)n : -1;
+}
+
+struct stream {
+    kvq_detok *detok;
+    int quiet; /* --json: no streaming */
+};
+
+static int on_token(void *user, int32_t id)
+{
+    struct stream *st = user;
+    const char *text;
+    size_t len;
+    if (!st->quiet && st->detok && kvq_detok_push(st->detok, id, &text, &len) == KVQ_OK && len) {
+        fwrite(text, 1, len, stdout);
+        fflush(stdout);
+    }
+    return 0;
+}
+
+static double mib(size_t b)
+{
+    return (double)b / 1048576.0;
+}
+
+static void print_summary(const struct opts *o, const kvq_model *m, const kvq_seq *s, size_t n_prompt)
+{
+    struct kvq_model_info mi;
+    struct kvq_seq_stats st;
+    kvq_model_get_info(m, &mi);
+    kvq_seq_get_stats(s, &st);
+    double busy = st.t_prefill + st.t_decode;
+    fprintf(stderr, "\n--\nmodel: %s (%s, %d files, %.1f MiB), loaded in %.3f s\n", o->model,
+            mi.sharded ? "sharded" : "Hugging Face", mi.n_files, mib(mi.file_bytes), mi.load_seconds);
+    fprintf(stderr, "prefill: %zu tokens in %.3f s (%.0f tokens/s)\n", n_prompt, st.t_prefill,
+            st.t_prefill > 0 ? (double)st.prefill_tokens / st.t_prefill : 0.0);
+    fprintf(stderr, "decode:  %zu tokens in %.3f s (%.1f tokens/s), %zu forwards, %.2f tokens/forward", st.decode_tokens,
+            st.t_decode, st.t_decode > 0 ? (double)st.decode_tokens / st.t_decode : 0.0, st.decode_forwards,
+            st.decode_forwards ? (double)(st.decode_forwards + st.accepted) / (double)st.decode_forwards : 0.0);
+    if (o->speculative)
+        fprintf(stderr, " (drafts accepted %zu of %zu)", st.accepted, st.drafted);
+    fprintf(stderr, "\ntime:    matmul %.3f s, attention %.3f s, LM head %.3f s, host overhead %.3f s (%.1f%%)\n",
+            st.t_matmul, st.t_attn, st.t_lm_head, st.t_host, busy > 0 ? 100.0 * st.t_host / busy : 0.0);
+    fprintf(stderr, "KV cache %s/%s: %zu tokens, %.2f MiB used vs %.2f MiB as f16 (%.2fx smaller, %.2f MiB saved)\n",
+            kvq_type_traits(o->tk)->name, kvq_type_traits(o->tv)->name, st.tokens, mib(st.kv_bytes_used),
+            mib(st.kv_bytes_f16), st.kv_bytes_used ? (double)st.kv_bytes_f16 / (double)st.kv_bytes_used : 0.0,
+            mib(st.kv_bytes_f16) - mib(st.kv_bytes_used));
+}
+
+static cJSON *int_array(const int32_t *v, size_t n)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (size_t i = 0; a && i < n; i++)
+        cJSON_AddItemToArray(a, cJSON_CreateNumber(v[i]));
+    return a;
+}
+
+static int print_json(const struct opts *o, const kvq_model *m, const kvq_seq *s, const kvq_tokenizer *tok,
+                      const int32_t *prompt, size_t n_prompt, const int32_t *out, size_t n_out)
+{
+    size_t len = 0;
+    kvq_tokenizer_decode(tok, out, n_out, KVQ_DETOK_SKIP_CONTROL, NULL, 0, &len);
+    char *text = malloc(len + 1);
+    if (!text || kvq_tokenizer_decode(tok, out, n_out, KVQ_DETOK_SKIP_CONTROL, text, len + 1, &len) != KVQ_OK) {
+        free(text);
+        return cli_status_error(CMD, KVQ_ERR_NOMEM, "decoding the output");
+    }
+    struct kvq_model_info mi;
+    struct kvq_seq_stats st;
+    kvq_model_get_info(m, &mi);
+    kvq_seq_get_stats(s, &st);
+    cJSON *root = cJSON_CreateObject(), *kv = cJSON_CreateObject(), *tm = cJSON_CreateObject();
+    cJSON_AddItemToObject(root, "prompt_ids", int_array(prompt, n_prompt));
+    cJSON_AddItemToObject(root, "ids", int_array(out, n_out));
+    cJSON_AddStringToObject(root, "text", text);
+    cJSON_AddStringToObject(root, "cache_type_k", kvq_type_traits(o->tk)->name);
+    cJSON_AddStringToObject(root, "cache_type_v", kvq_type_traits(o->tv)->name);
+    cJSON_AddItemToObject(root, "kv_bytes", kv);
+    cJSON_AddNumberToObject(kv, "used", (double)st.kv_bytes_used);
+    cJSON_AddNumberToObject(kv, "allocated", (double)st.kv_bytes_alloc);
+    cJSON_AddNumberToObject(kv, "f16", (double)st.kv_bytes_f16);
+    cJSON_AddNumberToObject(kv, "tokens", (double)st.tokens);
+    cJSON_AddItemToObject(root, "timings", tm);
+    cJSON_AddNumberToObject(tm, "load_s", mi.load_seconds);
+    cJSON_AddNumberToObject(tm, "prefill_s", st.t_prefill);
+    cJSON_AddNumberToObject(tm, "decode_s", st.t_decode);
+    cJSON_AddNumberToObject(tm, "matmul_s", st.t_matmul);
+    cJSON_AddNumberToObject(tm, "attention_s", st.t_attn);
+    cJSON_AddNumberToObject(tm, "lm_head_s", st.t_lm_head);
+    cJSON_AddNumberToObject(tm, "host_s", st.t_host);
+    cJSON_AddNumberToObject(tm, "prefill_tokens_per_s", st.t_prefill > 0 ? (double)st.prefill_tokens / st.t_prefill : 0);
+    cJSON_AddNumberToObject(tm, "decode_tokens_per_s", st.t_decode > 0 ? (double)st.decode_tokens / st.t_decode : 0);
+    cJSON_AddNumberToObject(root, "forwards", (double)st.decode_forwards);
+    cJSON_AddNumberToObject(root, "drafted", (double)st.drafted);
+    cJSON_AddNumberToObject(root, "accepted", (double)st.accepted);
+    cJSON_AddNumberToObject(root, "tokens_per_forward",
+                            st.decode_forwards ? (double)(st.decode_forwards + st.accepted) / (double)st.decode_forwards : 0);
+    char *js = cJSON_PrintUnformatted(root);
+    int rc = js ? 0 : cli_status_error(CMD, KVQ_ERR_NOMEM, "building JSON");
+    if (js)
+        printf("%s\n", js);
+    free(js);
+    free(text);
+    cJSON_Delete(root);
+    return rc;
+}
+
+/* Prompt ids from whichever option was given. @return 0 or the exit code. */
+static int get_prompt(const struct opts *o, const kvq_tokenizer *tok, int32_t **ids, size_t *n)
+{
+    if (o->prompt_ids) {
+        long k = parse_ids(o->prompt_ids, ids);
+        if (k < 0)
+            return cli_error(CMD, "--prompt-ids: expected a comma-separated list of integers");
+        *n = (size_t)k;
+        return 0;
+    }
+    size_t len;
+    char *text = NULL;
+    if (o->prompt_file) {
+        text = read_file(o->prompt_file, &len);
+        if (!text)
+            return cli_error(CMD, "%s: cannot read the prompt file", o->prompt_file);
+        if (len && text[len - 1] == '\n')
+            text[--len] = 0; /* editors end files with a newline the prompt did not mean */
+    }
+    const char *p = text ? text : o->prompt;
+    kvq_status st = kvq_tokenizer_encode_alloc(tok, p, text ? len : strlen(p), 1, ids, n);
+    free(text);
+    if (st != KVQ_OK)
+        return cli_status_error(CMD, st, "encoding the prompt");
+    if (*n == 0)
+        return cli_error(CMD, "the prompt is empty");
+    return 0;
+}
+
+static int run(const struct opts *o, kvq_model *m, kvq_tokenizer *tok)
+{
+    const struct kvq_model_config *c = kvq_model_config_of(m);
+    int32_t *prompt = NULL, *out = NULL;
+    size_t n_prompt = 0, n_out = 0;
+    kvq_seq *s = NULL;
+    kvq_qkv_dump *dump = NULL;
+    kvq_detok *detok = NULL;
+    kvq_error err = {0};
+    int rc = get_prompt(o, tok, &prompt, &n_prompt);
+    if (rc)
+        goto out;
+    for (size_t i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= c->vocab) {
+            rc = cli_error(CMD, "prompt token id %d is outside the vocabulary [0, %d)", prompt[i], c->vocab);
+            goto out;
+        }
+    if (n_prompt > (size_t)c->max_ctx) {
+        rc = cli_error(CMD, "the prompt has %zu tokens, longer than the model's context of %d", n_prompt, c->max_ctx);
+        goto out;
+    }
+    struct kvq_seq_config sc;
+    kvq_seq_config_default(&sc);
+    sc.type_k = o->tk;
+    sc.type_v = o->tv;
+    sc.seed = o->seed;
+    if (kvq_seq_create(m, &sc, &s, &err) != KVQ_OK) {
+        rc = cli_error(CMD, "%s", err.msg);
+        goto out;
+    }
+    if (o->dump) {
+        if (kvq_qkv_dump_create(c, kvq_seq_max_ctx(s), DUMP_Q_LAST, &dump) != KVQ_OK) {
+            rc = cli_status_error(CMD, KVQ_ERR_NOMEM, "--dump-qkv buffers");
+            goto out;
+        }
+        kvq_seq_set_qkv_hook(s, kvq_qkv_dump_hook, dump);
+    }
+    out = malloc(((size_t)o->max_tokens + 1) * sizeof *out);
+    if (!out || kvq_detok_create(tok, KVQ_DETOK_SKIP_CONTROL, &detok) != KVQ_OK) {
+        rc = cli_status_error(CMD, KVQ_ERR_NOMEM, "buffers");
+        goto out;
+    }
+    struct kvq_gen_params gp;
+    kvq_gen_params_default(&gp);
+    gp.max_tokens = (int)o->max_tokens;
+    gp.temperature = (float)o->temp;
+    gp.top_k = (int)o->top_k;
+    gp.top_p = (float)o->top_p;
+    gp.speculative = (int)o->speculative;
+    gp.stop_at_eos = !o->no_eos;
+    struct stream stream = {detok, o->json};
+    kvq_status st = kvq_seq_generate(s, prompt, n_prompt, &gp, out, (size_t)o->max_tokens, &n_out, on_token, &stream);
+    if (!o->json) {
+        const char *tail;
+        size_t len;
+        if (kvq_detok_finish(detok, &tail, &len) == KVQ_OK && len)
+            fwrite(tail, 1, len, stdout);
+        fputc('\n', stdout);
+        fflush(stdout);
+    }
+    if (st != KVQ_OK) {
+        rc = cli_status_error(CMD, st, "generation failed");
+        goto out;
+    }
+    if (dump) {
+        size_t n_cached = kvq_seq_pos(s);
+        int32_t *ids = malloc(n_cached * sizeof *ids);
+        if (!ids) {
+            rc = cli_status_error(CMD, KVQ_ERR_NOMEM, "--dump-qkv");
+            goto out;
+        }
+        /* The cache holds the prompt, then every generated token but the last. */
+        memcpy(ids, prompt, n_prompt * sizeof *ids);
+        memcpy(ids + n_prompt, out, (n_cached - n_prompt) * sizeof *ids);
+        st = kvq_qkv_dump_write(dump, ids, n_cached, o->dump, &err);
+        free(ids);
+        if (st != KVQ_OK) {
+            rc = cli_error(CMD, "%s", err.msg);
+            goto out;
+        }
+    }
+    if (o->json)
+        rc = print_json(o, m, s, tok, prompt, n_prompt, out, n_out);
+    else
+        print_summary(o, m, s, n_prompt);
+out:
+    kvq_detok_free(detok);
+    kvq_qkv_dump_free(dump);
+    kvq_seq_free(s);
+    free(prompt);
+    free(out);
+    return rc;
+}
+
+int cmd_run(int argc, char **argv)
+{
+    struct opts o;
+    int rc = parse_args(argc, argv, &o);
+    if (rc)
+        return rc < 0 ? 0 : rc;
+    kvq_error err = {0};
+    kvq_model *m = NULL;
+    kvq_status st = kvq_model_load(o.model, NULL, &m, &err);
+    if (st != KVQ_OK)
+        return cli_error(CMD, "%s", err.msg);
+    char path[4096];
+    kvq_tokenizer *tok = NULL;
+    snprintf(path, sizeof path, "%s/tokenizer.json", o.model);
+    st = kvq_tokenizer_create(path, &tok, &err);
+    if (st != KVQ_OK) {
+        kvq_model_free(m);
+        return cli_error(CMD, "%s", err.msg);
+    }
+    const struct kvq_model_config *c = kvq_model_config_of(m);
+    if (kvq_tokenizer_vocab_size(tok) > c->vocab) {
+        rc = cli_error(CMD, "%s has %d tokens, the model only %d", path, kvq_tokenizer_vocab_size(tok), c->vocab);
+    } else {
+        kvq_tokenizer_set_bos_eos(tok, c->bos_id, c->n_eos ? c->eos_ids[0] : -1);
+        rc = run(&o, m, tok);
+    }
+    kvq_tokenizer_free(tok);
+    kvq_model_free(m);
+    return rc;
+}
