@@ -51,7 +51,7 @@ FUZZ_BIN  := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/fuzz/%)
 ifneq ($(strip $(NVCC)),)
 ifneq ($(strip $(CUDA_SRC)),)
 CUDA_HOME  := $(patsubst %/bin/nvcc,%,$(NVCC))
-NVCC_FLAGS ?= -O3 -std=c++17 -Xcompiler -fPIC -gencode=arch=compute_90a,code=sm_90a \
+NVCC_FLAGS ?= -O3 -std=c++17 -lineinfo -Xcompiler -fPIC -gencode=arch=compute_90a,code=sm_90a \
               -gencode=arch=compute_80,code=compute_80 $(addprefix -I,$(INCDIRS))
 LIB_OBJ    += $(CUDA_SRC:%.cu=$(BUILD)/obj/%.o)
 ALL_CFLAGS += -DKVQ_HAVE_CUDA=1

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "decoder_internal.h"
+#include "matvec_internal.h"
 
 /* y = x * w / rms(x), as HF's LlamaRMSNorm (float32 throughout). */
 static void rmsnorm(const float *x, const float *w, float *y, int n, float eps)
@@ -35,10 +36,14 @@ static void rope(float *x, const float *cs, const float *sn, int d)
     }
 }
 
-/* y[T][out] (+)= x[T][in] . w[out][in]^T */
+/* y[T][out] (+)= x[T][in] . w[out][in]^T. Decode and verification chunks go
+ * through the batch-invariant few-row kernel, prefill chunks through sgemm. */
 static void linear(const float *x, const float *w, float *y, size_t T, int in, int out, float beta)
 {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, out, in, 1.0f, x, in, w, in, beta, y, out);
+    if (T <= KVQ_MATVEC_MAX_M)
+        kvq_matvec(x, in, w, y, out, (int)T, out, in, beta != 0.0f);
+    else
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, out, in, 1.0f, x, in, w, in, beta, y, out);
 }
 
 static void add_bias(float *y, const float *b, size_t T, int n)

@@ -13,6 +13,10 @@
 #include <string.h>
 
 #include "decoder_internal.h"
+#include "matvec_internal.h"
+
+_Static_assert(KVQ_MAX_DRAFT + 1 <= KVQ_MATVEC_MAX_M,
+               "a verification pass must go through the batch-invariant kernel");
 
 void kvq_gen_params_default(struct kvq_gen_params *p)
 {

@@ -12,7 +12,7 @@
  *   model          BPE with ranked merges ("a b" strings or ["a", "b"] pairs),
  *                  byte_fallback (<0x00>..<0xFF>), unk_token, fuse_unk,
  *                  ignore_merges;
- *   decoder        Sequence[Replace(string)*, ByteFallback?, Fuse, Strip(c, n, 0)?]
+ *   decoder        Sequence[Replace(string)*, ByteFallback?, Fuse?, Strip(c, n, 0)?]
  *                  (the Llama-2 decoder: "▁"->" ", bytes, fuse, strip one space).
  * Anything else (Unigram/WordPiece models, ByteLevel or regex pre-tokenizers,
  * NFKC, BPE dropout or subword prefixes, ...) is refused at load with
@@ -110,7 +110,12 @@ enum {
     KVQ_DETOK_SKIP_SPECIAL = 1u << 0,
     /* Drop special tokens except the byte-fallback ones: <s>, </s>, <unk> vanish
      * but emoji still print. What a chat/CLI stream wants. */
-    KVQ_DETOK_SKIP_CONTROL = 1u << 1
+    KVQ_DETOK_SKIP_CONTROL = 1u << 1,
+    /* Skip the decoder's Strip step (the one leading space removed from the
+     * text): for text that continues earlier text, e.g. generated ids printed
+     * right after their prompt ("...key is" + " 86317."). HF has no such switch:
+     * its decode of the generated ids alone strips the space. */
+    KVQ_DETOK_KEEP_LEADING_SPACE = 1u << 2
 };
 
 /** Decodes ids[0..n) into out (cap bytes, NUL-terminated) as HF's decoder

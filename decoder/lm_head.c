@@ -11,6 +11,7 @@
 #include "kvq_sampler.h"
 
 #include "decoder_internal.h"
+#include "matvec_internal.h"
 
 kvq_status kvq_lm_head(kvq_seq *s, size_t T, size_t r0, float *logits, int32_t *argmax)
 {
@@ -38,8 +39,11 @@ kvq_status kvq_lm_head(kvq_seq *s, size_t T, size_t r0, float *logits, int32_t *
         /* With full logits wanted, write each slice straight into its columns. */
         float *out = logits ? logits + sl->start : s->lm_out;
         int ldc = logits ? c->vocab : sl->count;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R, sl->count, h, 1.0f, s->lm_x, h, sl->w, h, 0.0f, out,
-                    ldc);
+        if (R <= KVQ_MATVEC_MAX_M) /* batch-invariant: verify rows equal decode rows */
+            kvq_matvec(s->lm_x, h, sl->w, out, ldc, R, sl->count, h, 0);
+        else
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R, sl->count, h, 1.0f, s->lm_x, h, sl->w, h, 0.0f,
+                        out, ldc);
         for (int r = 0; argmax && r < R && st == KVQ_OK; r++) {
             kvq_best b;
             st = kvq_argmax(out + (size_t)r * ldc, sl->count, sl->start, &b);

@@ -20,7 +20,8 @@ static const char fffd[3] = {(char)0xEF, (char)0xBF, (char)0xBD};
 
 static int valid_flags(unsigned flags)
 {
-    return (flags & ~(unsigned)(KVQ_DETOK_SKIP_SPECIAL | KVQ_DETOK_SKIP_CONTROL)) == 0;
+    return (flags & ~(unsigned)(KVQ_DETOK_SKIP_SPECIAL | KVQ_DETOK_SKIP_CONTROL |
+                                KVQ_DETOK_KEEP_LEADING_SPACE)) == 0;
 }
 
 static int present(const kvq_tokenizer *t, int32_t id)
@@ -109,7 +110,8 @@ kvq_status kvq_tokenizer_decode_alloc(const kvq_tokenizer *t, const int32_t *ids
     }
     /* Strip: at most strip_start leading copies of strip_char, from the fused text. */
     size_t cut = 0;
-    for (int k = 0; k < t->strip_start && t->strip_char_len; k++) {
+    int strip = flags & KVQ_DETOK_KEEP_LEADING_SPACE ? 0 : t->strip_start;
+    for (int k = 0; k < strip && t->strip_char_len; k++) {
         if (out.n - cut < t->strip_char_len || memcmp(out.s + cut, t->strip_char, t->strip_char_len))
             break;
         cut += t->strip_char_len;
@@ -203,12 +205,19 @@ void kvq_detok_free(kvq_detok *d)
     free(d);
 }
 
+static int initial_strip(const kvq_detok *d)
+{
+    if (!d->t->strip_char_len || (d->flags & KVQ_DETOK_KEEP_LEADING_SPACE))
+        return 0;
+    return d->t->strip_start;
+}
+
 void kvq_detok_reset(kvq_detok *d)
 {
     if (!d)
         return;
     d->run_len = 0;
-    d->strip_left = d->t->strip_char_len ? d->t->strip_start : 0;
+    d->strip_left = initial_strip(d);
     d->out[0] = 0;
 }
 
@@ -289,6 +298,6 @@ kvq_status kvq_detok_finish(kvq_detok *d, const char **text, size_t *len)
     emit(d, o, text, len);
     /* Back to a fresh sequence; the chunk in d->out stays valid. */
     d->run_len = 0;
-    d->strip_left = d->t->strip_char_len ? d->t->strip_start : 0;
+    d->strip_left = initial_strip(d);
     return KVQ_OK;
 }

@@ -256,8 +256,8 @@ static void test_error_is_quantization(void)
         fixture_free(&f);
     }
     CHECKF(err[0] <= 1e-6, "f32 cache vs exact: %.3g", err[0]);
-    /* f16 rounds each value by <= 2^-11 relative: the output moves by about that */
-    CHECKF(err[1] <= 1e-3 && err[1] > err[0], "f16 vs exact: %.3g", err[1]);
+    /* f16 keeps 11 significant bits, q8_0 about 8 per block: f16 is far closer */
+    CHECKF(err[1] > err[0] && err[1] < err[2] / 4, "f16 vs exact: %.3g (q8_0 %.3g)", err[1], err[2]);
     CHECKF(err[2] > err[1] && err[3] > err[2], "f16 %.3g q8_0 %.3g q4_0 %.3g", err[1], err[2], err[3]);
     CHECKF(err[5] > err[4] && err[6] > err[5] && err[7] > err[6], "tq4 %.3g tq3 %.3g tq2 %.3g tq1 %.3g", err[4],
            err[5], err[6], err[7]);

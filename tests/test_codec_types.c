@@ -1,8 +1,11 @@
 /* test_codec_types.c - the traits table, storage accounting, codec planning
  * and the llama.cpp baselines (f32, f16, q8_0, q4_0). */
+#include <cjson/cJSON.h>
 #include <stdint.h>
+#include <unistd.h>
 
 #include "codec_internal.h"
+#include "cpu_internal.h"
 #include "kvq_half.h"
 #include "rng_internal.h"
 #include "test.h"
@@ -381,11 +384,103 @@ static void test_baseline_score(void)
     }
 }
 
+/* Blocks that stress the exact semantics: q8_0 products landing on .5
+ * (roundf goes away from zero, the SIMD default would go to even), q4_0
+ * maxima of equal magnitude and opposite sign (the first one wins), zero
+ * and -0 blocks, subnormals, values at the f16 limit. */
+static void fill_block(kvq_rng *rng, float *x, int kind)
+{
+    double scale = exp(kvq_rng_uniform(rng) * 40.0 - 20.0);
+    for (int j = 0; j < 32; j++)
+        x[j] = (float)(kvq_rng_gauss(rng) * scale);
+    switch (kind % 7) {
+    case 1: /* amax 127 -> d = 1: halves are exact ties */
+        for (int j = 0; j < 32; j++)
+            x[j] = (float)((int)(kvq_rng_next(rng) % 253) - 126) + (kvq_rng_next(rng) & 1 ? 0.5f : 0.0f);
+        x[kvq_rng_next(rng) % 32] = kvq_rng_next(rng) & 1 ? 127.0f : -127.0f;
+        break;
+    case 2: /* two maxima of opposite sign */
+        x[3] = 5.0f;
+        x[20] = -5.0f;
+        if (kvq_rng_next(rng) & 1) {
+            x[3] = -5.0f;
+            x[20] = 5.0f;
+        }
+        for (int j = 0; j < 32; j++)
+            if (j != 3 && j != 20)
+                x[j] = (float)(kvq_rng_uniform(rng) * 9.0 - 4.5);
+        break;
+    case 3:
+        for (int j = 0; j < 32; j++)
+            x[j] = kvq_rng_next(rng) & 1 ? -0.0f : 0.0f;
+        break;
+    case 4:
+        for (int j = 0; j < 32; j++)
+            x[j] = (float)(kvq_rng_gauss(rng) * 1e-40); /* float subnormals */
+        break;
+    case 5: /* q4_0 scale near the f16 limit, q8_0 fine */
+        x[7] = kvq_rng_next(rng) & 1 ? 65504.0f * 8.0f : -65504.0f * 8.0f;
+        break;
+    default:
+        break;
+    }
+}
+
+static void test_baseline_fast_equals_ref(void)
+{
+    if (!kvq_cpu_has_avx2())
+        SKIP("no AVX2 on this CPU (or KVQ_FORCE_SCALAR set)");
+    kvq_rng rng;
+    kvq_rng_init(&rng, 13);
+    /* f32/f16 also at dims with a tail after the last 8-wide vector */
+    static const int cases[][2] = {{KVQ_TYPE_F32, 128}, {KVQ_TYPE_F16, 128}, {KVQ_TYPE_Q8_0, 128},
+                                   {KVQ_TYPE_Q4_0, 128}, {KVQ_TYPE_F32, 100}, {KVQ_TYPE_F16, 100},
+                                   {KVQ_TYPE_F32, 15},   {KVQ_TYPE_F16, 9}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        int t = cases[ci][0], d = cases[ci][1];
+        kvq_codec *c = make((enum kvq_type)t, d);
+        if (!c)
+            continue;
+        const struct kvq_type_traits *tr = kvq_codec_traits(c);
+        int diff = 0;
+        for (int it = 0; it < 3000; it++) {
+            float x[128], y1[128], y2[128], q[128];
+            uint8_t r1[512], r2[512];
+            float xb[128];
+            for (int b = 0; b < 4; b++)
+                fill_block(&rng, xb + 32 * b, it + b);
+            memcpy(x, xb, (size_t)d * sizeof(float));
+            for (int j = 0; j < d; j++)
+                q[j] = (float)kvq_rng_gauss(&rng);
+            memset(r1, 1, sizeof r1);
+            memset(r2, 2, sizeof r2);
+            struct kvq_row v1 = {NULL, NULL, r1, NULL}, v2 = {NULL, NULL, r2, NULL};
+            kvq_status s1 = tr->encode(c, x, &v1), s2 = tr->encode_ref(c, x, &v2);
+            CHECK(s1 == s2);
+            if (s1 != KVQ_OK) {
+                diff += r1[0] != 1 || r2[0] != 2;
+                continue;
+            }
+            diff += memcmp(r1, r2, kvq_codec_row_bytes(c)) != 0;
+            tr->decode(c, &v1, y1);
+            tr->decode_ref(c, &v1, y2);
+            diff += memcmp(y1, y2, sizeof y1) != 0;
+            float a = tr->score(c, q, &v1), b = tr->score_ref(c, q, &v1);
+            diff += memcmp(&a, &b, sizeof a) != 0;
+            CHECK(kvq_codec_check_row(c, x) == KVQ_OK);
+        }
+        CHECKF(diff == 0, "%s d=%d: %d differences between the AVX2 and reference paths", tr->name, d, diff);
+        kvq_codec_free(c);
+    }
+}
+
 /* NaN/Inf -> NONFINITE, overflow -> RANGE, and nothing written: for every type. */
 static void test_bad_input_all_types(void)
 {
-    const int d = 64;
-    for (int t = 0; t < KVQ_TYPE_COUNT; t++) {
+    /* d = 12: f32/f16 rows with a tail after the last 8-wide vector, where the bad values sit */
+    for (int pass = 0; pass < 2; pass++)
+    for (int t = 0; t < (pass ? KVQ_TYPE_Q8_0 : KVQ_TYPE_COUNT); t++) {
+        const int d = pass ? 12 : 64;
         kvq_codec *c = make((enum kvq_type)t, d);
         if (!c)
             continue;
@@ -397,8 +492,8 @@ static void test_bad_input_all_types(void)
         for (int k = 0; k < 3; k++) {
             memset(rows, 0xab, sizeof rows);
             memcpy(ref, rows, sizeof ref);
-            float keep = x[3 * d + 17];
-            x[3 * d + 17] = bad[k]; /* the last row is bad: the first three must not be written either */
+            float keep = x[4 * d - 1];
+            x[4 * d - 1] = bad[k]; /* the last row is bad: the first three must not be written either */
             CHECK_STATUS(kvq_codec_encode(c, x, 4, rows), KVQ_ERR_NONFINITE);
             CHECK_STATUS(kvq_codec_encode_ref(c, x, 4, rows), KVQ_ERR_NONFINITE);
             CHECK_STATUS(kvq_type_traits((enum kvq_type)t)->encode(c, x + 3 * d, &(struct kvq_row){
@@ -408,18 +503,18 @@ static void test_bad_input_all_types(void)
             float qp[128];
             memset(qp, 0, sizeof qp);
             CHECK_STATUS(kvq_codec_prepare_query(c, x + 3 * d, qp), KVQ_ERR_NONFINITE);
-            x[3 * d + 17] = keep;
+            x[4 * d - 1] = keep;
         }
         /* Values whose f16 (tq: the norm; f16: the value; q8_0/q4_0: the
          * scale) would be Inf. f32 holds anything finite. */
-        float keep = x[2 * d + 5];
-        x[2 * d + 5] = 3.0e38f;
+        float keep = x[3 * d - 1];
+        x[3 * d - 1] = 3.0e38f;
         memset(rows, 0xab, sizeof rows);
         memcpy(ref, rows, sizeof ref);
         CHECK_STATUS(kvq_codec_encode(c, x, 4, rows), t == KVQ_TYPE_F32 ? KVQ_OK : KVQ_ERR_RANGE);
         if (t != KVQ_TYPE_F32)
             CHECK(memcmp(rows, ref, sizeof rows) == 0);
-        x[2 * d + 5] = keep;
+        x[3 * d - 1] = keep;
         CHECK_STATUS(kvq_codec_encode(NULL, x, 1, rows), KVQ_ERR_INVALID_ARG);
         CHECK_STATUS(kvq_codec_encode(c, NULL, 1, rows), KVQ_ERR_INVALID_ARG);
         CHECK_STATUS(kvq_codec_decode(c, NULL, 1, x), KVQ_ERR_INVALID_ARG);
@@ -439,6 +534,64 @@ static void test_bad_input_all_types(void)
     }
 }
 
+int cmd_types(int argc, char **argv);
+
+/* Runs `kvq types ARGS` with stdout captured into buf. @return its exit status. */
+static int run_types(char **argv, int argc, char *buf, size_t cap)
+{
+    char path[] = "/tmp/kvq_test_types_XXXXXX";
+    int fd = mkstemp(path);
+    if (fd < 0)
+        return -1;
+    fflush(stdout);
+    int saved = dup(STDOUT_FILENO);
+    dup2(fd, STDOUT_FILENO);
+    int rc = cmd_types(argc, argv);
+    fflush(stdout);
+    dup2(saved, STDOUT_FILENO);
+    close(saved);
+    ssize_t n = pread(fd, buf, cap - 1, 0);
+    buf[n > 0 ? n : 0] = 0;
+    close(fd);
+    unlink(path);
+    return rc;
+}
+
+static void test_cmd_types(void)
+{
+    static char buf[1 << 16];
+    char *a1[] = {"types", "--dim", "80", "--json"};
+    CHECK(run_types(a1, 4, buf, sizeof buf) == 0);
+    cJSON *root = cJSON_Parse(buf);
+    CHECK(root != NULL);
+    if (root) {
+        CHECK(cJSON_GetObjectItem(root, "dim")->valueint == 80);
+        cJSON *types = cJSON_GetObjectItem(root, "types");
+        CHECK(cJSON_GetArraySize(types) == KVQ_TYPE_COUNT);
+        for (int t = 0; t < cJSON_GetArraySize(types); t++) {
+            cJSON *o = cJSON_GetArrayItem(types, t);
+            const char *name = cJSON_GetObjectItem(o, "name")->valuestring;
+            int supported = cJSON_IsTrue(cJSON_GetObjectItem(o, "supported"));
+            CHECK(strcmp(name, kvq_type_traits((enum kvq_type)t)->name) == 0);
+            CHECK(supported == (kvq_type_check_dim((enum kvq_type)t, 80) == KVQ_OK));
+            if (supported)
+                CHECK(cJSON_GetObjectItem(o, "row_bytes")->valuedouble == (double)expected_bytes(t, 80));
+            else
+                CHECK(cJSON_GetObjectItem(o, "note") != NULL);
+        }
+        cJSON *pair = cJSON_GetObjectItem(root, "default_pair");
+        CHECK(cJSON_GetObjectItem(pair, "kv_bytes")->valuedouble == 44 + 32);
+        cJSON_Delete(root);
+    }
+    char *a2[] = {"types"};
+    CHECK(run_types(a2, 1, buf, sizeof buf) == 0);
+    CHECK(strstr(buf, "tq3j") && strstr(buf, "118 bytes per token-head"));
+    char *a3[] = {"types", "--dim"};
+    CHECK(run_types(a3, 2, buf, sizeof buf) == 2);
+    char *a4[] = {"types", "--bogus"};
+    CHECK(run_types(a4, 2, buf, sizeof buf) == 2);
+}
+
 int main(void)
 {
     RUN(test_traits_table);
@@ -450,6 +603,8 @@ int main(void)
     RUN(test_f16_semantics);
     RUN(test_baseline_round_trip);
     RUN(test_baseline_score);
+    RUN(test_baseline_fast_equals_ref);
     RUN(test_bad_input_all_types);
+    RUN(test_cmd_types);
     return TEST_END("test_codec_types");
 }

@@ -479,7 +479,7 @@ static void test_pareto(void)
         /* KL falls with bits, the two 3-bit points tie: neither dominates. */
         r[i].total.kl = i >= 6 ? 1e-12 : 1.0 - bits[i] / 40.0;
     }
-    struct eval_run run = {&d, 1, NULL, 0, r, N};
+    struct eval_run run = {&d, 1, 0, 0, 0, NULL, 0, r, N};
     eval_mark_pareto(&run);
     for (int i = 0; i < N; i++) {
         CHECKF(r[i].front_out == front[i], "point %d: front_out %d", i, r[i].front_out);

@@ -178,12 +178,13 @@ static void test_stream_equals_decode(void)
 {
     cJSON *cases = load_json(TEST_REF_DIR "/tokenizer_cases.json");
     CHECK(cases != NULL);
-    const unsigned flag_sets[3] = {0, KVQ_DETOK_SKIP_SPECIAL, KVQ_DETOK_SKIP_CONTROL};
+    const unsigned flag_sets[4] = {0, KVQ_DETOK_SKIP_SPECIAL, KVQ_DETOK_SKIP_CONTROL,
+                                   KVQ_DETOK_SKIP_SPECIAL | KVQ_DETOK_KEEP_LEADING_SPACE};
     int compared = 0;
     for (const cJSON *c = cases ? cases->child : NULL; c; c = c->next) {
         size_t n;
         int32_t *ids = json_ids(cJSON_GetObjectItem(c, "ids"), &n);
-        for (int f = 0; f < 3; f++) {
+        for (int f = 0; f < 4; f++) {
             int bad;
             char *full = decode_str(ids, n, flag_sets[f]);
             char *streamed = stream_all(ids, n, flag_sets[f], &bad);
@@ -196,7 +197,7 @@ static void test_stream_equals_decode(void)
         }
         free(ids);
     }
-    CHECK(compared == 3 * 44);
+    CHECK(compared == 4 * 44);
     cJSON_Delete(cases);
 }
 
@@ -396,6 +397,14 @@ static void test_stream_holds_partial_characters(void)
     char *full = decode_str(seq, 3, KVQ_DETOK_SKIP_CONTROL);
     CHECK(full && strcmp(full, " a") == 0);
     free(full);
+    /* Continuation text keeps its leading space, whole or streamed. */
+    full = decode_str(seq, 3, KVQ_DETOK_SKIP_CONTROL | KVQ_DETOK_KEEP_LEADING_SPACE);
+    CHECK(full && strcmp(full, "  a") == 0);
+    free(full);
+    int bad;
+    full = stream_all(seq, 3, KVQ_DETOK_SKIP_CONTROL | KVQ_DETOK_KEEP_LEADING_SPACE, &bad);
+    CHECK(full && strcmp(full, "  a") == 0 && bad == 0);
+    free(full);
     /* A long byte run outgrows the detok's first buffer and still comes out whole. */
     kvq_detok_reset(d2);
     size_t total = 0;
@@ -473,6 +482,7 @@ static void test_api_errors(void)
     kvq_detok_free(NULL);
     kvq_tokenizer_free(NULL);
     CHECK_STATUS(kvq_detok_create(g_tok, 1u << 7, &d), KVQ_ERR_INVALID_ARG);
+    CHECK_STATUS(kvq_tokenizer_decode(g_tok, bad_ids, 1, 1u << 9, out, sizeof out, &len), KVQ_ERR_INVALID_ARG);
 
     /* Buffers too small: the count needed comes back. */
     const char *text = "Hello world";

@@ -159,13 +159,13 @@ static int mse_table(void)
             kvq_status st = kvq_codebook_get(shipped_dims[i], b, KVQ_DIST_BETA, &cb);
             if (st != KVQ_OK)
                 return cli_status_error("codebook", st, "loading a shipped table");
-            printf(" %.5g |", cb.mse);
+            printf(" %#.5g |", cb.mse);
         }
         printf("\n");
     }
     printf("| Gaussian limit |");
     for (int b = 0; b < KVQ_CODEBOOK_SHIPPED_MAX_BITS; b++)
-        printf(" %.5g |", g[b].mse);
+        printf(" %#.5g |", g[b].mse);
     printf("\n");
     return 0;
 }

@@ -305,6 +305,7 @@ static int eval_one(const struct opts *o, const struct eval_data *d, const struc
     }
     if (!o->quiet && isatty(STDERR_FILENO))
         fprintf(stderr, "\r\033[K");
+    eval_ctx_attention_stats(ctx, &run->eff_keys, &run->top_p, &run->v_gain);
     eval_ctx_free(ctx);
     if (rc)
         return rc;

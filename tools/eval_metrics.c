@@ -12,6 +12,7 @@
 #include "kvq_codec.h"
 
 #define TOPK 8
+#define EVAL_MAX_REF_BYTES (4.0 * 1073741824.0)
 
 struct eval_ctx {
     const struct eval_data *d;
@@ -37,6 +38,8 @@ struct eval_ctx {
     double *xa, *ea;           /* [T] scaled approximate scores, their exp */
     float *qb, *ob;            /* [group][d] */
     kvq_attn_workspace *ws;
+    double p2_sum, top_sum, gain_sum, n_att; /* eval_ctx_attention_stats */
+    double *vn2;                             /* [T] ||v_t||^2 of one kv head */
 };
 
 kvq_status eval_cost_of(const struct eval_config *cfg, int d, struct eval_cost *out)
@@ -114,10 +117,18 @@ void eval_ctx_free(eval_ctx *c)
     free(c->sa);
     free(c->xa);
     free(c->ea);
+    free(c->vn2);
     free(c->qb);
     free(c->ob);
     kvq_attn_workspace_free(c->ws);
     free(c);
+}
+
+void eval_ctx_attention_stats(const eval_ctx *c, double *eff_keys, double *top_p, double *v_gain)
+{
+    *eff_keys = c->p2_sum > 0 ? c->n_att / c->p2_sum : 0.0;
+    *top_p = ratio(c->top_sum, c->n_att);
+    *v_gain = ratio(c->gain_sum, c->n_att);
 }
 
 size_t eval_ctx_queries_used(const eval_ctx *c)
@@ -137,6 +148,18 @@ kvq_status eval_ctx_create(const struct eval_data *d, size_t max_queries, eval_c
     c->scale = 1.0 / sqrt((double)d->head_dim);
     c->n_sel = max_queries == 0 || max_queries > d->n_queries ? d->n_queries : max_queries;
     const size_t S = c->n_sel;
+    /* The exact scores and probabilities of a whole layer stay in memory
+     * (16 bytes per head, query and key). Refuse clearly rather than let
+     * the system kill the process on a very long dump. */
+    const double ref_bytes = 16.0 * (double)H * (double)S * (double)T;
+    if (ref_bytes > EVAL_MAX_REF_BYTES) {
+        size_t fit = (size_t)(EVAL_MAX_REF_BYTES / (16.0 * (double)H * (double)T));
+        free(c);
+        return kvq_error_set(err, KVQ_ERR_NOMEM,
+                             "%s: the exact reference for %zu queries x %zu keys x %zu heads needs %.1f GiB; "
+                             "use --max-queries %zu or fewer",
+                             d->name, S, T, H, ref_bytes / 1073741824.0, fit ? fit : 1);
+    }
     c->sel = malloc(S * sizeof *c->sel);
     c->kt = malloc(T * (size_t)d->n_kv_heads * D * sizeof(float));
     c->vt = malloc(T * (size_t)d->n_kv_heads * D * sizeof(float));
@@ -155,10 +178,11 @@ kvq_status eval_ctx_create(const struct eval_data *d, size_t max_queries, eval_c
     c->sa = malloc(S * T * sizeof(float));
     c->xa = malloc(T * sizeof(double));
     c->ea = malloc(T * sizeof(double));
+    c->vn2 = malloc(T * sizeof(double));
     c->qb = malloc((size_t)c->group * D * sizeof(float));
     c->ob = malloc((size_t)c->group * D * sizeof(float));
     if (!c->sel || !c->kt || !c->vt || !c->qsel || !c->ex_s || !c->ex_p || !c->ex_lse || !c->ex_out || !c->ex_top ||
-        !c->ex_ntop || !c->kd64 || !c->vd64 || !c->q64 || !c->kdec || !c->vdec || !c->sa || !c->xa || !c->ea || !c->qb ||
+        !c->ex_ntop || !c->kd64 || !c->vd64 || !c->q64 || !c->kdec || !c->vdec || !c->sa || !c->xa || !c->ea || !c->vn2 || !c->qb ||
         !c->ob) {
         eval_ctx_free(c);
         return kvq_error_set(err, KVQ_ERR_NOMEM, "%s: out of memory for the evaluation buffers", d->name);
@@ -223,6 +247,12 @@ kvq_status eval_ctx_set_layer(eval_ctx *c, int l, kvq_error *err)
             c->kd64[i] = k[g * T * D + i];
             c->vd64[i] = v[g * T * D + i];
         }
+        for (size_t t = 0; t < T; t++) {
+            double a = 0.0;
+            for (size_t j = 0; j < D; j++)
+                a += c->vd64[t * D + j] * c->vd64[t * D + j];
+            c->vn2[t] = a;
+        }
         for (int h = (int)g * c->group; h < ((int)g + 1) * c->group; h++) {
             for (size_t i = 0; i < S * D; i++)
                 c->q64[i] = c->qsel[(size_t)h * S * D + i];
@@ -233,7 +263,7 @@ kvq_status eval_ctx_set_layer(eval_ctx *c, int l, kvq_error *err)
                 size_t n = pos_of(c, s) + 1;
                 double *sr = sc + s * T, *pr = p + s * T, mx = -DBL_MAX, z = 0.0;
                 for (size_t j = 0; j < n; j++)
-                    mx = fmax(mx, c->scale * sr[j]);
+                    mx = c->scale * sr[j] > mx ? c->scale * sr[j] : mx;
                 for (size_t j = 0; j < n; j++) {
                     pr[j] = exp(c->scale * sr[j] - mx);
                     z += pr[j];
@@ -247,6 +277,21 @@ kvq_status eval_ctx_set_layer(eval_ctx *c, int l, kvq_error *err)
             }
             cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)S, (int)D, (int)T, 1.0, p, (int)T, c->vd64,
                         (int)D, 0.0, c->ex_out + (size_t)h * S * D, (int)D);
+            for (size_t s = 0; s < S; s++) {
+                const double *pr = p + s * T, *o = c->ex_out + ((size_t)h * S + s) * D;
+                double p2 = 0.0, pv2 = 0.0, pm = 0.0, o2 = 0.0;
+                for (size_t j = 0; j < T; j++) {
+                    p2 += pr[j] * pr[j];
+                    pv2 += pr[j] * pr[j] * c->vn2[j];
+                    pm = pr[j] > pm ? pr[j] : pm;
+                }
+                for (size_t j = 0; j < D; j++)
+                    o2 += o[j] * o[j];
+                c->p2_sum += p2;
+                c->top_sum += pm;
+                c->gain_sum += o2 > 0.0 ? sqrt(pv2 / o2) : 0.0;
+                c->n_att += 1.0;
+            }
         }
     }
     c->layer = l;
@@ -282,7 +327,7 @@ static void score_metrics(eval_ctx *c, int h, struct eval_sums *o)
             ie2 += e * e;
             ir2 += se[j] * se[j];
             x[j] = c->scale * (double)sa[j];
-            mx = fmax(mx, x[j]);
+            mx = x[j] > mx ? x[j] : mx;
         }
         o->ip_err += ie;
         o->ip_err2 += ie2;

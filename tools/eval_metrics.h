@@ -68,6 +68,16 @@ void eval_ctx_free(eval_ctx *c);
 /** Number of query positions used. */
 size_t eval_ctx_queries_used(const eval_ctx *c);
 
+/** How the exact attention of the layers set so far averages values:
+ *  eff_keys = 1 / mean(sum_j p_j^2), the effective number of keys a query
+ *  reads; top_p = mean max_j p_j; v_gain = mean of
+ *  sqrt(sum_j p_j^2 ||v_j||^2) / ||o||, the factor by which independent
+ *  per-token value errors of relative size e reach the output: a V-only
+ *  cache should give out_err ~ sqrt(val_mse) * v_gain. Averaging shrinks
+ *  the output as well as the error, so v_gain stays near 1 unless the
+ *  values share a common direction. */
+void eval_ctx_attention_stats(const eval_ctx *c, double *eff_keys, double *top_p, double *v_gain);
+
 /** Computes the exact reference of layer l (needed before eval_ctx_run). */
 kvq_status eval_ctx_set_layer(eval_ctx *c, int l, kvq_error *err);
 

@@ -79,6 +79,9 @@ void eval_print_table(FILE *f, const struct eval_run *run, int per_layer)
     fprintf(f, "\n%s: %d of %d layers, %d query heads / %d kv heads, head dim %d, %zu tokens, %zu of %zu query positions\n",
             d->name, run->n_layers, d->n_layers, d->n_heads, d->n_kv_heads, d->head_dim, d->n_tokens, run->queries_used,
             d->n_queries);
+    fprintf(f, "exact attention: %.1f effective keys per query (1/mean sum p^2), mean top probability %.3f, "
+               "value-noise gain %.3f\n",
+            run->eff_keys, run->top_p, run->v_gain);
     fprintf(f, "%-22s %6s %6s %6s %5s  %9s %9s %9s %10s %9s %9s %6s %6s %9s %9s %s\n", "K/V", "K bit", "V bit",
             "bits", "xf16", "K mse", "V mse", "qk rms", "qk bias", "TV", "KL", "top1", "top8", "out err", "out max",
             "front");
@@ -215,6 +218,9 @@ int eval_write_json(const char *path, const struct eval_run *runs, size_t n_runs
         cJSON_AddNumberToObject(in, "tokens", (double)d->n_tokens);
         cJSON_AddNumberToObject(in, "queries", (double)d->n_queries);
         cJSON_AddNumberToObject(in, "queries_used", (double)runs[i].queries_used);
+        cJSON_AddNumberToObject(in, "effective_keys", runs[i].eff_keys);
+        cJSON_AddNumberToObject(in, "top_probability", runs[i].top_p);
+        cJSON_AddNumberToObject(in, "value_noise_gain", runs[i].v_gain);
         cJSON *ls = cJSON_AddArrayToObject(in, "layers_used");
         for (int l = 0; l < runs[i].n_layers; l++)
             cJSON_AddItemToArray(ls, cJSON_CreateNumber(runs[i].layers[l]));

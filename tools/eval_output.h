@@ -24,6 +24,7 @@ struct eval_result {
 struct eval_run {
     const struct eval_data *data;
     size_t queries_used;
+    double eff_keys, top_p, v_gain; /* eval_ctx_attention_stats of the exact attention */
     const int *layers;        /* the layers measured (--layers), ascending */
     int n_layers;
     struct eval_result *res;

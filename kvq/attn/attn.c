@@ -32,22 +32,22 @@ kvq_status kvq_attn_workspace_create(int head_dim, int max_q, size_t max_ctx, kv
     ws->dim = head_dim;
     ws->max_q = max_q;
     ws->max_ctx = max_ctx;
-    ws->lut_floats = nq4 * (d / 8) * 256;
     ws->qprep = alloc64(nq * 2 * d * sizeof(float));
     ws->qsum = alloc64(nq * sizeof(float));
-    ws->lut = alloc64(ws->lut_floats * sizeof(float));
+    ws->lut = alloc64(nq4 / 2 * (d / 8) * 256 * sizeof(uint64_t));
+    ws->lut_inv = alloc64(nq * sizeof(float));
     ws->dot = alloc64(nq * B * sizeof(float));
     ws->w = alloc64(nq * B * sizeof(float));
     ws->wv = alloc64(nq * B * sizeof(float));
     ws->wg = alloc64(nq * B * sizeof(float));
-    ws->ssum = alloc64(B * 4 * sizeof(float));
+    ws->ssum = alloc64(2 * B * sizeof(uint64_t));
     ws->acc = alloc64(nq * d * sizeof(double));
     ws->acc_s = alloc64(nq * d * sizeof(double));
     ws->m = alloc64(nq * sizeof(double));
     ws->l = alloc64(nq * sizeof(double));
     ws->alpha = alloc64(nq * sizeof(double));
     ws->row = alloc64(nq * 2 * d * sizeof(float));
-    if (!ws->qprep || !ws->qsum || !ws->lut || !ws->dot || !ws->w || !ws->wv || !ws->wg || !ws->ssum ||
+    if (!ws->qprep || !ws->qsum || !ws->lut || !ws->lut_inv || !ws->dot || !ws->w || !ws->wv || !ws->wg || !ws->ssum ||
         !ws->acc || !ws->acc_s || !ws->m || !ws->l || !ws->alpha || !ws->row) {
         kvq_attn_workspace_free(ws);
         return KVQ_ERR_NOMEM;
@@ -63,6 +63,7 @@ void kvq_attn_workspace_free(kvq_attn_workspace *ws)
     free(ws->qprep);
     free(ws->qsum);
     free(ws->lut);
+    free(ws->lut_inv);
     free(ws->dot);
     free(ws->w);
     free(ws->wv);
@@ -100,22 +101,75 @@ static kvq_status check_queries(const float *q, size_t n, int d)
 
 void kvq_attn_sign_lut(const struct kvq_attn_job *job, int q0, int qc)
 {
-    const int d = job->dim, W = kvq_attn_lut_width(qc);
-    float *lut = job->ws->lut + kvq_attn_lut_offset(d, q0);
-    for (int p = 0; p < d / 8; p++) {
-        for (int k = 0; k < qc; k++) {
-            const float *sq = job->ws->qprep + (size_t)(q0 + k) * 2 * (size_t)d + (size_t)d + 8 * (size_t)p;
-            float *e = lut + (size_t)p * 256 * (size_t)W + (size_t)k;
-            /* Each entry extends a smaller one by its highest set bit. */
-            e[0] = 0.0f;
-            for (int b = 1; b < 256; b++) {
-                int top = 31 - __builtin_clz((unsigned)b);
-                e[(size_t)b * W] = e[(size_t)(b & ~(1 << top)) * W] + sq[top];
+    const int d = job->dim, P = d / 8, kb = kvq_attn_lut_bits(P);
+    const double half = (double)((1u << (kb - 1)) - 1u); /* |nibble entry| limit */
+    kvq_attn_workspace *ws = job->ws;
+    for (int w = 0; 2 * w < qc; w++) {
+        uint64_t *tab = ws->lut + kvq_attn_lut_offset(d, q0 + 2 * w);
+        /* Nibble tables per lane: lo[p][n] sums bits 0-3 of byte p, hi[p][n] bits 4-7. */
+        int64_t lo[2][16], hi[2][16];
+        double scale[2] = {0.0, 0.0};
+        for (int l = 0; l < 2; l++) {
+            int h = q0 + 2 * w + l;
+            if (2 * w + l >= qc)
+                continue;
+            const float *sq = ws->qprep + (size_t)h * 2 * (size_t)d + (size_t)d;
+            double mx = 0.0; /* the largest |nibble sum| over all positions */
+            for (int j = 0; j < d; j += 4) {
+                double pos = 0.0, neg = 0.0;
+                for (int t = 0; t < 4; t++) {
+                    if (sq[j + t] > 0.0f)
+                        pos += (double)sq[j + t];
+                    else
+                        neg -= (double)sq[j + t];
+                }
+                mx = fmax(mx, fmax(pos, neg));
             }
+            scale[l] = mx > 0.0 ? ldexp(1.0, (int)floor(log2(half / mx))) : 0.0;
+            ws->lut_inv[h] = mx > 0.0 ? (float)(1.0 / scale[l]) : 0.0f;
         }
-        for (int k = qc; k < W; k++) /* unused lanes of a chunk of 3 stay zero */
-            for (int b = 0; b < 256; b++)
-                lut[((size_t)p * 256 + (size_t)b) * W + (size_t)k] = 0.0f;
+        for (int p = 0; p < P; p++) {
+            for (int l = 0; l < 2; l++)
+                for (int n = 0; n < 16; n++) {
+                    double a = 0.0, b = 0.0;
+                    if (2 * w + l < qc) {
+                        const float *sq = ws->qprep + (size_t)(q0 + 2 * w + l) * 2 * (size_t)d + (size_t)d + 8 * p;
+                        for (int t = 0; t < 4; t++) {
+                            a += (n >> t & 1) ? (double)sq[t] : 0.0;
+                            b += (n >> t & 1) ? (double)sq[4 + t] : 0.0;
+                        }
+                    }
+                    /* each half biased by 2^(kb-1): an entry is in [1, 2^(kb+1)) */
+                    lo[l][n] = llrint(a * scale[l]) + (1 << (kb - 1));
+                    hi[l][n] = llrint(b * scale[l]) + (1 << (kb - 1));
+                }
+            uint64_t low[16], high[16];
+            for (int n = 0; n < 16; n++) {
+                low[n] = (uint64_t)lo[0][n] | (uint64_t)lo[1][n] << 32;
+                high[n] = (uint64_t)hi[0][n] | (uint64_t)hi[1][n] << 32;
+            }
+            uint64_t *e = tab + (size_t)p * 256;
+            for (int x = 0; x < 16; x++)
+                for (int n = 0; n < 16; n++)
+                    e[16 * x + n] = high[x] + low[n];
+        }
+    }
+}
+
+/* Asks for the rows of slots [s0, s0+n) of a head chunk to be brought into
+ * L2. Pages are separate allocations of a few KiB, too short for the
+ * hardware prefetchers to ramp up on: without this, long contexts run at
+ * DRAM latency rather than bandwidth. */
+static void prefetch_rows(const struct kvq_head_layout *hl, const uint8_t *chunk, size_t s0, size_t n)
+{
+    const uint32_t offs[4] = {hl->norm_off, hl->rnorm_off, hl->codes_off, hl->signs_off};
+    const uint32_t sizes[4] = {2, 2, hl->codes_stride, hl->signs_stride};
+    for (int f = 0; f < 4; f++) {
+        if (offs[f] == KVQ_NO_SECTION)
+            continue;
+        const uint8_t *p = chunk + offs[f] + s0 * sizes[f], *end = p + n * sizes[f];
+        for (; p < end; p += 64)
+            __builtin_prefetch(p, 0, 2);
     }
 }
 
@@ -157,7 +211,7 @@ kvq_status kvq_attn_decode_kernels(const struct kvq_attn_kernels *kr, const kvq_
             ws->qsum[h] = kvq_reduce8(s);
         }
     }
-    if (job.ck->traits->qjl)
+    if (job.ck->traits->qjl && kr->sign_lut)
         for (int q0 = 0; q0 < n_q; q0 += chunk_size(n_q - q0))
             kvq_attn_sign_lut(&job, q0, chunk_size(n_q - q0));
     for (int h = 0; h < n_q; h++) {
@@ -178,6 +232,14 @@ kvq_status kvq_attn_decode_kernels(const struct kvq_attn_kernels *kr, const kvq_
         struct kvq_attn_block b = {base + pl->k_off + (uint64_t)kv_head * pl->k.bytes,
                                    base + pl->v_off + (uint64_t)kv_head * pl->v.bytes, (uint32_t)s0,
                                    (uint32_t)n};
+        if (t0 + n < n_ctx) { /* the next block, while this one computes */
+            size_t t1 = t0 + n, s1 = t1 % P, n1 = P - s1;
+            n1 = n1 > KVQ_ATTN_BLOCK ? KVQ_ATTN_BLOCK : n1;
+            n1 = n1 > n_ctx - t1 ? n_ctx - t1 : n1;
+            const uint8_t *nb = kvq_cache_page(c, t1 / P);
+            prefetch_rows(&pl->k, nb + pl->k_off + (uint64_t)kv_head * pl->k.bytes, s1, n1);
+            prefetch_rows(&pl->v, nb + pl->v_off + (uint64_t)kv_head * pl->v.bytes, s1, n1);
+        }
         kr->score(&job, &b);
         kr->softmax(&job, b.n);
         kr->value(&job, &b);

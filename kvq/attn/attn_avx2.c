@@ -13,8 +13,11 @@
  * One unpack feeds all query heads of a chunk (up to 4), and the score loop
  * takes 2-4 keys at a time so that each query load feeds several FMAs; the
  * value loop keeps a tile of (heads x 8-coordinate groups) accumulators in
- * registers across the block. The QJL sign term of a tqBj key is one table
- * load per sign byte (kvq_attn_sign_lut), for all heads of a chunk at once.
+ * registers across the block. The QJL sign sum of a tqBj key costs one scalar
+ * 64-bit add per sign byte and pair of heads (fixed-point tables, see
+ * kvq_attn_sign_lut): integer loads and adds, which run beside the vector
+ * work instead of competing with it for the vector load ports, which the
+ * codes and queries already keep busy.
  *
  * Reads: the 32-bit word of the last code group of a row ends up to 3 bytes
  * past the row; that stays inside the page or its KVQ_PAGE_TAIL_PAD.
@@ -134,24 +137,32 @@ INLINE __m256 hsum8(const __m256 *v)
 /* ---- score ---- */
 
 /* dot[h][i] = q_h . row_i for QC heads, rows at codes + i * stride, i < n
- * rounded up to 8 (the extra rows are inside the page; their dots are unused). */
-INLINE void score_pass(const int kind, const int QC, const int KB, const uint8_t *codes, uint32_t stride,
-                       uint32_t n, int dim, const float *q, size_t qstride, float *dot, const struct consts *k)
+ * rounded up to 8 (the extra rows are inside the page; their dots are unused).
+ * NW > 0 (tqBj): also the sign sums of row i, NW table words (pairs of heads)
+ * per sign byte, into ssum[w][i]. */
+INLINE void score_pass(const int kind, const int QC, const int KB, const int NW, const uint8_t *codes,
+                       uint32_t stride, const uint8_t *signs, uint32_t sstride, const uint64_t *lut, size_t lut_words,
+                       uint64_t *ssum, uint32_t n, int dim, const float *q, size_t qstride, float *dot,
+                       const struct consts *k)
 {
     const int G = dim / 8;
     for (uint32_t i0 = 0; i0 < n; i0 += 8) {
         __m256 part[KVQ_ATTN_QCHUNK][8];
         for (int k0 = 0; k0 < 8; k0 += KB) {
             __m256 a[4][KVQ_ATTN_QCHUNK];
-            const uint8_t *r[4];
+            uint64_t sa[4][2];
+            const uint8_t *r[4], *sg[4];
 #pragma GCC unroll 4
             for (int kb = 0; kb < KB; kb++) {
                 r[kb] = codes + (size_t)(i0 + (uint32_t)(k0 + kb)) * stride;
+                sg[kb] = NW ? signs + (size_t)(i0 + (uint32_t)(k0 + kb)) * sstride : NULL;
+                sa[kb][0] = sa[kb][1] = 0;
 #pragma GCC unroll 4
                 for (int h = 0; h < QC; h++)
                     a[kb][h] = _mm256_setzero_ps();
             }
-            for (int g = 0; g < G; g++) {
+            const uint64_t *t = lut;
+            for (int g = 0; g < G; g++, t += 256) {
                 __m256 x[4];
 #pragma GCC unroll 4
                 for (int kb = 0; kb < KB; kb++)
@@ -159,16 +170,29 @@ INLINE void score_pass(const int kind, const int QC, const int KB, const uint8_t
 #pragma GCC unroll 4
                 for (int h = 0; h < QC; h++) {
                     __m256 qv = _mm256_load_ps(q + (size_t)h * qstride + 8 * (size_t)g);
+                    /* One load for KB FMAs: without this the compiler folds the
+                     * load into every FMA, and loads are what runs out first. */
+                    if (KB > 1)
+                        __asm__("" : "+x"(qv));
 #pragma GCC unroll 4
                     for (int kb = 0; kb < KB; kb++)
                         a[kb][h] = _mm256_fmadd_ps(x[kb], qv, a[kb][h]);
                 }
+#pragma GCC unroll 4
+                for (int kb = 0; kb < KB; kb++)
+#pragma GCC unroll 2
+                    for (int w = 0; w < NW; w++)
+                        sa[kb][w] += t[(size_t)w * lut_words + sg[kb][g]];
             }
 #pragma GCC unroll 4
-            for (int kb = 0; kb < KB; kb++)
+            for (int kb = 0; kb < KB; kb++) {
 #pragma GCC unroll 4
                 for (int h = 0; h < QC; h++)
                     part[h][k0 + kb] = a[kb][h];
+#pragma GCC unroll 2
+                for (int w = 0; w < NW; w++)
+                    ssum[(size_t)w * KVQ_ATTN_BLOCK + i0 + (uint32_t)(k0 + kb)] = sa[kb][w];
+            }
         }
 #pragma GCC unroll 4
         for (int h = 0; h < QC; h++)
@@ -176,53 +200,29 @@ INLINE void score_pass(const int kind, const int QC, const int KB, const uint8_t
     }
 }
 
-/* ssum[i][0..W) = per-head sums of (S q')_j over the set sign bits of row i. */
-INLINE void sign_pass(const int W, const uint8_t *signs, uint32_t stride, uint32_t n, int dim, const float *lut,
-                      float *ssum)
-{
-    const int P = dim / 8;
-    for (uint32_t i = 0; i < n; i++) {
-        const uint8_t *s = signs + (size_t)i * stride;
-        __m128 a0 = _mm_setzero_ps(), a1 = _mm_setzero_ps();
-        int p = 0;
-        for (; p + 1 < P; p += 2) {
-            const float *e0 = lut + ((size_t)p * 256 + s[p]) * W, *e1 = lut + ((size_t)(p + 1) * 256 + s[p + 1]) * W;
-            if (W == 1) {
-                a0 = _mm_add_ss(a0, _mm_load_ss(e0));
-                a1 = _mm_add_ss(a1, _mm_load_ss(e1));
-            } else if (W == 2) {
-                a0 = _mm_add_ps(a0, _mm_castpd_ps(_mm_load_sd((const double *)(const void *)e0)));
-                a1 = _mm_add_ps(a1, _mm_castpd_ps(_mm_load_sd((const double *)(const void *)e1)));
-            } else {
-                a0 = _mm_add_ps(a0, _mm_loadu_ps(e0));
-                a1 = _mm_add_ps(a1, _mm_loadu_ps(e1));
-            }
-        }
-        if (p < P) { /* odd number of sign bytes (d = 8 mod 16) */
-            const float *e0 = lut + ((size_t)p * 256 + s[p]) * W;
-            if (W == 1)
-                a0 = _mm_add_ss(a0, _mm_load_ss(e0));
-            else if (W == 2)
-                a0 = _mm_add_ps(a0, _mm_castpd_ps(_mm_load_sd((const double *)(const void *)e0)));
-            else
-                a0 = _mm_add_ps(a0, _mm_loadu_ps(e0));
-        }
-        _mm_store_ps(ssum + 4 * (size_t)i, _mm_add_ps(a0, a1));
-    }
-}
-
-/* Specialisations by (kind, chunk size): 2-4 keys per step, as registers allow. */
+/* Specialisations by (kind, chunk size, sign words): 2-4 keys per step, as registers allow. */
+#define SCORE_ARGS codes, stride, signs, sstride, lut, lut_words, ssum, n, dim, q, qstride, dot, k
 #define SCORE_CASES(KIND)                                                                                  \
     case KIND:                                                                                             \
         if (qc == 4)                                                                                       \
-            score_pass(KIND, 4, 2, codes, stride, n, dim, q, qstride, dot, k);                             \
+            sign ? score_pass(KIND, 4, 2, 2, SCORE_ARGS) : score_pass(KIND, 4, 2, 0, SCORE_ARGS);          \
         else if (qc == 2)                                                                                  \
-            score_pass(KIND, 2, 4, codes, stride, n, dim, q, qstride, dot, k);                             \
+            sign ? score_pass(KIND, 2, 4, 1, SCORE_ARGS) : score_pass(KIND, 2, 4, 0, SCORE_ARGS);          \
         else                                                                                               \
-            score_pass(KIND, 1, 4, codes, stride, n, dim, q, qstride, dot, k);                             \
+            sign ? score_pass(KIND, 1, 4, 1, SCORE_ARGS) : score_pass(KIND, 1, 4, 0, SCORE_ARGS);          \
+        break;
+#define BASE_CASES(KIND)                                                                                   \
+    case KIND:                                                                                             \
+        if (qc == 4)                                                                                       \
+            score_pass(KIND, 4, 2, 0, SCORE_ARGS);                                                         \
+        else if (qc == 2)                                                                                  \
+            score_pass(KIND, 2, 4, 0, SCORE_ARGS);                                                         \
+        else                                                                                               \
+            score_pass(KIND, 1, 4, 0, SCORE_ARGS);                                                         \
         break;
 
-static void score_chunk(int kind, int qc, const uint8_t *codes, uint32_t stride, uint32_t n, int dim,
+static void score_chunk(int kind, int qc, int sign, const uint8_t *codes, uint32_t stride, const uint8_t *signs,
+                        uint32_t sstride, const uint64_t *lut, size_t lut_words, uint64_t *ssum, uint32_t n, int dim,
                         const float *q, size_t qstride, float *dot, const struct consts *k)
 {
     switch (kind) {
@@ -230,10 +230,10 @@ static void score_chunk(int kind, int qc, const uint8_t *codes, uint32_t stride,
         SCORE_CASES(K_TQ2)
         SCORE_CASES(K_TQ3)
         SCORE_CASES(K_TQ4)
-        SCORE_CASES(K_F32)
-        SCORE_CASES(K_F16)
-        SCORE_CASES(K_Q8)
-        SCORE_CASES(K_Q4)
+        BASE_CASES(K_F32)
+        BASE_CASES(K_F16)
+        BASE_CASES(K_Q8)
+        BASE_CASES(K_Q4)
     default: break;
     }
 }
@@ -243,40 +243,41 @@ static int chunk_size(int left)
     return left >= 4 ? 4 : left == 3 ? 2 : left;
 }
 
+/* Lane l (0 or 1) of eight 64-bit words: the 32-bit halves, as 8 int32. */
+INLINE __m256i words_half(const uint64_t *w, int l)
+{
+    const __m256i sel = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    __m256i a = _mm256_permutevar8x32_epi32(_mm256_load_si256((const __m256i *)(const void *)w), sel);
+    __m256i b = _mm256_permutevar8x32_epi32(_mm256_load_si256((const __m256i *)(const void *)(w + 4)), sel);
+    return l ? _mm256_permute2x128_si256(a, b, 0x31) : _mm256_permute2x128_si256(a, b, 0x20);
+}
+
 static void score_avx2(const struct kvq_attn_job *job, const struct kvq_attn_block *b)
 {
     const kvq_codec *ck = job->ck;
     const struct kvq_head_layout *hl = job->hk;
     kvq_attn_workspace *ws = job->ws;
-    const int kind = kind_of(ck), dim = job->dim;
+    const int kind = kind_of(ck), dim = job->dim, qjl = ck->traits->qjl;
     const struct consts k = make_consts(ck, kind);
-    const size_t qstride = 2 * (size_t)dim;
+    const size_t qstride = 2 * (size_t)dim, lut_words = kvq_attn_lut_offset(dim, 2);
     const uint8_t *codes = b->kchunk + hl->codes_off + (size_t)b->s0 * hl->codes_stride;
+    const uint8_t *signs = qjl ? b->kchunk + hl->signs_off + (size_t)b->s0 * hl->signs_stride : NULL;
     const uint32_t n8 = (b->n + 7) & ~7u;
+    const int P = dim / 8;
+    const __m256i bias = _mm256_set1_epi32(P << kvq_attn_lut_bits(P));
 
     for (int q0 = 0; q0 < job->n_q; q0 += chunk_size(job->n_q - q0)) {
         const int qc = chunk_size(job->n_q - q0);
         float *dot = ws->dot + (size_t)q0 * KVQ_ATTN_BLOCK;
-        score_chunk(kind, qc, codes, hl->codes_stride, b->n, dim, ws->qprep + (size_t)q0 * qstride, qstride, dot, &k);
+        score_chunk(kind, qc, qjl, codes, hl->codes_stride, signs, hl->signs_stride,
+                    qjl ? ws->lut + kvq_attn_lut_offset(dim, q0) : NULL, lut_words, ws->ssum, b->n, dim,
+                    ws->qprep + (size_t)q0 * qstride, qstride, dot, &k);
         if (!ck->traits->rotated)
             continue;
         /* tq: times the row norm, plus the QJL term g (2 P - T). */
         const uint16_t *norm = (const uint16_t *)(const void *)(b->kchunk + hl->norm_off) + b->s0;
-        const uint16_t *rnorm = NULL;
-        if (ck->traits->qjl) {
-            const int W = kvq_attn_lut_width(qc);
-            const float *lut = ws->lut + kvq_attn_lut_offset(dim, q0);
-            const uint8_t *signs = b->kchunk + hl->signs_off + (size_t)b->s0 * hl->signs_stride;
-            if (W == 1)
-                sign_pass(1, signs, hl->signs_stride, n8, dim, lut, ws->ssum);
-            else if (W == 2)
-                sign_pass(2, signs, hl->signs_stride, n8, dim, lut, ws->ssum);
-            else
-                sign_pass(4, signs, hl->signs_stride, n8, dim, lut, ws->ssum);
-            rnorm = (const uint16_t *)(const void *)(b->kchunk + hl->rnorm_off) + b->s0;
-        }
+        const uint16_t *rnorm = qjl ? (const uint16_t *)(const void *)(b->kchunk + hl->rnorm_off) + b->s0 : NULL;
         const __m256 kappa = _mm256_set1_ps(ck->qjl_kappa_f), two = _mm256_set1_ps(2.0f);
-        const float *ss = ws->ssum;
         for (uint32_t i0 = 0; i0 < n8; i0 += 8) {
             __m256 nv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(norm + i0)));
             __m256 gv = _mm256_setzero_ps();
@@ -286,8 +287,8 @@ static void score_avx2(const struct kvq_attn_job *job, const struct kvq_attn_blo
                 float *dp = dot + (size_t)h * KVQ_ATTN_BLOCK + i0;
                 __m256 a = _mm256_load_ps(dp);
                 if (rnorm) {
-                    const float *s = ss + 4 * (size_t)i0 + h;
-                    __m256 p = _mm256_setr_ps(s[0], s[4], s[8], s[12], s[16], s[20], s[24], s[28]);
+                    __m256i s = _mm256_sub_epi32(words_half(ws->ssum + (size_t)(h >> 1) * KVQ_ATTN_BLOCK + i0, h & 1), bias);
+                    __m256 p = _mm256_mul_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(ws->lut_inv[q0 + h]));
                     __m256 t = _mm256_fmsub_ps(two, p, _mm256_set1_ps(ws->qsum[q0 + h]));
                     a = _mm256_fmadd_ps(gv, t, a);
                 }
@@ -488,4 +489,4 @@ static void value_avx2(const struct kvq_attn_job *job, const struct kvq_attn_blo
                     &ks);
 }
 
-const struct kvq_attn_kernels kvq_attn_kernels_avx2 = {score_avx2, softmax_avx2, value_avx2};
+const struct kvq_attn_kernels kvq_attn_kernels_avx2 = {1, score_avx2, softmax_avx2, value_avx2};

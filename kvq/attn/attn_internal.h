@@ -37,17 +37,17 @@ struct kvq_attn_workspace {
     /* fused path */
     float *qprep;    /* [max_q][2 dim]: q (baseline K) or q', S q' (tq K) */
     float *qsum;     /* [max_q]: sum_j (S q')_j */
-    float *lut;      /* sign tables, see kvq_attn_sign_lut (lut_floats floats) */
-    size_t lut_floats;
+    uint64_t *lut;   /* sign tables, see kvq_attn_sign_lut */
+    float *lut_inv;  /* [max_q]: value of one fixed-point step of each head's table */
     float *dot;      /* [max_q][KVQ_ATTN_BLOCK] */
     float *w;        /* [max_q][KVQ_ATTN_BLOCK] softmax weights */
     float *wv;       /* [max_q][KVQ_ATTN_BLOCK] weights times V norms (tq V) */
     float *wg;       /* [max_q][KVQ_ATTN_BLOCK] weights times V norms times g (tqBj V) */
-    float *ssum;     /* [KVQ_ATTN_BLOCK][4] sign sums of one query chunk */
+    uint64_t *ssum;  /* [2][KVQ_ATTN_BLOCK] sign sums of one query chunk, as table words */
     double *acc;     /* [max_q][dim] */
     double *acc_s;   /* [max_q][dim]: tqBj V, the S-domain part */
     double *m, *l, *alpha; /* [max_q] */
-    float *row;      /* [2 dim] scratch */
+    float *row;      /* [max_q][2 dim] scratch */
 };
 
 /* One decode call, as the kernels see it. */
@@ -70,6 +70,7 @@ struct kvq_attn_block {
  *  softmax: ws->w, ws->alpha, and updates ws->m, ws->l
  *  value: ws->acc (and ws->acc_s) = alpha acc + sum_i w v_i */
 struct kvq_attn_kernels {
+    int sign_lut; /* 1: score reads the sign tables (built per call for a tqBj K) */
     void (*score)(const struct kvq_attn_job *job, const struct kvq_attn_block *b);
     void (*softmax)(const struct kvq_attn_job *job, uint32_t n);
     void (*value)(const struct kvq_attn_job *job, const struct kvq_attn_block *b);
@@ -82,19 +83,30 @@ extern const struct kvq_attn_kernels kvq_attn_kernels_avx2; /* needs AVX2 and di
 kvq_status kvq_attn_decode_kernels(const struct kvq_attn_kernels *kr, const kvq_cache *c, int kv_head, size_t n_ctx,
                                    const float *q, int n_q, float scale, float *out, kvq_attn_workspace *ws);
 
-/* Sign tables for a tqBj K and the query chunk starting at q0 with qc heads:
- * entry [p][b] holds, for each head of the chunk, the sum of (S q')_j over
- * the set bits of byte b at byte position p (j = 8p + bit), i.e. the sign sum
- * of one byte of a key by one load. Entries are kvq_attn_lut_width(qc) floats
- * wide (1, 2 or 4) so that one head's table is 4 KiB per byte position. */
-static inline int kvq_attn_lut_width(int qc)
+/* Sign tables for a tqBj K and the query chunk starting at q0 (even) with qc
+ * heads. The sign sum P = sum of (S q')_j over the set sign bits of a key is
+ * gathered one sign byte at a time: entry [p][b] holds the sum over the set
+ * bits of byte value b at byte position p (j = 8p + bit). Entries are fixed
+ * point, two heads per 64-bit word (head 2w + l in bits 32l .. 32l+31, each
+ * biased to be non-negative and small enough that the sums over all d/8
+ * positions never carry into the other half), so a key's sums for a pair of
+ * heads cost one scalar add per sign byte, on the integer side of the core
+ * while the vector units score the codes. Head h's sum is
+ *   (int32)(half_h - (d/8) 2^kvq_attn_lut_bits(d/8)) * lut_inv[h].
+ * Rounding: two roundings to a step of lut_inv per byte, ~2^-24 of the
+ * largest nibble sum at d = 128: below float accumulation error.
+ * Word table w of the chunk is ws->lut + kvq_attn_lut_offset(dim, q0 + 2w),
+ * [d/8][256] words. */
+static inline int kvq_attn_lut_bits(int positions)
 {
-    return qc <= 1 ? 1 : qc == 2 ? 2 : 4;
+    int c = 0;
+    while ((1 << c) < positions)
+        c++;
+    return 30 - c;
 }
-/* Offset of the chunk starting at query q0 inside ws->lut. */
 static inline size_t kvq_attn_lut_offset(int dim, int q0)
 {
-    return (size_t)q0 * (size_t)(dim / 8) * 256u;
+    return (size_t)(q0 / 2) * (size_t)(dim / 8) * 256u;
 }
 void kvq_attn_sign_lut(const struct kvq_attn_job *job, int q0, int qc);
 

@@ -15,7 +15,7 @@
  * The library uses the tables shipped in codebooks/ (compiled in) for
  * d in {64, 80, 96, 112, 128, 160, 192, 256}, b in 1..4, and computes any other
  * (d, b) on demand. How the integrals are evaluated, and to what accuracy, is
- * described at kvq_codebook_compute().
+ * described at kvq_codebook_compute(); docs/codebooks.md has the mse table.
  */
 #ifndef KVQ_CODEBOOK_H
 #define KVQ_CODEBOOK_H
@@ -45,20 +45,40 @@ typedef struct kvq_codebook {
     double centroids[KVQ_CODEBOOK_MAX_LEVELS];      /* ascending, symmetric about 0 */
     double boundaries[KVQ_CODEBOOK_MAX_LEVELS - 1]; /* boundaries[i] between centroid i and i+1 */
     double mse;          /* expected squared error per unit vector (d x per-coordinate MSE) */
-    int iterations;      /* Lloyd iterations used (0 for a shipped table) */
+    int iterations;      /* solver iterations (Newton or Lloyd steps); 0 for a shipped table */
 } kvq_codebook;
 
-/** Computes the Lloyd-Max codebook from scratch.
- *  Converged when no centroid moves by more than 1e-12 (the acceptance bar is
- *  1e-9). Integrals of the density over each cell come from closed forms or
- *  adaptive Gauss-Kronrod quadrature in long double; see lloyd_max.c.
- *  @return KVQ_OK; KVQ_ERR_INVALID_ARG for out (NULL), KVQ_ERR_UNSUPPORTED for
- *  dim or bits outside the ranges above, KVQ_ERR_NOT_CONVERGED if the
- *  iteration limit is hit. */
+/** Computes the Lloyd-Max codebook from scratch (no shared state: thread-safe).
+ *
+ *  Numerics (details in lloyd_max.c): everything in long double. Cell numerators
+ *  int t f(t) dt use closed forms written without cancellation (expm1/log1p);
+ *  Gaussian cell masses use erfc differences of same-sign arguments; beta cell
+ *  masses and every cell's int (t - c)^2 f(t) dt (the mse, never formed as
+ *  E[t^2] - M c^2) use adaptive 20-point Gauss-Legendre quadrature, with the
+ *  substitution t = 1 - s^2 for |t| > 1/2 so the integrand stays analytic at the
+ *  endpoints +-1; the normaliser B(1/2, (d-1)/2) comes from lgamma. The Lloyd
+ *  conditions are solved by damped Newton steps (tridiagonal Jacobian) from the
+ *  companding start (quantiles of f^(1/3)), falling back to plain Lloyd steps;
+ *  converged when no centroid moves by more than 1e-13 and max |c_i - E[t | cell i]|
+ *  <= 1e-12 (the acceptance bar is 1e-9; measured against 40-digit mpmath the
+ *  centroids are right to ~1e-16, the mse to ~2e-16 relative). 5-8 iterations,
+ *  a few ms for b <= 4, tens of ms for b = 8.
+ *
+ *  The output is fully written (padding zeroed, so equal codebooks compare equal
+ *  with memcmp) only on KVQ_OK; on error *out is left untouched. Centroids are
+ *  the long double solution rounded to double; boundaries are the midpoints of
+ *  those doubles; mse is integrated for exactly that published codebook.
+ *  @return KVQ_OK; KVQ_ERR_INVALID_ARG for out == NULL or an unknown dist;
+ *  KVQ_ERR_UNSUPPORTED for dim or bits outside the ranges above;
+ *  KVQ_ERR_NOT_CONVERGED if the iteration or quadrature limits are hit (never
+ *  seen in a sweep of every d in 3..300 and log-spaced d up to 65536, b = 1..8). */
 kvq_status kvq_codebook_compute(int dim, int bits, enum kvq_dist dist, kvq_codebook *out);
 
 /** The codebook the library uses: the shipped table when (dim, bits, dist) is
- *  one, otherwise kvq_codebook_compute(). Thread-safe.
+ *  one (iterations = 0; boundaries rebuilt as midpoints exactly as
+ *  kvq_codebook_compute() does), otherwise kvq_codebook_compute(). Thread-safe:
+ *  no cache, nothing shared is written. It copies (or computes) a whole table:
+ *  call it once at setup, not per vector.
  *  @return as kvq_codebook_compute(). */
 kvq_status kvq_codebook_get(int dim, int bits, enum kvq_dist dist, kvq_codebook *out);
 

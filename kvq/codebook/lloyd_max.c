@@ -31,7 +31,8 @@
  * Iteration: unknowns are the centroids c_0 < ... < c_{n-1}; boundaries are
  * their midpoints; the residual is F_i = c_i - m_i, m_i the conditional mean
  * of cell i. Plain Lloyd (c <- m) converges linearly with a rate that tends
- * to 1 as n grows (thousands of sweeps for 8 bits), so we take Newton steps:
+ * to 1 as n grows (from the start below, d = 128: 50 sweeps for 2 bits, 622
+ * for 4, 7621 for 6, i.e. seconds, and far more for 8), so we take Newton steps:
  * dm_i/dl = g(l)(m_i - l)/M_i and dm_i/dr = g(r)(r - m_i)/M_i make the
  * Jacobian tridiagonal (O(n) Thomas solve). Steps are halved until the
  * residual drops and the centroids stay ordered; when that fails a Lloyd
@@ -40,7 +41,8 @@
  * (i + 1/2)/n of g^(1/3), which is already close for large n. Symmetry about
  * 0 is imposed after every step. Stop when no centroid moves more than 1e-13
  * (working units) and confirm max |c_i - m_i| <= 1e-12 at the end.
- * Typical cost: 5-15 iterations, milliseconds even for 8 bits.
+ * Measured: 1-6 iterations for all d in 3..300 and log-spaced d up to 65536,
+ * b = 1..8; a few ms for b <= 4, 20-60 ms for b = 8 (mostly beta quadrature).
  */
 #include "codebook_internal.h"
 

@@ -157,11 +157,7 @@ kvq_status kvq_codec_check_row(const kvq_codec *c, const float *x)
 {
     if (c->traits->rotated)
         return kvq_cpu_has_avx2() ? kvq_tq_check_avx2(c, x) : kvq_tq_check_ref(c, x);
-    /* Baselines have their own range rules (scales, f16 values): a dry run
-     * into a scratch row is the one place they are spelled out. */
-    uint8_t scratch[4 * KVQ_MAX_DIM];
-    struct kvq_row r = {NULL, NULL, scratch, NULL};
-    return c->traits->encode_ref(c, x, &r);
+    return kvq_cpu_has_avx2() ? kvq_baseline_check_avx2(c, x) : kvq_baseline_check(c, x);
 }
 
 typedef kvq_status (*row_encoder)(const kvq_codec *c, const float *x, const struct kvq_row *dst);

@@ -82,6 +82,36 @@ float kvq_q8_0_score(const kvq_codec *c, const float *q, const struct kvq_row *s
 kvq_status kvq_q4_0_encode(const kvq_codec *c, const float *x, const struct kvq_row *dst);
 void kvq_q4_0_decode(const kvq_codec *c, const struct kvq_row *src, float *x);
 float kvq_q4_0_score(const kvq_codec *c, const float *q, const struct kvq_row *src);
+/* The same with AVX2/F16C (baseline_avx2.c), bit-identical, and the
+ * dispatchers (baseline.c) the traits table uses as the fast path. Baseline
+ * scores use the 8-lane fmaf order of the tq scores (see above), so that
+ * their fast and reference paths agree bit for bit too. */
+kvq_status kvq_f16_encode_avx2(const kvq_codec *c, const float *x, const struct kvq_row *dst);
+void kvq_f16_decode_avx2(const kvq_codec *c, const struct kvq_row *src, float *x);
+float kvq_f16_score_avx2(const kvq_codec *c, const float *q, const struct kvq_row *src);
+kvq_status kvq_q8_0_encode_avx2(const kvq_codec *c, const float *x, const struct kvq_row *dst);
+void kvq_q8_0_decode_avx2(const kvq_codec *c, const struct kvq_row *src, float *x);
+float kvq_q8_0_score_avx2(const kvq_codec *c, const float *q, const struct kvq_row *src);
+kvq_status kvq_q4_0_encode_avx2(const kvq_codec *c, const float *x, const struct kvq_row *dst);
+void kvq_q4_0_decode_avx2(const kvq_codec *c, const struct kvq_row *src, float *x);
+float kvq_q4_0_score_avx2(const kvq_codec *c, const float *q, const struct kvq_row *src);
+float kvq_f32_score_avx2(const kvq_codec *c, const float *q, const struct kvq_row *src);
+kvq_status kvq_f32_encode_avx2(const kvq_codec *c, const float *x, const struct kvq_row *dst);
+kvq_status kvq_f32_encode_fast(const kvq_codec *c, const float *x, const struct kvq_row *dst);
+kvq_status kvq_f16_encode_fast(const kvq_codec *c, const float *x, const struct kvq_row *dst);
+void kvq_f16_decode_fast(const kvq_codec *c, const struct kvq_row *src, float *x);
+float kvq_f16_score_fast(const kvq_codec *c, const float *q, const struct kvq_row *src);
+kvq_status kvq_q8_0_encode_fast(const kvq_codec *c, const float *x, const struct kvq_row *dst);
+void kvq_q8_0_decode_fast(const kvq_codec *c, const struct kvq_row *src, float *x);
+float kvq_q8_0_score_fast(const kvq_codec *c, const float *q, const struct kvq_row *src);
+kvq_status kvq_q4_0_encode_fast(const kvq_codec *c, const float *x, const struct kvq_row *dst);
+void kvq_q4_0_decode_fast(const kvq_codec *c, const struct kvq_row *src, float *x);
+float kvq_q4_0_score_fast(const kvq_codec *c, const float *q, const struct kvq_row *src);
+float kvq_f32_score_fast(const kvq_codec *c, const float *q, const struct kvq_row *src);
+/* Steps 1-2 for the baselines: non-finite input, or an f16 (value or block
+ * scale) that would overflow. Scalar; the AVX2 encoders check the same. */
+kvq_status kvq_baseline_check(const kvq_codec *c, const float *x);
+kvq_status kvq_baseline_check_avx2(const kvq_codec *c, const float *x);
 /* TurboQuant tqB / tqBj (c->bits, c->qjl select the variant): scalar
  * references (tq_ref.c), AVX2 (tq_avx2.c) and dispatchers (tq.c). */
 kvq_status kvq_tq_encode_ref(const kvq_codec *c, const float *x, const struct kvq_row *dst);
@@ -126,6 +156,16 @@ static inline void kvq_codec_s_apply_ref(const kvq_codec *c, const float *x, flo
 static inline void kvq_codec_s_apply_t_ref(const kvq_codec *c, const float *y, float *x)
 {
     kvq_rotation_apply_t_ref(c->qjl, y, x);
+}
+
+/* 1/d for the q8_0/q4_0 quantizers: llama.cpp's `d ? 1/d : 0`, except that
+ * a scale so small that 1/d overflows (|d| < 2^-128, blocks of magnitude
+ * below ~1e-36, whose f16 scale is 0 anyway) also gets 0: llama.cpp then
+ * converts Inf/NaN to int8, which is undefined behaviour in C. */
+static inline float kvq_block_inv_scale(float d)
+{
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    return isinf(id) ? 0.0f : id;
 }
 
 static inline uint16_t kvq_row_load_u16(const uint16_t *p)

@@ -155,24 +155,29 @@ struct kvq_row kvq_codec_packed_row(const kvq_codec *c, void *row);
 /** Encodes n_rows rows of x [n_rows][dim] into packed rows (row_bytes each).
  *  All rows are checked first: on error nothing is written.
  *  Zero vectors encode to rows that decode to exact zeros.
- *  @return KVQ_OK; KVQ_ERR_NONFINITE (NaN/Inf in x); KVQ_ERR_RANGE (a norm
- *  too large for f16, > 65504); KVQ_ERR_INVALID_ARG (NULL). */
+ *  @return KVQ_OK; KVQ_ERR_NONFINITE (NaN/Inf in x); KVQ_ERR_RANGE (what
+ *  would be stored as f16 rounds to Inf, i.e. reaches 65520: the norm of a tq
+ *  row, an f16 value, a q8_0/q4_0 block scale); KVQ_ERR_INVALID_ARG (NULL). */
 kvq_status kvq_codec_encode(const kvq_codec *c, const float *x, size_t n_rows, void *rows);
 kvq_status kvq_codec_encode_ref(const kvq_codec *c, const float *x, size_t n_rows, void *rows);
 
-/** Decodes n_rows packed rows into x [n_rows][dim]. */
+/** Decodes n_rows packed rows into x [n_rows][dim]. A row whose norm is 0
+ *  decodes to +0.0f everywhere. @return KVQ_OK or KVQ_ERR_INVALID_ARG. */
 kvq_status kvq_codec_decode(const kvq_codec *c, const void *rows, size_t n_rows, float *x);
 kvq_status kvq_codec_decode_ref(const kvq_codec *c, const void *rows, size_t n_rows, float *x);
 
 /** Floats a prepared query needs (dim for baselines, 2*dim for tq types). */
 size_t kvq_codec_query_floats(const kvq_codec *c);
 
-/** Prepares q [dim] for scoring: tq types store q' = R q then S q'.
- *  @return KVQ_OK or KVQ_ERR_NONFINITE. */
+/** Prepares q [dim] for scoring: tq types store q' = R q then S q' (tqB,
+ *  which has no S: zeros); baselines copy q. qprep holds
+ *  kvq_codec_query_floats(c) floats and may be q itself when large enough.
+ *  @return KVQ_OK, KVQ_ERR_NONFINITE, KVQ_ERR_INVALID_ARG (NULL). */
 kvq_status kvq_codec_prepare_query(const kvq_codec *c, const float *q, float *qprep);
 
 /** @return the estimate of <q, x> for the row, equal (to rounding) to
- *  <q, decode(row)>. */
+ *  <q, decode(row)>. Never allocates; safe from several threads (a codec is
+ *  immutable after create, and so are all entry points here). */
 float kvq_codec_score(const kvq_codec *c, const float *qprep, const struct kvq_row *row);
 
 /** @return the QJL scale kappa described above for this codec (0 for non-QJL types). */

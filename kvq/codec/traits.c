@@ -7,14 +7,17 @@
 #include "codec_internal.h"
 
 #define BASELINE(T, NAME, BITS, BV, BB, SUMMARY, FN)                                      \
-    [T] = {NAME, T, BITS, BV, BB, 0, 0, SUMMARY, FN##_encode, FN##_decode, FN##_score,   \
-           FN##_encode, FN##_decode, FN##_score}
+    [T] = {NAME, T, BITS, BV, BB, 0, 0, SUMMARY, FN##_encode_fast, FN##_decode_fast,       \
+           FN##_score_fast, FN##_encode, FN##_decode, FN##_score}
 #define TQ(T, NAME, BITS, QJL, SUMMARY)                                                   \
     [T] = {NAME, T, BITS, 0, 0, 1, QJL, SUMMARY, kvq_tq_encode, kvq_tq_decode, kvq_tq_score, \
            kvq_tq_encode_ref, kvq_tq_decode_ref, kvq_tq_score_ref}
 
 static const struct kvq_type_traits traits_table[KVQ_TYPE_COUNT] = {
-    BASELINE(KVQ_TYPE_F32, "f32", 32, 1, 4, "IEEE binary32, uncompressed reference", kvq_f32),
+    /* f32 decode is a memcpy on either path. */
+    [KVQ_TYPE_F32] = {"f32", KVQ_TYPE_F32, 32, 1, 4, 0, 0, "IEEE binary32, uncompressed reference",
+                      kvq_f32_encode_fast, kvq_f32_decode, kvq_f32_score_fast, kvq_f32_encode, kvq_f32_decode,
+                      kvq_f32_score},
     BASELINE(KVQ_TYPE_F16, "f16", 16, 1, 2, "IEEE binary16 (round to nearest even)", kvq_f16),
     BASELINE(KVQ_TYPE_Q8_0, "q8_0", 8, KVQ_QK, (int)sizeof(kvq_block_q8_0),
              "llama.cpp q8_0: blocks of 32 int8 with an f16 scale", kvq_q8_0),

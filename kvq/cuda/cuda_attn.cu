@@ -62,29 +62,51 @@ __device__ float dense_row(const float *Mc, const float *x, int d, int i)
     return acc;
 }
 
-/* Fused-kernel query block of (entry b, KV head h); blockDim = 128 = d. */
-__global__ void prep_fast_kernel(const float *q, int Hq, int H, int G, float c, const float *rk, const float *sk,
-                                 const int16_t *ktab, const int16_t *stab, const float *sdiv, uint8_t *qfrag)
+/* Fused-kernel query block of (entry b, KV head h); blockDim = 128 = d.
+ * All (up to 8) queries of the head go through the dense rotations in one
+ * pass over the matrix: 8 independent FMA chains per thread. */
+__global__ void prep_fast_kernel(const float *q, int Hq, int H, int G, float c, float inv_alpha_k, const float *rk,
+                                 const float *sk, const int16_t *ktab, const int16_t *stab, const float *sdiv,
+                                 uint8_t *qfrag)
 {
     constexpr int D = 128;
-    __shared__ float xs[D];
+    __shared__ float xs[8][D];
     __shared__ float qr[8][D];
     __shared__ float sq[8][D];
     __shared__ float sig[8], tsum[8];
     const int i = threadIdx.x, h = blockIdx.x, b = blockIdx.y;
-    for (int qi = 0; qi < 8; qi++) {
-        if (qi < G) {
-            xs[i] = q[((size_t)b * Hq + (size_t)h * G + qi) * D + i];
-            __syncthreads();
-            qr[qi][i] = c * (rk ? dense_row(rk, xs, D, i) : xs[i]);
-            __syncthreads();
-            sq[qi][i] = sk ? dense_row(sk, qr[qi], D, i) : 0.0f;
-        } else {
-            qr[qi][i] = 0.0f;
-            sq[qi][i] = 0.0f;
+#pragma unroll
+    for (int qi = 0; qi < 8; qi++)
+        xs[qi][i] = qi < G ? q[((size_t)b * Hq + (size_t)h * G + qi) * D + i] : 0.0f;
+    __syncthreads();
+    float acc[8];
+#pragma unroll
+    for (int qi = 0; qi < 8; qi++)
+        acc[qi] = rk ? 0.0f : xs[qi][i];
+    if (rk)
+        for (int j = 0; j < D; j++) {
+            const float m = rk[(size_t)j * D + i];
+#pragma unroll
+            for (int qi = 0; qi < 8; qi++)
+                acc[qi] = fmaf(m, xs[qi][j], acc[qi]);
         }
-        __syncthreads();
+#pragma unroll
+    for (int qi = 0; qi < 8; qi++) {
+        qr[qi][i] = c * acc[qi];
+        acc[qi] = 0.0f;
     }
+    __syncthreads();
+    if (sk)
+        for (int j = 0; j < D; j++) {
+            const float m = sk[(size_t)j * D + i];
+#pragma unroll
+            for (int qi = 0; qi < 8; qi++)
+                acc[qi] = fmaf(m, qr[qi][j], acc[qi]);
+        }
+#pragma unroll
+    for (int qi = 0; qi < 8; qi++)
+        sq[qi][i] = acc[qi];
+    __syncthreads();
     const int warp = i >> 5, lane = i & 31;
     for (int qi = warp; qi < 8; qi += 4) {
         float mx = 0.0f, sum = 0.0f;
@@ -111,7 +133,7 @@ __global__ void prep_fast_kernel(const float *q, int Hq, int H, int G, float c, 
         for (int r = 0; r < 4; r++) {
             const int s = kb * 16 + 2 * t + 8 * (r >> 1);
             uint32_t hi, lo, shi, slo;
-            split_f16x2(qr[g][ktab[s]], qr[g][ktab[s + 1]], &hi, &lo);
+            split_f16x2(qr[g][ktab[s]] * inv_alpha_k, qr[g][ktab[s + 1]] * inv_alpha_k, &hi, &lo);
             split_f16x2(sq[g][stab[s]] / sig[g] * sdiv[s], sq[g][stab[s + 1]] / sig[g] * sdiv[s + 1], &shi, &slo);
             ra[r] = (r & 1) ? lo : hi;
             rs[r] = (r & 1) ? slo : shi;
@@ -126,40 +148,58 @@ __global__ void prep_fast_kernel(const float *q, int Hq, int H, int G, float c, 
     }
 }
 
-/* Merges the splits of (entry b, KV head h) and rotates back; blockDim = 128. */
+__device__ float block_reduce128(float v, float *red, bool is_max)
+{
+    for (int o = 16; o; o >>= 1) {
+        float w = __shfl_xor_sync(0xffffffffu, v, o);
+        v = is_max ? fmaxf(v, w) : v + w;
+    }
+    if ((threadIdx.x & 31) == 0)
+        red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    v = is_max ? fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3])) : (red[0] + red[1]) + (red[2] + red[3]);
+    __syncthreads();
+    return v;
+}
+
+/* Merges the splits of one query (grid: query, KV head, entry) and rotates
+ * back; blockDim = 128. Split weights go to shared memory first so the
+ * O loop is a plain stream of independent loads. */
 __global__ void finalize_kernel(const float *part, int n_splits, int Hq, int H, int G, const int16_t *vtab,
-                                const float *rv, float *out)
+                                const float *rv, float inv_alpha_v, float *out)
 {
     constexpr int D = 128;
+    extern __shared__ float wts[]; /* n_splits */
     __shared__ float od[D];
-    const int i = threadIdx.x, h = blockIdx.x, b = blockIdx.y;
+    __shared__ float red[4];
+    const int i = threadIdx.x, qi = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const size_t stride = (size_t)G * (D + 2);
     const float *base = part + ((size_t)b * H + h) * n_splits * stride;
-    for (int qi = 0; qi < G; qi++) {
-        float M = -INFINITY;
-        for (int s = 0; s < n_splits; s++)
-            M = fmaxf(M, base[s * stride + G * D + qi]);
-        float L = 0.0f, o = 0.0f;
-        for (int s = 0; s < n_splits; s++) {
-            const float *e = base + s * stride;
-            const float m = e[G * D + qi];
-            if (m == -INFINITY)
-                continue;
-            const float w = exp2f(m - M);
-            L += e[G * D + G + qi] * w;
-            o += e[qi * D + i] * w;
-        }
-        od[vtab[i]] = o / L;
-        __syncthreads();
-        float y = od[i];
-        if (rv) {
-            y = 0.0f;
-            for (int j = 0; j < D; j++)
-                y = fmaf(rv[(size_t)j * D + i], od[j], y);
-        }
-        out[((size_t)b * Hq + (size_t)h * G + qi) * D + i] = y;
-        __syncthreads();
+    float M = -INFINITY;
+    for (int s = i; s < n_splits; s += D)
+        M = fmaxf(M, base[s * stride + G * D + qi]);
+    M = block_reduce128(M, red, true);
+    float L = 0.0f;
+    for (int s = i; s < n_splits; s += D) {
+        const float m = base[s * stride + G * D + qi];
+        const float w = m == -INFINITY ? 0.0f : exp2f(m - M);
+        wts[s] = w;
+        L += w * base[s * stride + G * D + G + qi];
     }
+    L = block_reduce128(L, red, false);
+    float o = 0.0f;
+#pragma unroll 4
+    for (int s = 0; s < n_splits; s++)
+        o = fmaf(base[s * stride + qi * D + i], wts[s], o);
+    od[vtab[i]] = o * (inv_alpha_v / L);
+    __syncthreads();
+    float y = od[i];
+    if (rv) {
+        y = 0.0f;
+        for (int j = 0; j < D; j++)
+            y = fmaf(rv[(size_t)j * D + i], od[j], y);
+    }
+    out[((size_t)b * Hq + (size_t)h * G + qi) * D + i] = y;
 }
 
 /* Reference query prep: qprep[entry][hq] = (scale * R q, S (scale * R q)). */
@@ -337,6 +377,8 @@ kvq_status kvq_cu_attn_init(kvq_cuda_cache *c)
     KVQ_CU_TRY(cudaMemcpy(c->slot_tab_d, tabs, sizeof tabs, cudaMemcpyHostToDevice));
     KVQ_CU_TRY(cudaMalloc(&c->slot_scale_d, sizeof sdiv));
     KVQ_CU_TRY(cudaMemcpy(c->slot_scale_d, sdiv, sizeof sdiv, cudaMemcpyHostToDevice));
+    c->alpha_k = c->dk.type == KVQ_TYPE_TQ3 || c->dk.type == KVQ_TYPE_TQ3J ? codebook_alpha(c->dk.centroids, 8) : 1.0f;
+    c->alpha_v = c->dv.type == KVQ_TYPE_TQ3 || c->dv.type == KVQ_TYPE_TQ3J ? codebook_alpha(c->dv.centroids, 8) : 1.0f;
     return KVQ_OK;
 }
 
@@ -375,16 +417,16 @@ static kvq_status attend_chunk(kvq_cuda_cache *c, int nb, const int *seqs, const
         p.G = G;
         p.kappa = c->dk.kappa;
         if (c->dk.type != KVQ_TYPE_F16)
-            p.lut_k = tq3_lut_make(c->dk.centroids);
+            p.lut_k = tq3_lut_make(c->dk.centroids, c->alpha_k);
         if (c->dv.type != KVQ_TYPE_F16)
-            p.lut_v = tq3_lut_make(c->dv.centroids);
+            p.lut_v = tq3_lut_make(c->dv.centroids, c->alpha_v);
         for (int i = 0; i < nb; i++) {
             p.seq[i] = seqs[i];
             p.len[i] = (int)c->len[seqs[i]];
         }
         const int16_t *tab = c->slot_tab_d;
         prep_fast_kernel<<<dim3((unsigned)H, (unsigned)nb), 128, 0, c->stream>>>(
-            q, Hq, H, G, scale * kLog2e, c->dk.rotated ? c->rk_dense : NULL, c->dk.qjl ? c->sk_dense : NULL, tab,
+            q, Hq, H, G, scale * kLog2e, 1.0f / c->alpha_k, c->dk.rotated ? c->rk_dense : NULL, c->dk.qjl ? c->sk_dense : NULL, tab,
             tab + 128, c->slot_scale_d, c->qfrag_d);
         KVQ_CU_TRY(cudaGetLastError());
         const int max_splits = (int)(c->part_entries / ((size_t)nb * H));
@@ -392,8 +434,9 @@ static kvq_status attend_chunk(kvq_cuda_cache *c, int nb, const int *seqs, const
                                            max_splits, c->n_sm, c->stream);
         if (st != KVQ_OK)
             return st;
-        finalize_kernel<<<dim3((unsigned)H, (unsigned)nb), 128, 0, c->stream>>>(
-            c->part_d, p.n_splits, Hq, H, G, tab + 256, c->dv.rotated ? c->rv_dense : NULL, out);
+        finalize_kernel<<<dim3((unsigned)G, (unsigned)H, (unsigned)nb), 128, (size_t)p.n_splits * sizeof(float),
+                          c->stream>>>(c->part_d, p.n_splits, Hq, H, G, tab + 256,
+                                       c->dv.rotated ? c->rv_dense : NULL, 1.0f / c->alpha_v, out);
         KVQ_CU_TRY(cudaGetLastError());
         return KVQ_OK;
     }

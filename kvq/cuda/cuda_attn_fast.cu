@@ -24,44 +24,9 @@
  */
 #include "cuda_internal.cuh"
 
-namespace {
-
-using namespace kvq_cu;
-
-constexpr int NW = 4;      /* warps per block */
-constexpr int D = 128;     /* head dim of the fused kernel */
-constexpr int FROW = 272;  /* f16 row stride in a stage: 256 + 16 keeps ldmatrix/LDS conflict-free */
-
-template <int KT, int VT>
-struct stage_layout {
-    static constexpr bool kf16 = KT == KVQ_CU_KT_F16;
-    static constexpr bool qjl = KT == KVQ_CU_KT_TQ3J;
-    static constexpr bool vf16 = VT == KVQ_CU_VT_F16;
-    static constexpr int k_codes = 0;
-    static constexpr int k_signs = 768;
-    static constexpr int k_norm = qjl ? 1024 : 768;
-    static constexpr int k_rnorm = k_norm + 32;
-    static constexpr int k_bytes = kf16 ? 16 * FROW : (qjl ? 1088 : 800);
-    static constexpr int v_base = k_bytes;
-    static constexpr int v_norm = v_base + 768;
-    static constexpr int v_bytes = vf16 ? 16 * FROW : 800;
-    static constexpr int bytes = k_bytes + v_bytes;
-    static constexpr int nk = kf16 ? 16 : (qjl ? 4 : 2); /* bulk copies per segment */
-    static constexpr int nv = vf16 ? 16 : 2;
-    static constexpr uint32_t tx = kf16 ? 16 * 256 : (qjl ? 1088 : 800);
-    static constexpr uint32_t txv = vf16 ? 16 * 256 : 800;
-    static constexpr int nst = (kf16 || vf16) ? 3 : 4; /* stages per warp */
-};
-
-template <int KT, int VT>
-constexpr size_t smem_bytes()
-{
-    using L = stage_layout<KT, VT>;
-    return (size_t)NW * L::nst * L::bytes + (L::vf16 ? 0 : NW * 4096) + 4096 + (L::qjl ? 4096 : 0) + 64 +
-           NW * L::nst * 8;
-}
-
-/* ---- mbarrier + bulk copy (sm_90), with a plain-copy fallback ------------ */
+namespace kvq_cu {
+/* ---- mbarrier + bulk copy (sm_90), with a plain-copy fallback ------------
+ * (outside the anonymous namespace: the sm_80 pass does not use them) */
 
 __device__ __forceinline__ void mbar_init(uint64_t *bar)
 {
@@ -105,6 +70,16 @@ __device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity)
 #endif
 }
 
+/* Orders this thread's earlier generic-proxy accesses to shared memory
+ * before later async-proxy (bulk copy) writes: a stage buffer is refilled
+ * only after the warp has read it. */
+__device__ __forceinline__ void fence_proxy_async()
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t bytes, uint64_t *bar)
 {
 #if __CUDA_ARCH__ >= 900
@@ -115,6 +90,45 @@ __device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t b
 #else
     (void)dst, (void)src, (void)bytes, (void)bar;
 #endif
+}
+
+} /* namespace kvq_cu */
+
+namespace {
+
+using namespace kvq_cu;
+
+constexpr int NW = 4;      /* warps per block */
+constexpr int D = 128;     /* head dim of the fused kernel */
+constexpr int FROW = 272;  /* f16 row stride in a stage: 256 + 16 keeps ldmatrix/LDS conflict-free */
+
+template <int KT, int VT>
+struct stage_layout {
+    static constexpr bool kf16 = KT == KVQ_CU_KT_F16;
+    static constexpr bool qjl = KT == KVQ_CU_KT_TQ3J;
+    static constexpr bool vf16 = VT == KVQ_CU_VT_F16;
+    static constexpr int k_codes = 0;
+    static constexpr int k_signs = 768;
+    static constexpr int k_norm = qjl ? 1024 : 768;
+    static constexpr int k_rnorm = k_norm + 32;
+    static constexpr int k_bytes = kf16 ? 16 * FROW : (qjl ? 1088 : 800);
+    static constexpr int v_base = k_bytes;
+    static constexpr int v_norm = v_base + 768;
+    static constexpr int v_bytes = vf16 ? 16 * FROW : 800;
+    static constexpr int bytes = k_bytes + v_bytes;
+    static constexpr int nk = kf16 ? 16 : (qjl ? 4 : 2); /* bulk copies per segment */
+    static constexpr int nv = vf16 ? 16 : 2;
+    static constexpr uint32_t tx = kf16 ? 16 * 256 : (qjl ? 1088 : 800);
+    static constexpr uint32_t txv = vf16 ? 16 * 256 : 800;
+    static constexpr int nst = (kf16 || vf16) ? 3 : 4; /* stages per warp */
+};
+
+template <int KT, int VT>
+constexpr size_t smem_bytes()
+{
+    using L = stage_layout<KT, VT>;
+    return (size_t)NW * L::nst * L::bytes + (L::vf16 ? 0 : NW * 4096) + 4096 + (L::qjl ? 4096 : 0) + 64 +
+           NW * L::nst * 8;
 }
 
 /* Copy i of a segment: page section -> stage buffer. */
@@ -178,6 +192,8 @@ __device__ __forceinline__ void seg_issue(const kvq_cu_fast_params &p, int b, in
     const uint8_t *kc = base + pg.k_off + (uint64_t)h * pg.k.bytes;
     const uint8_t *vc = base + pg.v_off + (uint64_t)h * pg.v.bytes;
 #if __CUDA_ARCH__ >= 900
+    fence_proxy_async();
+    __syncwarp();
     if (lane == 0)
         mbar_expect_tx(bar, L::tx + L::txv);
     __syncwarp();
@@ -189,7 +205,7 @@ __device__ __forceinline__ void seg_issue(const kvq_cu_fast_params &p, int b, in
         bulk_copy(dst, src, bytes, bar);
     }
 #else
-    (void)bar;
+    (void)bar, (void)(L::tx + L::txv);
     for (int i = 0; i < L::nk + L::nv; i++) {
         const uint8_t *src;
         uint8_t *dst;
@@ -273,11 +289,13 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
         uint8_t *st = my_stages + (k % NST) * L::bytes;
         mbar_wait(&my_bars[k % NST], (uint32_t)((k / NST) & 1));
 
-        /* 1. scores S^T[query rows][16 tokens] */
+        /* 1. scores S^T[query rows][16 tokens]: decode everything first, then
+         * four independent MMA chains (codes and signs of both 8-token tiles)
+         * that the scheduler can interleave */
         float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
         float ss[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
         {
-            uint32_t kr[2][16];
+            uint32_t kr[2][16], sr[2][16];
 #pragma unroll
             for (int nt = 0; nt < 2; nt++) {
                 const int row = g + 8 * nt;
@@ -293,25 +311,18 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
                     const uint32_t *w = reinterpret_cast<const uint32_t *>(st + L::k_codes + row * 48 + t * 12);
                     tq3_decode32(w[0], w[1], w[2], p.lut_k, kr[nt]);
                 }
+                if (L::qjl)
+                    qjl_bits32(*reinterpret_cast<const uint32_t *>(st + L::k_signs + row * 16 + t * 4), sr[nt]);
             }
 #pragma unroll
             for (int kb = 0; kb < 8; kb++) {
                 const uint4 a = qa[kb * 32 + lane];
                 mma16816(sc[0], a, kr[0][2 * kb], kr[0][2 * kb + 1]);
                 mma16816(sc[1], a, kr[1][2 * kb], kr[1][2 * kb + 1]);
-            }
-            if (L::qjl) {
-#pragma unroll
-                for (int nt = 0; nt < 2; nt++) {
-                    const uint32_t sw =
-                        *reinterpret_cast<const uint32_t *>(st + L::k_signs + (g + 8 * nt) * 16 + t * 4);
-                    qjl_bits32(sw, kr[nt]);
-                }
-#pragma unroll
-                for (int kb = 0; kb < 8; kb++) {
-                    const uint4 a = sa[kb * 32 + lane];
-                    mma16816(ss[0], a, kr[0][2 * kb], kr[0][2 * kb + 1]);
-                    mma16816(ss[1], a, kr[1][2 * kb], kr[1][2 * kb + 1]);
+                if (L::qjl) {
+                    const uint4 b2 = sa[kb * 32 + lane];
+                    mma16816(ss[0], b2, sr[0][2 * kb], sr[0][2 * kb + 1]);
+                    mma16816(ss[1], b2, sr[1][2 * kb], sr[1][2 * kb + 1]);
                 }
             }
         }
@@ -493,9 +504,10 @@ kvq_status launch_one(kvq_cu_fast_params *p, int n_batch, int n_splits, int max_
     const int nseg = (max_len + 15) / 16;
     const int pairs = n_batch * p->H;
     if (n_splits <= 0) {
-        /* two waves of blocks, each warp with >= 4 segments on average */
-        const int target = 2 * n_sm * occupancy;
-        n_splits = (target + pairs - 1) / pairs;
+        /* one wave of blocks (a partial second wave costs a whole block time),
+         * and at least 4 segments per warp so the pipeline gets going */
+        const int capacity = n_sm * occupancy;
+        n_splits = pairs >= capacity ? 1 : capacity / pairs;
         const int by_work = nseg / (NW * 4);
         if (n_splits > by_work)
             n_splits = by_work;

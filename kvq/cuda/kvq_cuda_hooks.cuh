@@ -35,6 +35,7 @@
 #define KVQ_CUDA_HOOKS_CUH
 
 #include <cuda_fp16.h>
+#include <math.h>
 #include <stdint.h>
 
 #include "kvq_half.h"
@@ -77,7 +78,9 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel)
 __device__ __forceinline__ void mma16816(float c[4], uint4 a, uint32_t b0, uint32_t b1)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+    /* not volatile: a pure function of its operands, so ptxas may interleave
+     * independent MMA chains with the decode work around them */
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
                  "{%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
@@ -94,7 +97,8 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t smem_addr, uint32_t r[4])
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr));
+                 : "r"(smem_addr)
+                 : "memory");
 #else
     (void)smem_addr;
     r[0] = r[1] = r[2] = r[3] = 0;
@@ -119,16 +123,18 @@ __device__ __forceinline__ void split_f16x2(float x, float y, uint32_t *hi, uint
 
 /* ---- tq3 codes -> f16 pairs ------------------------------------------ */
 
-/* The 8 centroids as f16 bytes: lo bytes of c[0..3], c[4..7], hi bytes likewise. */
+/* The 8 centroids times alpha as f16 bytes: lo bytes of c[0..3], c[4..7],
+ * hi bytes likewise. alpha (see codebook_alpha) makes all eight nearly
+ * exact in f16; the kernels divide it back out once, in float. */
 struct tq3_lut {
     uint32_t lo0, lo1, hi0, hi1;
 };
 
-__host__ __device__ static inline tq3_lut tq3_lut_make(const float c[8])
+__host__ __device__ static inline tq3_lut tq3_lut_make(const float c[8], float alpha)
 {
     tq3_lut t = {0, 0, 0, 0};
     for (int i = 0; i < 8; i++) {
-        uint32_t h = kvq_f32_to_f16(c[i]);
+        uint32_t h = kvq_f32_to_f16(c[i] * alpha);
         int sh = 8 * (i & 3);
         if (i < 4) {
             t.lo0 |= (h & 0xffu) << sh;
@@ -139,6 +145,33 @@ __host__ __device__ static inline tq3_lut tq3_lut_make(const float c[8])
         }
     }
     return t;
+}
+
+/* The factor alpha in [1, 2) for which the levels alpha * c[i] lose the
+ * least to f16 rounding (largest relative error). Rounding the raw d = 128
+ * 3-bit centroids costs up to 2.3e-4 relative, a systematic per-level error
+ * that showed up as ~1e-3 in attention outputs with peaky softmax; the best
+ * alpha brings it to ~2e-5. Host only (a few ms, once per cache). */
+static inline float codebook_alpha(const float *c, int levels)
+{
+    float best_a = 1.0f;
+    double best = 1e30;
+    for (int k = 0; k < (1 << 18); k++) {
+        const float a = 1.0f + (float)k / (float)(1 << 18);
+        double worst = 0.0;
+        for (int i = 0; i < levels && worst < best; i++) {
+            const float v = c[i] * a;
+            if (v == 0.0f)
+                continue;
+            const double e = fabs((double)kvq_f16_to_f32(kvq_f32_to_f16(v)) - (double)v) / fabs((double)v);
+            worst = e > worst ? e : worst;
+        }
+        if (worst < best) {
+            best = worst;
+            best_a = a;
+        }
+    }
+    return best_a;
 }
 
 /* Nibble selectors of a 30-bit window starting at code c:

@@ -177,7 +177,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             uint32_t x = (uint32_t)(unsigned char)rest[2 * i] | (uint32_t)(unsigned char)rest[2 * i + 1] << 8;
             ids[i] = (int32_t)(x % (uint32_t)(v + 8)) - 4; /* a few out of range on both sides */
         }
-        check_decode(g_tok, ids, k, (unsigned)(data[0] >> 2) % 4);
+        check_decode(g_tok, ids, k, (unsigned)(data[0] >> 2) % 8);
         free(ids);
         break;
     }

@@ -1,0 +1,238 @@
+/* bench_cuda.c - fused decode attention on the GPU over the packed cache.
+ *
+ * Llama-3-8B-like shapes: 32 query heads, 8 KV heads, d = 128; batch 1, 8,
+ * 32; context 4K .. 128K. Cache types tq3j/tq3 and tq3/tq3 against our own
+ * f16/f16 path (same kernel family), plus a measured device-to-device copy
+ * for the bandwidth ceiling. PyTorch's SDPA on the same shapes is
+ * bench/cuda_sdpa.py; bench/run_cuda.sh runs both and prints the ratios.
+ *
+ * Each timing: L2 flushed (256 MB memset) before every launch, device events
+ * around the attend call only, 3 warm-ups, median of KVQ_BENCH_REPS (20).
+ * GB/s counts the cache bytes the call must read (K and V rows of every
+ * attended token; queries and outputs are negligible).
+ *
+ * Env: KVQ_BENCH_QUICK=1 (batch 1 and 32, contexts 4K and 32K),
+ *      KVQ_BENCH_PROFILE=1 (tq3j/tq3, batch 32, 32K only: for ncu),
+ *      KVQ_BENCH_MAXCTX (cap on the context), KVQ_BENCH_JSON_DIR.
+ * Without a GPU it prints one line and exits 0.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvq_cuda.h"
+
+#define H 8
+#define G 4
+#define D 128
+#define MAXB 32
+
+struct result {
+    int batch, ctx;
+    enum kvq_type tk, tv;
+    double us, gbps, pct;
+    double bytes;
+};
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static int env_int(const char *name, int dflt)
+{
+    const char *s = getenv(name);
+    return s && *s ? atoi(s) : dflt;
+}
+
+#define TRY(expr)                                                                     \
+    do {                                                                              \
+        kvq_status st_ = (expr);                                                      \
+        if (st_ != KVQ_OK) {                                                          \
+            fprintf(stderr, "bench_cuda: %s: %s\n", #expr, kvq_status_str(st_));      \
+            exit(1);                                                                  \
+        }                                                                             \
+    } while (0)
+
+static void *flush_buf;
+static size_t flush_bytes = (size_t)256 << 20;
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static double copy_bandwidth(kvq_cuda_timer *tm)
+{
+    const size_t bytes = (size_t)1 << 30;
+    void *a = NULL, *b = NULL;
+    TRY(kvq_cuda_malloc(&a, bytes));
+    TRY(kvq_cuda_malloc(&b, bytes));
+    TRY(kvq_cuda_memset(a, 1, bytes));
+    double t[10];
+    for (int i = 0; i < 12; i++) {
+        double ms;
+        TRY(kvq_cuda_timer_start(tm));
+        TRY(kvq_cuda_memcpy_d2d(b, a, bytes));
+        TRY(kvq_cuda_timer_stop(tm, &ms));
+        if (i >= 2)
+            t[i - 2] = ms;
+    }
+    kvq_cuda_free(a);
+    kvq_cuda_free(b);
+    return 2.0 * (double)bytes / (median(t, 10) * 1e-3) / 1e9; /* read + write */
+}
+
+/* Fills sequences 0..MAXB-1 to ctx tokens of N(0,1) keys/values. */
+static void fill(kvq_cuda_cache *c, int ctx)
+{
+    const size_t chunk = 8192, n = chunk * H * D;
+    float *k = NULL, *v = NULL;
+    TRY(kvq_cuda_malloc((void **)&k, n * sizeof(float)));
+    TRY(kvq_cuda_malloc((void **)&v, n * sizeof(float)));
+    uint64_t seed = 1;
+    for (size_t t0 = 0; t0 < (size_t)ctx; t0 += chunk) {
+        size_t m = (size_t)ctx - t0 < chunk ? (size_t)ctx - t0 : chunk;
+        for (int s = 0; s < MAXB; s++) {
+            TRY(kvq_cuda_fill_normal(k, m * H * D, seed++, 1.0f));
+            TRY(kvq_cuda_fill_normal(v, m * H * D, seed++, 1.0f));
+            TRY(kvq_cuda_cache_append(c, s, m, k, v));
+        }
+    }
+    TRY(kvq_cuda_synchronize());
+    kvq_cuda_free(k);
+    kvq_cuda_free(v);
+}
+
+static double time_attend(kvq_cuda_cache *c, kvq_cuda_timer *tm, int batch, const float *qd, float *od, int reps)
+{
+    int seqs[MAXB];
+    for (int i = 0; i < batch; i++)
+        seqs[i] = i;
+    const float scale = 1.0f / sqrtf((float)D);
+    double t[64];
+    if (reps > 64)
+        reps = 64;
+    for (int i = 0; i < reps + 3; i++) {
+        double ms;
+        TRY(kvq_cuda_memset(flush_buf, i & 0xff, flush_bytes));
+        TRY(kvq_cuda_timer_start(tm));
+        TRY(kvq_cuda_cache_attend(c, batch, seqs, qd, H * G, scale, od, NULL));
+        TRY(kvq_cuda_timer_stop(tm, &ms));
+        if (i >= 3)
+            t[i - 3] = ms;
+    }
+    return median(t, reps) * 1e3;
+}
+
+int main(void)
+{
+    if (kvq_cuda_device_count() == 0) {
+        printf("bench_cuda: no CUDA device, nothing measured\n");
+        return 0;
+    }
+    char dev[256];
+    TRY(kvq_cuda_device_describe(dev, sizeof dev));
+    const int profile = env_int("KVQ_BENCH_PROFILE", 0);
+    const int quick = env_int("KVQ_BENCH_QUICK", 0) || profile;
+    const int maxctx = env_int("KVQ_BENCH_MAXCTX", 131072);
+    const int reps = env_int("KVQ_BENCH_REPS", 20);
+    const int all_batches[3] = {1, 8, 32}, quick_batches[2] = {1, 32};
+    const int all_ctx[5] = {131072, 65536, 32768, 16384, 4096}, quick_ctx[2] = {32768, 4096};
+    const int *batches = quick ? quick_batches + profile : all_batches, nbatch = profile ? 1 : quick ? 2 : 3;
+    const int *ctxs = quick ? quick_ctx : all_ctx, nctx = profile ? 1 : quick ? 2 : 5;
+    const int ntypes = profile ? 1 : 3;
+    const enum kvq_type types[3][2] = {
+        {KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3}, {KVQ_TYPE_TQ3, KVQ_TYPE_TQ3}, {KVQ_TYPE_F16, KVQ_TYPE_F16}};
+
+    kvq_cuda_timer *tm = NULL;
+    TRY(kvq_cuda_timer_create(&tm));
+    TRY(kvq_cuda_malloc(&flush_buf, flush_bytes));
+    const double copy_gbps = copy_bandwidth(tm);
+    printf("device: %s\n", dev);
+    printf("device-to-device copy: %.0f GB/s (read + write)\n\n", copy_gbps);
+
+    float *qd = NULL, *od = NULL;
+    const size_t qn = (size_t)MAXB * H * G * D;
+    TRY(kvq_cuda_malloc((void **)&qd, qn * sizeof(float)));
+    TRY(kvq_cuda_malloc((void **)&od, qn * sizeof(float)));
+    TRY(kvq_cuda_fill_normal(qd, qn, 12345, 1.0f));
+
+    struct result res[64];
+    int nres = 0;
+    int top = 0;
+    for (int i = 0; i < nctx; i++)
+        top = ctxs[i] <= maxctx && ctxs[i] > top ? ctxs[i] : top;
+    for (int ti = 0; ti < ntypes; ti++) {
+        struct kvq_cuda_cache_config cfg;
+        kvq_cuda_cache_config_default(&cfg, H, D, (size_t)top, MAXB);
+        cfg.cache.type_k = types[ti][0];
+        cfg.cache.type_v = types[ti][1];
+        cfg.max_q_per_kv = G;
+        kvq_cuda_cache *c = NULL;
+        TRY(kvq_cuda_cache_create(&cfg, &c));
+        fill(c, top);
+        const double row = (double)kvq_type_row_bytes(types[ti][0], D) + (double)kvq_type_row_bytes(types[ti][1], D);
+        for (int ci = 0; ci < nctx; ci++) {
+            const int ctx = ctxs[ci];
+            if (ctx > top)
+                continue;
+            for (int s = 0; s < MAXB; s++)
+                TRY(kvq_cuda_cache_truncate(c, s, (size_t)ctx));
+            for (int bi = 0; bi < nbatch; bi++) {
+                struct result *r = &res[nres++];
+                r->batch = batches[bi];
+                r->ctx = ctx;
+                r->tk = types[ti][0];
+                r->tv = types[ti][1];
+                r->us = time_attend(c, tm, r->batch, qd, od, reps);
+                r->bytes = (double)r->batch * ctx * H * row;
+                r->gbps = r->bytes / (r->us * 1e-6) / 1e9;
+                r->pct = 100.0 * r->gbps / copy_gbps;
+            }
+        }
+        kvq_cuda_cache_free(c);
+    }
+
+    printf("%5s %7s %-10s %10s %9s %8s %10s\n", "batch", "context", "K/V", "us", "GB/s", "%copy", "vs f16");
+    for (int i = 0; i < nres; i++) {
+        const struct result *r = &res[i];
+        double f16us = 0.0;
+        for (int j = 0; j < nres; j++)
+            if (res[j].tk == KVQ_TYPE_F16 && res[j].batch == r->batch && res[j].ctx == r->ctx)
+                f16us = res[j].us;
+        char kv[32];
+        snprintf(kv, sizeof kv, "%s/%s", kvq_type_traits(r->tk)->name, kvq_type_traits(r->tv)->name);
+        printf("%5d %7d %-10s %10.1f %9.0f %7.1f%% %9.2fx\n", r->batch, r->ctx, kv, r->us, r->gbps, r->pct,
+               f16us > 0.0 ? f16us / r->us : 0.0);
+    }
+
+    const char *dir = getenv("KVQ_BENCH_JSON_DIR");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/bench_cuda.json", dir && *dir ? dir : ".");
+    FILE *f = fopen(path, "w");
+    if (f) {
+        fprintf(f, "{\n  \"benchmark\": \"bench_cuda\",\n  \"device\": \"%s\",\n  \"copy_gbps\": %.1f,\n", dev, copy_gbps);
+        fprintf(f, "  \"shape\": {\"q_heads\": %d, \"kv_heads\": %d, \"head_dim\": %d},\n  \"results\": [\n", H * G, H,
+                D);
+        for (int i = 0; i < nres; i++) {
+            const struct result *r = &res[i];
+            fprintf(f,
+                    "    {\"batch\": %d, \"context\": %d, \"type_k\": \"%s\", \"type_v\": \"%s\", \"us\": %.2f, "
+                    "\"bytes\": %.0f, \"gbps\": %.1f, \"pct_copy\": %.1f}%s\n",
+                    r->batch, r->ctx, kvq_type_traits(r->tk)->name, kvq_type_traits(r->tv)->name, r->us, r->bytes,
+                    r->gbps, r->pct, i + 1 < nres ? "," : "");
+        }
+        fprintf(f, "  ]\n}\n");
+        fclose(f);
+        printf("\nJSON: %s\n", path);
+    }
+    kvq_cuda_free(qd);
+    kvq_cuda_free(od);
+    kvq_cuda_free(flush_buf);
+    kvq_cuda_timer_free(tm);
+    return 0;
+}

@@ -1,0 +1,99 @@
+#!/bin/sh
+# The GPU session in one command: CUDA tests, compute-sanitizer (memcheck and
+# racecheck) on the tests, our benchmark, PyTorch SDPA on the same shapes,
+# and one table of the ratios.
+#
+#   sh bench/run_cuda.sh BUILD OUTDIR [STAGES]
+#
+# BUILD holds tests/test_cuda and bench/bench_cuda (built with nvcc present);
+# STAGES is a comma list of test,bench,sdpa,ncu,sass,sanitize (default:
+# test,bench,sdpa,sanitize; ncu profiles one fused-kernel launch, sass dumps
+# the fused kernel's machine code).
+# KVQ_BENCH_QUICK=1 benchmarks a subset. Logs and JSON go to OUTDIR.
+build=${1:-build}
+out=${2:-$build/bench}
+stages=${3:-test,sanitize,bench,sdpa}
+mkdir -p "$out"
+log="$out/run.log"
+has() { case ",$stages," in *",$1,"*) return 0 ;; esac; return 1; }
+say() { echo "$*" | tee -a "$log"; }
+
+say "== device"
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem,driver_version --format=csv 2>&1 | tee -a "$log"
+status=0
+
+if has test; then
+    say "== test_cuda"
+    timeout 300 "$build/tests/test_cuda" >>"$log" 2>&1
+    rc=$?
+    grep -E "^(ok|FAIL|test_cuda:)|rel err|check failed|differ" "$log" | tail -n 60
+    say "test_cuda exit $rc"
+    [ $rc -eq 0 ] || status=1
+fi
+
+if has bench; then
+    say "== bench_cuda"
+    KVQ_BENCH_JSON_DIR="$out" timeout 420 "$build/bench/bench_cuda" 2>&1 | tee -a "$log"
+fi
+
+if has sdpa; then
+    say "== PyTorch SDPA (flash) on the same shapes"
+    if [ "${KVQ_BENCH_QUICK:-0}" = 1 ]; then
+        args="--batches 1,32 --contexts 32768,4096"
+    else
+        args=""
+    fi
+    PYTHONUNBUFFERED=1 timeout 420 python3 bench/cuda_sdpa.py $args --out "$out/cuda_sdpa.json" 2>&1 | tee -a "$log"
+fi
+
+if [ -f "$out/bench_cuda.json" ] && [ -f "$out/cuda_sdpa.json" ]; then
+    say "== kvq fused attention vs PyTorch SDPA f16 (same device, same run)"
+    python3 - "$out/bench_cuda.json" "$out/cuda_sdpa.json" <<'EOF' | tee -a "$log"
+import json, sys
+ours = json.load(open(sys.argv[1])); sdpa = json.load(open(sys.argv[2]))
+copy = ours["copy_gbps"]
+t = {}
+for r in ours["results"]:
+    t[(r["batch"], r["context"], r["type_k"] + "/" + r["type_v"])] = r
+s = {(r["batch"], r["context"]): r for r in sdpa["results"]}
+print(f"device: {ours['device']}; copy {copy:.0f} GB/s (read+write)")
+print(f"{'batch':>5} {'ctx':>7} {'tq3j/tq3 us':>12} {'GB/s':>6} {'%copy':>6} {'tq3/tq3 us':>11} "
+      f"{'f16 us':>9} {'SDPA us':>9} {'tq3j vs SDPA':>13} {'tq3 vs SDPA':>12} {'tq3j vs f16':>12}")
+for (b, c) in sorted({(k[0], k[1]) for k in t}, key=lambda x: (x[1], x[0])):
+    a = t.get((b, c, "tq3j/tq3")); q = t.get((b, c, "tq3/tq3")); f = t.get((b, c, "f16/f16"))
+    p = s.get((b, c), {}).get("us")
+    fmt = lambda x: f"{x:.1f}" if x else "-"
+    ratio = lambda x, y: f"{y / x:.2f}x" if x and y else "-"
+    print(f"{b:5d} {c:7d} {fmt(a and a['us']):>12} {fmt(a and a['gbps']):>6} {fmt(a and a['pct_copy']):>6} "
+          f"{fmt(q and q['us']):>11} {fmt(f and f['us']):>9} {fmt(p):>9} {ratio(a and a['us'], p):>13} "
+          f"{ratio(q and q['us'], p):>12} {ratio(a and a['us'], f and f['us']):>12}")
+EOF
+fi
+if has ncu; then
+    say "== ncu: one fused-kernel launch (tq3j/tq3, batch 32, 32K)"
+    KVQ_BENCH_PROFILE=1 KVQ_BENCH_REPS=1 KVQ_BENCH_JSON_DIR=/tmp timeout 200 ncu -k regex:fast_kernel \
+        --launch-skip 2 --launch-count 1 --section SpeedOfLight --section Occupancy --section LaunchStats \
+        --section WarpStateStats --section SchedulerStats --section InstructionStats --section MemoryWorkloadAnalysis \
+        "$build/bench/bench_cuda" >"$out/ncu.txt" 2>&1
+    say "ncu exit $?"
+    grep -E "Duration|Throughput|Executed Ipc|Issue Slots|Registers|Achieved Occupancy|Theoretical Occupancy|Stall|No Eligible|Warp Cycles" "$out/ncu.txt" | head -40 | tee -a "$log"
+fi
+
+if has sass; then
+    cuobjdump -sass "$build/tests/test_cuda" 2>/dev/null | awk '/Function : .*fast_kernelILi0ELi0ELi4/{p=1} /Function : /{if(!/fast_kernelILi0ELi0ELi4/)p=0} p' >"$out/sass.txt"
+    say "sass: $(wc -l <"$out/sass.txt") lines; HMMA $(grep -c HMMA "$out/sass.txt"), PRMT $(grep -c PRMT "$out/sass.txt"), LDS $(grep -c LDS "$out/sass.txt")"
+fi
+
+if has sanitize; then
+    for tool in memcheck racecheck; do
+        say "== compute-sanitizer $tool (KVQ_CUDA_TEST_SMALL=1)"
+        KVQ_CUDA_TEST_SMALL=1 timeout ${KVQ_SANITIZE_TIMEOUT:-240} compute-sanitizer --tool $tool --error-exitcode 9 \
+            "$build/tests/test_cuda" >"$out/$tool.log" 2>&1
+        rc=$?
+        grep -E "ERROR SUMMARY|RACECHECK SUMMARY|test_cuda:" "$out/$tool.log" | tee -a "$log"
+        say "$tool exit $rc"
+        [ $rc -eq 0 ] || status=1
+    done
+fi
+
+exit $status
