@@ -70,13 +70,25 @@ for (b, c) in sorted({(k[0], k[1]) for k in t}, key=lambda x: (x[1], x[0])):
 EOF
 fi
 if has ncu; then
-    say "== ncu: one fused-kernel launch (tq3j/tq3, batch 32, 32K)"
-    KVQ_BENCH_PROFILE=1 KVQ_BENCH_REPS=1 KVQ_BENCH_JSON_DIR=/tmp timeout 200 ncu -k regex:fast_kernel \
-        --launch-skip 2 --launch-count 1 --section SpeedOfLight --section Occupancy --section LaunchStats \
-        --section WarpStateStats --section SchedulerStats --section InstructionStats --section MemoryWorkloadAnalysis \
-        "$build/bench/bench_cuda" >"$out/ncu.txt" 2>&1
-    say "ncu exit $?"
-    grep -E "Duration|Throughput|Executed Ipc|Issue Slots|Registers|Achieved Occupancy|Theoretical Occupancy|Stall|No Eligible|Warp Cycles" "$out/ncu.txt" | head -40 | tee -a "$log"
+    for prof in 1 3; do
+        say "== ncu: one fused-kernel launch (profile $prof: 1 = tq3j/tq3, 3 = f16/f16; batch 32, 32K)"
+        KVQ_BENCH_PROFILE=$prof KVQ_BENCH_REPS=1 KVQ_BENCH_JSON_DIR=/tmp timeout 200 ncu -k regex:"^fast_kernel" \
+            --launch-skip 2 --launch-count 1 --section SpeedOfLight --section Occupancy --section LaunchStats \
+            --section WarpStateStats --section SchedulerStats --section InstructionStats \
+            --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section SourceCounters \
+            --print-details all "$build/bench/bench_cuda" >"$out/ncu$prof.txt" 2>&1
+        say "ncu exit $?"
+        grep -E "Duration|DRAM Throughput|Executed Ipc A|Issue Slots Busy|Registers Per|Achieved Occupancy|Stall|Warp Cycles Per Issued|Pipe Utilization|Issued Warp" "$out/ncu$prof.txt" | head -40 | tee -a "$log"
+    done
+fi
+
+if has exp; then
+    # timing-only experiments: each flag removes one part of the fused
+    # kernel's work (results are wrong on purpose; see cuda_attn_fast.cu)
+    for e in 0 1 2 4 8 16 32 7; do
+        say "== experiment flags $e"
+        KVQ_CUDA_FAST_EXP=$e KVQ_BENCH_PROFILE=1 KVQ_BENCH_REPS=10 KVQ_BENCH_JSON_DIR=/tmp "$build/bench/bench_cuda" 2>&1 | grep -E "^ +32 " | tee -a "$log"
+    done
 fi
 
 if has sass; then
@@ -88,6 +100,7 @@ if has sanitize; then
     for tool in memcheck racecheck; do
         say "== compute-sanitizer $tool (KVQ_CUDA_TEST_SMALL=1)"
         KVQ_CUDA_TEST_SMALL=1 timeout ${KVQ_SANITIZE_TIMEOUT:-240} compute-sanitizer --tool $tool --error-exitcode 9 \
+            $( [ $tool = racecheck ] && echo --racecheck-report all ) \
             "$build/tests/test_cuda" >"$out/$tool.log" 2>&1
         rc=$?
         grep -E "ERROR SUMMARY|RACECHECK SUMMARY|test_cuda:" "$out/$tool.log" | tee -a "$log"

@@ -161,7 +161,8 @@ size_t kvq_seq_max_ctx(const kvq_seq *s);
  *  @return KVQ_OK; KVQ_ERR_RANGE (an id outside [0, vocab): nothing
  *  appended); KVQ_ERR_CONTEXT_FULL (pos + n > max_ctx: nothing appended);
  *  KVQ_ERR_INVALID_ARG; a cache/attention error (the caches are then
- *  truncated back to pos). */
+ *  truncated back to pos); KVQ_ERR_NONFINITE (NaN/Inf logits: the tokens
+ *  stay appended, the outputs are undefined). */
 kvq_status kvq_seq_forward(kvq_seq *s, const int32_t *ids, size_t n, size_t first_out, float *logits,
                            int32_t *argmax);
 

@@ -173,13 +173,11 @@ static void test_unbiased_and_variance_random_pairs(void)
 /* Queries correlated with their key, as in attention (independent random
  * pairs cannot reveal a multiplicative bias: the error is odd in q).
  * Gaussian S: unbiased, as the theory says for any fixed (q, k).
- * Orthogonal (randomised Hadamard) S: measured NOT exactly unbiased. k's
- * codes c and residual r share the sign pattern of y = R k, and the
- * Hadamard's structure turns that into a small bias of <S q', s~> along c
- * (a dense Haar-random orthogonal S or three Hadamard rounds remove it in
- * simulation). It is ~3% of the bias that the codebook alone leaves
- * (-E gamma^2, corrected by the QJL term), i.e. ~0.1% of <q, k>; the check
- * is that QJL removes at least 90% of the codebook's bias. */
+ * Orthogonal S: k's codes c and residual r share the sign pattern of
+ * y = R k, and a single randomised Hadamard round turns that into a bias of
+ * <S q', s~> along c (+3% of the QJL term at d = 128, +5.6% at d = 64,
+ * measured). That is why S is KVQ_QJL_ROUNDS = 3 rounds (two left -0.6%):
+ * the same strict 3-standard-error claim then holds as for the Gaussian S. */
 static void test_correlated_pairs(void)
 {
     struct stats g = run_pairs(KVQ_TYPE_TQ3J, 128, KVQ_QJL_GAUSS, Q_CORRELATED, 41);
@@ -189,8 +187,9 @@ static void test_correlated_pairs(void)
     static const int dims[] = {128, 64};
     for (int di = 0; di < 2; di++) {
         struct stats o = run_pairs(KVQ_TYPE_TQ3J, dims[di], KVQ_QJL_ORTHO, Q_CORRELATED, 42 + di);
-        CHECKF(fabs(o.mean) <= 0.1 * fabs(o.cb_bias), "ortho S: bias %.3g vs codebook-only %.3g", o.mean,
-               o.cb_bias);
+        CHECKF(fabs(o.mean) <= 3 * o.se, "ortho S d=%d: mean error %.3g is %.1f standard errors", dims[di],
+               o.mean, o.mean / o.se);
+        CHECK(o.cb_bias < -10 * o.se);
         CHECK(o.excess <= 3 * o.excess_se);
     }
 }
@@ -198,17 +197,17 @@ static void test_correlated_pairs(void)
 /* q' along the residual: the score's whole error is the QJL term's, and any
  * error in kappa shows as a relative bias. Gaussian S: unbiased with the exact
  * sqrt(pi/2)/d. Orthogonal S: kappa = 1/(d E|v_1|) is exact for a
- * sphere-uniform v = S r/gamma; with the Hadamard S the heavy-tailed 3-bit
- * residual raises E||v||_1 by ~0.25% at d = 128 (measured), so the estimate
- * is that much high. The check bounds it at 1%, four times the measured
- * value and five times the 1/(4d) correction that separates the exact kappa
- * from sqrt(pi/(2d)). */
+ * sphere-uniform v = S r/gamma, which three Hadamard rounds make S r (one
+ * round left the estimate 0.25% high at d = 128). The 1/(4d) = 0.2% that
+ * separates the exact kappa from sqrt(pi/(2d)) is ~14 standard errors here,
+ * so the strict check also tells the two constants apart. */
 static void test_residual_direction(void)
 {
     struct stats g = run_pairs(KVQ_TYPE_TQ3J, 128, KVQ_QJL_GAUSS, Q_RESIDUAL, 51);
     CHECKF(fabs(g.mean) <= 3 * g.se, "gauss S: mean error %.3g is %.1f standard errors", g.mean, g.mean / g.se);
     struct stats o = run_pairs(KVQ_TYPE_TQ3J, 128, KVQ_QJL_ORTHO, Q_RESIDUAL, 52);
-    CHECKF(fabs(o.mean) <= 0.01 * o.target, "ortho S: relative bias %.3f%%", 100 * o.mean / o.target);
+    CHECKF(fabs(o.mean) <= 3 * o.se, "ortho S: mean error %.3g is %.1f standard errors (%.3f%% of the target)",
+           o.mean, o.mean / o.se, 100 * o.mean / o.target);
     CHECK(o.excess <= 3 * o.excess_se);
 }
 

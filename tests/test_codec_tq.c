@@ -4,6 +4,7 @@
 #include <stdint.h>
 
 #include "codec_internal.h"
+#include "rotation_internal.h"
 #include "cpu_internal.h"
 #include "kvq_half.h"
 #include "rng_internal.h"
@@ -116,9 +117,15 @@ static void independent_decode(const kvq_codec *c, const uint8_t *row, double *x
     kvq_rotation *R = NULL, *S = NULL;
     CHECK_OK(kvq_codebook_get(d, b, KVQ_DIST_BETA, &cb));
     CHECK_OK(kvq_rotation_create(d, c->cfg.rot, kvq_seed_derive(c->cfg.seed, KVQ_SEED_STREAM_R), &R));
-    if (qjl)
-        CHECK_OK(kvq_rotation_create(d, c->cfg.qjl == KVQ_QJL_GAUSS ? KVQ_ROT_GAUSS : c->cfg.rot,
-                                     kvq_seed_derive(c->cfg.seed, KVQ_SEED_STREAM_S), &S));
+    if (qjl) {
+        uint64_t s_seed = kvq_seed_derive(c->cfg.seed, KVQ_SEED_STREAM_S);
+        if (c->cfg.qjl == KVQ_QJL_GAUSS)
+            CHECK_OK(kvq_rotation_create(d, KVQ_ROT_GAUSS, s_seed, &S));
+        else if (c->cfg.rot == KVQ_ROT_HADAMARD) /* documented: KVQ_QJL_ROUNDS rounds */
+            CHECK_OK(kvq_rotation_create_rounds(d, KVQ_ROT_HADAMARD, s_seed, KVQ_QJL_ROUNDS, &S));
+        else
+            CHECK_OK(kvq_rotation_create(d, c->cfg.rot, s_seed, &S));
+    }
     if (!R || (qjl && !S))
         goto out;
     uint16_t nb, gb;

@@ -280,9 +280,8 @@ static void test_simd_equals_ref(void)
     dims[ndims++] = 4088; /* m = 511 */
     dims[ndims++] = 1000;
     for (int di = 0; di < 2 * ndims; di++) {
-        int d = dims[di % ndims], rounds = di < ndims ? 0 : 2; /* default, then 2 rounds */
-        if (rounds && (d & (d - 1)) == 0)
-            continue;
+        /* default (1 round), then 3 rounds: the QJL projection's count */
+        int d = dims[di % ndims], rounds = di < ndims ? 0 : 3;
         kvq_rotation *r = NULL;
         CHECK_OK(kvq_rotation_create_rounds(d, KVQ_ROT_HADAMARD, (uint64_t)d * 31, rounds, &r));
         if (!r)
@@ -306,6 +305,16 @@ static void test_simd_equals_ref(void)
             kvq_rotation_apply_t_ref(r, x, a);
             kvq_rot_hadamard_t_avx2(r, x, b);
             bad += memcmp(a, b, sizeof(float) * (size_t)d) != 0;
+            if (t == 0) { /* several rounds must still invert exactly (to rounding) */
+                kvq_rotation_apply(r, x, a);
+                kvq_rotation_apply_t(r, a, b);
+                double e = 0, n = 0;
+                for (int j = 0; j < d; j++) {
+                    e += ((double)b[j] - x[j]) * ((double)b[j] - x[j]);
+                    n += (double)x[j] * x[j];
+                }
+                CHECKF(e <= 1e-11 * n, "d=%d rounds=%d: |R^T R x - x|^2 = %.3g of %.3g", d, r->rounds, e, n);
+            }
         }
         CHECKF(bad == 0, "d=%d rounds=%d: %d of %d SIMD results differ from the reference", d,
                r->rounds, bad, 2 * TRIALS);
@@ -503,9 +512,10 @@ static void test_bad_input(void)
         CHECK_STATUS(kvq_rotation_create(bad_hadamard[i], KVQ_ROT_HADAMARD, 1, &r), KVQ_ERR_UNSUPPORTED);
     CHECK_OK(kvq_rotation_create(100, KVQ_ROT_DCT, 1, &r));
     kvq_rotation_free(r);
-    /* explicit rounds only for the Kronecker construction */
-    CHECK_STATUS(kvq_rotation_create_rounds(128, KVQ_ROT_HADAMARD, 1, 2, &r), KVQ_ERR_INVALID_ARG);
-    CHECK_STATUS(kvq_rotation_create_rounds(96, KVQ_ROT_HADAMARD, 1, 3, &r), KVQ_ERR_INVALID_ARG);
+    /* explicit rounds: HADAMARD only, 1..KVQ_ROT_MAX_ROUNDS */
+    CHECK_STATUS(kvq_rotation_create_rounds(128, KVQ_ROT_HADAMARD, 1, KVQ_ROT_MAX_ROUNDS + 1, &r),
+                 KVQ_ERR_INVALID_ARG);
+    CHECK_STATUS(kvq_rotation_create_rounds(96, KVQ_ROT_HADAMARD, 1, -1, &r), KVQ_ERR_INVALID_ARG);
     CHECK_STATUS(kvq_rotation_create_rounds(96, KVQ_ROT_DCT, 1, 1, &r), KVQ_ERR_INVALID_ARG);
     kvq_rotation_free(NULL);
     CHECK(kvq_rotation_dim(NULL) == 0);

@@ -34,6 +34,7 @@ kvq_status kvq_attn_workspace_create(int head_dim, int max_q, size_t max_ctx, kv
     ws->max_ctx = max_ctx;
     ws->qprep = alloc64(nq * 2 * d * sizeof(float));
     ws->qsum = alloc64(nq * sizeof(float));
+    ws->qint = alloc64(nq * d * sizeof(float));
     ws->lut = alloc64(nq4 / 2 * (d / 8) * 256 * sizeof(uint64_t));
     ws->lut_inv = alloc64(nq * sizeof(float));
     ws->dot = alloc64(nq * B * sizeof(float));
@@ -47,7 +48,7 @@ kvq_status kvq_attn_workspace_create(int head_dim, int max_q, size_t max_ctx, kv
     ws->l = alloc64(nq * sizeof(double));
     ws->alpha = alloc64(nq * sizeof(double));
     ws->row = alloc64(nq * 2 * d * sizeof(float));
-    if (!ws->qprep || !ws->qsum || !ws->lut || !ws->lut_inv || !ws->dot || !ws->w || !ws->wv || !ws->wg || !ws->ssum ||
+    if (!ws->qprep || !ws->qsum || !ws->qint || !ws->lut || !ws->lut_inv || !ws->dot || !ws->w || !ws->wv || !ws->wg || !ws->ssum ||
         !ws->acc || !ws->acc_s || !ws->m || !ws->l || !ws->alpha || !ws->row) {
         kvq_attn_workspace_free(ws);
         return KVQ_ERR_NOMEM;
@@ -62,6 +63,7 @@ void kvq_attn_workspace_free(kvq_attn_workspace *ws)
         return;
     free(ws->qprep);
     free(ws->qsum);
+    free(ws->qint);
     free(ws->lut);
     free(ws->lut_inv);
     free(ws->dot);
@@ -173,18 +175,14 @@ static void prefetch_rows(const struct kvq_head_layout *hl, const uint8_t *chunk
     }
 }
 
-/* Size of the next query chunk: 4, or the remainder split into 2 + 1. */
-static int chunk_size(int left)
-{
-    return left >= 4 ? 4 : left == 3 ? 2 : left;
-}
-
 kvq_status kvq_attn_decode(const kvq_cache *c, int kv_head, size_t n_ctx, const float *q, int n_q, float scale,
                            float *out, kvq_attn_workspace *ws)
 {
-    int simd = kvq_cpu_has_avx2() && c && kvq_cache_config_of(c)->head_dim % 8 == 0;
-    return kvq_attn_decode_kernels(simd ? &kvq_attn_kernels_avx2 : &kvq_attn_kernels_scalar, c, kv_head, n_ctx, q,
-                                   n_q, scale, out, ws);
+    const int d = c ? kvq_cache_config_of(c)->head_dim : 0;
+    const struct kvq_attn_kernels *kr = &kvq_attn_kernels_scalar;
+    if (kvq_cpu_has_avx2() && d % 8 == 0)
+        kr = kvq_attn_avx512_usable() && d % 16 == 0 ? &kvq_attn_kernels_avx512 : &kvq_attn_kernels_avx2;
+    return kvq_attn_decode_kernels(kr, c, kv_head, n_ctx, q, n_q, scale, out, ws);
 }
 
 kvq_status kvq_attn_decode_kernels(const struct kvq_attn_kernels *kr, const kvq_cache *c, int kv_head, size_t n_ctx,
@@ -211,9 +209,8 @@ kvq_status kvq_attn_decode_kernels(const struct kvq_attn_kernels *kr, const kvq_
             ws->qsum[h] = kvq_reduce8(s);
         }
     }
-    if (job.ck->traits->qjl && kr->sign_lut)
-        for (int q0 = 0; q0 < n_q; q0 += chunk_size(n_q - q0))
-            kvq_attn_sign_lut(&job, q0, chunk_size(n_q - q0));
+    if (kr->prepare)
+        kr->prepare(&job);
     for (int h = 0; h < n_q; h++) {
         ws->m[h] = -INFINITY;
         ws->l[h] = 0.0;

@@ -138,12 +138,15 @@ INLINE __m256 hsum8(const __m256 *v)
 
 /* dot[h][i] = q_h . row_i for QC heads, rows at codes + i * stride, i < n
  * rounded up to 8 (the extra rows are inside the page; their dots are unused).
+ * q is the chunk's interleaved query block: group g of head h at q + 8 (g QC + h).
  * NW > 0 (tqBj): also the sign sums of row i, NW table words (pairs of heads)
- * per sign byte, into ssum[w][i]. */
+ * per sign byte, into ssum[w][i].
+ * Addresses are written as base + kb * stride so that the compiler can use
+ * indexed addressing: with a pointer per key, the integer registers run out
+ * and the sign sums spill to the stack, which costs more than the rest. */
 INLINE void score_pass(const int kind, const int QC, const int KB, const int NW, const uint8_t *codes,
                        uint32_t stride, const uint8_t *signs, uint32_t sstride, const uint64_t *lut, size_t lut_words,
-                       uint64_t *ssum, uint32_t n, int dim, const float *q, size_t qstride, float *dot,
-                       const struct consts *k)
+                       uint64_t *ssum, uint32_t n, int dim, const float *q, float *dot, const struct consts *k)
 {
     const int G = dim / 8;
     for (uint32_t i0 = 0; i0 < n; i0 += 8) {
@@ -151,27 +154,27 @@ INLINE void score_pass(const int kind, const int QC, const int KB, const int NW,
         for (int k0 = 0; k0 < 8; k0 += KB) {
             __m256 a[4][KVQ_ATTN_QCHUNK];
             uint64_t sa[4][2];
-            const uint8_t *r[4], *sg[4];
+            const uint8_t *r = codes + (size_t)(i0 + (uint32_t)k0) * stride;
+            const uint8_t *sg = NW ? signs + (size_t)(i0 + (uint32_t)k0) * sstride : NULL;
 #pragma GCC unroll 4
             for (int kb = 0; kb < KB; kb++) {
-                r[kb] = codes + (size_t)(i0 + (uint32_t)(k0 + kb)) * stride;
-                sg[kb] = NW ? signs + (size_t)(i0 + (uint32_t)(k0 + kb)) * sstride : NULL;
                 sa[kb][0] = sa[kb][1] = 0;
 #pragma GCC unroll 4
                 for (int h = 0; h < QC; h++)
                     a[kb][h] = _mm256_setzero_ps();
             }
             const uint64_t *t = lut;
-            for (int g = 0; g < G; g++, t += 256) {
+            const float *qg = q;
+            for (int g = 0; g < G; g++, t += 256, qg += 8 * QC) {
                 __m256 x[4];
 #pragma GCC unroll 4
                 for (int kb = 0; kb < KB; kb++)
-                    x[kb] = expand(kind, r[kb], g, k);
+                    x[kb] = expand(kind, r + (size_t)kb * stride, g, k);
 #pragma GCC unroll 4
                 for (int h = 0; h < QC; h++) {
-                    __m256 qv = _mm256_load_ps(q + (size_t)h * qstride + 8 * (size_t)g);
+                    __m256 qv = _mm256_load_ps(qg + 8 * h);
                     /* One load for KB FMAs: without this the compiler folds the
-                     * load into every FMA, and loads are what runs out first. */
+                     * load into every FMA, and vector loads run out first. */
                     if (KB > 1)
                         __asm__("" : "+x"(qv));
 #pragma GCC unroll 4
@@ -182,7 +185,7 @@ INLINE void score_pass(const int kind, const int QC, const int KB, const int NW,
                 for (int kb = 0; kb < KB; kb++)
 #pragma GCC unroll 2
                     for (int w = 0; w < NW; w++)
-                        sa[kb][w] += t[(size_t)w * lut_words + sg[kb][g]];
+                        sa[kb][w] += t[(size_t)w * lut_words + sg[(size_t)kb * sstride + (size_t)g]];
             }
 #pragma GCC unroll 4
             for (int kb = 0; kb < KB; kb++) {
@@ -201,7 +204,7 @@ INLINE void score_pass(const int kind, const int QC, const int KB, const int NW,
 }
 
 /* Specialisations by (kind, chunk size, sign words): 2-4 keys per step, as registers allow. */
-#define SCORE_ARGS codes, stride, signs, sstride, lut, lut_words, ssum, n, dim, q, qstride, dot, k
+#define SCORE_ARGS codes, stride, signs, sstride, lut, lut_words, ssum, n, dim, q, dot, k
 #define SCORE_CASES(KIND)                                                                                  \
     case KIND:                                                                                             \
         if (qc == 4)                                                                                       \
@@ -223,7 +226,7 @@ INLINE void score_pass(const int kind, const int QC, const int KB, const int NW,
 
 static void score_chunk(int kind, int qc, int sign, const uint8_t *codes, uint32_t stride, const uint8_t *signs,
                         uint32_t sstride, const uint64_t *lut, size_t lut_words, uint64_t *ssum, uint32_t n, int dim,
-                        const float *q, size_t qstride, float *dot, const struct consts *k)
+                        const float *q, float *dot, const struct consts *k)
 {
     switch (kind) {
         SCORE_CASES(K_TQ1)
@@ -236,11 +239,6 @@ static void score_chunk(int kind, int qc, int sign, const uint8_t *codes, uint32
         BASE_CASES(K_Q4)
     default: break;
     }
-}
-
-static int chunk_size(int left)
-{
-    return left >= 4 ? 4 : left == 3 ? 2 : left;
 }
 
 /* Lane l (0 or 1) of eight 64-bit words: the 32-bit halves, as 8 int32. */
@@ -259,19 +257,19 @@ static void score_avx2(const struct kvq_attn_job *job, const struct kvq_attn_blo
     kvq_attn_workspace *ws = job->ws;
     const int kind = kind_of(ck), dim = job->dim, qjl = ck->traits->qjl;
     const struct consts k = make_consts(ck, kind);
-    const size_t qstride = 2 * (size_t)dim, lut_words = kvq_attn_lut_offset(dim, 2);
+    const size_t lut_words = kvq_attn_lut_offset(dim, 2);
     const uint8_t *codes = b->kchunk + hl->codes_off + (size_t)b->s0 * hl->codes_stride;
     const uint8_t *signs = qjl ? b->kchunk + hl->signs_off + (size_t)b->s0 * hl->signs_stride : NULL;
     const uint32_t n8 = (b->n + 7) & ~7u;
     const int P = dim / 8;
     const __m256i bias = _mm256_set1_epi32(P << kvq_attn_lut_bits(P));
 
-    for (int q0 = 0; q0 < job->n_q; q0 += chunk_size(job->n_q - q0)) {
-        const int qc = chunk_size(job->n_q - q0);
+    for (int q0 = 0; q0 < job->n_q; q0 += kvq_attn_chunk(job->n_q - q0)) {
+        const int qc = kvq_attn_chunk(job->n_q - q0);
         float *dot = ws->dot + (size_t)q0 * KVQ_ATTN_BLOCK;
         score_chunk(kind, qc, qjl, codes, hl->codes_stride, signs, hl->signs_stride,
                     qjl ? ws->lut + kvq_attn_lut_offset(dim, q0) : NULL, lut_words, ws->ssum, b->n, dim,
-                    ws->qprep + (size_t)q0 * qstride, qstride, dot, &k);
+                    ws->qint + (size_t)q0 * (size_t)dim, dot, &k);
         if (!ck->traits->rotated)
             continue;
         /* tq: times the row norm, plus the QJL term g (2 P - T). */
@@ -473,8 +471,8 @@ static void value_avx2(const struct kvq_attn_job *job, const struct kvq_attn_blo
     }
     const struct consts k = make_consts(cv, kind);
     const uint8_t *codes = b->vchunk + hl->codes_off + (size_t)b->s0 * hl->codes_stride;
-    for (int q0 = 0; q0 < job->n_q; q0 += chunk_size(job->n_q - q0))
-        value_chunk(kind, chunk_size(job->n_q - q0), codes, hl->codes_stride, b->n, w + (size_t)q0 * KVQ_ATTN_BLOCK,
+    for (int q0 = 0; q0 < job->n_q; q0 += kvq_attn_chunk(job->n_q - q0))
+        value_chunk(kind, kvq_attn_chunk(job->n_q - q0), codes, hl->codes_stride, b->n, w + (size_t)q0 * KVQ_ATTN_BLOCK,
                     ws->acc + (size_t)q0 * (size_t)dim, ws->alpha + q0, dim, &k);
     if (!cv->traits->qjl)
         return;
@@ -483,10 +481,29 @@ static void value_avx2(const struct kvq_attn_job *job, const struct kvq_attn_blo
     scale_weights(ws->wv, rnorm, cv->qjl_kappa_f, job->n_q, n8, ws->wg);
     const struct consts ks = make_consts(cv, K_SIGN);
     const uint8_t *signs = b->vchunk + hl->signs_off + (size_t)b->s0 * hl->signs_stride;
-    for (int q0 = 0; q0 < job->n_q; q0 += chunk_size(job->n_q - q0))
-        value_chunk(K_SIGN, chunk_size(job->n_q - q0), signs, hl->signs_stride, b->n,
+    for (int q0 = 0; q0 < job->n_q; q0 += kvq_attn_chunk(job->n_q - q0))
+        value_chunk(K_SIGN, kvq_attn_chunk(job->n_q - q0), signs, hl->signs_stride, b->n,
                     ws->wg + (size_t)q0 * KVQ_ATTN_BLOCK, ws->acc_s + (size_t)q0 * (size_t)dim, ws->alpha + q0, dim,
                     &ks);
 }
 
-const struct kvq_attn_kernels kvq_attn_kernels_avx2 = {1, score_avx2, softmax_avx2, value_avx2};
+/* Per call: the queries of each chunk interleaved by 8-coordinate group (so
+ * that the score loop reaches every head at a fixed offset), and the sign
+ * tables of a tqBj K. */
+static void prepare_avx2(const struct kvq_attn_job *job)
+{
+    kvq_attn_workspace *ws = job->ws;
+    const size_t d = (size_t)job->dim;
+    for (int q0 = 0; q0 < job->n_q; q0 += kvq_attn_chunk(job->n_q - q0)) {
+        const int qc = kvq_attn_chunk(job->n_q - q0);
+        float *dst = ws->qint + (size_t)q0 * d;
+        for (size_t g = 0; g < d / 8; g++)
+            for (int h = 0; h < qc; h++)
+                memcpy(dst + (g * (size_t)qc + (size_t)h) * 8, ws->qprep + (size_t)(q0 + h) * 2 * d + 8 * g,
+                       8 * sizeof(float));
+        if (job->ck->traits->qjl)
+            kvq_attn_sign_lut(job, q0, qc);
+    }
+}
+
+const struct kvq_attn_kernels kvq_attn_kernels_avx2 = {prepare_avx2, score_avx2, softmax_avx2, value_avx2};

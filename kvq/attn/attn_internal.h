@@ -14,9 +14,9 @@
  *      not grow with the context length.
  * Finally out = acc / l, rotated back once (R^T, and S^T for a tqBj V).
  *
- * Two implementations of steps 1-3 exist: scalar (attn_ref.c, also the
- * fallback on CPUs without AVX2 and for head dims not a multiple of 8) and
- * AVX2 (attn_avx2.c). kvq_attn_decode_ref() (attn_ref.c) is the independent
+ * Three implementations of steps 1-3 exist: scalar (attn_ref.c, also the
+ * fallback on CPUs without AVX2 and for head dims not a multiple of 8), AVX2
+ * (attn_avx2.c) and AVX-512 for tq rows (attn_avx512.c). kvq_attn_decode_ref() (attn_ref.c) is the independent
  * reference: dequantize each row with the codec's decode_ref, attend in double.
  */
 #ifndef KVQ_ATTN_INTERNAL_H
@@ -36,6 +36,7 @@ struct kvq_attn_workspace {
     size_t max_ctx;
     /* fused path */
     float *qprep;    /* [max_q][2 dim]: q (baseline K) or q', S q' (tq K) */
+    float *qint;     /* [max_q][dim]: q (or q') per query chunk, interleaved by 8-coordinate group */
     float *qsum;     /* [max_q]: sum_j (S q')_j */
     uint64_t *lut;   /* sign tables, see kvq_attn_sign_lut */
     float *lut_inv;  /* [max_q]: value of one fixed-point step of each head's table */
@@ -70,7 +71,7 @@ struct kvq_attn_block {
  *  softmax: ws->w, ws->alpha, and updates ws->m, ws->l
  *  value: ws->acc (and ws->acc_s) = alpha acc + sum_i w v_i */
 struct kvq_attn_kernels {
-    int sign_lut; /* 1: score reads the sign tables (built per call for a tqBj K) */
+    void (*prepare)(const struct kvq_attn_job *job); /* once per call, after qprep; may be NULL */
     void (*score)(const struct kvq_attn_job *job, const struct kvq_attn_block *b);
     void (*softmax)(const struct kvq_attn_job *job, uint32_t n);
     void (*value)(const struct kvq_attn_job *job, const struct kvq_attn_block *b);
@@ -78,10 +79,23 @@ struct kvq_attn_kernels {
 
 extern const struct kvq_attn_kernels kvq_attn_kernels_scalar;
 extern const struct kvq_attn_kernels kvq_attn_kernels_avx2; /* needs AVX2 and dim % 8 == 0 */
+/* tq rows 16 coordinates at a time (other types go to the AVX2 kernels);
+ * needs kvq_attn_avx512_usable() and dim % 16 == 0. */
+extern const struct kvq_attn_kernels kvq_attn_kernels_avx512;
+/** @return 1 when AVX2 is usable (kvq_cpu_has_avx2) and the CPU and OS also
+ *  support AVX-512 F/BW/VL/VBMI; KVQ_ATTN_NO_AVX512=1 in the environment
+ *  turns it off (to compare with the AVX2 kernels). */
+int kvq_attn_avx512_usable(void);
 
 /* kvq_attn_decode() with the kernels given (tests compare both sets). */
 kvq_status kvq_attn_decode_kernels(const struct kvq_attn_kernels *kr, const kvq_cache *c, int kv_head, size_t n_ctx,
                                    const float *q, int n_q, float scale, float *out, kvq_attn_workspace *ws);
+
+/* Query heads are processed in chunks of 4, the rest as 2 + 1. */
+static inline int kvq_attn_chunk(int left)
+{
+    return left >= 4 ? 4 : left == 3 ? 2 : left;
+}
 
 /* Sign tables for a tqBj K and the query chunk starting at q0 (even) with qc
  * heads. The sign sum P = sum of (S q')_j over the set sign bits of a key is

@@ -173,4 +173,4 @@ static void value_scalar(const struct kvq_attn_job *job, const struct kvq_attn_b
     }
 }
 
-const struct kvq_attn_kernels kvq_attn_kernels_scalar = {0, score_scalar, softmax_scalar, value_scalar};
+const struct kvq_attn_kernels kvq_attn_kernels_scalar = {NULL, score_scalar, softmax_scalar, value_scalar};

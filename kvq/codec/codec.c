@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "codec_internal.h"
+#include "rotation_internal.h"
 #include "cpu_internal.h"
 #include "rng_internal.h"
 
@@ -90,8 +91,10 @@ kvq_status kvq_codec_create(const struct kvq_codec_config *cfg, kvq_codec **out)
             goto fail;
         if (tr->qjl) {
             enum kvq_rot_kind sk = cfg->qjl == KVQ_QJL_GAUSS ? KVQ_ROT_GAUSS : cfg->rot;
-            st = kvq_rotation_create(cfg->dim, sk, kvq_seed_derive(cfg->seed, KVQ_SEED_STREAM_S),
-                                     &c->qjl);
+            uint64_t s_seed = kvq_seed_derive(cfg->seed, KVQ_SEED_STREAM_S);
+            st = sk == KVQ_ROT_HADAMARD
+                     ? kvq_rotation_create_rounds(cfg->dim, sk, s_seed, KVQ_QJL_ROUNDS, &c->qjl)
+                     : kvq_rotation_create(cfg->dim, sk, s_seed, &c->qjl);
             if (st != KVQ_OK)
                 goto fail;
             c->qjl_kappa = qjl_kappa(cfg->qjl, cfg->dim);

@@ -131,91 +131,81 @@ constexpr size_t smem_bytes()
            NW * L::nst * 8;
 }
 
-/* Copy i of a segment: page section -> stage buffer. */
+/* The one bulk copy lane i issues for every segment: a section of the K or V
+ * chunk of a page, 16 tokens long. Lane-constant, so it is worked out once
+ * per block instead of switching per segment. */
+struct copy_desc {
+    uint32_t chunk_off; /* K or V chunk of head h within a page */
+    uint32_t src_off;   /* section start within the chunk */
+    uint32_t stride;    /* bytes per token in the section */
+    uint32_t dst;       /* offset within the stage buffer */
+    uint32_t bytes;
+    int active;
+};
+
 template <int KT, int VT>
-__device__ __forceinline__ void seg_copy(int i, const kvq_dev_pages &pg, const uint8_t *kc, const uint8_t *vc,
-                                         uint32_t slot0, uint8_t *st, const uint8_t **src, uint8_t **dst,
-                                         uint32_t *bytes)
+__device__ __forceinline__ copy_desc make_copy_desc(int i, const kvq_dev_pages &pg, int h)
 {
     using L = stage_layout<KT, VT>;
-    if (i < L::nk) {
-        if (L::kf16) {
-            *src = kc + pg.k.codes_off + (size_t)(slot0 + i) * 256;
-            *dst = st + i * FROW;
-            *bytes = 256;
-        } else if (i == 0) {
-            *src = kc + pg.k.codes_off + (size_t)slot0 * 48;
-            *dst = st + L::k_codes;
-            *bytes = 768;
-        } else if (i == 1) {
-            *src = kc + pg.k.norm_off + (size_t)slot0 * 2;
-            *dst = st + L::k_norm;
-            *bytes = 32;
-        } else if (i == 2) {
-            *src = kc + pg.k.signs_off + (size_t)slot0 * 16;
-            *dst = st + L::k_signs;
-            *bytes = 256;
-        } else {
-            *src = kc + pg.k.rnorm_off + (size_t)slot0 * 2;
-            *dst = st + L::k_rnorm;
-            *bytes = 32;
-        }
-        return;
-    }
-    i -= L::nk;
-    if (L::vf16) {
-        *src = vc + pg.v.codes_off + (size_t)(slot0 + i) * 256;
-        *dst = st + L::v_base + i * FROW;
-        *bytes = 256;
-    } else if (i == 0) {
-        *src = vc + pg.v.codes_off + (size_t)slot0 * 48;
-        *dst = st + L::v_base;
-        *bytes = 768;
+    copy_desc c;
+    c.active = i < L::nk + L::nv;
+    const bool isv = i >= L::nk;
+    const kvq_head_layout &hl = isv ? pg.v : pg.k;
+    c.chunk_off = isv ? (uint32_t)(pg.v_off + (uint64_t)h * pg.v.bytes) : (uint32_t)(pg.k_off + (uint64_t)h * pg.k.bytes);
+    const int j = isv ? i - L::nk : i;
+    const bool f16 = isv ? L::vf16 : L::kf16;
+    if (f16) { /* one 256-byte row per lane, into a padded row */
+        c.src_off = hl.codes_off + (uint32_t)j * 256u;
+        c.stride = 256;
+        c.dst = (isv ? L::v_base : 0) + j * FROW;
+        c.bytes = 256;
+    } else if (j == 0) {
+        c.src_off = hl.codes_off, c.stride = 48, c.dst = isv ? L::v_base : L::k_codes, c.bytes = 768;
+    } else if (j == 1) {
+        c.src_off = hl.norm_off, c.stride = 2, c.dst = isv ? L::v_norm : L::k_norm, c.bytes = 32;
+    } else if (j == 2) {
+        c.src_off = hl.signs_off, c.stride = 16, c.dst = L::k_signs, c.bytes = 256;
     } else {
-        *src = vc + pg.v.norm_off + (size_t)slot0 * 2;
-        *dst = st + L::v_norm;
-        *bytes = 32;
+        c.src_off = hl.rnorm_off, c.stride = 2, c.dst = L::k_rnorm, c.bytes = 32;
     }
+    return c;
 }
 
-/* Starts filling stage buffer st (barrier bar) with segment seg. */
+/* Starts filling stage buffer st (barrier bar) with the segment at token
+ * slot slot0 of pool page `page`. */
 template <int KT, int VT>
-__device__ __forceinline__ void seg_issue(const kvq_cu_fast_params &p, int b, int h, int seg, uint8_t *st,
-                                          uint64_t *bar, int lane)
+__device__ __forceinline__ void seg_issue(const kvq_cu_fast_params &p, const copy_desc &cd, int32_t page,
+                                          uint32_t slot0, uint8_t *st, uint64_t *bar, int lane)
 {
     using L = stage_layout<KT, VT>;
-    const kvq_dev_pages &pg = p.pg;
-    const uint32_t tok = (uint32_t)seg * 16u;
-    const int32_t page = pg.ptab[(size_t)p.seq[b] * pg.max_pages_per_seq + tok / pg.page_tokens];
-    const uint32_t slot0 = tok % pg.page_tokens;
-    const uint8_t *base = pg.pool + (uint64_t)page * pg.page_bytes;
-    const uint8_t *kc = base + pg.k_off + (uint64_t)h * pg.k.bytes;
-    const uint8_t *vc = base + pg.v_off + (uint64_t)h * pg.v.bytes;
+    const uint8_t *src = p.pg.pool + (uint64_t)page * p.pg.page_bytes + cd.chunk_off + cd.src_off +
+                         (size_t)slot0 * cd.stride;
 #if __CUDA_ARCH__ >= 900
-    fence_proxy_async();
-    __syncwarp();
     if (lane == 0)
         mbar_expect_tx(bar, L::tx + L::txv);
     __syncwarp();
-    if (lane < L::nk + L::nv) {
-        const uint8_t *src;
-        uint8_t *dst;
-        uint32_t bytes;
-        seg_copy<KT, VT>(lane, pg, kc, vc, slot0, st, &src, &dst, &bytes);
-        bulk_copy(dst, src, bytes, bar);
-    }
+    if (cd.active)
+        bulk_copy(st + cd.dst, src, cd.bytes, bar);
 #else
-    (void)bar, (void)(L::tx + L::txv);
-    for (int i = 0; i < L::nk + L::nv; i++) {
-        const uint8_t *src;
-        uint8_t *dst;
-        uint32_t bytes;
-        seg_copy<KT, VT>(i, pg, kc, vc, slot0, st, &src, &dst, &bytes);
-        for (uint32_t o = 16u * lane; o < bytes; o += 16u * 32u)
-            *reinterpret_cast<uint4 *>(dst + o) = *reinterpret_cast<const uint4 *>(src + o);
+    (void)bar, (void)lane, (void)(L::tx + L::txv);
+    /* sm_80: the warp copies its segment itself, section by section */
+    for (int i = 0; i < 32; i++) {
+        const uint8_t *s_i = (const uint8_t *)__shfl_sync(0xffffffffu, (unsigned long long)src, i);
+        const uint32_t d_i = __shfl_sync(0xffffffffu, cd.dst, i);
+        const uint32_t n_i = __shfl_sync(0xffffffffu, cd.active ? cd.bytes : 0u, i);
+        for (uint32_t o = 16u * (uint32_t)(threadIdx.x & 31); o < n_i; o += 512u)
+            *reinterpret_cast<uint4 *>(st + d_i + o) = *reinterpret_cast<const uint4 *>(s_i + o);
     }
     __syncwarp();
 #endif
+}
+
+/* 2^x with one MUFU (flushes denormal results to zero; ex2(-inf) = 0). */
+__device__ __forceinline__ float ex2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
 }
 
 __device__ __forceinline__ float2 half2_bits_to_float2(uint32_t u)
@@ -246,19 +236,21 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
     const int s0 = split * per;
     const int s1 = min(nseg, s0 + per);
 
-    /* query fragments of this (entry, head) into shared memory */
-    {
-        const uint4 *src = reinterpret_cast<const uint4 *>(p.qfrag + ((size_t)b * p.H + h) * KVQ_CU_QFRAG_BYTES);
-        uint4 *dst = qa;
-        const int n16 = L::qjl ? 512 : 256;
-        for (int i = tid; i < n16; i += NW * 32)
-            dst[i] = src[i];
-        if (tid < 16)
-            qc[tid] = reinterpret_cast<const float *>(src + 512)[tid];
-    }
+    /* barriers first, on their own: nothing else touches them until the
+     * block barrier below has ordered their initialisation */
     if (tid < NW * NST)
         mbar_init(&bars[tid]);
     mbar_fence_init();
+    __syncthreads();
+    /* query fragments of this (entry, head) into shared memory */
+    {
+        const uint4 *src = reinterpret_cast<const uint4 *>(p.qfrag + ((size_t)b * p.H + h) * KVQ_CU_QFRAG_BYTES);
+        const int n16 = L::qjl ? 512 : 256;
+        for (int i = tid; i < n16; i += NW * 32)
+            qa[i] = src[i];
+        if (tid < 16)
+            qc[tid] = reinterpret_cast<const float *>(src + 512)[tid];
+    }
     __syncthreads();
 
     uint8_t *my_stages = stages + warp * NST * L::bytes;
@@ -267,8 +259,28 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
     const int first = s0 + warp;
     const int nmine = first < s1 ? (s1 - first + NW - 1) / NW : 0;
 
-    for (int k = 0; k < NST && k < nmine; k++)
-        seg_issue<KT, VT>(p, b, h, first + k * NW, my_stages + k * L::bytes, &my_bars[k], lane);
+    /* Segment first + k * NW goes to stage k % NST. Pages are tracked
+     * incrementally (no division per segment), and the page-table entry for
+     * the next issue is loaded one issue ahead so its latency stays hidden. */
+    const copy_desc cd = make_copy_desc<KT, VT>(lane, p.pg, h);
+    const uint32_t P = p.pg.page_tokens;
+    const int32_t *ptab = p.pg.ptab + (size_t)p.seq[b] * p.pg.max_pages_per_seq;
+    uint32_t iss_page_idx = (uint32_t)first * 16u / P, iss_slot = (uint32_t)first * 16u % P;
+    int32_t iss_page = nmine > 0 ? ptab[iss_page_idx] : 0;
+    auto advance = [&]() {
+        iss_slot += 16u * NW;
+        while (iss_slot >= P) {
+            iss_slot -= P;
+            iss_page_idx++;
+        }
+    };
+    int issued = 0;
+    for (; issued < NST && issued < nmine; issued++) {
+        seg_issue<KT, VT>(p, cd, iss_page, iss_slot, my_stages + issued * L::bytes, &my_bars[issued], lane);
+        advance();
+        if (issued + 1 < nmine)
+            iss_page = ptab[iss_page_idx];
+    }
 
     const float sig2 = L::qjl ? qc[g & 7] : 0.0f;
     const float tneg = L::qjl ? qc[8 + (g & 7)] : 0.0f;
@@ -309,17 +321,23 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
                     }
                 } else {
                     const uint32_t *w = reinterpret_cast<const uint32_t *>(st + L::k_codes + row * 48 + t * 12);
-                    tq3_decode32(w[0], w[1], w[2], p.lut_k, kr[nt]);
+                    if (p.exp & 2) {
+#pragma unroll
+                        for (int i = 0; i < 16; i++)
+                            kr[nt][i] = w[i % 3] ^ i;
+                    } else {
+                        tq3_decode32(w[0], w[1], w[2], p.lut_k, kr[nt]);
+                    }
                 }
-                if (L::qjl)
+                if (L::qjl && !(p.exp & 1))
                     qjl_bits32(*reinterpret_cast<const uint32_t *>(st + L::k_signs + row * 16 + t * 4), sr[nt]);
             }
 #pragma unroll
-            for (int kb = 0; kb < 8; kb++) {
+            for (int kb = 0; kb < 8 && !(p.exp & 32); kb++) {
                 const uint4 a = qa[kb * 32 + lane];
                 mma16816(sc[0], a, kr[0][2 * kb], kr[0][2 * kb + 1]);
                 mma16816(sc[1], a, kr[1][2 * kb], kr[1][2 * kb + 1]);
-                if (L::qjl) {
+                if (L::qjl && !(p.exp & 1)) {
                     const uint4 b2 = sa[kb * 32 + lane];
                     mma16816(ss[0], b2, sr[0][2 * kb], sr[0][2 * kb + 1]);
                     mma16816(ss[1], b2, sr[1][2 * kb], sr[1][2 * kb + 1]);
@@ -348,11 +366,13 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
             s[2 * nt + 1] = a1;
         }
         const int tok0 = seg * 16;
+        if (tok0 + 16 > len) { /* the sequence's last, partial segment (warp-uniform) */
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int tk = tok0 + 8 * (i >> 1) + 2 * t + (i & 1);
-            if (tk >= len)
-                s[i] = -INFINITY;
+            for (int i = 0; i < 4; i++) {
+                const int tk = tok0 + 8 * (i >> 1) + 2 * t + (i & 1);
+                if (tk >= len)
+                    s[i] = -INFINITY;
+            }
         }
 
         /* 2. online softmax (log2 domain) */
@@ -361,7 +381,7 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         const float m_new = fmaxf(m_run, mx);
         if (__any_sync(0xffffffffu, m_new > m_run)) {
-            const float alpha = m_new > m_run ? exp2f(m_run - m_new) : 1.0f;
+            const float alpha = m_new > m_run ? ex2(m_run - m_new) : 1.0f;
             l_run *= alpha;
             float a0, a1;
             if (GP == 4) {
@@ -383,9 +403,10 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
             m_run = m_new;
         }
         float pw[4];
+        const float m_use = m_run == -INFINITY ? 0.0f : m_run; /* all of s are -inf then */
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            pw[i] = s[i] == -INFINITY ? 0.0f : exp2f(s[i] - m_run);
+            pw[i] = (p.exp & 8) ? s[i] - m_use : ex2(s[i] - m_use);
             l_run += pw[i];
         }
         if (!L::vf16) {
@@ -419,15 +440,27 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
             for (int nt = 0; nt < 2; nt++) {
                 const int row = g + 8 * nt;
                 const uint32_t *w = reinterpret_cast<const uint32_t *>(st + L::v_base + row * 48 + t * 12);
-                tq3_decode32(w[0], w[1], w[2], p.lut_v, vr);
+                if (p.exp & 4) {
+#pragma unroll
+                    for (int i = 0; i < 16; i++)
+                        vr[i] = w[i % 3] ^ i;
+                } else {
+                    tq3_decode32(w[0], w[1], w[2], p.lut_v, vr);
+                }
                 vtile_store32(vtile, row, t, vr);
             }
             __syncwarp();
-            accum_values16<NT>(acc, vtile, lane, pb0, pb1);
+            if (!(p.exp & 16))
+                accum_values16<NT>(acc, vtile, lane, pb0, pb1);
         }
         __syncwarp();
-        if (k + NST < nmine)
-            seg_issue<KT, VT>(p, b, h, first + (k + NST) * NW, st, &my_bars[k % NST], lane);
+        if (issued < nmine) {
+            seg_issue<KT, VT>(p, cd, iss_page, iss_slot, st, &my_bars[k % NST], lane);
+            issued++;
+            advance();
+            if (issued < nmine)
+                iss_page = ptab[iss_page_idx];
+        }
     }
 
     /* merge: warp state -> own stage area (all its copies have landed) */

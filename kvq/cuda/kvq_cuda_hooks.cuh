@@ -67,9 +67,18 @@ __host__ __device__ static inline void slot_split(int s, int *t, int *p, int *e)
 
 /* ---- small wrappers -------------------------------------------------- */
 
+/* PRMT with a selector whose nibbles all have bit 3 clear (the only kind
+ * used here); written as PTX because __byte_perm masks the selector with
+ * 0x7777 first, one extra instruction per lookup. Only sel[15:0] count. */
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel)
 {
+#if defined(__CUDA_ARCH__)
+    uint32_t r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+    return r;
+#else
     return __byte_perm(a, b, sel);
+#endif
 }
 
 /* D = A B + D, m16n8k16, f16 x f16 -> f32. Fragment layouts as in the PTX

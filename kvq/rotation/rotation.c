@@ -78,7 +78,7 @@ kvq_status kvq_rotation_create_rounds(int dim, enum kvq_rot_kind kind, uint64_t 
         p *= 2;
     int m = dim / p;
     int kron = kind == KVQ_ROT_HADAMARD && m > 1;
-    if (rounds < 0 || rounds > 2 || (rounds != 0 && !kron))
+    if (rounds < 0 || rounds > KVQ_ROT_MAX_ROUNDS || (rounds != 0 && kind != KVQ_ROT_HADAMARD))
         return KVQ_ERR_INVALID_ARG;
 
     kvq_rotation *r = calloc(1, sizeof *r);
@@ -90,7 +90,7 @@ kvq_status kvq_rotation_create_rounds(int dim, enum kvq_rot_kind kind, uint64_t 
     r->p = p;
     r->m = m;
     /* One round by default: docs/rotation.md has the measurements. */
-    r->rounds = kron && rounds ? rounds : 1;
+    r->rounds = rounds ? rounds : 1;
     kvq_status st = KVQ_OK;
     switch (kind) {
     case KVQ_ROT_HADAMARD:

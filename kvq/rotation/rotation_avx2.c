@@ -153,7 +153,8 @@ void kvq_rot_hadamard_avx2(const kvq_rotation *r, const float *x, float *y)
     const int d = r->dim, p = r->p, m = r->m;
     if (m == 1) {
         struct finish f = {1, _mm256_set1_ps(r->scale), NULL};
-        fwht_avx2(x, r->signs, y, d, &f);
+        for (int k = 0; k < r->rounds; k++)
+            fwht_avx2(k ? y : x, r->signs + (size_t)k * d, y, d, &f);
         return;
     }
     const struct finish none = {0, _mm256_setzero_ps(), NULL};
@@ -176,8 +177,10 @@ void kvq_rot_hadamard_t_avx2(const kvq_rotation *r, const float *y, float *x)
 {
     const int d = r->dim, p = r->p, m = r->m;
     if (m == 1) {
-        struct finish f = {1, _mm256_set1_ps(r->scale), r->signs};
-        fwht_avx2(y, NULL, x, d, &f);
+        for (int k = r->rounds - 1; k >= 0; k--) {
+            struct finish f = {1, _mm256_set1_ps(r->scale), r->signs + (size_t)k * d};
+            fwht_avx2(k == r->rounds - 1 ? y : x, NULL, x, d, &f);
+        }
         return;
     }
     float tmp[KVQ_ROT_MAX_DIM];

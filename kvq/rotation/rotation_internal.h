@@ -6,7 +6,9 @@
  * CUDA - must do exactly these IEEE-754 binary32 operations, round to nearest
  * even, no contraction of a*b+c into fma unless written as fmaf):
  *
- * Power-of-two d (8 <= d <= KVQ_ROT_MAX_DIM), one round:
+ * Power-of-two d (8 <= d <= KVQ_ROT_MAX_DIM), one round (several rounds
+ * repeat it with the next d signs of the stream; apply_t undoes them last
+ * round first):
  *   signs: kvq_rng_init(&rng, seed); for j = 0..d-1 in order:
  *          sign_j = (kvq_rng_next(&rng) >> 63) ? -1.0f : +1.0f
  *   s = (float)(1.0 / sqrt((double)d))
@@ -21,8 +23,7 @@
  *
  * Other d = p * m, p = 2^k >= 8, m odd >= 3 (the Kronecker rotation, see
  * docs/rotation.md): x is viewed as an m x p row-major matrix, X[i][c] =
- * x[i*p + c]. rounds = 1 by default (2 through kvq_rotation_create_rounds,
- * for experiments); signs for round r (0-based) are the draws r*d .. r*d + d-1
+ * x[i*p + c]. rounds = 1 by default (more through kvq_rotation_create_rounds); signs for round r (0-based) are the draws r*d .. r*d + d-1
  * of the same rng stream as above.
  *   mix[i][l] = (float)(cas(2*pi*((i*l) mod m)/m) / sqrt((double)(m * p))),
  *   cas = cos + sin, computed in double (the normalised discrete Hartley
@@ -52,7 +53,7 @@ struct kvq_rotation {
     /* HADAMARD */
     int p;           /* largest power of two dividing dim */
     int m;           /* dim / p (odd); 1 for power-of-two dims */
-    int rounds;      /* 1, except 2 on request for non-power-of-two HADAMARD */
+    int rounds;      /* HADAMARD rounds: 1, more through kvq_rotation_create_rounds */
     float scale;     /* power-of-two dims: (float)(1/sqrt(dim)) */
     float *signs;    /* rounds * dim values, +-1.0f (also DCT: dim values) */
     float *mix;      /* m * m, row-major (m > 1 only) */
@@ -66,10 +67,15 @@ struct kvq_rotation {
     float *gauss;    /* dim * dim, row-major, i.i.d. N(0,1) */
 };
 
-/** kvq_rotation_create() with an explicit number of rounds for the
- *  non-power-of-two HADAMARD construction (1 or 2; the public create uses 1).
- *  For other kinds and power-of-two dims rounds must be 0 (= default). Used
- *  by bench_rotation to measure the 2-round variant. */
+/** kvq_rotation_create() with an explicit number of HADAMARD rounds
+ *  (1..KVQ_ROT_MAX_ROUNDS; 0 = the default, 1). Each round draws fresh signs
+ *  (round r uses draws r*d .. r*d + d-1 of the seed's stream) and applies
+ *  the whole one-round construction again; apply_t undoes the rounds in
+ *  reverse order. For other kinds rounds must be 0.
+ *  One round is the best rotation R (docs/rotation.md); the QJL projection S
+ *  uses KVQ_QJL_ROUNDS rounds, because the sign estimator is unbiased only
+ *  for a Haar-like S (measured in tests/test_codec_qjl.c). */
+#define KVQ_ROT_MAX_ROUNDS 4
 kvq_status kvq_rotation_create_rounds(int dim, enum kvq_rot_kind kind, uint64_t seed, int rounds,
                                       kvq_rotation **out);
 

@@ -41,11 +41,15 @@ void kvq_rot_hadamard_ref(const kvq_rotation *r, const float *x, float *y)
 {
     const int d = r->dim, p = r->p, m = r->m;
     if (m == 1) {
-        for (int j = 0; j < d; j++)
-            y[j] = x[j] * r->signs[j];
-        kvq_rot_fwht_ref(y, d);
-        for (int j = 0; j < d; j++)
-            y[j] = y[j] * r->scale;
+        const float *src = x;
+        for (int k = 0; k < r->rounds; k++, src = y) {
+            const float *sg = r->signs + (size_t)k * d;
+            for (int j = 0; j < d; j++)
+                y[j] = src[j] * sg[j];
+            kvq_rot_fwht_ref(y, d);
+            for (int j = 0; j < d; j++)
+                y[j] = y[j] * r->scale;
+        }
         return;
     }
     float tmp[KVQ_ROT_MAX_DIM];
@@ -71,9 +75,12 @@ void kvq_rot_hadamard_t_ref(const kvq_rotation *r, const float *y, float *x)
     if (m == 1) {
         if (x != y)
             memcpy(x, y, (size_t)d * sizeof *x);
-        kvq_rot_fwht_ref(x, d);
-        for (int j = 0; j < d; j++)
-            x[j] = (x[j] * r->scale) * r->signs[j];
+        for (int k = r->rounds - 1; k >= 0; k--) {
+            const float *sg = r->signs + (size_t)k * d;
+            kvq_rot_fwht_ref(x, d);
+            for (int j = 0; j < d; j++)
+                x[j] = (x[j] * r->scale) * sg[j];
+        }
         return;
     }
     float tmp[KVQ_ROT_MAX_DIM];
