@@ -140,7 +140,8 @@ install: all
 	install -m 644 kvq/kvq.h $(wildcard kvq/*/kvq_*.h) $(wildcard decoder/kvq_*.h) $(DESTDIR)$(PREFIX)/include/kvq/
 	install -m 644 $(LIB_A) $(DESTDIR)$(PREFIX)/lib/
 	install -m 755 $(LIB_SO) $(DESTDIR)$(PREFIX)/lib/
-	install -m 644 $(PC) $(DESTDIR)$(PREFIX)/lib/pkgconfig/
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' -e 's|@LIBS@|$(LDLIBS)|' mk/kvq.pc.in \
+	    > $(DESTDIR)$(PREFIX)/lib/pkgconfig/kvq.pc
 	install -m 755 $(KVQ) $(DESTDIR)$(PREFIX)/bin/
 
 clean:

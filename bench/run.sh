@@ -13,6 +13,13 @@ for b in "$@"; do
     echo "== $(basename "$b")"
     "$b" || { echo "benchmark $(basename "$b") failed"; status=1; }
 done
+# Script benchmarks (whole-command timings, e.g. the eval sweep).
+for s in bench/bench_*.sh; do
+    [ -f "$s" ] || continue
+    echo
+    echo "== $(basename "$s")"
+    sh "$s" "$build" || { echo "benchmark $(basename "$s") failed"; status=1; }
+done
 echo
 echo "JSON results: $KVQ_BENCH_JSON_DIR/"
 exit $status

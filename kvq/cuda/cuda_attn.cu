@@ -416,10 +416,6 @@ static kvq_status attend_chunk(kvq_cuda_cache *c, int nb, const int *seqs, const
         p.H = H;
         p.G = G;
         p.kappa = c->dk.kappa;
-        {
-            const char *e = getenv("KVQ_CUDA_FAST_EXP"); /* TEMPORARY: tuning experiments */
-            p.exp = e ? atoi(e) : 0;
-        }
         if (c->dk.type != KVQ_TYPE_F16)
             p.lut_k = tq3_lut_make(c->dk.centroids, c->alpha_k);
         if (c->dv.type != KVQ_TYPE_F16)

@@ -133,14 +133,11 @@ constexpr size_t smem_bytes()
 
 /* The one bulk copy lane i issues for every segment: a section of the K or V
  * chunk of a page, 16 tokens long. Lane-constant, so it is worked out once
- * per block instead of switching per segment. */
+ * per block instead of switching per segment; three registers. */
 struct copy_desc {
-    uint32_t chunk_off; /* K or V chunk of head h within a page */
-    uint32_t src_off;   /* section start within the chunk */
+    uint32_t off;       /* section start within a page (chunk of head h + section) */
     uint32_t stride;    /* bytes per token in the section */
-    uint32_t dst;       /* offset within the stage buffer */
-    uint32_t bytes;
-    int active;
+    uint32_t dst_bytes; /* stage offset << 16 | bytes (0 bytes: lane issues nothing) */
 };
 
 template <int KT, int VT>
@@ -148,26 +145,27 @@ __device__ __forceinline__ copy_desc make_copy_desc(int i, const kvq_dev_pages &
 {
     using L = stage_layout<KT, VT>;
     copy_desc c;
-    c.active = i < L::nk + L::nv;
     const bool isv = i >= L::nk;
     const kvq_head_layout &hl = isv ? pg.v : pg.k;
-    c.chunk_off = isv ? (uint32_t)(pg.v_off + (uint64_t)h * pg.v.bytes) : (uint32_t)(pg.k_off + (uint64_t)h * pg.k.bytes);
+    const uint32_t chunk = isv ? (uint32_t)(pg.v_off + (uint64_t)h * pg.v.bytes)
+                               : (uint32_t)(pg.k_off + (uint64_t)h * pg.k.bytes);
     const int j = isv ? i - L::nk : i;
     const bool f16 = isv ? L::vf16 : L::kf16;
+    uint32_t src, stride, dst, bytes;
     if (f16) { /* one 256-byte row per lane, into a padded row */
-        c.src_off = hl.codes_off + (uint32_t)j * 256u;
-        c.stride = 256;
-        c.dst = (isv ? L::v_base : 0) + j * FROW;
-        c.bytes = 256;
+        src = hl.codes_off + (uint32_t)j * 256u, stride = 256, dst = (isv ? L::v_base : 0) + j * FROW, bytes = 256;
     } else if (j == 0) {
-        c.src_off = hl.codes_off, c.stride = 48, c.dst = isv ? L::v_base : L::k_codes, c.bytes = 768;
+        src = hl.codes_off, stride = 48, dst = isv ? L::v_base : L::k_codes, bytes = 768;
     } else if (j == 1) {
-        c.src_off = hl.norm_off, c.stride = 2, c.dst = isv ? L::v_norm : L::k_norm, c.bytes = 32;
+        src = hl.norm_off, stride = 2, dst = isv ? L::v_norm : L::k_norm, bytes = 32;
     } else if (j == 2) {
-        c.src_off = hl.signs_off, c.stride = 16, c.dst = L::k_signs, c.bytes = 256;
+        src = hl.signs_off, stride = 16, dst = L::k_signs, bytes = 256;
     } else {
-        c.src_off = hl.rnorm_off, c.stride = 2, c.dst = L::k_rnorm, c.bytes = 32;
+        src = hl.rnorm_off, stride = 2, dst = L::k_rnorm, bytes = 32;
     }
+    c.off = chunk + src;
+    c.stride = stride;
+    c.dst_bytes = i < L::nk + L::nv ? (dst << 16) | bytes : 0u;
     return c;
 }
 
@@ -178,21 +176,20 @@ __device__ __forceinline__ void seg_issue(const kvq_cu_fast_params &p, const cop
                                           uint32_t slot0, uint8_t *st, uint64_t *bar, int lane)
 {
     using L = stage_layout<KT, VT>;
-    const uint8_t *src = p.pg.pool + (uint64_t)page * p.pg.page_bytes + cd.chunk_off + cd.src_off +
-                         (size_t)slot0 * cd.stride;
+    const uint8_t *src = p.pg.pool + (uint64_t)page * p.pg.page_bytes + cd.off + slot0 * cd.stride;
 #if __CUDA_ARCH__ >= 900
     if (lane == 0)
         mbar_expect_tx(bar, L::tx + L::txv);
     __syncwarp();
-    if (cd.active)
-        bulk_copy(st + cd.dst, src, cd.bytes, bar);
+    if (cd.dst_bytes)
+        bulk_copy(st + (cd.dst_bytes >> 16), src, cd.dst_bytes & 0xffffu, bar);
 #else
     (void)bar, (void)lane, (void)(L::tx + L::txv);
     /* sm_80: the warp copies its segment itself, section by section */
     for (int i = 0; i < 32; i++) {
         const uint8_t *s_i = (const uint8_t *)__shfl_sync(0xffffffffu, (unsigned long long)src, i);
-        const uint32_t d_i = __shfl_sync(0xffffffffu, cd.dst, i);
-        const uint32_t n_i = __shfl_sync(0xffffffffu, cd.active ? cd.bytes : 0u, i);
+        const uint32_t d_i = __shfl_sync(0xffffffffu, cd.dst_bytes >> 16, i);
+        const uint32_t n_i = __shfl_sync(0xffffffffu, cd.dst_bytes & 0xffffu, i);
         for (uint32_t o = 16u * (uint32_t)(threadIdx.x & 31); o < n_i; o += 512u)
             *reinterpret_cast<uint4 *>(st + d_i + o) = *reinterpret_cast<const uint4 *>(s_i + o);
     }
@@ -264,14 +261,15 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
      * the next issue is loaded one issue ahead so its latency stays hidden. */
     const copy_desc cd = make_copy_desc<KT, VT>(lane, p.pg, h);
     const uint32_t P = p.pg.page_tokens;
-    const int32_t *ptab = p.pg.ptab + (size_t)p.seq[b] * p.pg.max_pages_per_seq;
-    uint32_t iss_page_idx = (uint32_t)first * 16u / P, iss_slot = (uint32_t)first * 16u % P;
-    int32_t iss_page = nmine > 0 ? ptab[iss_page_idx] : 0;
+    /* index into the page tables of the next page to issue from */
+    uint32_t iss_pt = (uint32_t)p.seq[b] * p.pg.max_pages_per_seq + (uint32_t)first * 16u / P;
+    uint32_t iss_slot = (uint32_t)first * 16u % P;
+    int32_t iss_page = nmine > 0 ? p.pg.ptab[iss_pt] : 0;
     auto advance = [&]() {
         iss_slot += 16u * NW;
         while (iss_slot >= P) {
             iss_slot -= P;
-            iss_page_idx++;
+            iss_pt++;
         }
     };
     int issued = 0;
@@ -279,7 +277,7 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
         seg_issue<KT, VT>(p, cd, iss_page, iss_slot, my_stages + issued * L::bytes, &my_bars[issued], lane);
         advance();
         if (issued + 1 < nmine)
-            iss_page = ptab[iss_page_idx];
+            iss_page = p.pg.ptab[iss_pt];
     }
 
     const float sig2 = L::qjl ? qc[g & 7] : 0.0f;
@@ -321,23 +319,17 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
                     }
                 } else {
                     const uint32_t *w = reinterpret_cast<const uint32_t *>(st + L::k_codes + row * 48 + t * 12);
-                    if (p.exp & 2) {
-#pragma unroll
-                        for (int i = 0; i < 16; i++)
-                            kr[nt][i] = w[i % 3] ^ i;
-                    } else {
-                        tq3_decode32(w[0], w[1], w[2], p.lut_k, kr[nt]);
-                    }
+                    tq3_decode32(w[0], w[1], w[2], p.lut_k, kr[nt]);
                 }
-                if (L::qjl && !(p.exp & 1))
+                if (L::qjl)
                     qjl_bits32(*reinterpret_cast<const uint32_t *>(st + L::k_signs + row * 16 + t * 4), sr[nt]);
             }
 #pragma unroll
-            for (int kb = 0; kb < 8 && !(p.exp & 32); kb++) {
+            for (int kb = 0; kb < 8; kb++) {
                 const uint4 a = qa[kb * 32 + lane];
                 mma16816(sc[0], a, kr[0][2 * kb], kr[0][2 * kb + 1]);
                 mma16816(sc[1], a, kr[1][2 * kb], kr[1][2 * kb + 1]);
-                if (L::qjl && !(p.exp & 1)) {
+                if (L::qjl) {
                     const uint4 b2 = sa[kb * 32 + lane];
                     mma16816(ss[0], b2, sr[0][2 * kb], sr[0][2 * kb + 1]);
                     mma16816(ss[1], b2, sr[1][2 * kb], sr[1][2 * kb + 1]);
@@ -406,7 +398,7 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
         const float m_use = m_run == -INFINITY ? 0.0f : m_run; /* all of s are -inf then */
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            pw[i] = (p.exp & 8) ? s[i] - m_use : ex2(s[i] - m_use);
+            pw[i] = ex2(s[i] - m_use);
             l_run += pw[i];
         }
         if (!L::vf16) {
@@ -440,18 +432,11 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
             for (int nt = 0; nt < 2; nt++) {
                 const int row = g + 8 * nt;
                 const uint32_t *w = reinterpret_cast<const uint32_t *>(st + L::v_base + row * 48 + t * 12);
-                if (p.exp & 4) {
-#pragma unroll
-                    for (int i = 0; i < 16; i++)
-                        vr[i] = w[i % 3] ^ i;
-                } else {
-                    tq3_decode32(w[0], w[1], w[2], p.lut_v, vr);
-                }
+                tq3_decode32(w[0], w[1], w[2], p.lut_v, vr);
                 vtile_store32(vtile, row, t, vr);
             }
             __syncwarp();
-            if (!(p.exp & 16))
-                accum_values16<NT>(acc, vtile, lane, pb0, pb1);
+            accum_values16<NT>(acc, vtile, lane, pb0, pb1);
         }
         __syncwarp();
         if (issued < nmine) {
@@ -459,7 +444,7 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
             issued++;
             advance();
             if (issued < nmine)
-                iss_page = ptab[iss_page_idx];
+                iss_page = p.pg.ptab[iss_pt];
         }
     }
 
