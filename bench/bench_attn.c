@@ -3,7 +3,9 @@
  *
  * One KV head with n_q query heads (2 as in the bundled model, 4 as in
  * Llama-3-8B), d = 128, contexts 4K, 32K and 128K tokens:
- *   tq3j/tq3   kvq_attn_decode on a tq3j K / tq3 V cache (118 bytes per token)
+ *   tq3j/tq3   kvq_attn_decode on a tq3j K / tq3 V cache (118 bytes per token):
+ *              the AVX-512 kernels where the CPU has them
+ *   tq avx2    the same cache through the AVX2 kernels
  *   q8_0       kvq_attn_decode on a q8_0 K / q8_0 V cache (272 bytes)
  *   f16 cache  kvq_attn_decode on an f16 cache (512 bytes)
  *   f16        contiguous f16 K and V arrays, F16C + FMA loops: scores of all
@@ -33,6 +35,7 @@
 
 #include <cblas.h>
 
+#include "attn_internal.h"
 #include "cpu_internal.h"
 #include "kvq_attn.h"
 #include "kvq_half.h"
@@ -236,9 +239,10 @@ __attribute__((target("avx2,fma,f16c"))) static void f16_attn(const struct data 
 
 /* ---- harness ---- */
 
-enum { V_TQ, V_Q8, V_F16C, V_F16, V_F32V, V_F32M, N_VAR };
-static const char *const var_name[N_VAR] = {"tq3j/tq3", "q8_0 cache", "f16 cache", "f16", "f32 sgemv", "f32 sgemm"};
-static const double var_bytes[N_VAR] = {118, 272, 512, 512, 1024, 1024};
+enum { V_TQ, V_TQ2, V_Q8, V_F16C, V_F16, V_F32V, V_F32M, N_VAR };
+static const char *const var_name[N_VAR] = {"tq3j/tq3",  "tq avx2", "q8_0 cache", "f16 cache",
+                                            "f16",       "f32 sgemv", "f32 sgemm"};
+static const double var_bytes[N_VAR] = {118, 118, 272, 512, 512, 1024, 1024};
 
 struct ctx_all {
     struct data x;
@@ -252,6 +256,9 @@ static void run_variant(struct ctx_all *a, int v, size_t n, const float *q, int 
     kvq_status st = KVQ_OK;
     switch (v) {
     case V_TQ: st = kvq_attn_decode(a->cache[0], 0, n, q, n_q, scale, out, a->ws); break;
+    case V_TQ2:
+        st = kvq_attn_decode_kernels(&kvq_attn_kernels_avx2, a->cache[0], 0, n, q, n_q, scale, out, a->ws);
+        break;
     case V_Q8: st = kvq_attn_decode(a->cache[1], 0, n, q, n_q, scale, out, a->ws); break;
     case V_F16C: st = kvq_attn_decode(a->cache[2], 0, n, q, n_q, scale, out, a->ws); break;
     case V_F16: f16_attn(&a->x, n, q, n_q, scale, out); break;
@@ -352,8 +359,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_attn: cannot write %s\n", path);
         return 1;
     }
-    fprintf(json, "{\n  \"benchmark\": \"bench_attn\",\n  \"head_dim\": %d,\n  \"threads\": 1,\n  \"clock\": \"%s\",\n  \"results\": [",
-            D, bench_clock == CLOCK_MONOTONIC ? "wall" : "thread_cpu");
+    fprintf(json,
+            "{\n  \"benchmark\": \"bench_attn\",\n  \"head_dim\": %d,\n  \"threads\": 1,\n  \"clock\": \"%s\",\n"
+            "  \"tq_kernels\": \"%s\",\n  \"results\": [",
+            D, bench_clock == CLOCK_MONOTONIC ? "wall" : "thread_cpu", kvq_attn_avx512_usable() ? "avx512" : "avx2");
 
     const size_t ctxs[] = {4096, 32768, 131072};
     const int nqs[] = {2, 4};
@@ -364,6 +373,7 @@ int main(int argc, char **argv)
     int first = 1;
     printf("fused decode attention, d=%d, one KV head, single thread; median us over repetitions (%s)\n", D,
            bench_clock == CLOCK_MONOTONIC ? "wall clock" : "thread CPU clock");
+    printf("tq3j/tq3 kernels: %s\n", kvq_attn_avx512_usable() ? "avx512" : "avx2");
     printf("%7s %3s  %-10s %10s %10s %9s %9s\n", "ctx", "n_q", "variant", "warm us", "cold us", "warm GB/s",
            "cold GB/s");
     for (size_t ci = 0; ci < sizeof ctxs / sizeof *ctxs; ci++)

@@ -12,8 +12,8 @@
  * attended token; queries and outputs are negligible).
  *
  * Env: KVQ_BENCH_QUICK=1 (batch 1 and 32, contexts 4K and 32K),
- *      KVQ_BENCH_PROFILE=1|2|3 (only tq3j/tq3, tq3/tq3 or f16/f16 at batch
- *      32, 32K: for ncu),
+ *      KVQ_BENCH_PROFILE=1|2|3 (only tq3j/tq3, tq3/tq3 or f16/f16, at batch
+ *      KVQ_BENCH_BATCH (32) and context KVQ_BENCH_CTX (32768): for ncu),
  *      KVQ_BENCH_MAXCTX (cap on the context), KVQ_BENCH_JSON_DIR.
  * Without a GPU it prints one line and exits 0.
  */
@@ -143,8 +143,9 @@ int main(void)
     const int reps = env_int("KVQ_BENCH_REPS", 20);
     const int all_batches[3] = {1, 8, 32}, quick_batches[2] = {1, 32};
     const int all_ctx[5] = {131072, 65536, 32768, 16384, 4096}, quick_ctx[2] = {32768, 4096};
-    const int *batches = profile ? quick_batches + 1 : quick ? quick_batches : all_batches, nbatch = profile ? 1 : quick ? 2 : 3;
-    const int *ctxs = quick ? quick_ctx : all_ctx, nctx = profile ? 1 : quick ? 2 : 5;
+    const int prof_batch[1] = {env_int("KVQ_BENCH_BATCH", 32)}, prof_ctx[1] = {env_int("KVQ_BENCH_CTX", 32768)};
+    const int *batches = profile ? prof_batch : quick ? quick_batches : all_batches, nbatch = profile ? 1 : quick ? 2 : 3;
+    const int *ctxs = profile ? prof_ctx : quick ? quick_ctx : all_ctx, nctx = profile ? 1 : quick ? 2 : 5;
     const int t0 = profile ? profile - 1 : 0, ntypes = profile ? profile : 3;
     const enum kvq_type types[3][2] = {
         {KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3}, {KVQ_TYPE_TQ3, KVQ_TYPE_TQ3}, {KVQ_TYPE_F16, KVQ_TYPE_F16}};

@@ -82,15 +82,6 @@ if has ncu; then
     done
 fi
 
-if has exp; then
-    # timing-only experiments: each flag removes one part of the fused
-    # kernel's work (results are wrong on purpose; see cuda_attn_fast.cu)
-    for e in 0 1 2 4 8 16 32 7; do
-        say "== experiment flags $e"
-        KVQ_CUDA_FAST_EXP=$e KVQ_BENCH_PROFILE=1 KVQ_BENCH_REPS=10 KVQ_BENCH_JSON_DIR=/tmp "$build/bench/bench_cuda" 2>&1 | grep -E "^ +32 " | tee -a "$log"
-    done
-fi
-
 if has sass; then
     cuobjdump -sass "$build/tests/test_cuda" 2>/dev/null | awk '/Function : .*fast_kernelILi0ELi0ELi4/{p=1} /Function : /{if(!/fast_kernelILi0ELi0ELi4/)p=0} p' >"$out/sass.txt"
     say "sass: $(wc -l <"$out/sass.txt") lines; HMMA $(grep -c HMMA "$out/sass.txt"), PRMT $(grep -c PRMT "$out/sass.txt"), LDS $(grep -c LDS "$out/sass.txt")"

@@ -103,6 +103,8 @@ struct kvq_seq {
     int32_t *draft;              /* [KVQ_MAX_DRAFT + 1] pending token + draft */
     int32_t *verify;             /* [KVQ_MAX_DRAFT + 1] the model's tokens for them */
     int decoding;                /* forward time counts as decode (else prefill) */
+    uint8_t *vnc_packed;         /* v_norm_correct: [max_chunk * n_kv] packed V rows */
+    float *vnc_dec;              /* v_norm_correct: [max_chunk][kv_dim] decoded V rows */
     kvq_qkv_hook hook;
     void *hook_user;
     struct kvq_seq_timers tm;

@@ -117,6 +117,41 @@ static kvq_status attention(kvq_seq *s, int l, size_t T)
     return KVQ_OK;
 }
 
+/* Value norm correction (kvq_seq_config.v_norm_correct). A tq value row
+ * decodes to n R^T c[idx], whose norm n ||c[idx]|| falls short of n: the
+ * codebook shrinks towards the centroids. The codes depend only on the
+ * direction of x, so scaling x by ||x|| / ||x~|| before encoding leaves them
+ * as they are and stores exactly the norm that makes ||x~|| = ||x|| (up to
+ * the f16 rounding of the stored norm). */
+static kvq_status norm_correct_v(kvq_seq *s, int l, size_t T)
+{
+    const kvq_codec *cv = kvq_cache_codec_v(s->caches[l]);
+    if (!s->vnc_packed || !kvq_codec_traits(cv)->rotated)
+        return KVQ_OK;
+    const int d = s->m->cfg.head_dim;
+    const size_t rows = T * (size_t)s->m->cfg.n_kv_heads;
+    kvq_status st = kvq_codec_encode(cv, s->v, rows, s->vnc_packed);
+    if (st == KVQ_OK)
+        st = kvq_codec_decode(cv, s->vnc_packed, rows, s->vnc_dec);
+    if (st != KVQ_OK)
+        return st;
+    for (size_t r = 0; r < rows; r++) {
+        float *x = s->v + r * (size_t)d;
+        const float *y = s->vnc_dec + r * (size_t)d;
+        double nx = 0, ny = 0;
+        for (int i = 0; i < d; i++) {
+            nx += (double)x[i] * x[i];
+            ny += (double)y[i] * y[i];
+        }
+        if (ny > 0) {
+            float g = (float)sqrt(nx / ny);
+            for (int i = 0; i < d; i++)
+                x[i] *= g;
+        }
+    }
+    return KVQ_OK;
+}
+
 static void rollback(kvq_seq *s, int n_layers)
 {
     for (int l = 0; l < n_layers; l++)
@@ -150,7 +185,9 @@ kvq_status kvq_forward_chunk(kvq_seq *s, const int32_t *ids, size_t T)
             s->hook(s->hook_user, l, s->pos, T, s->q, s->k, s->v);
 
         double t0 = kvq_now();
-        kvq_status st = kvq_cache_append(s->caches[l], T, s->k, s->v);
+        kvq_status st = norm_correct_v(s, l, T);
+        if (st == KVQ_OK)
+            st = kvq_cache_append(s->caches[l], T, s->k, s->v);
         if (st != KVQ_OK) {
             rollback(s, l);
             return st;

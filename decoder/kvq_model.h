@@ -129,6 +129,24 @@ struct kvq_seq_config {
     size_t max_ctx;         /* tokens; 0 = the model's max_ctx */
     int max_chunk;          /* tokens per forward chunk (prefill); 0 = 256 */
     int ngram;              /* n-gram length for speculative drafts; 0 = 3 */
+    size_t kv_budget;       /* bytes of cache pages over all layers; 0 = no limit.
+                             * Split exactly: layer l's cache gets
+                             * floor(kv_budget * b_l / sum b) bytes (kvq_cache
+                             * max_bytes), b_l = its bytes per token (an equal split
+                             * for uniform types), so the pages of all layers never
+                             * exceed kv_budget and every layer holds about the same
+                             * number of tokens. Pages are allocated on demand; a
+                             * forward that would need one more page fails with
+                             * KVQ_ERR_BUDGET. */
+    const enum kvq_type *layer_types; /* NULL: type_k/type_v everywhere; else
+                             * [n_layers][2] (K, V) per layer, read only by
+                             * kvq_seq_create / kvq_seq_plan_of (not kept) */
+    int v_norm_correct;     /* 1: before a value row is appended to a rotated (tq)
+                             * V cache, scale it so that its decoded row has the
+                             * input's norm (||x~|| = ||x||). The codes depend only
+                             * on the direction, so this stores the corrected norm
+                             * without any codec change; costs one extra encode +
+                             * decode per value row at append. */
 };
 void kvq_seq_config_default(struct kvq_seq_config *cfg);
 
@@ -140,6 +158,24 @@ kvq_status kvq_seq_create(const kvq_model *m, const struct kvq_seq_config *cfg, 
 
 /** Frees s; accepts NULL. */
 void kvq_seq_free(kvq_seq *s);
+
+/* What a cache configuration costs for a model, and how far a budget goes. */
+struct kvq_seq_plan {
+    size_t bytes_per_token;  /* exact encoded K+V bytes of one token, all layers and KV heads */
+    size_t page_tokens;      /* tokens per cache page */
+    size_t page_bytes;       /* bytes of one page of one layer */
+    size_t max_tokens;       /* most tokens that fit kv_budget (whole pages in every
+                              * layer's share), capped at max_ctx (model max when 0) */
+    size_t bytes_at_max;     /* page bytes, all layers, holding max_tokens tokens */
+    size_t budget_tokens;    /* tokens the budget alone would hold (not capped by the
+                              * context); SIZE_MAX without a budget */
+};
+
+/** Plans a sequence of model m with cfg's types, kv_budget and max_ctx
+ *  without allocating anything; exactly what kvq_seq_create would enforce.
+ *  @return KVQ_OK; KVQ_ERR_INVALID_ARG (NULL, unknown type);
+ *  KVQ_ERR_UNSUPPORTED (type for this head_dim). */
+kvq_status kvq_seq_plan_of(const kvq_model *m, const struct kvq_seq_config *cfg, struct kvq_seq_plan *out);
 
 /** Back to an empty sequence: caches emptied (pages kept), position 0,
  *  n-gram table cleared, sampler RNG reseeded from the config seed,
@@ -207,8 +243,13 @@ typedef int (*kvq_token_fn)(void *user, int32_t id);
  *  drafts from the n-gram table are verified in one forward of T = N + 1 and
  *  the longest prefix the model agrees with is kept (the caches roll back
  *  the rest), which leaves the output identical to plain decoding.
- *  Generation also stops at the context end.
+ *  Generation also stops at the context end (KVQ_OK, fewer tokens).
+ *  When the KV budget runs out during decoding the call returns
+ *  KVQ_ERR_BUDGET, and out[0..*n_out) still holds every token produced so
+ *  far (each final; the caches hold the prompt and all but the last).
  *  @return KVQ_OK; KVQ_ERR_CONTEXT_FULL (the prompt does not fit);
+ *  KVQ_ERR_BUDGET (the prompt does not fit the budget: *n_out = 0, or the
+ *  budget ran out while generating: see above);
  *  KVQ_ERR_RANGE (prompt id out of range); other errors from forward. */
 kvq_status kvq_seq_generate(kvq_seq *s, const int32_t *prompt, size_t n_prompt, const struct kvq_gen_params *p,
                             int32_t *out, size_t max_out, size_t *n_out, kvq_token_fn fn, void *user);
@@ -228,6 +269,7 @@ struct kvq_seq_stats {
     double t_attn;            /* of both: cache append + kvq attention */
     double t_lm_head;         /* of both: final norm + LM head + reduction/sampling */
     double t_host;            /* the rest: embeddings, norms, RoPE, copies, drafts */
+    size_t kv_budget;         /* the configured budget (0 = none) */
 };
 void kvq_seq_get_stats(const kvq_seq *s, struct kvq_seq_stats *st);
 

@@ -1,6 +1,7 @@
 /* seq.c - the sequence state: creation (every buffer the forward pass and
  * generation will ever need, allocated once), reset, the chunked forward
  * entry point, rollback and statistics. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -24,6 +25,85 @@ void kvq_seq_config_default(struct kvq_seq_config *cfg)
     cfg->type_v = KVQ_DEFAULT_TYPE_V;
 }
 
+static void types_of(const struct kvq_seq_config *sc, int l, enum kvq_type *tk, enum kvq_type *tv)
+{
+    *tk = sc->layer_types ? sc->layer_types[2 * l] : sc->type_k;
+    *tv = sc->layer_types ? sc->layer_types[2 * l + 1] : sc->type_v;
+}
+
+/* Bytes per token of layer l (all KV heads); 0 when a type does not fit. */
+static size_t layer_row_bytes(const struct kvq_model_config *c, const struct kvq_seq_config *sc, int l)
+{
+    enum kvq_type tk, tv;
+    types_of(sc, l, &tk, &tv);
+    size_t rk = kvq_type_row_bytes(tk, c->head_dim), rv = kvq_type_row_bytes(tv, c->head_dim);
+    return rk && rv ? (rk + rv) * (size_t)c->n_kv_heads : 0;
+}
+
+/* Layer l's exact share of the budget, proportional to its bytes per token:
+ * floor(B * b_l / sum) computed as q * b_l + r * b_l / sum (B = q * sum + r)
+ * so nothing overflows and the shares never add up to more than B. A share
+ * below one page still must not read as "no limit" (max_bytes 0), so it is
+ * at least one byte: such a cache holds no page and every append reports
+ * KVQ_ERR_BUDGET. */
+static size_t layer_budget(const struct kvq_model_config *c, const struct kvq_seq_config *sc, int l)
+{
+    if (!sc->kv_budget)
+        return 0;
+    size_t sum = 0;
+    for (int i = 0; i < c->n_layers; i++)
+        sum += layer_row_bytes(c, sc, i);
+    size_t b = layer_row_bytes(c, sc, l);
+    if (!sum || !b)
+        return 1;
+    size_t share = sc->kv_budget / sum * b + sc->kv_budget % sum * b / sum;
+    return share ? share : 1;
+}
+
+kvq_status kvq_seq_plan_of(const kvq_model *m, const struct kvq_seq_config *cfg, struct kvq_seq_plan *out)
+{
+    if (!m || !cfg || !out)
+        return KVQ_ERR_INVALID_ARG;
+    const struct kvq_model_config *c = &m->cfg;
+    memset(out, 0, sizeof *out);
+    size_t max_ctx = cfg->max_ctx ? cfg->max_ctx : (size_t)c->max_ctx;
+    size_t fit = SIZE_MAX, bytes_at = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int l = 0; l < c->n_layers; l++) {
+            enum kvq_type tk, tv;
+            types_of(cfg, l, &tk, &tv);
+            if (!kvq_type_traits(tk) || !kvq_type_traits(tv))
+                return KVQ_ERR_INVALID_ARG;
+            struct kvq_cache_config cc;
+            kvq_cache_config_default(&cc, c->n_kv_heads, c->head_dim, max_ctx);
+            cc.type_k = tk;
+            cc.type_v = tv;
+            size_t pt = (size_t)(cc.page_tokens ? cc.page_tokens : KVQ_DEFAULT_PAGE_TOKENS);
+            size_t pb = kvq_cache_bytes_for(&cc, pt), rb = layer_row_bytes(c, cfg, l);
+            if (!pb || !rb)
+                return KVQ_ERR_UNSUPPORTED;
+            if (pass == 0) {
+                out->page_tokens = pt;
+                out->page_bytes = pb > out->page_bytes ? pb : out->page_bytes;
+                out->bytes_per_token += rb;
+                size_t share = layer_budget(c, cfg, l);
+                if (share) { /* what kvq_cache_append allows: whole pages within the share */
+                    size_t f = share / pb * pt;
+                    fit = f < fit ? f : fit;
+                }
+            } else {
+                bytes_at += kvq_cache_bytes_for(&cc, out->max_tokens);
+            }
+        }
+        if (pass == 0) {
+            out->budget_tokens = fit;
+            out->max_tokens = fit < max_ctx ? fit : max_ctx;
+        }
+    }
+    out->bytes_at_max = bytes_at;
+    return KVQ_OK;
+}
+
 static float *alloc_f(size_t n)
 {
     return aligned_alloc(64, ((n * sizeof(float) + 63) / 64) * 64);
@@ -43,8 +123,7 @@ kvq_status kvq_seq_create(const kvq_model *m, const struct kvq_seq_config *cfg, 
                              c->max_ctx);
     if (sc.max_chunk < 0 || sc.ngram < 0)
         return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "negative max_chunk or ngram");
-    const struct kvq_type_traits *tk = kvq_type_traits(sc.type_k), *tv = kvq_type_traits(sc.type_v);
-    if (!tk || !tv)
+    if (!sc.layer_types && (!kvq_type_traits(sc.type_k) || !kvq_type_traits(sc.type_v)))
         return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "unknown cache type");
 
     kvq_seq *s = calloc(1, sizeof *s);
@@ -68,13 +147,18 @@ kvq_status kvq_seq_create(const kvq_model *m, const struct kvq_seq_config *cfg, 
     for (int l = 0; l < c->n_layers; l++) {
         struct kvq_cache_config cc;
         kvq_cache_config_default(&cc, c->n_kv_heads, c->head_dim, s->max_ctx);
-        cc.type_k = sc.type_k;
-        cc.type_v = sc.type_v;
+        types_of(&sc, l, &cc.type_k, &cc.type_v);
+        if (!kvq_type_traits(cc.type_k) || !kvq_type_traits(cc.type_v)) {
+            kvq_seq_free(s);
+            return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "unknown cache type for layer %d", l);
+        }
         cc.seed = kvq_seed_derive(sc.seed, (uint64_t)l);
+        cc.max_bytes = layer_budget(c, &sc, l);
         if ((st = kvq_cache_create(&cc, &s->caches[l])) != KVQ_OK) {
             kvq_seq_free(s);
-            return kvq_error_set(err, st, "cannot create a %s/%s cache for head_dim %d: %s", tk->name, tv->name,
-                                 c->head_dim, kvq_status_str(st));
+            return kvq_error_set(err, st, "cannot create a %s/%s cache for head_dim %d: %s",
+                                 kvq_type_traits(cc.type_k)->name, kvq_type_traits(cc.type_v)->name, c->head_dim,
+                                 kvq_status_str(st));
         }
     }
     if ((st = kvq_attn_workspace_create(c->head_dim, c->n_heads / c->n_kv_heads, s->max_ctx, &s->ws)) != KVQ_OK) {
@@ -98,6 +182,17 @@ kvq_status kvq_seq_create(const kvq_model *m, const struct kvq_seq_config *cfg, 
     s->lm_out = alloc_f(mc * (size_t)m->max_lm_rows);
     s->lm_best = malloc(mc * sizeof *s->lm_best);
     s->logits = alloc_f((KVQ_MAX_DRAFT + 1) * V);
+    if (sc.v_norm_correct) {
+        size_t rb = 0;
+        for (int l = 0; l < c->n_layers; l++) {
+            size_t r = kvq_codec_row_bytes(kvq_cache_codec_v(s->caches[l]));
+            rb = r > rb ? r : rb;
+        }
+        s->vnc_packed = malloc(mc * (size_t)c->n_kv_heads * rb);
+        s->vnc_dec = alloc_f(mc * (size_t)m->kv_dim);
+        if (!s->vnc_packed || !s->vnc_dec)
+            goto nomem;
+    }
     kvq_sampler_params sp = kvq_sampler_params_default();
     sp.seed = sc.seed;
     if (kvq_sampler_create(c->vocab, &sp, &s->sampler) != KVQ_OK)
@@ -135,6 +230,8 @@ void kvq_seq_free(kvq_seq *s)
     for (size_t i = 0; i < sizeof fl / sizeof fl[0]; i++)
         free(fl[i]);
     free(s->lm_best);
+    free(s->vnc_packed);
+    free(s->vnc_dec);
     kvq_sampler_free(s->sampler);
     free(s->draft);
     free(s->verify);
@@ -238,6 +335,7 @@ void kvq_seq_get_stats(const kvq_seq *s, struct kvq_seq_stats *st)
         return;
     *st = s->st;
     st->tokens = s->pos;
+    st->kv_budget = s->cfg.kv_budget;
     for (int l = 0; l < s->m->cfg.n_layers; l++) {
         struct kvq_cache_stats cs;
         kvq_cache_get_stats(s->caches[l], &cs);

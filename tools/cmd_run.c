@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "kv_opts.h"
 #include "kvq_model.h"
 #include "kvq_qkv_dump.h"
 #include "kvq_tokenizer.h"
@@ -40,7 +41,14 @@ static void usage(FILE *f)
             "  --speculative N      n-gram speculative decoding with up to N drafts (0..%d)\n"
             "  --no-eos             do not stop at the end-of-sequence token\n"
             "  --json               print one JSON object instead of streaming text\n"
-            "  --dump-qkv FILE      write post-RoPE q/k/v of all cached tokens (kvq eval format)\n",
+            "  --dump-qkv FILE      write post-RoPE q/k/v of all cached tokens (kvq eval format)\n"
+            "  --kv-budget SIZE     most bytes of KV-cache pages over all layers, e.g. 48MiB\n"
+            "                       (split evenly per layer; pages are allocated on demand)\n"
+            "  --plan               print bytes per token and the longest context fitting the\n"
+            "                       budget for every cache type, then exit (no prompt needed)\n\n"
+            "exit status: 0 done; 1 failure; 2 bad input (also: the prompt does not fit the\n"
+            "budget or context); 3 stopped early because the KV budget or the context ran\n"
+            "out (the text so far is printed, a message says why)\n",
             KVQ_MAX_DRAFT);
 }
 
@@ -50,7 +58,8 @@ struct opts {
     double temp, top_p;
     uint64_t seed;
     enum kvq_type tk, tv;
-    int json, no_eos;
+    int json, no_eos, plan;
+    size_t kv_budget;
 };
 
 static int parse_type(const char *s, enum kvq_type *t)
@@ -86,6 +95,10 @@ static int parse_args(int argc, char **argv, struct opts *o)
             o->no_eos = 1;
             continue;
         }
+        if (strcmp(a, "--plan") == 0) {
+            o->plan = 1;
+            continue;
+        }
         if (i + 1 >= argc)
             return cli_error(CMD, "%s needs a value (see kvq run --help)", a);
         const char *v = argv[++i];
@@ -112,6 +125,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
             bad = cli_parse_double(v, &o->top_p) || !(o->top_p > 0 && o->top_p <= 1);
         else if (strcmp(a, "--seed") == 0)
             bad = cli_parse_u64(v, &o->seed);
+        else if (strcmp(a, "--kv-budget") == 0)
+            bad = cli_parse_size(v, &o->kv_budget) || o->kv_budget == 0;
         else if (strcmp(a, "--cache-type-k") == 0) {
             if (parse_type(v, &o->tk))
                 return 2;
@@ -125,7 +140,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
     }
     if (!o->model)
         return cli_error(CMD, "--model DIR is required");
-    if (!!o->prompt + !!o->prompt_file + !!o->prompt_ids != 1)
+    if (!o->plan && !!o->prompt + !!o->prompt_file + !!o->prompt_ids != 1)
         return cli_error(CMD, "give exactly one of --prompt, --prompt-file, --prompt-ids");
     return 0;
 }
@@ -235,6 +250,10 @@ static void print_summary(const struct opts *o, const kvq_model *m, const kvq_se
             kvq_type_traits(o->tk)->name, kvq_type_traits(o->tv)->name, st.tokens, mib(st.kv_bytes_used),
             mib(st.kv_bytes_f16), st.kv_bytes_used ? (double)st.kv_bytes_f16 / (double)st.kv_bytes_used : 0.0,
             mib(st.kv_bytes_f16) - mib(st.kv_bytes_used));
+    if (st.kv_budget)
+        fprintf(stderr, "KV budget: %.2f MiB, pages allocated %.2f MiB (%.1f%%)\n", mib(st.kv_budget),
+                mib(st.kv_bytes_alloc), 100.0 * (double)st.kv_bytes_alloc / (double)st.kv_budget);
+    fprintf(stderr, "peak RSS: %.1f MiB\n", mib(kv_peak_rss()));
 }
 
 static cJSON *int_array(const int32_t *v, size_t n)
@@ -246,7 +265,8 @@ static cJSON *int_array(const int32_t *v, size_t n)
 }
 
 static int print_json(const struct opts *o, const kvq_model *m, const kvq_seq *s, const kvq_tokenizer *tok,
-                      const int32_t *prompt, size_t n_prompt, const int32_t *out, size_t n_out)
+                      const int32_t *prompt, size_t n_prompt, const int32_t *out, size_t n_out,
+                      const char *stop_reason)
 {
     size_t len = 0;
     kvq_tokenizer_decode(tok, out, n_out, KVQ_DETOK_SKIP_CONTROL, NULL, 0, &len);
@@ -270,6 +290,9 @@ static int print_json(const struct opts *o, const kvq_model *m, const kvq_seq *s
     cJSON_AddNumberToObject(kv, "allocated", (double)st.kv_bytes_alloc);
     cJSON_AddNumberToObject(kv, "f16", (double)st.kv_bytes_f16);
     cJSON_AddNumberToObject(kv, "tokens", (double)st.tokens);
+    cJSON_AddNumberToObject(kv, "budget", (double)st.kv_budget);
+    cJSON_AddStringToObject(root, "stop_reason", stop_reason);
+    cJSON_AddNumberToObject(root, "peak_rss_bytes", (double)kv_peak_rss());
     cJSON_AddItemToObject(root, "timings", tm);
     cJSON_AddNumberToObject(tm, "load_s", mi.load_seconds);
     cJSON_AddNumberToObject(tm, "prefill_s", st.t_prefill);
@@ -324,6 +347,60 @@ static int get_prompt(const struct opts *o, const kvq_tokenizer *tok, int32_t **
     return 0;
 }
 
+static int is_eos(const struct kvq_model_config *c, int32_t id)
+{
+    for (int i = 0; i < c->n_eos; i++)
+        if (c->eos_ids[i] == id)
+            return 1;
+    return 0;
+}
+
+/* --plan: for every type (as K and V) and the chosen pair, the exact bytes
+ * per token and how many tokens the budget holds (whole pages per layer). */
+static int print_plan(const struct opts *o, const kvq_model *m)
+{
+    const struct kvq_model_config *c = kvq_model_config_of(m);
+    printf("KV plan for %s: %d layers x %d KV heads x head_dim %d, context %d, budget ", o->model, c->n_layers,
+           c->n_kv_heads, c->head_dim, c->max_ctx);
+    if (o->kv_budget)
+        printf("%zu bytes (%.2f MiB)\n\n", o->kv_budget, mib(o->kv_budget));
+    else
+        printf("none (--kv-budget SIZE)\n\n");
+    printf("%-12s %10s %12s %13s %14s %12s %10s\n", "K/V", "bits/value", "bytes/token", "full ctx MiB",
+           "budget tokens", "max context", "vs f16");
+    struct kvq_seq_config sc;
+    kvq_seq_config_default(&sc);
+    sc.kv_budget = o->kv_budget;
+    struct kvq_seq_plan f16;
+    sc.type_k = sc.type_v = KVQ_TYPE_F16;
+    if (kvq_seq_plan_of(m, &sc, &f16) != KVQ_OK)
+        return cli_error(CMD, "f16 is not supported at head_dim %d", c->head_dim);
+    for (int i = -1; i < KVQ_TYPE_COUNT; i++) {
+        sc.type_k = i < 0 ? o->tk : (enum kvq_type)i;
+        sc.type_v = i < 0 ? o->tv : (enum kvq_type)i;
+        struct kvq_seq_plan pl;
+        if (kvq_seq_plan_of(m, &sc, &pl) != KVQ_OK)
+            continue;
+        char name[40];
+        snprintf(name, sizeof name, "%s/%s%s", kvq_type_traits(sc.type_k)->name, kvq_type_traits(sc.type_v)->name,
+                 i < 0 ? "*" : "");
+        double bits = 8.0 * (double)pl.bytes_per_token / (2.0 * c->n_layers * c->n_kv_heads * c->head_dim);
+        char bt[32] = "unlimited", ratio[32] = "-";
+        if (o->kv_budget) {
+            snprintf(bt, sizeof bt, "%zu", pl.budget_tokens);
+            if (f16.budget_tokens)
+                snprintf(ratio, sizeof ratio, "%.2fx", (double)pl.budget_tokens / (double)f16.budget_tokens);
+        }
+        printf("%-12s %10.3f %12zu %13.2f %14s %12zu %10s\n", name, bits, pl.bytes_per_token,
+               mib(pl.bytes_per_token * (size_t)c->max_ctx), bt, pl.max_tokens, ratio);
+    }
+    printf("\n* the selected pair (--cache-type-k/--cache-type-v). budget tokens: whole %zu-token pages in\n"
+           "  each layer's equal share of the budget; max context: that, capped at the model's context;\n"
+           "  vs f16: budget tokens relative to an f16 cache.\n",
+           f16.page_tokens);
+    return 0;
+}
+
 static int run(const struct opts *o, kvq_model *m, kvq_tokenizer *tok)
 {
     const struct kvq_model_config *c = kvq_model_config_of(m);
@@ -350,8 +427,16 @@ static int run(const struct opts *o, kvq_model *m, kvq_tokenizer *tok)
     sc.type_k = o->tk;
     sc.type_v = o->tv;
     sc.seed = o->seed;
+    sc.kv_budget = o->kv_budget;
     if (kvq_seq_create(m, &sc, &s, &err) != KVQ_OK) {
         rc = cli_error(CMD, "%s", err.msg);
+        goto out;
+    }
+    struct kvq_seq_plan pl;
+    if (kvq_seq_plan_of(m, &sc, &pl) == KVQ_OK && n_prompt > pl.max_tokens) {
+        rc = cli_error(CMD, "the prompt has %zu tokens; the KV budget of %zu bytes holds only %zu tokens of %s/%s",
+                       n_prompt, o->kv_budget, pl.max_tokens, kvq_type_traits(o->tk)->name,
+                       kvq_type_traits(o->tv)->name);
         goto out;
     }
     if (o->dump) {
@@ -384,10 +469,25 @@ static int run(const struct opts *o, kvq_model *m, kvq_tokenizer *tok)
         fputc('\n', stdout);
         fflush(stdout);
     }
-    if (st != KVQ_OK) {
+    /* Why generation ended. Running out of budget or context is a clean
+     * stop: every token produced so far was printed (exit status 3). */
+    const char *stop_reason = "max_tokens";
+    if (st == KVQ_ERR_BUDGET)
+        stop_reason = "kv_budget";
+    else if (st != KVQ_OK) {
         rc = cli_status_error(CMD, st, "generation failed");
         goto out;
-    }
+    } else if (n_out && !o->no_eos && is_eos(c, out[n_out - 1]))
+        stop_reason = "eos";
+    else if (n_out < (size_t)o->max_tokens)
+        stop_reason = "context";
+    if (st == KVQ_ERR_BUDGET)
+        fprintf(stderr, "kvq run: stopped: the KV budget of %zu bytes is full after %zu tokens (%zu generated)\n",
+                o->kv_budget, kvq_seq_pos(s), n_out);
+    else if (strcmp(stop_reason, "context") == 0)
+        fprintf(stderr, "kvq run: stopped: the context of %zu tokens is full (%zu generated)\n", kvq_seq_max_ctx(s),
+                n_out);
+    int stopped = strcmp(stop_reason, "kv_budget") == 0 || strcmp(stop_reason, "context") == 0;
     if (dump) {
         size_t n_cached = kvq_seq_pos(s);
         int32_t *ids = malloc(n_cached * sizeof *ids);
@@ -406,9 +506,11 @@ static int run(const struct opts *o, kvq_model *m, kvq_tokenizer *tok)
         }
     }
     if (o->json)
-        rc = print_json(o, m, s, tok, prompt, n_prompt, out, n_out);
+        rc = print_json(o, m, s, tok, prompt, n_prompt, out, n_out, stop_reason);
     else
         print_summary(o, m, s, n_prompt);
+    if (!rc && stopped)
+        rc = 3;
 out:
     kvq_detok_free(detok);
     kvq_qkv_dump_free(dump);
@@ -442,7 +544,7 @@ int cmd_run(int argc, char **argv)
         rc = cli_error(CMD, "%s has %d tokens, the model only %d", path, kvq_tokenizer_vocab_size(tok), c->vocab);
     } else {
         kvq_tokenizer_set_bos_eos(tok, c->bos_id, c->n_eos ? c->eos_ids[0] : -1);
-        rc = run(&o, m, tok);
+        rc = o.plan ? print_plan(&o, m) : run(&o, m, tok);
     }
     kvq_tokenizer_free(tok);
     kvq_model_free(m);

@@ -10,6 +10,8 @@ int cmd_run(int argc, char **argv);
 int cmd_shard(int argc, char **argv);
 int cmd_codebook(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
+int cmd_ppl(int argc, char **argv);
+int cmd_passkey(int argc, char **argv);
 
 static const struct cli_command commands[] = {
     {"types", "list cache types with their exact storage cost", cmd_types},
@@ -17,6 +19,8 @@ static const struct cli_command commands[] = {
     {"shard", "split a Hugging Face model into layer / LM-head shards with a manifest", cmd_shard},
     {"codebook", "compute or print a Lloyd-Max codebook for rotated coordinates", cmd_codebook},
     {"eval", "attention error against compression on real q/k/v dumps, per cache type", cmd_eval},
+    {"ppl", "perplexity of a text with the compressed KV cache in the loop", cmd_ppl},
+    {"passkey", "passkey-retrieval accuracy per prompt length on the compressed KV cache", cmd_passkey},
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])
 

@@ -101,63 +101,6 @@ static kvq_status check_queries(const float *q, size_t n, int d)
     return KVQ_OK;
 }
 
-void kvq_attn_sign_lut(const struct kvq_attn_job *job, int q0, int qc)
-{
-    const int d = job->dim, P = d / 8, kb = kvq_attn_lut_bits(P);
-    const double half = (double)((1u << (kb - 1)) - 1u); /* |nibble entry| limit */
-    kvq_attn_workspace *ws = job->ws;
-    for (int w = 0; 2 * w < qc; w++) {
-        uint64_t *tab = ws->lut + kvq_attn_lut_offset(d, q0 + 2 * w);
-        /* Nibble tables per lane: lo[p][n] sums bits 0-3 of byte p, hi[p][n] bits 4-7. */
-        int64_t lo[2][16], hi[2][16];
-        double scale[2] = {0.0, 0.0};
-        for (int l = 0; l < 2; l++) {
-            int h = q0 + 2 * w + l;
-            if (2 * w + l >= qc)
-                continue;
-            const float *sq = ws->qprep + (size_t)h * 2 * (size_t)d + (size_t)d;
-            double mx = 0.0; /* the largest |nibble sum| over all positions */
-            for (int j = 0; j < d; j += 4) {
-                double pos = 0.0, neg = 0.0;
-                for (int t = 0; t < 4; t++) {
-                    if (sq[j + t] > 0.0f)
-                        pos += (double)sq[j + t];
-                    else
-                        neg -= (double)sq[j + t];
-                }
-                mx = fmax(mx, fmax(pos, neg));
-            }
-            scale[l] = mx > 0.0 ? ldexp(1.0, (int)floor(log2(half / mx))) : 0.0;
-            ws->lut_inv[h] = mx > 0.0 ? (float)(1.0 / scale[l]) : 0.0f;
-        }
-        for (int p = 0; p < P; p++) {
-            for (int l = 0; l < 2; l++)
-                for (int n = 0; n < 16; n++) {
-                    double a = 0.0, b = 0.0;
-                    if (2 * w + l < qc) {
-                        const float *sq = ws->qprep + (size_t)(q0 + 2 * w + l) * 2 * (size_t)d + (size_t)d + 8 * p;
-                        for (int t = 0; t < 4; t++) {
-                            a += (n >> t & 1) ? (double)sq[t] : 0.0;
-                            b += (n >> t & 1) ? (double)sq[4 + t] : 0.0;
-                        }
-                    }
-                    /* each half biased by 2^(kb-1): an entry is in [1, 2^(kb+1)) */
-                    lo[l][n] = llrint(a * scale[l]) + (1 << (kb - 1));
-                    hi[l][n] = llrint(b * scale[l]) + (1 << (kb - 1));
-                }
-            uint64_t low[16], high[16];
-            for (int n = 0; n < 16; n++) {
-                low[n] = (uint64_t)lo[0][n] | (uint64_t)lo[1][n] << 32;
-                high[n] = (uint64_t)hi[0][n] | (uint64_t)hi[1][n] << 32;
-            }
-            uint64_t *e = tab + (size_t)p * 256;
-            for (int x = 0; x < 16; x++)
-                for (int n = 0; n < 16; n++)
-                    e[16 * x + n] = high[x] + low[n];
-        }
-    }
-}
-
 /* Asks for the rows of slots [s0, s0+n) of a head chunk to be brought into
  * L2. Pages are separate allocations of a few KiB, too short for the
  * hardware prefetchers to ramp up on: without this, long contexts run at

@@ -51,18 +51,19 @@ struct consts16 {
     int bytes;     /* bytes of code per 16 coordinates: 2B */
 };
 
+/* Built with vector operations (see make_consts in attn_avx2.c). */
 TGT static struct consts16 make_consts16(const kvq_codec *c, int sign)
 {
     struct consts16 k;
     const int B = sign ? 1 : c->bits;
-    float tab[16];
-    uint64_t sel[8];
-    for (int l = 0; l < 16; l++)
-        tab[l] = sign ? ((l & 1) ? 1.0f : -1.0f) : c->centroids[l % c->levels];
-    for (int m = 0; m < 8; m++) /* lane 2m at byte 0, lane 2m+1 at byte 4 of qword m */
-        sel[m] = (uint64_t)(B * 2 * m) | (uint64_t)(B * (2 * m + 1)) << 32;
-    k.tab = _mm512_loadu_ps(tab);
-    k.sel = _mm512_loadu_si512(sel);
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    if (sign)
+        k.tab = _mm512_setr_ps(-1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1);
+    else /* centroids[l mod levels] */
+        k.tab = _mm512_permutexvar_ps(_mm512_and_si512(lane, _mm512_set1_epi32(c->levels - 1)),
+                                      _mm512_loadu_ps(c->centroids));
+    /* lane l reads from bit B*l: byte 0 of dword l (byte 4m or 4m+4 of qword m) */
+    k.sel = _mm512_mullo_epi32(lane, _mm512_set1_epi32(B));
     k.bytes = 2 * B;
     return k;
 }

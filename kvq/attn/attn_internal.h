@@ -12,12 +12,15 @@
  *      tqBj V a second sum in S's domain). The block sum is formed in float
  *      registers and folded into double accumulators, so the error does
  *      not grow with the context length.
- * Finally out = acc / l, rotated back once (R^T, and S^T for a tqBj V).
+ * Before the first block the kernels' prepare() lays the queries out for
+ * them (and builds the QJL sign tables); finally out = acc / l, rotated back
+ * once (R^T, and S^T for a tqBj V).
  *
  * Three implementations of steps 1-3 exist: scalar (attn_ref.c, also the
  * fallback on CPUs without AVX2 and for head dims not a multiple of 8), AVX2
- * (attn_avx2.c) and AVX-512 for tq rows (attn_avx512.c). kvq_attn_decode_ref() (attn_ref.c) is the independent
- * reference: dequantize each row with the codec's decode_ref, attend in double.
+ * (attn_avx2.c) and AVX-512 for tq rows (attn_avx512.c).
+ * kvq_attn_decode_ref() (attn_ref.c) is the independent reference: dequantize
+ * each row with the codec's decode_ref, attend in double.
  */
 #ifndef KVQ_ATTN_INTERNAL_H
 #define KVQ_ATTN_INTERNAL_H
@@ -122,7 +125,7 @@ static inline size_t kvq_attn_lut_offset(int dim, int q0)
 {
     return (size_t)(q0 / 2) * (size_t)(dim / 8) * 256u;
 }
-void kvq_attn_sign_lut(const struct kvq_attn_job *job, int q0, int qc);
+void kvq_attn_sign_lut(const struct kvq_attn_job *job, int q0, int qc); /* attn_avx2.c: needs AVX2 */
 
 /* Row views of the block's slot s of a head chunk. */
 static inline struct kvq_row kvq_attn_row(const struct kvq_head_layout *hl, const uint8_t *chunk, uint32_t slot)

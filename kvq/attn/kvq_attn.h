@@ -12,6 +12,13 @@
  * kvq_attn_decode_ref() is the scalar reference: dequantize every row with
  * the codec, then attend in double precision. The two agree to ~1e-5 relative.
  *
+ * Kernels: AVX-512 (F/BW/VL/VBMI) for tq rows when the head dim is a multiple
+ * of 16, AVX2/FMA/F16C otherwise when it is a multiple of 8, plain C for the
+ * rest and on other CPUs; KVQ_FORCE_SCALAR=1 forces plain C and
+ * KVQ_ATTN_NO_AVX512=1 stops at AVX2. Softmax is max-subtracted with exp in
+ * float; the weighted sums are formed per block of 64 tokens in float and
+ * accumulated in double. See docs/performance-cpu.md for speeds.
+ *
  * Shapes: q and out are [n_q][head_dim] floats. scale is usually 1/sqrt(d).
  * The workspace holds all scratch memory: create one per thread, sized for
  * the largest n_q and n_ctx it will see; the attention calls never allocate.
@@ -32,24 +39,38 @@ extern "C" {
 
 typedef struct kvq_attn_workspace kvq_attn_workspace;
 
-/** @return KVQ_OK and *out; KVQ_ERR_INVALID_ARG / KVQ_ERR_UNSUPPORTED / KVQ_ERR_NOMEM. */
+/** Allocates the scratch of one thread for heads of head_dim, up to max_q
+ *  query heads per KV head and contexts up to max_ctx tokens. Its size does
+ *  not depend on max_ctx (blocks are streamed); about
+ *  max_q * head_dim * 170 bytes (mostly the QJL sign tables) plus a few KiB.
+ *  @return KVQ_OK and *out; KVQ_ERR_INVALID_ARG (NULL out, head_dim, max_q or
+ *  max_ctx < 1); KVQ_ERR_UNSUPPORTED (head_dim > KVQ_MAX_DIM, max_q >
+ *  KVQ_ATTN_MAX_Q); KVQ_ERR_NOMEM. */
 kvq_status kvq_attn_workspace_create(int head_dim, int max_q, size_t max_ctx, kvq_attn_workspace **out);
+/** Frees ws; accepts NULL. */
 void kvq_attn_workspace_free(kvq_attn_workspace *ws);
 
 /** Fused decode attention over tokens [0, n_ctx) of kv_head.
+ *  Thread-safe for concurrent calls with separate workspaces (and out).
  *  @return KVQ_OK; KVQ_ERR_INVALID_ARG (n_ctx == 0 or > cache len, n_q or
- *  n_ctx beyond the workspace, bad head, NULL); KVQ_ERR_NONFINITE (NaN in q). */
+ *  n_ctx beyond the workspace, workspace for another head_dim, bad head,
+ *  NULL); KVQ_ERR_NONFINITE (NaN or Inf in q); KVQ_ERR_RANGE (a logit
+ *  overflowed float: queries of norm ~1e34 and more). */
 kvq_status kvq_attn_decode(const kvq_cache *c, int kv_head, size_t n_ctx, const float *q, int n_q,
                            float scale, float *out, kvq_attn_workspace *ws);
 
-/** Scalar reference: dequantize then attend (double accumulation). */
+/** Scalar reference: decode every row with the codec's decode_ref, then
+ *  softmax(scale q.k) v in double (two passes over K: the maximum, then the
+ *  weights). Same arguments and errors as kvq_attn_decode. */
 kvq_status kvq_attn_decode_ref(const kvq_cache *c, int kv_head, size_t n_ctx, const float *q, int n_q,
                                float scale, float *out, kvq_attn_workspace *ws);
 
 /** Causal attention for T consecutive query positions (prefill, speculative
  *  verification): query t (0 <= t < T) sits at position pos0 + t and attends
  *  over tokens [0, pos0 + t]. q and out are [T][n_q][head_dim].
- *  The cache must already hold tokens up to pos0 + T - 1. */
+ *  The cache must already hold tokens up to pos0 + T - 1, and the workspace
+ *  must admit contexts of pos0 + T. Computed as one decode per position.
+ *  @return as kvq_attn_decode; KVQ_ERR_INVALID_ARG also for T == 0. */
 kvq_status kvq_attn_causal(const kvq_cache *c, int kv_head, size_t pos0, size_t T, const float *q, int n_q,
                            float scale, float *out, kvq_attn_workspace *ws);
 

@@ -42,9 +42,10 @@
 #define KVQ_MAX_PAGE_TOKENS 4096
 #define KVQ_NO_SECTION 0xffffffffu
 /* Readable zero bytes after the last byte of every page allocation: SIMD and
- * CUDA kernels load whole 32-bit words at the last packed code group (a
- * 3-byte group at byte 3g is read as 4 bytes), which may run past the page.
- * page_bytes does not include this padding. */
+ * CUDA kernels load whole 32- or 64-bit words at the last packed code group
+ * (the 3 bytes of 8 codes are read as 4, the 6 bytes of 16 codes as 8), which
+ * may run up to 7 bytes past the page. page_bytes does not include this
+ * padding. */
 #define KVQ_PAGE_TAIL_PAD 16
 
 /* llama.cpp-compatible baseline blocks. */

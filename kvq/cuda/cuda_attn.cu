@@ -10,41 +10,13 @@
 #include <string.h>
 
 #include "cuda_internal.cuh"
+#include "cuda_rot.cuh"
 
 namespace {
 
 using namespace kvq_cu;
 
 constexpr float kLog2e = 1.4426950408889634f;
-
-/* ---- slot tables of the fused kernel (see kvq_cuda_hooks.cuh) --------- */
-
-int kslot_dim(int ktype, int s)
-{
-    int t, p, e;
-    slot_split(s, &t, &p, &e);
-    if (ktype == KVQ_TYPE_F16) {
-        const int i = p / 4, ch = 2 * t + (i & 1) + 8 * (i >> 1);
-        return 8 * ch + 2 * (p % 4) + e;
-    }
-    return 32 * t + kTq3Pair[2 * p + e];
-}
-
-int sslot_dim(int s, float *bitval)
-{
-    int t, p, e;
-    slot_split(s, &t, &p, &e);
-    *bitval = kQjlBitValue[p & 3];
-    return 32 * t + p + 16 * e;
-}
-
-int vslot_dim(int vtype, int s)
-{
-    if (vtype == KVQ_TYPE_F16)
-        return s;
-    const int t = s / 32, p = (s % 32) / 2, e = s % 2;
-    return 32 * t + kTq3Pair[2 * p + e];
-}
 
 /* ---- kernels ----------------------------------------------------------- */
 
@@ -65,9 +37,28 @@ __device__ float dense_row(const float *Mc, const float *x, int d, int i)
 /* Fused-kernel query block of (entry b, KV head h); blockDim = 128 = d.
  * All (up to 8) queries of the head go through the dense rotations in one
  * pass over the matrix: 8 independent FMA chains per thread. */
-__global__ void prep_fast_kernel(const float *q, int Hq, int H, int G, float c, float inv_alpha_k, const float *rk,
-                                 const float *sk, const int16_t *ktab, const int16_t *stab, const float *sdiv,
-                                 uint8_t *qfrag)
+/* How a rotation is applied: not at all, by the warp transform (HADAMARD,
+ * IDENTITY: O(d log d)) or through its dense matrix (other kinds). */
+enum { ROT_NONE = 0, ROT_WARP = 1, ROT_DENSE = 2 };
+
+struct rot_arg {
+    int mode;
+    kvq_dev_rot fast;
+    const float *dense; /* column-major for queries, row-major for outputs */
+};
+
+/* ROT_WARP here means the d = 128 register transform (rot128_*). */
+__host__ rot_arg rot_arg_of(bool present, const kvq_dev_rot &r, const float *dense)
+{
+    rot_arg a;
+    a.mode = !present ? ROT_NONE : rot128_ok(r) ? ROT_WARP : ROT_DENSE;
+    a.fast = r;
+    a.dense = dense;
+    return a;
+}
+
+__global__ void prep_fast_kernel(const float *q, int Hq, int H, int G, float c, float inv_alpha_k, rot_arg rk,
+                                 rot_arg sk, int k_f16, uint8_t *qfrag)
 {
     constexpr int D = 128;
     __shared__ float xs[8][D];
@@ -75,52 +66,89 @@ __global__ void prep_fast_kernel(const float *q, int Hq, int H, int G, float c, 
     __shared__ float sq[8][D];
     __shared__ float sig[8], tsum[8];
     const int i = threadIdx.x, h = blockIdx.x, b = blockIdx.y;
-#pragma unroll
-    for (int qi = 0; qi < 8; qi++)
-        xs[qi][i] = qi < G ? q[((size_t)b * Hq + (size_t)h * G + qi) * D + i] : 0.0f;
-    __syncthreads();
-    float acc[8];
-#pragma unroll
-    for (int qi = 0; qi < 8; qi++)
-        acc[qi] = rk ? 0.0f : xs[qi][i];
-    if (rk)
-        for (int j = 0; j < D; j++) {
-            const float m = rk[(size_t)j * D + i];
-#pragma unroll
-            for (int qi = 0; qi < 8; qi++)
-                acc[qi] = fmaf(m, xs[qi][j], acc[qi]);
-        }
-#pragma unroll
-    for (int qi = 0; qi < 8; qi++) {
-        qr[qi][i] = c * acc[qi];
-        acc[qi] = 0.0f;
-    }
-    __syncthreads();
-    if (sk)
-        for (int j = 0; j < D; j++) {
-            const float m = sk[(size_t)j * D + i];
-#pragma unroll
-            for (int qi = 0; qi < 8; qi++)
-                acc[qi] = fmaf(m, qr[qi][j], acc[qi]);
-        }
-#pragma unroll
-    for (int qi = 0; qi < 8; qi++)
-        sq[qi][i] = acc[qi];
-    __syncthreads();
     const int warp = i >> 5, lane = i & 31;
-    for (int qi = warp; qi < 8; qi += 4) {
-        float mx = 0.0f, sum = 0.0f;
-        for (int j = lane; j < D; j += 32) {
-            mx = fmaxf(mx, fabsf(sq[qi][j]));
-            sum += sq[qi][j];
+    const float *qb = q + ((size_t)b * Hq + (size_t)h * G) * D;
+    if (rk.mode != ROT_DENSE && sk.mode != ROT_DENSE) {
+        /* each warp: queries warp and warp + 4, entirely in registers */
+        for (int qi = warp; qi < 8; qi += 4) {
+            float v[4], w[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                v[k] = qi < G ? qb[(size_t)qi * D + 32 * k + lane] : 0.0f;
+            if (rk.mode == ROT_WARP)
+                rot128_apply(rk.fast, v, lane);
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                v[k] *= c;
+                qr[qi][32 * k + lane] = v[k];
+                w[k] = sk.mode == ROT_WARP ? v[k] : 0.0f;
+            }
+            if (sk.mode == ROT_WARP)
+                rot128_apply(sk.fast, w, lane);
+            float mx = 0.0f, sum = 0.0f;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                sq[qi][32 * k + lane] = w[k];
+                mx = fmaxf(mx, fabsf(w[k]));
+                sum += w[k];
+            }
+            for (int o = 16; o; o >>= 1) {
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+                sum += __shfl_xor_sync(0xffffffffu, sum, o);
+            }
+            if (lane == 0) {
+                sig[qi] = mx > 0.0f ? mx : 1.0f;
+                tsum[qi] = sum;
+            }
         }
-        for (int o = 16; o; o >>= 1) {
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-            sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    } else {
+        /* other rotation kinds: dense d x d products, thread i owns dimension i */
+#pragma unroll
+        for (int qi = 0; qi < 8; qi++)
+            xs[qi][i] = qi < G ? qb[(size_t)qi * D + i] : 0.0f;
+        __syncthreads();
+        float acc[8];
+#pragma unroll
+        for (int qi = 0; qi < 8; qi++)
+            acc[qi] = rk.mode == ROT_NONE ? xs[qi][i] : 0.0f;
+        if (rk.mode != ROT_NONE) /* the dense matrix exists for every rotated K */
+            for (int j = 0; j < D; j++) {
+                const float m = rk.dense[(size_t)j * D + i];
+#pragma unroll
+                for (int qi = 0; qi < 8; qi++)
+                    acc[qi] = fmaf(m, xs[qi][j], acc[qi]);
+            }
+#pragma unroll
+        for (int qi = 0; qi < 8; qi++) {
+            qr[qi][i] = c * acc[qi];
+            acc[qi] = 0.0f;
         }
-        if (lane == 0) {
-            sig[qi] = mx > 0.0f ? mx : 1.0f;
-            tsum[qi] = sum;
+        __syncthreads();
+        if (sk.mode != ROT_NONE)
+            for (int j = 0; j < D; j++) {
+                const float m = sk.dense[(size_t)j * D + i];
+#pragma unroll
+                for (int qi = 0; qi < 8; qi++)
+                    acc[qi] = fmaf(m, qr[qi][j], acc[qi]);
+            }
+#pragma unroll
+        for (int qi = 0; qi < 8; qi++)
+            sq[qi][i] = acc[qi];
+        __syncthreads();
+        for (int qi = warp; qi < 8; qi += 4) {
+            float mx = 0.0f, sum = 0.0f;
+            for (int j = lane; j < D; j += 32) {
+                mx = fmaxf(mx, fabsf(sq[qi][j]));
+                sum += sq[qi][j];
+            }
+            for (int o = 16; o; o >>= 1) {
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+                sum += __shfl_xor_sync(0xffffffffu, sum, o);
+            }
+            if (lane == 0) {
+                sig[qi] = mx > 0.0f ? mx : 1.0f;
+                tsum[qi] = sum;
+            }
         }
     }
     __syncthreads();
@@ -129,12 +157,17 @@ __global__ void prep_fast_kernel(const float *q, int Hq, int H, int G, float c, 
     uint4 *sa = qa + 256;
     for (int item = i; item < 256; item += D) {
         const int kb = item / 32, ln = item % 32, g = ln >> 2, t = ln & 3;
+        const float isg = 1.0f / sig[g];
         uint32_t ra[4], rs[4];
+#pragma unroll
         for (int r = 0; r < 4; r++) {
             const int s = kb * 16 + 2 * t + 8 * (r >> 1);
+            float d0, d1;
+            const int s0 = sslot_dim(s, &d0), s1 = sslot_dim(s + 1, &d1);
             uint32_t hi, lo, shi, slo;
-            split_f16x2(qr[g][ktab[s]] * inv_alpha_k, qr[g][ktab[s + 1]] * inv_alpha_k, &hi, &lo);
-            split_f16x2(sq[g][stab[s]] / sig[g] * sdiv[s], sq[g][stab[s + 1]] / sig[g] * sdiv[s + 1], &shi, &slo);
+            split_f16x2(qr[g][kslot_dim(k_f16, s)] * inv_alpha_k, qr[g][kslot_dim(k_f16, s + 1)] * inv_alpha_k, &hi,
+                        &lo);
+            split_f16x2(sq[g][s0] * isg * d0, sq[g][s1] * isg * d1, &shi, &slo);
             ra[r] = (r & 1) ? lo : hi;
             rs[r] = (r & 1) ? slo : shi;
         }
@@ -165,8 +198,8 @@ __device__ float block_reduce128(float v, float *red, bool is_max)
 /* Merges the splits of one query (grid: query, KV head, entry) and rotates
  * back; blockDim = 128. Split weights go to shared memory first so the
  * O loop is a plain stream of independent loads. */
-__global__ void finalize_kernel(const float *part, int n_splits, int Hq, int H, int G, const int16_t *vtab,
-                                const float *rv, float inv_alpha_v, float *out)
+__global__ void finalize_kernel(const float *part, int n_splits, int Hq, int H, int G, int v_f16, rot_arg rv,
+                                float inv_alpha_v, float *out)
 {
     constexpr int D = 128;
     extern __shared__ float wts[]; /* n_splits */
@@ -191,13 +224,24 @@ __global__ void finalize_kernel(const float *part, int n_splits, int Hq, int H, 
 #pragma unroll 4
     for (int s = 0; s < n_splits; s++)
         o = fmaf(base[s * stride + qi * D + i], wts[s], o);
-    od[vtab[i]] = o * (inv_alpha_v / L);
+    od[vslot_dim(v_f16, i)] = o * (inv_alpha_v / L);
+    __syncthreads();
+    if (rv.mode == ROT_WARP && i < 32) {
+        float v[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            v[k] = od[32 * k + i];
+        rot128_apply_t(rv.fast, v, i);
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            od[32 * k + i] = v[k];
+    }
     __syncthreads();
     float y = od[i];
-    if (rv) {
+    if (rv.mode == ROT_DENSE) {
         y = 0.0f;
         for (int j = 0; j < D; j++)
-            y = fmaf(rv[(size_t)j * D + i], od[j], y);
+            y = fmaf(rv.dense[(size_t)j * D + i], od[j], y);
     }
     out[((size_t)b * Hq + (size_t)h * G + qi) * D + i] = y;
 }
@@ -364,19 +408,6 @@ kvq_status kvq_cu_attn_init(kvq_cuda_cache *c)
     KVQ_CU_TRY(cudaMalloc(&c->qfrag_d, nb * H * KVQ_CU_QFRAG_BYTES));
     c->part_entries = nb * H * 4 > 2048 ? nb * H * 4 : 2048;
     KVQ_CU_TRY(cudaMalloc(&c->part_d, c->part_entries * G * (size_t)(d + 2) * sizeof(float)));
-    int16_t tabs[3 * 128];
-    float sdiv[128];
-    for (int s = 0; s < 128; s++) {
-        float bitval;
-        tabs[s] = (int16_t)kslot_dim(c->dk.type, s);
-        tabs[128 + s] = (int16_t)sslot_dim(s, &bitval);
-        tabs[256 + s] = (int16_t)vslot_dim(c->dv.type, s);
-        sdiv[s] = 1.0f / bitval;
-    }
-    KVQ_CU_TRY(cudaMalloc(&c->slot_tab_d, sizeof tabs));
-    KVQ_CU_TRY(cudaMemcpy(c->slot_tab_d, tabs, sizeof tabs, cudaMemcpyHostToDevice));
-    KVQ_CU_TRY(cudaMalloc(&c->slot_scale_d, sizeof sdiv));
-    KVQ_CU_TRY(cudaMemcpy(c->slot_scale_d, sdiv, sizeof sdiv, cudaMemcpyHostToDevice));
     c->alpha_k = c->dk.type == KVQ_TYPE_TQ3 || c->dk.type == KVQ_TYPE_TQ3J ? codebook_alpha(c->dk.centroids, 8) : 1.0f;
     c->alpha_v = c->dv.type == KVQ_TYPE_TQ3 || c->dv.type == KVQ_TYPE_TQ3J ? codebook_alpha(c->dv.centroids, 8) : 1.0f;
     return KVQ_OK;
@@ -387,8 +418,6 @@ void kvq_cu_attn_free(kvq_cuda_cache *c)
     cudaFree(c->qprep_d);
     cudaFree(c->qfrag_d);
     cudaFree(c->part_d);
-    cudaFree(c->slot_tab_d);
-    cudaFree(c->slot_scale_d);
 }
 
 int kvq_cuda_fast_supported(const kvq_cuda_cache *c, int n_q_heads)
@@ -424,10 +453,9 @@ static kvq_status attend_chunk(kvq_cuda_cache *c, int nb, const int *seqs, const
             p.seq[i] = seqs[i];
             p.len[i] = (int)c->len[seqs[i]];
         }
-        const int16_t *tab = c->slot_tab_d;
         prep_fast_kernel<<<dim3((unsigned)H, (unsigned)nb), 128, 0, c->stream>>>(
-            q, Hq, H, G, scale * kLog2e, 1.0f / c->alpha_k, c->dk.rotated ? c->rk_dense : NULL, c->dk.qjl ? c->sk_dense : NULL, tab,
-            tab + 128, c->slot_scale_d, c->qfrag_d);
+            q, Hq, H, G, scale * kLog2e, 1.0f / c->alpha_k, rot_arg_of(c->dk.rotated, c->dk.R, c->rk_dense),
+            rot_arg_of(c->dk.qjl, c->dk.S, c->sk_dense), c->dk.type == KVQ_TYPE_F16, c->qfrag_d);
         KVQ_CU_TRY(cudaGetLastError());
         const int max_splits = (int)(c->part_entries / ((size_t)nb * H));
         kvq_status st = kvq_cu_fast_launch(&p, fast_ktype(c->dk.type), fast_vtype(c->dv.type), nb, n_splits,
@@ -435,8 +463,8 @@ static kvq_status attend_chunk(kvq_cuda_cache *c, int nb, const int *seqs, const
         if (st != KVQ_OK)
             return st;
         finalize_kernel<<<dim3((unsigned)G, (unsigned)H, (unsigned)nb), 128, (size_t)p.n_splits * sizeof(float),
-                          c->stream>>>(c->part_d, p.n_splits, Hq, H, G, tab + 256,
-                                       c->dv.rotated ? c->rv_dense : NULL, 1.0f / c->alpha_v, out);
+                          c->stream>>>(c->part_d, p.n_splits, Hq, H, G, c->dv.type == KVQ_TYPE_F16,
+                                       rot_arg_of(c->dv.rotated, c->dv.R, c->rv_dense), 1.0f / c->alpha_v, out);
         KVQ_CU_TRY(cudaGetLastError());
         return KVQ_OK;
     }

@@ -70,16 +70,6 @@ __device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity)
 #endif
 }
 
-/* Orders this thread's earlier generic-proxy accesses to shared memory
- * before later async-proxy (bulk copy) writes: a stage buffer is refilled
- * only after the warp has read it. */
-__device__ __forceinline__ void fence_proxy_async()
-{
-#if __CUDA_ARCH__ >= 900
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
-
 __device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t bytes, uint64_t *bar)
 {
 #if __CUDA_ARCH__ >= 900

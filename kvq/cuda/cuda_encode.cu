@@ -11,9 +11,12 @@
  * __fsqrt_rn): the result does not depend on compiler flags.
  */
 #include "cuda_internal.cuh"
+#include "cuda_rot.cuh"
 #include "kvq_cuda_hooks.cuh"
 
 namespace {
+
+using namespace kvq_cu;
 
 constexpr int kWarps = 4;
 
@@ -31,61 +34,6 @@ __device__ float warp_norm(const float *x, int d, int lane)
     float t = __fadd_rn(__fadd_rn(__fadd_rn(p[0], p[4]), __fadd_rn(p[2], p[6])),
                         __fadd_rn(__fadd_rn(p[1], p[5]), __fadd_rn(p[3], p[7])));
     return __fsqrt_rn(t);
-}
-
-/* Unnormalised FWHT of the m rows of length p held in v (d = m p floats). */
-__device__ void warp_fwht_rows(float *v, int d, int p, int lane)
-{
-    const int half = p / 2;
-    for (int h = 1; h < p; h <<= 1) {
-        for (int b = lane; b < d / 2; b += 32) {
-            int i = b / half, bb = b % half;
-            int j = i * p + (bb / h) * 2 * h + (bb % h);
-            float a = v[j], c = v[j + h];
-            v[j] = __fadd_rn(a, c);
-            v[j + h] = __fsub_rn(a, c);
-        }
-        __syncwarp();
-    }
-}
-
-/* y = R x in place for HADAMARD / IDENTITY (v holds x; tmp is scratch of d
- * floats). @return the buffer holding y. */
-__device__ float *warp_rotate(const kvq_dev_rot &R, float *v, float *tmp, int lane)
-{
-    const int d = R.dim;
-    if (R.kind == KVQ_ROT_IDENTITY)
-        return v;
-    if (R.m == 1) {
-        for (int j = lane; j < d; j += 32)
-            v[j] = __fmul_rn(v[j], R.signs[j]);
-        __syncwarp();
-        warp_fwht_rows(v, d, d, lane);
-        for (int j = lane; j < d; j += 32)
-            v[j] = __fmul_rn(v[j], R.scale);
-        __syncwarp();
-        return v;
-    }
-    float *cur = v, *other = tmp;
-    for (int k = 0; k < R.rounds; k++) {
-        const float *sg = R.signs + (size_t)k * d;
-        for (int j = lane; j < d; j += 32)
-            cur[j] = __fmul_rn(cur[j], sg[j]);
-        __syncwarp();
-        warp_fwht_rows(cur, d, R.p, lane);
-        for (int o = lane; o < d; o += 32) {
-            int i = o / R.p, c = o % R.p;
-            float acc = 0.0f;
-            for (int l = 0; l < R.m; l++)
-                acc = __fmaf_rn(R.mix[i * R.m + l], cur[l * R.p + c], acc);
-            other[o] = acc;
-        }
-        __syncwarp();
-        float *t = cur;
-        cur = other;
-        other = t;
-    }
-    return cur;
 }
 
 __device__ bool f16_overflows(float v)

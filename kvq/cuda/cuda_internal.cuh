@@ -100,8 +100,6 @@ struct kvq_cuda_cache {
     uint8_t *qfrag_d;        /* fast kernel: per (batch entry, kv head) fragment block */
     float *part_d;           /* split partials: [entries][G][d + 2] */
     size_t part_entries;
-    int16_t *slot_tab_d;     /* fast kernel slot -> dim tables, see cuda_attn.cu */
-    float *slot_scale_d;
     float alpha_k, alpha_v;  /* codebook scales of the fused kernel's f16 tables */
     int n_sm;
 };

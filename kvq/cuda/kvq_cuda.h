@@ -176,9 +176,11 @@ struct kvq_cuda_attn_opts {
 };
 
 /** The fused kernel covers head_dim 128, n_q_heads / n_kv_heads <= 8, K in
- *  {tq3j, tq3, f16} and V in {tq3, f16}, HADAMARD/IDENTITY/DCT rotations
- *  (queries and outputs are rotated with dense matrices, so any orthogonal
- *  kind works). @return 1 when it applies to c's config and n_q_heads. */
+ *  {tq3j, tq3, f16} and V in {tq3, f16}, with any rotation kind: queries are
+ *  rotated once and outputs rotated back once per call (a fast Hadamard
+ *  transform for HADAMARD/IDENTITY, the dense matrix for DCT and the
+ *  Gaussian S). Everything else runs on the reference kernel.
+ *  @return 1 when it applies to c's config and n_q_heads. */
 int kvq_cuda_fast_supported(const kvq_cuda_cache *c, int n_q_heads);
 
 /** out_dev[i] = softmax(scale * q_i K^T) V over all tokens of seqs[i], for

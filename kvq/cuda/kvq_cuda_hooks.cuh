@@ -55,6 +55,14 @@ static constexpr unsigned char kTq3Pair[32] = {0,  1,  2,  4,  5,  6,  8,  9,  1
  * 11 + (r & 3) of each half, worth kQjlBitValue[r & 3] as an f16. */
 static constexpr float kQjlBitValue[4] = {1.0f / 8192.0f, 1.0f / 2048.0f, 1.0f / 128.0f, 2.0f};
 
+/* kTq3Pair[i] without a memory table (device code cannot index a host
+ * array): 12 five-bit entries per 64-bit constant. */
+__host__ __device__ static inline int tq3_pair(int i)
+{
+    const uint64_t w = i < 12 ? 0x7316a4a0c520820ull : i < 24 ? 0xef359c5ab49ca0full : 0xffb713dda3ull;
+    return (int)((w >> (5 * (i % 12))) & 31u);
+}
+
 /* MMA slot s (0..127) of a K fragment: k-block kb = s / 16, w = s % 16 ->
  * lane t = (w % 8) / 2, pair p = 2 kb + w / 8, half e = w % 2. */
 __host__ __device__ static inline void slot_split(int s, int *t, int *p, int *e)
@@ -63,6 +71,38 @@ __host__ __device__ static inline void slot_split(int s, int *t, int *p, int *e)
     *t = (w & 7) >> 1;
     *p = 2 * (s >> 4) + (w >> 3);
     *e = w & 1;
+}
+
+/* Head dimension held by K-score slot s: tq3 codes (tq3_decode32 order) or
+ * raw f16 rows (lane t reads 16-byte chunks 2t, 2t+1, 2t+8, 2t+9). */
+__host__ __device__ static inline int kslot_dim(bool f16, int s)
+{
+    int t, p, e;
+    slot_split(s, &t, &p, &e);
+    if (f16) {
+        const int i = p / 4, ch = 2 * t + (i & 1) + 8 * (i >> 1);
+        return 8 * ch + 2 * (p % 4) + e;
+    }
+    return 32 * t + tq3_pair(2 * p + e);
+}
+
+/* Head dimension of QJL-sign slot s, and 1 / the f16 value its bit carries. */
+__host__ __device__ static inline int sslot_dim(int s, float *inv_bitval)
+{
+    int t, p, e;
+    slot_split(s, &t, &p, &e);
+    const int k = p & 3; /* bit 11 + k: 2^-13, 2^-11, 2^-7, 2 */
+    *inv_bitval = k == 0 ? 8192.0f : k == 1 ? 2048.0f : k == 2 ? 128.0f : 0.5f;
+    return 32 * t + p + 16 * e;
+}
+
+/* Head dimension of value-tile column s (vtile_store32 order; f16: itself). */
+__host__ __device__ static inline int vslot_dim(bool f16, int s)
+{
+    if (f16)
+        return s;
+    const int t = s / 32, p = (s % 32) / 2, e = s % 2;
+    return 32 * t + tq3_pair(2 * p + e);
 }
 
 /* ---- small wrappers -------------------------------------------------- */

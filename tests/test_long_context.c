@@ -1,0 +1,434 @@
+/* test_long_context.c - long context under memory limits: `kvq ppl` against
+ * an independent NLL computation and the Hugging Face logits, the passkey
+ * prompt format against the fixture prompts, KV budgets (never exceeded,
+ * exhaustion is a clean stop that loses nothing, tq3j/tq3 holds >= 4x the
+ * tokens of f16), and `kvq run --kv-budget` / `--plan`. */
+#include <cjson/cJSON.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <unistd.h>
+
+#include "kv_opts.h"
+#include "kvq_model.h"
+#include "kvq_safetensors.h"
+#include "kvq_tokenizer.h"
+#include "passkey_prompt.h"
+#include "ppl_core.h"
+#include "test.h"
+
+int cmd_run(int argc, char **argv);
+int cmd_ppl(int argc, char **argv);
+int cmd_passkey(int argc, char **argv);
+
+#define MODEL "models/kvq-tiny-llama"
+
+static kvq_model *model;
+static kvq_tokenizer *tok;
+static kvq_st_file *ref;
+static cJSON *ref_json;
+static char tmp[64];
+static char *out_text, *err_text;
+
+static char *slurp(const char *path)
+{
+    size_t len;
+    return kv_read_file(path, &len);
+}
+
+/* Runs a subcommand in-process with stdout/stderr captured. */
+static int run_cmd(int (*fn)(int, char **), const char *name, int argc, const char **args)
+{
+    char *argv[64];
+    argv[0] = (char *)name;
+    for (int i = 0; i < argc && i < 62; i++)
+        argv[i + 1] = (char *)args[i];
+    argv[argc + 1] = NULL;
+    char po[96], pe[96];
+    snprintf(po, sizeof po, "%s/stdout", tmp);
+    snprintf(pe, sizeof pe, "%s/stderr", tmp);
+    fflush(stdout);
+    fflush(stderr);
+    int so = dup(1), se = dup(2);
+    int fo = open(po, O_WRONLY | O_CREAT | O_TRUNC, 0644), fe = open(pe, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fo, 1);
+    dup2(fe, 2);
+    int rc = fn(argc + 1, argv);
+    fflush(stdout);
+    fflush(stderr);
+    dup2(so, 1);
+    dup2(se, 2);
+    close(so);
+    close(se);
+    close(fo);
+    close(fe);
+    free(out_text);
+    free(err_text);
+    out_text = slurp(po);
+    err_text = slurp(pe);
+    return rc;
+}
+
+static const cJSON *ref_case(const char *name)
+{
+    const cJSON *c;
+    cJSON_ArrayForEach(c, cJSON_GetObjectItem(ref_json, "cases"))
+    {
+        if (strcmp(cJSON_GetObjectItem(c, "name")->valuestring, name) == 0)
+            return c;
+    }
+    return NULL;
+}
+
+static int32_t *ref_ints(const char *name, const char *field, size_t *n)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", name, field);
+    const struct kvq_st_tensor *t = kvq_st_find(ref, key);
+    if (!t)
+        return NULL;
+    int64_t *v = malloc(t->n_elements * sizeof *v);
+    int32_t *o = malloc(t->n_elements * sizeof *o);
+    kvq_st_to_i64(t, v, t->n_elements);
+    for (size_t i = 0; i < t->n_elements; i++)
+        o[i] = (int32_t)v[i];
+    free(v);
+    *n = t->n_elements;
+    return o;
+}
+
+static kvq_seq *new_seq(enum kvq_type k, enum kvq_type v, size_t max_ctx, size_t budget, int chunk)
+{
+    struct kvq_seq_config sc;
+    kvq_seq_config_default(&sc);
+    sc.type_k = k;
+    sc.type_v = v;
+    sc.max_ctx = max_ctx;
+    sc.kv_budget = budget;
+    sc.max_chunk = chunk;
+    kvq_seq *s = NULL;
+    kvq_error err = {0};
+    CHECKF(kvq_seq_create(model, &sc, &s, &err) == KVQ_OK, "%s", err.msg);
+    return s;
+}
+
+/* log-sum-exp written out again here, so the tool's NLL is not checked
+ * against itself. */
+static double nll_of(const float *row, int vocab, int32_t target)
+{
+    double mx = row[0], sum = 0;
+    for (int i = 1; i < vocab; i++)
+        if (row[i] > mx)
+            mx = row[i];
+    for (int i = 0; i < vocab; i++)
+        sum += exp((double)row[i] - mx);
+    return mx + log(sum) - (double)row[target];
+}
+
+/* With an f32 cache, the chunked NLL at the reference positions equals
+ * -log softmax of the Hugging Face logits there. */
+static void test_ppl_matches_hf(void)
+{
+    const char *name = "valid_2";
+    size_t n_ids, n_pos;
+    int32_t *ids = ref_ints(name, "ids", &n_ids);
+    int32_t *pos = ref_ints(name, "logit_positions", &n_pos);
+    char key[128];
+    snprintf(key, sizeof key, "%s.logits", name);
+    const struct kvq_st_tensor *lt = kvq_st_find(ref, key);
+    CHECK(ids && pos && lt && ids[0] == 1);
+    if (!ids || !pos || !lt)
+        return;
+    int vocab = kvq_model_config_of(model)->vocab;
+    float *hf = malloc(n_pos * (size_t)vocab * sizeof *hf);
+    CHECK_OK(kvq_st_to_f32(lt, hf, n_pos * (size_t)vocab));
+    kvq_seq *s = new_seq(KVQ_TYPE_F32, KVQ_TYPE_F32, 2048, 0, 100);
+    double *nll = malloc(n_ids * sizeof *nll);
+    struct ppl_result r;
+    CHECK_OK(ppl_score(model, s, ids + 1, n_ids - 1, ids[0], 2048, 100, nll, &r, NULL, NULL));
+    CHECK(r.windows == 1 && r.scored == n_ids - 1);
+    int checked = 0;
+    for (size_t i = 0; i < n_pos; i++) {
+        size_t p = (size_t)pos[i]; /* logits at p predict ids[p + 1] = text token p */
+        if (p + 1 >= n_ids)
+            continue;
+        double want = nll_of(hf + i * (size_t)vocab, vocab, ids[p + 1]);
+        CHECK_NEAR(nll[p], want, 2e-3);
+        checked++;
+    }
+    CHECK(checked >= 3);
+    free(nll);
+    free(hf);
+    free(ids);
+    free(pos);
+    kvq_seq_free(s);
+}
+
+/* `kvq ppl --json` over several windows equals exp(mean NLL) from full
+ * logits of each window computed here in one forward; it is deterministic
+ * for a compressed cache. */
+static void test_ppl_cmd(void)
+{
+    const char *text = cJSON_GetObjectItem(ref_case("valid_1"), "text")->valuestring;
+    char path[96];
+    snprintf(path, sizeof path, "%s/valid_1.txt", tmp);
+    FILE *f = fopen(path, "w");
+    fputs(text, f);
+    fclose(f);
+    const size_t ctx = 256;
+    const char *args[] = {"--model", MODEL, "--file", path, "--ctx", "256", "--chunk", "48", "--json",
+                          "--cache-type-k", "f32", "--cache-type-v", "f32"};
+    CHECK(run_cmd(cmd_ppl, "ppl", 13, args) == 0);
+    cJSON *js = cJSON_Parse(out_text);
+    CHECK(js != NULL);
+    if (!js)
+        return;
+    double got = cJSON_GetObjectItem(js, "ppl")->valuedouble;
+    size_t scored = (size_t)cJSON_GetObjectItem(js, "scored")->valuedouble;
+    CHECK(strstr(err_text, "tokens, ppl so far") != NULL); /* progress on stderr */
+    cJSON_Delete(js);
+
+    int32_t *ids;
+    size_t n;
+    CHECK_OK(kvq_tokenizer_encode_alloc(tok, text, strlen(text), 0, &ids, &n));
+    int vocab = kvq_model_config_of(model)->vocab;
+    kvq_seq *s = new_seq(KVQ_TYPE_F32, KVQ_TYPE_F32, ctx, 0, 256);
+    float *logits = malloc(ctx * (size_t)vocab * sizeof *logits);
+    int32_t win[256];
+    double sum = 0;
+    size_t cnt = 0;
+    for (size_t w0 = 0; w0 < n; w0 += ctx - 1) {
+        size_t m = n - w0 < ctx - 1 ? n - w0 : ctx - 1;
+        win[0] = 1;
+        memcpy(win + 1, ids + w0, m * sizeof *ids);
+        kvq_seq_reset(s);
+        CHECK_OK(kvq_seq_forward(s, win, m + 1, 0, logits, NULL));
+        for (size_t j = 0; j < m; j++, cnt++)
+            sum += nll_of(logits + j * (size_t)vocab, vocab, win[j + 1]);
+    }
+    CHECK(n > 2 * ctx && cnt == n && scored == n);
+    double want = exp(sum / (double)cnt);
+    CHECKF(fabs(got / want - 1) < 1e-5, "ppl %.8f, independent %.8f", got, want);
+    free(logits);
+    free(ids);
+    kvq_seq_free(s);
+
+    /* determinism with the default compressed cache */
+    const char *a2[] = {"--model", MODEL, "--file", path, "--ctx", "256", "--chunk", "48", "--json", "--quiet"};
+    CHECK(run_cmd(cmd_ppl, "ppl", 10, a2) == 0);
+    char *first = out_text;
+    out_text = NULL;
+    CHECK(run_cmd(cmd_ppl, "ppl", 10, a2) == 0);
+    cJSON *j1 = cJSON_Parse(first), *j2 = cJSON_Parse(out_text);
+    CHECK(j1 && j2 && cJSON_GetObjectItem(j1, "ppl")->valuedouble == cJSON_GetObjectItem(j2, "ppl")->valuedouble);
+    CHECK(j1 && strcmp(cJSON_GetObjectItem(j1, "cache_type_v")->valuestring, "tq3") == 0);
+    cJSON_Delete(j1);
+    cJSON_Delete(j2);
+    free(first);
+
+    const char *bad[] = {"--model", MODEL, "--file", path, "--ctx", "9999"};
+    CHECK(run_cmd(cmd_ppl, "ppl", 6, bad) == 2 && strstr(err_text, "exceeds the model's context"));
+    const char *small[] = {"--model", MODEL, "--file", path, "--ctx", "256", "--kv-budget", "10KiB"};
+    CHECK(run_cmd(cmd_ppl, "ppl", 8, small) == 2 && strstr(err_text, "--kv-budget holds only"));
+}
+
+/* The prompt builder reproduces the fixture passkey prompts exactly. */
+static void test_passkey_prompt(void)
+{
+    const char *cases[] = {"passkey_1k", "passkey_3k"};
+    const long keys[] = {86317, 5402917};
+    const char *filler = "The grass is green.";
+    for (int c = 0; c < 2; c++) {
+        const char *want = cJSON_GetObjectItem(ref_case(cases[c]), "text")->valuestring;
+        const char *at = strstr(want, "The pass key is");
+        int a = 0, b = 0;
+        for (const char *p = strstr(want, filler); p; p = strstr(p + 1, filler))
+            *(p < at ? &a : &b) += 1;
+        char *got = passkey_prompt_text(keys[c], a, b);
+        CHECKF(got && strcmp(got, want) == 0, "case %s (a=%d, b=%d)", cases[c], a, b);
+        free(got);
+    }
+}
+
+/* f32 retrieves every key (the model's documented ability), results are
+ * reproducible and the JSON has the per-length fields. */
+static void test_passkey_cmd(void)
+{
+    const char *args[] = {"--model", MODEL, "--lengths", "300,700", "--trials", "2", "--seed", "5", "--json",
+                          "--cache-type-k", "f32", "--cache-type-v", "f32"};
+    CHECK(run_cmd(cmd_passkey, "passkey", 13, args) == 0);
+    cJSON *js = cJSON_Parse(out_text);
+    CHECK(js != NULL);
+    if (!js)
+        return;
+    const cJSON *arr = cJSON_GetObjectItem(js, "lengths"), *e;
+    CHECK(cJSON_GetArraySize(arr) == 2);
+    long want_len[] = {300, 700};
+    int i = 0;
+    cJSON_ArrayForEach(e, arr)
+    {
+        CHECK(cJSON_GetObjectItem(e, "length")->valuedouble == want_len[i]);
+        double mt = cJSON_GetObjectItem(e, "mean_tokens")->valuedouble;
+        CHECKF(mt <= want_len[i] && mt > want_len[i] - 45, "mean tokens %.1f for length %ld", mt, want_len[i]);
+        CHECK(cJSON_GetObjectItem(e, "accuracy")->valuedouble == 1.0);
+        i++;
+    }
+    cJSON_Delete(js);
+    const char *bad[] = {"--model", MODEL, "--lengths", "100"};
+    CHECK(run_cmd(cmd_passkey, "passkey", 4, bad) == 2 && strstr(err_text, "too short"));
+    const char *bad2[] = {"--model", MODEL, "--lengths", "5000"};
+    CHECK(run_cmd(cmd_passkey, "passkey", 4, bad2) == 2 && strstr(err_text, "exceeds the model's context"));
+}
+
+/* Planned bytes per token are the exact row bytes; at one budget tq3j/tq3
+ * holds >= 4x the tokens of f16 - measured by filling real sequences. */
+static void test_budget_ratio(void)
+{
+    const struct kvq_model_config *c = kvq_model_config_of(model);
+    const size_t budget = 2u << 20;
+    size_t held[2];
+    enum kvq_type types[2][2] = {{KVQ_TYPE_F16, KVQ_TYPE_F16}, {KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3}};
+    int32_t *ids = malloc(4096 * sizeof *ids);
+    for (int i = 0; i < 4096; i++)
+        ids[i] = 10 + (i * 37) % 3000;
+    for (int t = 0; t < 2; t++) {
+        struct kvq_seq_config sc;
+        kvq_seq_config_default(&sc);
+        sc.type_k = types[t][0];
+        sc.type_v = types[t][1];
+        sc.kv_budget = budget;
+        struct kvq_seq_plan pl;
+        CHECK_OK(kvq_seq_plan_of(model, &sc, &pl));
+        size_t row = kvq_type_row_bytes(sc.type_k, c->head_dim) + kvq_type_row_bytes(sc.type_v, c->head_dim);
+        CHECK(pl.bytes_per_token == row * (size_t)(c->n_layers * c->n_kv_heads));
+        kvq_seq *s = new_seq(sc.type_k, sc.type_v, 0, budget, 0);
+        /* fill 64 tokens at a time until the budget refuses */
+        kvq_status st = KVQ_OK;
+        while (st == KVQ_OK && kvq_seq_pos(s) + 64 <= 4096)
+            st = kvq_seq_forward(s, ids + kvq_seq_pos(s), 64, 0, NULL, NULL);
+        held[t] = kvq_seq_pos(s);
+        CHECK(held[t] == pl.max_tokens);
+        struct kvq_seq_stats ss;
+        kvq_seq_get_stats(s, &ss);
+        CHECK(ss.kv_bytes_alloc <= budget && ss.kv_budget == budget);
+        kvq_seq_free(s);
+    }
+    CHECK(held[0] == 512); /* f16: 4096 bytes per token, 512 KiB per layer */
+    CHECKF(held[1] >= 4 * held[0], "tq3j/tq3 holds %zu tokens, f16 %zu", held[1], held[0]);
+    free(ids);
+}
+
+/* A tiny budget is never exceeded, a refused forward leaves the sequence as
+ * it was, and generation stops cleanly with every token produced so far -
+ * the same tokens an unlimited cache produces. */
+static void test_budget_exhaustion(void)
+{
+    const size_t budget = 70000; /* 17500 bytes per layer: one 64-token tq3j/tq3 page each */
+    kvq_seq *s = new_seq(KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, 0, budget, 0);
+    int32_t ids[40];
+    for (int i = 0; i < 40; i++)
+        ids[i] = 100 + i * 7;
+    struct kvq_seq_stats ss;
+    size_t pos_before = 0;
+    kvq_status st = KVQ_OK;
+    for (int step = 0; step < 10 && st == KVQ_OK; step++) {
+        pos_before = kvq_seq_pos(s);
+        st = kvq_seq_forward(s, ids, 13, 12, NULL, NULL);
+        kvq_seq_get_stats(s, &ss);
+        CHECKF(ss.kv_bytes_alloc <= budget, "allocated %zu > budget %zu", ss.kv_bytes_alloc, budget);
+    }
+    CHECK_STATUS(st, KVQ_ERR_BUDGET);
+    CHECK(kvq_seq_pos(s) == pos_before && pos_before == 52);
+    CHECK_STATUS(kvq_seq_forward(s, ids, 13, 12, NULL, NULL), KVQ_ERR_BUDGET);
+    CHECK(kvq_seq_pos(s) == 52);
+    CHECK_OK(kvq_seq_forward(s, ids, 12, 11, NULL, NULL)); /* exactly fills the page */
+    CHECK(kvq_seq_pos(s) == 64);
+    kvq_seq_free(s);
+
+    /* generation: stops at the budget with the tokens an unlimited cache makes */
+    int32_t prompt[10] = {1, 450, 3791, 338, 7933, 29889, 450, 14744, 338, 7254};
+    for (int i = 0; i < 10; i++)
+        prompt[i] %= 4096;
+    struct kvq_gen_params gp;
+    kvq_gen_params_default(&gp);
+    gp.max_tokens = 100;
+    gp.stop_at_eos = 0;
+    int32_t full[100], cut[100];
+    size_t n_full = 0, n_cut = 0;
+    kvq_seq *u = new_seq(KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, 0, 0, 0);
+    CHECK_OK(kvq_seq_generate(u, prompt, 10, &gp, full, 100, &n_full, NULL, NULL));
+    CHECK(n_full == 100);
+    kvq_seq *b = new_seq(KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, 0, budget, 0);
+    CHECK_STATUS(kvq_seq_generate(b, prompt, 10, &gp, cut, 100, &n_cut, NULL, NULL), KVQ_ERR_BUDGET);
+    CHECK(n_cut == 64 - 10 + 1 && kvq_seq_pos(b) == 64); /* the last token is produced, not cached */
+    CHECK(memcmp(full, cut, n_cut * sizeof *cut) == 0);
+    kvq_seq_get_stats(b, &ss);
+    CHECK(ss.kv_bytes_alloc <= budget);
+    /* the prompt alone does not fit: nothing generated, sequence empty */
+    kvq_seq_reset(b);
+    int32_t longp[80];
+    for (int i = 0; i < 80; i++)
+        longp[i] = prompt[i % 10];
+    CHECK_STATUS(kvq_seq_generate(b, longp, 80, &gp, cut, 100, &n_cut, NULL, NULL), KVQ_ERR_BUDGET);
+    CHECK(n_cut == 0 && kvq_seq_pos(b) == 0);
+    kvq_seq_free(u);
+    kvq_seq_free(b);
+}
+
+/* `kvq run --kv-budget`: exit 3, the message and the text so far;
+ * a prompt over the budget is exit 2; --plan prints every type. */
+static void test_run_budget(void)
+{
+    const char *args[] = {"--model", MODEL, "--prompt", "Emma Woodhouse, handsome, clever", "--max-tokens", "200",
+                          "--no-eos", "--kv-budget", "70000", "--json"};
+    CHECK(run_cmd(cmd_run, "run", 10, args) == 3);
+    CHECK(strstr(err_text, "stopped: the KV budget of 70000 bytes is full after 64 tokens") != NULL);
+    cJSON *js = cJSON_Parse(out_text);
+    CHECK(js && strcmp(cJSON_GetObjectItem(js, "stop_reason")->valuestring, "kv_budget") == 0);
+    if (js) {
+        size_t np = (size_t)cJSON_GetArraySize(cJSON_GetObjectItem(js, "prompt_ids"));
+        CHECK((size_t)cJSON_GetArraySize(cJSON_GetObjectItem(js, "ids")) == 64 - np + 1);
+        CHECK(cJSON_GetObjectItem(cJSON_GetObjectItem(js, "kv_bytes"), "allocated")->valuedouble <= 70000);
+        CHECK(cJSON_GetObjectItem(js, "peak_rss_bytes")->valuedouble > 1e6);
+        CHECK(strlen(cJSON_GetObjectItem(js, "text")->valuestring) > 20);
+    }
+    cJSON_Delete(js);
+    const char *tiny[] = {"--model", MODEL, "--prompt", "Emma Woodhouse", "--kv-budget", "1000"};
+    CHECK(run_cmd(cmd_run, "run", 6, tiny) == 2 && strstr(err_text, "holds only 0 tokens"));
+    const char *plan[] = {"--model", MODEL, "--plan", "--kv-budget", "8MiB"};
+    CHECK(run_cmd(cmd_run, "run", 5, plan) == 0);
+    CHECK(strstr(out_text, "f16/f16") && strstr(out_text, "tq3j/tq3*") && strstr(out_text, "4.31x"));
+    const char *badb[] = {"--model", MODEL, "--plan", "--kv-budget", "lots"};
+    CHECK(run_cmd(cmd_run, "run", 5, badb) == 2);
+}
+
+int main(void)
+{
+    snprintf(tmp, sizeof tmp, "/tmp/kvq_test_lc_XXXXXX");
+    if (!mkdtemp(tmp))
+        return 1;
+    kvq_error err = {0};
+    size_t len;
+    char *js = kv_read_file(MODEL "/reference/reference.json", &len);
+    ref_json = js ? cJSON_Parse(js) : NULL;
+    free(js);
+    if (kvq_model_load(MODEL, NULL, &model, &err) != KVQ_OK ||
+        kvq_tokenizer_create(MODEL "/tokenizer.json", &tok, &err) != KVQ_OK ||
+        kvq_st_open(MODEL "/reference/reference.safetensors", &ref, &err) != KVQ_OK || !ref_json) {
+        fprintf(stderr, "cannot load the fixtures: %s\n", err.msg);
+        return 1;
+    }
+    RUN(test_ppl_matches_hf);
+    RUN(test_ppl_cmd);
+    RUN(test_passkey_prompt);
+    RUN(test_passkey_cmd);
+    RUN(test_budget_ratio);
+    RUN(test_budget_exhaustion);
+    RUN(test_run_budget);
+    free(out_text);
+    free(err_text);
+    cJSON_Delete(ref_json);
+    kvq_st_close(ref);
+    kvq_tokenizer_free(tok);
+    kvq_model_free(model);
+    TEST_END("test_long_context");
+}

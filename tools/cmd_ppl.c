@@ -1,0 +1,195 @@
+/* cmd_ppl.c - `kvq ppl`: perplexity of a text with the compressed KV cache in
+ * the loop (ppl_core.h says how windows and chunks attend over the encoded
+ * cache). The result goes to stdout (one line, or JSON), progress to stderr. */
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "kv_opts.h"
+#include "ppl_core.h"
+
+#define CMD "ppl"
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: kvq ppl --model DIR --file TEXT [options]\n\n"
+               "Perplexity of TEXT in windows of --ctx tokens (BOS first), each forwarded in\n"
+               "chunks whose queries attend over the compressed cache of the window so far.\n\n"
+               "  --model DIR          model directory\n"
+               "  --file TEXT          text file to score\n"
+               "  --ctx N              tokens per window, BOS included (default: the model's context)\n"
+               "  --chunk C            tokens per forward (default 256)\n"
+               "  --max-tokens N       score only the first N tokens of the text (default: all)\n"
+               "  --json               print one JSON object\n"
+               "  --quiet              no progress on stderr\n");
+    kv_opts_usage(f);
+}
+
+struct opts {
+    const char *model, *file;
+    long ctx, chunk, max_tokens;
+    int json, quiet;
+    struct kv_opts kv;
+};
+
+static int parse_args(int argc, char **argv, struct opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->chunk = 256;
+    kv_opts_default(&o->kv);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (cli_is_help(a)) {
+            usage(stdout);
+            return -1;
+        }
+        if (kv_opts_flag(a, &o->kv))
+            continue;
+        if (strcmp(a, "--json") == 0 || strcmp(a, "--quiet") == 0) {
+            *(a[2] == 'j' ? &o->json : &o->quiet) = 1;
+            continue;
+        }
+        if (i + 1 >= argc)
+            return cli_error(CMD, "%s needs a value (see kvq ppl --help)", a);
+        const char *v = argv[++i];
+        int r = kv_opts_parse(CMD, a, v, &o->kv), bad = 0;
+        if (r == 2)
+            return 2;
+        if (r == 1)
+            continue;
+        if (strcmp(a, "--model") == 0)
+            o->model = v;
+        else if (strcmp(a, "--file") == 0)
+            o->file = v;
+        else if (strcmp(a, "--ctx") == 0)
+            bad = cli_parse_int(v, 2, 1 << 24, &o->ctx);
+        else if (strcmp(a, "--chunk") == 0)
+            bad = cli_parse_int(v, 1, 1 << 16, &o->chunk);
+        else if (strcmp(a, "--max-tokens") == 0)
+            bad = cli_parse_int(v, 2, 1l << 40, &o->max_tokens);
+        else
+            return cli_error(CMD, "unknown option '%s' (see kvq ppl --help)", a);
+        if (bad)
+            return cli_error(CMD, "bad value '%s' for %s", v, a);
+    }
+    if (!o->model || !o->file)
+        return cli_error(CMD, "--model DIR and --file TEXT are required");
+    return 0;
+}
+
+static void progress(void *user, size_t done, size_t total, const struct ppl_result *r)
+{
+    const struct opts *o = user;
+    if (!o->quiet)
+        fprintf(stderr, "\rkvq ppl: %zu / %zu tokens, ppl so far %.4f   ", done, total, r->ppl);
+}
+
+static int report(const struct opts *o, const struct kvq_seq_plan *pl, const struct kvq_model_config *c,
+                  size_t n, const struct ppl_result *r)
+{
+    char name[2048];
+    kv_opts_name(&o->kv, name, sizeof name);
+    double bits = kv_bits_per_value(pl, c);
+    if (!o->json) {
+        printf("ppl %.4f  cache %s (%.3f bits/value)  %zu tokens scored in %zu windows of %ld  %.1f s\n", r->ppl,
+               name, bits, r->scored, r->windows, o->ctx, r->seconds);
+        return 0;
+    }
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "cache", name);
+    cJSON_AddStringToObject(root, "cache_type_k", kvq_type_traits(o->kv.tk)->name);
+    cJSON_AddStringToObject(root, "cache_type_v", kvq_type_traits(o->kv.tv)->name);
+    cJSON_AddNumberToObject(root, "bits_per_value", bits);
+    cJSON_AddNumberToObject(root, "ppl", r->ppl);
+    cJSON_AddNumberToObject(root, "nll_mean", r->scored ? r->nll_sum / (double)r->scored : 0);
+    cJSON_AddNumberToObject(root, "scored", (double)r->scored);
+    cJSON_AddNumberToObject(root, "text_tokens", (double)n);
+    cJSON_AddNumberToObject(root, "windows", (double)r->windows);
+    cJSON_AddNumberToObject(root, "ctx", (double)o->ctx);
+    cJSON_AddNumberToObject(root, "chunk", (double)o->chunk);
+    cJSON_AddNumberToObject(root, "seconds", r->seconds);
+    char *js = cJSON_PrintUnformatted(root);
+    if (js)
+        printf("%s\n", js);
+    free(js);
+    cJSON_Delete(root);
+    return js ? 0 : cli_status_error(CMD, KVQ_ERR_NOMEM, "building JSON");
+}
+
+static int score(struct opts *o, kvq_model *m, kvq_tokenizer *tok)
+{
+    const struct kvq_model_config *c = kvq_model_config_of(m);
+    size_t len = 0, n = 0;
+    int32_t *ids = NULL;
+    kvq_seq *s = NULL;
+    kvq_error err = {0};
+    int rc = 0;
+    char *text = kv_read_file(o->file, &len);
+    if (!text)
+        return cli_error(CMD, "%s: cannot read the text file", o->file);
+    kvq_status st = kvq_tokenizer_encode_alloc(tok, text, len, 0, &ids, &n);
+    free(text);
+    if (st != KVQ_OK)
+        return cli_status_error(CMD, st, "encoding the text");
+    if (o->max_tokens && (size_t)o->max_tokens < n)
+        n = (size_t)o->max_tokens;
+    if (!o->ctx)
+        o->ctx = c->max_ctx;
+    if (o->ctx > c->max_ctx) {
+        rc = cli_error(CMD, "--ctx %ld exceeds the model's context of %d", o->ctx, c->max_ctx);
+        goto out;
+    }
+    if (n < 2) {
+        rc = cli_error(CMD, "%s has fewer than 2 tokens", o->file);
+        goto out;
+    }
+    struct kvq_seq_config sc;
+    kv_opts_seq_config(&o->kv, &sc);
+    sc.max_ctx = (size_t)o->ctx;
+    sc.max_chunk = (int)o->chunk;
+    struct kvq_seq_plan pl;
+    if (kvq_seq_plan_of(m, &sc, &pl) != KVQ_OK || kvq_seq_create(m, &sc, &s, &err) != KVQ_OK) {
+        rc = cli_error(CMD, "%s", err.msg[0] ? err.msg : "unsupported cache type for this model");
+        goto out;
+    }
+    if (pl.max_tokens < (size_t)o->ctx) {
+        rc = cli_error(CMD, "--kv-budget holds only %zu tokens, less than --ctx %ld", pl.max_tokens, o->ctx);
+        goto out;
+    }
+    struct ppl_result r;
+    st = ppl_score(m, s, ids, n, c->bos_id, (size_t)o->ctx, (size_t)o->chunk, NULL, &r, progress, o);
+    if (!o->quiet)
+        fputc('\n', stderr);
+    if (st != KVQ_OK) {
+        rc = cli_status_error(CMD, st, "scoring");
+        goto out;
+    }
+    rc = report(o, &pl, c, n, &r);
+out:
+    kvq_seq_free(s);
+    free(ids);
+    return rc;
+}
+
+int cmd_ppl(int argc, char **argv)
+{
+    struct opts o;
+    int rc = parse_args(argc, argv, &o);
+    if (rc)
+        return rc < 0 ? 0 : rc;
+    kvq_model *m;
+    kvq_tokenizer *tok;
+    if ((rc = kv_load_model(CMD, o.model, &m, &tok)) != 0)
+        return rc;
+    if ((rc = kv_opts_check(CMD, &o.kv, m)) != 0) {
+        kvq_tokenizer_free(tok);
+        kvq_model_free(m);
+        return rc;
+    }
+    rc = score(&o, m, tok);
+    kvq_tokenizer_free(tok);
+    kvq_model_free(m);
+    return rc;
+}

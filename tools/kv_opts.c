@@ -1,0 +1,200 @@
+/* kv_opts.c - parsing of the shared KV-cache options. */
+#include "kv_opts.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "cli.h"
+
+void kv_opts_default(struct kv_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->tk = KVQ_DEFAULT_TYPE_K;
+    o->tv = KVQ_DEFAULT_TYPE_V;
+}
+
+int kv_parse_type(const char *cmd, const char *s, enum kvq_type *t)
+{
+    if (kvq_type_from_name(s, t) == KVQ_OK)
+        return 0;
+    char names[256] = "";
+    for (int i = 0; i < KVQ_TYPE_COUNT; i++) {
+        strncat(names, i ? ", " : "", sizeof names - strlen(names) - 1);
+        strncat(names, kvq_type_traits((enum kvq_type)i)->name, sizeof names - strlen(names) - 1);
+    }
+    return cli_error(cmd, "unknown cache type '%s' (one of: %s)", s, names);
+}
+
+int kv_opts_parse(const char *cmd, const char *a, const char *v, struct kv_opts *o)
+{
+    if (strcmp(a, "--cache-type-k") == 0)
+        return kv_parse_type(cmd, v, &o->tk) ? 2 : 1;
+    if (strcmp(a, "--cache-type-v") == 0)
+        return kv_parse_type(cmd, v, &o->tv) ? 2 : 1;
+    if (strcmp(a, "--kv-budget") == 0) {
+        if (cli_parse_size(v, &o->budget) || o->budget == 0) {
+            cli_error(cmd, "bad value '%s' for --kv-budget (a size such as 48MiB, 2GiB or 1000000)", v);
+            return 2;
+        }
+        return 1;
+    }
+    if (strcmp(a, "--layer-types") == 0) {
+        o->n_layer_types = 0;
+        char buf[64];
+        for (const char *p = v; *p;) {
+            size_t n = strcspn(p, ",");
+            const char *slash = memchr(p, '/', n);
+            if (!slash || n >= sizeof buf || o->n_layer_types == KV_OPTS_MAX_LAYERS) {
+                cli_error(cmd, "bad value '%s' for --layer-types (K/V per layer, e.g. q8_0/tq3,tq3j/tq3)", v);
+                return 2;
+            }
+            memcpy(buf, p, n);
+            buf[n] = 0;
+            buf[slash - p] = 0;
+            enum kvq_type *t = o->layer_types + 2 * o->n_layer_types;
+            if (kv_parse_type(cmd, buf, t) || kv_parse_type(cmd, buf + (slash - p) + 1, t + 1))
+                return 2;
+            o->n_layer_types++;
+            p += n;
+            p += *p == ',';
+        }
+        if (!o->n_layer_types) {
+            cli_error(cmd, "--layer-types needs one K/V pair per layer");
+            return 2;
+        }
+        return 1;
+    }
+    if (strcmp(a, "--seed") == 0) {
+        if (cli_parse_u64(v, &o->seed)) {
+            cli_error(cmd, "bad value '%s' for --seed", v);
+            return 2;
+        }
+        return 1;
+    }
+    return 0;
+}
+
+int kv_opts_flag(const char *a, struct kv_opts *o)
+{
+    if (strcmp(a, "--v-norm-correct") == 0) {
+        o->v_norm_correct = 1;
+        return 1;
+    }
+    return 0;
+}
+
+int kv_opts_check(const char *cmd, const struct kv_opts *o, const kvq_model *m)
+{
+    int n = kvq_model_config_of(m)->n_layers;
+    if (o->n_layer_types && o->n_layer_types != n)
+        return cli_error(cmd, "--layer-types gives %d K/V pairs, the model has %d layers", o->n_layer_types, n);
+    return 0;
+}
+
+void kv_opts_name(const struct kv_opts *o, char *buf, size_t cap)
+{
+    size_t used = 0;
+    buf[0] = 0;
+    int n = o->n_layer_types ? o->n_layer_types : 1;
+    for (int l = 0; l < n && used < cap; l++) {
+        enum kvq_type tk = o->n_layer_types ? o->layer_types[2 * l] : o->tk;
+        enum kvq_type tv = o->n_layer_types ? o->layer_types[2 * l + 1] : o->tv;
+        int w = snprintf(buf + used, cap - used, "%s%s/%s", l ? "," : "", kvq_type_traits(tk)->name,
+                         kvq_type_traits(tv)->name);
+        used += w > 0 ? (size_t)w : 0;
+    }
+    if (o->v_norm_correct && used < cap)
+        snprintf(buf + used, cap - used, "+vnc");
+}
+
+double kv_bits_per_value(const struct kvq_seq_plan *pl, const struct kvq_model_config *c)
+{
+    return 8.0 * (double)pl->bytes_per_token / (2.0 * c->n_layers * c->n_kv_heads * c->head_dim);
+}
+
+void kv_opts_usage(FILE *f)
+{
+    fprintf(f, "  --cache-type-k T     key cache type (default tq3j; see `kvq types`)\n"
+               "  --cache-type-v T     value cache type (default tq3)\n"
+               "  --kv-budget SIZE     most bytes of KV-cache pages over all layers, e.g. 48MiB\n"
+               "                       (split evenly per layer; default: no limit)\n"
+               "  --layer-types K/V,.. per-layer cache types, one pair per layer (overrides the above)\n"
+               "  --v-norm-correct     store value norms so that decoded tq values keep the input norm\n"
+               "  --seed S             cache-rotation (and sampler) seed (default 0)\n");
+}
+
+void kv_opts_seq_config(const struct kv_opts *o, struct kvq_seq_config *sc)
+{
+    kvq_seq_config_default(sc);
+    sc->type_k = o->tk;
+    sc->type_v = o->tv;
+    sc->seed = o->seed;
+    sc->kv_budget = o->budget;
+    sc->layer_types = o->n_layer_types ? o->layer_types : NULL;
+    sc->v_norm_correct = o->v_norm_correct;
+}
+
+size_t kv_peak_rss(void)
+{
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0)
+        return 0;
+    return (size_t)ru.ru_maxrss * 1024; /* Linux reports KiB */
+}
+
+int kv_load_model(const char *cmd, const char *dir, kvq_model **m, kvq_tokenizer **tok)
+{
+    kvq_error err = {0};
+    *m = NULL;
+    *tok = NULL;
+    if (kvq_model_load(dir, NULL, m, &err) != KVQ_OK)
+        return cli_error(cmd, "%s", err.msg);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    if (kvq_tokenizer_create(path, tok, &err) != KVQ_OK) {
+        kvq_model_free(*m);
+        *m = NULL;
+        return cli_error(cmd, "%s", err.msg);
+    }
+    const struct kvq_model_config *c = kvq_model_config_of(*m);
+    if (kvq_tokenizer_vocab_size(*tok) > c->vocab) {
+        int rc = cli_error(cmd, "%s has %d tokens, the model only %d", path, kvq_tokenizer_vocab_size(*tok),
+                           c->vocab);
+        kvq_tokenizer_free(*tok);
+        kvq_model_free(*m);
+        *m = NULL;
+        *tok = NULL;
+        return rc;
+    }
+    kvq_tokenizer_set_bos_eos(*tok, c->bos_id, c->n_eos ? c->eos_ids[0] : -1);
+    return 0;
+}
+
+char *kv_read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    size_t cap = 1 << 16, n = 0, got;
+    char *buf = malloc(cap);
+    while (buf && (got = fread(buf + n, 1, cap - n - 1, f)) > 0) {
+        n += got;
+        if (n + 1 == cap) {
+            char *nb = cap < ((size_t)1 << 30) ? realloc(buf, cap *= 2) : NULL;
+            if (!nb)
+                free(buf);
+            buf = nb;
+        }
+    }
+    if (buf && ferror(f)) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    if (buf) {
+        buf[n] = 0;
+        *len = n;
+    }
+    return buf;
+}

@@ -1,0 +1,62 @@
+/* kv_opts.h - the KV-cache options `kvq run`, `kvq ppl` and `kvq passkey`
+ * share: --cache-type-k, --cache-type-v, --kv-budget, --seed. */
+#ifndef KVQ_KV_OPTS_H
+#define KVQ_KV_OPTS_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "kvq_model.h"
+#include "kvq_tokenizer.h"
+
+#define KV_OPTS_MAX_LAYERS 256
+
+struct kv_opts {
+    enum kvq_type tk, tv; /* default tq3j / tq3 */
+    size_t budget;        /* --kv-budget bytes, 0 = none */
+    uint64_t seed;
+    int n_layer_types;    /* --layer-types: 0, or one K/V pair per model layer */
+    enum kvq_type layer_types[2 * KV_OPTS_MAX_LAYERS];
+    int v_norm_correct;   /* --v-norm-correct */
+};
+
+void kv_opts_default(struct kv_opts *o);
+
+/* Tries option a with value v. @return 1 when consumed, 0 when a is not a
+ * KV option, 2 after printing an error (bad value). */
+int kv_opts_parse(const char *cmd, const char *a, const char *v, struct kv_opts *o);
+
+/* Flags without a value (--v-norm-correct). @return 1 when consumed. */
+int kv_opts_flag(const char *a, struct kv_opts *o);
+
+/* After the model is loaded: --layer-types must name every layer.
+ * @return 0 or 2 (printed). */
+int kv_opts_check(const char *cmd, const struct kv_opts *o, const kvq_model *m);
+
+/* "tq3j/tq3", "q8_0/tq3,tq3j/tq3,..." for per-layer types, "+vnc" appended
+ * for value norm correction. */
+void kv_opts_name(const struct kv_opts *o, char *buf, size_t cap);
+
+/* Bits per cached value over all layers (K and V), from the plan. */
+double kv_bits_per_value(const struct kvq_seq_plan *pl, const struct kvq_model_config *c);
+
+/* A type name or an error naming every type. @return 0 or 2 (printed). */
+int kv_parse_type(const char *cmd, const char *s, enum kvq_type *t);
+
+/* The --help lines for these options. */
+void kv_opts_usage(FILE *f);
+
+/* Fills a sequence config from o (types, seed, budget). */
+void kv_opts_seq_config(const struct kv_opts *o, struct kvq_seq_config *sc);
+
+/* Loads dir's model and tokenizer.json (BOS/EOS from the config).
+ * @return 0, or 2/1 after printing the error. */
+int kv_load_model(const char *cmd, const char *dir, kvq_model **m, kvq_tokenizer **tok);
+
+/* Reads a whole file (NUL-terminated, malloc'ed). NULL on failure. */
+char *kv_read_file(const char *path, size_t *len);
+
+/* Peak resident set size of this process so far, bytes (getrusage). */
+size_t kv_peak_rss(void);
+
+#endif
