@@ -33,6 +33,7 @@ struct result {
     int batch, ctx;
     enum kvq_type tk, tv;
     double us, gbps, pct;
+    double us_v1; /* KVQ_CUDA_KERNEL_FAST_V1, same data (0: not timed) */
     double bytes;
 };
 
@@ -108,8 +109,10 @@ static void fill(kvq_cuda_cache *c, int ctx)
     kvq_cuda_free(v);
 }
 
-static double time_attend(kvq_cuda_cache *c, kvq_cuda_timer *tm, int batch, const float *qd, float *od, int reps)
+static double time_attend(kvq_cuda_cache *c, kvq_cuda_timer *tm, int batch, const float *qd, float *od, int reps,
+                          enum kvq_cuda_kernel kern)
 {
+    const struct kvq_cuda_attn_opts opts = {kern, 0};
     int seqs[MAXB];
     for (int i = 0; i < batch; i++)
         seqs[i] = i;
@@ -121,7 +124,7 @@ static double time_attend(kvq_cuda_cache *c, kvq_cuda_timer *tm, int batch, cons
         double ms;
         TRY(kvq_cuda_memset(flush_buf, i & 0xff, flush_bytes));
         TRY(kvq_cuda_timer_start(tm));
-        TRY(kvq_cuda_cache_attend(c, batch, seqs, qd, H * G, scale, od, NULL));
+        TRY(kvq_cuda_cache_attend(c, batch, seqs, qd, H * G, scale, od, &opts));
         TRY(kvq_cuda_timer_stop(tm, &ms));
         if (i >= 3)
             t[i - 3] = ms;
@@ -190,7 +193,11 @@ int main(void)
                 r->ctx = ctx;
                 r->tk = types[ti][0];
                 r->tv = types[ti][1];
-                r->us = time_attend(c, tm, r->batch, qd, od, reps);
+                r->us = time_attend(c, tm, r->batch, qd, od, reps, KVQ_CUDA_KERNEL_AUTO);
+                /* the fused kernel's first version in the same run, on the same data */
+                r->us_v1 = types[ti][0] != KVQ_TYPE_F16
+                               ? time_attend(c, tm, r->batch, qd, od, reps, KVQ_CUDA_KERNEL_FAST_V1)
+                               : 0.0;
                 r->bytes = (double)r->batch * ctx * H * row;
                 r->gbps = r->bytes / (r->us * 1e-6) / 1e9;
                 r->pct = 100.0 * r->gbps / copy_gbps;
@@ -199,7 +206,8 @@ int main(void)
         kvq_cuda_cache_free(c);
     }
 
-    printf("%5s %7s %-10s %10s %9s %8s %10s\n", "batch", "context", "K/V", "us", "GB/s", "%copy", "vs f16");
+    printf("%5s %7s %-10s %10s %9s %8s %10s %10s %8s\n", "batch", "context", "K/V", "us", "GB/s", "%copy", "vs f16",
+           "v1 us", "v1/new");
     for (int i = 0; i < nres; i++) {
         const struct result *r = &res[i];
         double f16us = 0.0;
@@ -208,8 +216,8 @@ int main(void)
                 f16us = res[j].us;
         char kv[32];
         snprintf(kv, sizeof kv, "%s/%s", kvq_type_traits(r->tk)->name, kvq_type_traits(r->tv)->name);
-        printf("%5d %7d %-10s %10.1f %9.0f %7.1f%% %9.2fx\n", r->batch, r->ctx, kv, r->us, r->gbps, r->pct,
-               f16us > 0.0 ? f16us / r->us : 0.0);
+        printf("%5d %7d %-10s %10.1f %9.0f %7.1f%% %9.2fx %10.1f %7.2fx\n", r->batch, r->ctx, kv, r->us, r->gbps,
+               r->pct, f16us > 0.0 ? f16us / r->us : 0.0, r->us_v1, r->us_v1 > 0.0 ? r->us_v1 / r->us : 0.0);
     }
 
     const char *dir = getenv("KVQ_BENCH_JSON_DIR");
@@ -224,9 +232,9 @@ int main(void)
             const struct result *r = &res[i];
             fprintf(f,
                     "    {\"batch\": %d, \"context\": %d, \"type_k\": \"%s\", \"type_v\": \"%s\", \"us\": %.2f, "
-                    "\"bytes\": %.0f, \"gbps\": %.1f, \"pct_copy\": %.1f}%s\n",
+                    "\"bytes\": %.0f, \"gbps\": %.1f, \"pct_copy\": %.1f, \"us_v1\": %.2f}%s\n",
                     r->batch, r->ctx, kvq_type_traits(r->tk)->name, kvq_type_traits(r->tv)->name, r->us, r->bytes,
-                    r->gbps, r->pct, i + 1 < nres ? "," : "");
+                    r->gbps, r->pct, r->us_v1, i + 1 < nres ? "," : "");
         }
         fprintf(f, "  ]\n}\n");
         fclose(f);

@@ -7,11 +7,11 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "codebook_internal.h"
 #include "kvq_codebook.h"
 #include "test.h"
+#include "test_util.h"
 
 int cmd_codebook(int argc, char **argv);
 
@@ -360,28 +360,7 @@ static void test_threads(void)
 /* Runs `kvq codebook ARGS`, capturing stdout and stderr. */
 static int run_cli(int argc, char **argv, char *out, char *err, size_t cap)
 {
-    fflush(stdout);
-    fflush(stderr);
-    FILE *fo = tmpfile(), *fe = tmpfile();
-    if (!fo || !fe)
-        return -1;
-    int so = dup(1), se = dup(2);
-    dup2(fileno(fo), 1);
-    dup2(fileno(fe), 2);
-    int rc = cmd_codebook(argc, argv);
-    fflush(stdout);
-    fflush(stderr);
-    dup2(so, 1);
-    dup2(se, 2);
-    close(so);
-    close(se);
-    rewind(fo);
-    rewind(fe);
-    out[fread(out, 1, cap - 1, fo)] = '\0';
-    err[fread(err, 1, cap - 1, fe)] = '\0';
-    fclose(fo);
-    fclose(fe);
-    return rc;
+    return test_run_captured_buf(cmd_codebook, argc, argv, out, cap, err, cap);
 }
 
 static void test_cli_json(void)

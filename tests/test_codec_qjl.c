@@ -17,20 +17,9 @@
 #include "kvq_half.h"
 #include "rng_internal.h"
 #include "test.h"
+#include "test_util.h"
 
 #define N_PAIRS 100000
-
-static kvq_codec *make(enum kvq_type t, int d, enum kvq_qjl_kind qjl, uint64_t seed)
-{
-    struct kvq_codec_config cfg;
-    kvq_codec_config_default(&cfg, t, d);
-    cfg.seed = seed;
-    cfg.qjl = qjl;
-    kvq_codec *c = NULL;
-    kvq_status st = kvq_codec_create(&cfg, &c);
-    CHECKF(st == KVQ_OK, "create %d at d=%d: %s", (int)t, d, kvq_status_str(st));
-    return c;
-}
 
 static void unit_vector(kvq_rng *rng, float *x, int d)
 {
@@ -87,8 +76,9 @@ static struct stats run_pairs(enum kvq_type t, int d, enum kvq_qjl_kind qk, enum
     double s = 0, s2 = 0, x = 0, x2 = 0, se2 = 0, sb = 0, stg = 0, scb = 0;
     const char *name = kvq_type_traits(t)->name;
     for (int sd = 0; sd < N_SEEDS; sd++) {
-        kvq_codec *c = make(t, d, qk, seed * 1000 + (uint64_t)sd);
-        kvq_codec *cb = make((enum kvq_type)(t - KVQ_TYPE_TQ1J + KVQ_TYPE_TQ1), d, qk, seed * 1000 + (uint64_t)sd);
+        const uint64_t cseed = seed * 1000 + (uint64_t)sd;
+        kvq_codec *c = test_codec_make(t, d, cseed, qk);
+        kvq_codec *cb = test_codec_make((enum kvq_type)(t - KVQ_TYPE_TQ1J + KVQ_TYPE_TQ1), d, cseed, qk);
         for (int it = 0; c && cb && it < N_PAIRS / N_SEEDS; it++) {
             float k[128], q[128], r[128], qp[256], qpb[256];
             uint8_t row[128], rowb[128];

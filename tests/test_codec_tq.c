@@ -9,22 +9,11 @@
 #include "kvq_half.h"
 #include "rng_internal.h"
 #include "test.h"
-
-static kvq_codec *make_seeded(enum kvq_type t, int d, uint64_t seed, enum kvq_qjl_kind qjl)
-{
-    struct kvq_codec_config cfg;
-    kvq_codec_config_default(&cfg, t, d);
-    cfg.seed = seed;
-    cfg.qjl = qjl;
-    kvq_codec *c = NULL;
-    kvq_status st = kvq_codec_create(&cfg, &c);
-    CHECKF(st == KVQ_OK, "create %d at d=%d: %s", (int)t, d, kvq_status_str(st));
-    return c;
-}
+#include "test_util.h"
 
 static kvq_codec *make(enum kvq_type t, int d)
 {
-    return make_seeded(t, d, 0, KVQ_QJL_ORTHO);
+    return test_codec_make(t, d, 0, KVQ_QJL_ORTHO);
 }
 
 /* Test vectors of several kinds: Gaussian at scales from 1e-6 to 1e4,
@@ -165,7 +154,7 @@ static void test_layout_independent_decode(void)
     kvq_rng rng;
     kvq_rng_init(&rng, 22);
     for (int t = KVQ_TYPE_TQ1; t <= KVQ_TYPE_TQ4J; t++) {
-        kvq_codec *c = make_seeded((enum kvq_type)t, 96, 1234, t % 2 ? KVQ_QJL_GAUSS : KVQ_QJL_ORTHO);
+        kvq_codec *c = test_codec_make((enum kvq_type)t, 96, 1234, t % 2 ? KVQ_QJL_GAUSS : KVQ_QJL_ORTHO);
         if (!c)
             continue;
         for (int it = 0; it < 50; it++) {
@@ -195,9 +184,9 @@ static void test_determinism(void)
     for (int j = 0; j < 128; j++)
         x[j] = (float)kvq_rng_gauss(&rng);
     for (int t = KVQ_TYPE_TQ1; t <= KVQ_TYPE_TQ4J; t++) {
-        kvq_codec *a = make_seeded((enum kvq_type)t, 128, 77, KVQ_QJL_ORTHO);
-        kvq_codec *b = make_seeded((enum kvq_type)t, 128, 77, KVQ_QJL_ORTHO);
-        kvq_codec *o = make_seeded((enum kvq_type)t, 128, 78, KVQ_QJL_ORTHO);
+        kvq_codec *a = test_codec_make((enum kvq_type)t, 128, 77, KVQ_QJL_ORTHO);
+        kvq_codec *b = test_codec_make((enum kvq_type)t, 128, 77, KVQ_QJL_ORTHO);
+        kvq_codec *o = test_codec_make((enum kvq_type)t, 128, 78, KVQ_QJL_ORTHO);
         if (a && b && o) {
             uint8_t ra[84], rb[84], ro[84];
             CHECK_OK(kvq_codec_encode(a, x, 1, ra));
@@ -285,7 +274,7 @@ static void test_score_is_dot_of_decode(void)
                 int d = dims[di];
                 if (qk == KVQ_QJL_GAUSS && t < KVQ_TYPE_TQ1J)
                     continue;
-                kvq_codec *c = make_seeded((enum kvq_type)t, d, 5, (enum kvq_qjl_kind)qk);
+                kvq_codec *c = test_codec_make((enum kvq_type)t, d, 5, (enum kvq_qjl_kind)qk);
                 if (!c)
                     continue;
                 double worst = 0;

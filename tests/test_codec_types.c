@@ -2,22 +2,17 @@
  * and the llama.cpp baselines (f32, f16, q8_0, q4_0). */
 #include <cjson/cJSON.h>
 #include <stdint.h>
-#include <unistd.h>
 
 #include "codec_internal.h"
 #include "cpu_internal.h"
 #include "kvq_half.h"
 #include "rng_internal.h"
 #include "test.h"
+#include "test_util.h"
 
 static kvq_codec *make(enum kvq_type t, int d)
 {
-    struct kvq_codec_config cfg;
-    kvq_codec_config_default(&cfg, t, d);
-    kvq_codec *c = NULL;
-    kvq_status st = kvq_codec_create(&cfg, &c);
-    CHECKF(st == KVQ_OK, "create %d at d=%d: %s", (int)t, d, kvq_status_str(st));
-    return c;
+    return test_codec_make(t, d, 0, KVQ_QJL_ORTHO);
 }
 
 static void test_traits_table(void)
@@ -539,22 +534,7 @@ int cmd_types(int argc, char **argv);
 /* Runs `kvq types ARGS` with stdout captured into buf. @return its exit status. */
 static int run_types(char **argv, int argc, char *buf, size_t cap)
 {
-    char path[] = "/tmp/kvq_test_types_XXXXXX";
-    int fd = mkstemp(path);
-    if (fd < 0)
-        return -1;
-    fflush(stdout);
-    int saved = dup(STDOUT_FILENO);
-    dup2(fd, STDOUT_FILENO);
-    int rc = cmd_types(argc, argv);
-    fflush(stdout);
-    dup2(saved, STDOUT_FILENO);
-    close(saved);
-    ssize_t n = pread(fd, buf, cap - 1, 0);
-    buf[n > 0 ? n : 0] = 0;
-    close(fd);
-    unlink(path);
-    return rc;
+    return test_run_captured_buf(cmd_types, argc, argv, buf, cap, NULL, 0);
 }
 
 static void test_cmd_types(void)

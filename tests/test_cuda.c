@@ -386,6 +386,11 @@ static void attn_case_run(const struct attn_case *ac, uint64_t seed)
         e_fast = gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST, 0, what);
         for (int s = 1; s <= 7; s += 3) /* forced split counts: 1, 4, 7 */
             gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST, s, what);
+        /* the first version of the fused kernel stays selectable: it must stay right too */
+        snprintf(what, sizeof what, "K %s V %s d=%d G=%d P=%d fused kernel v1", tname(ac->tk), tname(ac->tv), d, G,
+                 ac->page_tokens);
+        gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST_V1, 0, what);
+        gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST_V1, 4, what);
     } else {
         CHECK_STATUS(kvq_cuda_cache_attend(g, nb, seqs, qd, Hq, scale, qd, &(struct kvq_cuda_attn_opts){KVQ_CUDA_KERNEL_FAST, 0}),
                      KVQ_ERR_UNSUPPORTED);

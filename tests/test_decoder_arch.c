@@ -16,33 +16,13 @@
 #include "kvq_safetensors.h"
 #include "rng_internal.h"
 #include "test.h"
+#include "test_util.h"
 
 #define L 4
 #define H 512
 #define KV 256
 
 static char tmp[64];
-
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    if (buf) {
-        buf[n] = 0;
-        *len = (size_t)n;
-    }
-    return buf;
-}
 
 /* Writes dir/config.json (the fixture's with model_type and attention_bias
  * replaced) and dir/model.safetensors (the fixture's tensors plus extra). */
@@ -51,7 +31,7 @@ static void write_model(const char *dir, const char *type, int attention_bias, k
 {
     mkdir(dir, 0777);
     size_t len;
-    char *text = slurp(TEST_MODEL_DIR "/config.json", &len);
+    char *text = test_read_file(TEST_MODEL_DIR "/config.json", &len);
     cJSON *cfg = cJSON_Parse(text);
     free(text);
     cJSON_ReplaceItemInObject(cfg, "model_type", cJSON_CreateString(type));
@@ -60,9 +40,7 @@ static void write_model(const char *dir, const char *type, int attention_bias, k
     cJSON_Delete(cfg);
     char p[128];
     snprintf(p, sizeof p, "%s/config.json", dir);
-    FILE *f = fopen(p, "w");
-    fputs(out, f);
-    fclose(f);
+    CHECK(out && test_write_file(p, out, strlen(out)) == 0);
     free(out);
     for (int k = 0; k < 2; k++)
         for (size_t i = 0; i < kvq_st_count(src[k]); i++) {
@@ -89,16 +67,6 @@ static void last_logits(const char *dir, float *logits)
         CHECK_OK(kvq_seq_forward(s, ids, 13, 12, logits, NULL));
     kvq_seq_free(s);
     kvq_model_free(m);
-}
-
-static void rm_model(const char *dir)
-{
-    char p[128];
-    snprintf(p, sizeof p, "%s/config.json", dir);
-    remove(p);
-    snprintf(p, sizeof p, "%s/model.safetensors", dir);
-    remove(p);
-    rmdir(dir);
 }
 
 static void test_value_bias_identity(void)
@@ -179,9 +147,9 @@ static void test_value_bias_identity(void)
     free(a);
     free(b);
     free(c);
-    rm_model(da);
-    rm_model(db);
-    rm_model(dc);
+    test_rm_dir(da);
+    test_rm_dir(db);
+    test_rm_dir(dc);
 out:
     kvq_st_close(src[0]);
     kvq_st_close(src[1]);

@@ -2,7 +2,6 @@
  * the HF fixtures, streamed text, --dump-qkv against the reference dump, and
  * one clear error line (exit 2) for each kind of bad input. */
 #include <cjson/cJSON.h>
-#include <fcntl.h>
 #include <stdint.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -10,34 +9,13 @@
 #include "kvq_half.h"
 #include "kvq_safetensors.h"
 #include "test.h"
+#include "test_util.h"
 
 int cmd_run(int argc, char **argv);
 
 static char tmp[64];
 static char *out_text, *err_text; /* what the last run printed */
 static cJSON *ref_json;
-
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    if (buf) {
-        buf[n] = 0;
-        if (len)
-            *len = (size_t)n;
-    }
-    return buf;
-}
 
 /* Runs `kvq run ARGS...` in-process with stdout and stderr captured. */
 static int run(int argc, const char **args)
@@ -47,29 +25,9 @@ static int run(int argc, const char **args)
     for (int i = 0; i < argc && i < 62; i++)
         argv[i + 1] = (char *)args[i];
     argv[argc + 1] = NULL;
-    char po[96], pe[96];
-    snprintf(po, sizeof po, "%s/stdout", tmp);
-    snprintf(pe, sizeof pe, "%s/stderr", tmp);
-    fflush(stdout);
-    fflush(stderr);
-    int so = dup(1), se = dup(2);
-    int fo = open(po, O_WRONLY | O_CREAT | O_TRUNC, 0644), fe = open(pe, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(fo, 1);
-    dup2(fe, 2);
-    int rc = cmd_run(argc + 1, argv);
-    fflush(stdout);
-    fflush(stderr);
-    dup2(so, 1);
-    dup2(se, 2);
-    close(so);
-    close(se);
-    close(fo);
-    close(fe);
     free(out_text);
     free(err_text);
-    out_text = slurp(po, NULL);
-    err_text = slurp(pe, NULL);
-    return rc;
+    return test_run_captured(cmd_run, argc + 1, argv, &out_text, &err_text);
 }
 
 static const cJSON *ref_case(const char *name)
@@ -81,21 +39,6 @@ static const cJSON *ref_case(const char *name)
             return c;
     }
     return NULL;
-}
-
-static int32_t *ref_tensor_ids(kvq_st_file *f, const char *name, size_t *n)
-{
-    const struct kvq_st_tensor *t = kvq_st_find(f, name);
-    if (!t)
-        return NULL;
-    int64_t *v = malloc(t->n_elements * sizeof *v);
-    int32_t *o = malloc(t->n_elements * sizeof *o);
-    kvq_st_to_i64(t, v, t->n_elements);
-    for (size_t i = 0; i < t->n_elements; i++)
-        o[i] = (int32_t)v[i];
-    free(v);
-    *n = t->n_elements;
-    return o;
 }
 
 static int same_ids(const cJSON *arr, const int32_t *ids, size_t n)
@@ -124,9 +67,9 @@ static void test_json_matches_reference(void)
         size_t n_ids, n_g;
         char key[64];
         snprintf(key, sizeof key, "%s.ids", names[k]);
-        int32_t *ids = ref_tensor_ids(ref, key, &n_ids);
+        int32_t *ids = test_st_ints(ref, key, &n_ids);
         snprintf(key, sizeof key, "%s.greedy", names[k]);
-        int32_t *greedy = ref_tensor_ids(ref, key, &n_g);
+        int32_t *greedy = test_st_ints(ref, key, &n_g);
         for (int spec = 0; spec <= 4; spec += 4) {
             char specs[16];
             snprintf(specs, sizeof specs, "%d", spec);
@@ -185,7 +128,7 @@ static void test_dump_qkv(void)
     if (!ref)
         return;
     size_t n;
-    int32_t *ids = ref_tensor_ids(ref, "ids", &n);
+    int32_t *ids = test_st_ints(ref, "ids", &n);
     char *list = malloc(n * 8 + 1);
     size_t o = 0;
     for (size_t i = 0; i < n; i++)
@@ -274,16 +217,12 @@ static void test_errors(void)
     snprintf(dir, sizeof dir, "%s/bad", tmp);
     mkdir(dir, 0777);
     size_t len;
-    char *cfg = slurp(TEST_MODEL_DIR "/config.json", &len);
+    char *cfg = test_read_file(TEST_MODEL_DIR "/config.json", &len);
     snprintf(p, sizeof p, "%s/config.json", dir);
-    FILE *f = fopen(p, "wb");
-    fwrite(cfg, 1, len, f);
-    fclose(f);
+    CHECK(cfg && test_write_file(p, cfg, len) == 0);
     free(cfg);
     snprintf(p, sizeof p, "%s/model.safetensors", dir);
-    f = fopen(p, "wb");
-    fwrite("\x10\x00\x00\x00\x00\x00\x00\x00{\"a\": 1, \"b\":", 1, 21, f);
-    fclose(f);
+    CHECK(test_write_file(p, "\x10\x00\x00\x00\x00\x00\x00\x00{\"a\": 1, \"b\":", 21) == 0);
     const char *a10[] = {"--model", dir, "--prompt", "hi"};
     expect_error(4, a10, "model.safetensors: header length 16 runs past the end");
     remove(p);
@@ -297,7 +236,7 @@ int main(void)
     strcpy(tmp, "/tmp/kvq_test_run_XXXXXX");
     if (!mkdtemp(tmp))
         return 1;
-    char *js = slurp(TEST_REF_DIR "/reference.json", NULL);
+    char *js = test_read_file(TEST_REF_DIR "/reference.json", NULL);
     ref_json = js ? cJSON_Parse(js) : NULL;
     free(js);
     RUN(test_json_matches_reference);
@@ -308,11 +247,8 @@ int main(void)
     free(out_text);
     free(err_text);
     char p[96];
-    const char *files[] = {"stdout", "stderr", "dump.safetensors"};
-    for (int i = 0; i < 3; i++) {
-        snprintf(p, sizeof p, "%s/%s", tmp, files[i]);
-        remove(p);
-    }
+    snprintf(p, sizeof p, "%s/dump.safetensors", tmp);
+    remove(p);
     rmdir(tmp);
     return TEST_END("test_decoder_run");
 }

@@ -2,7 +2,6 @@
  * plain directory computes; every manifest violation and every kind of bad
  * weight file is refused with its own message. */
 #include <cjson/cJSON.h>
-#include <dirent.h>
 #include <stdint.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -11,57 +10,12 @@
 #include "kvq_model.h"
 #include "kvq_safetensors.h"
 #include "test.h"
+#include "test_util.h"
 
 static char tmp[64];   /* scratch directory for this run */
 static char shard[96]; /* the sharded model */
 static char *meta;     /* its runtime_meta.json text */
 static size_t meta_len;
-
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    if (buf) {
-        buf[n] = 0;
-        *len = (size_t)n;
-    }
-    return buf;
-}
-
-static int spit(const char *path, const char *text, size_t len)
-{
-    FILE *f = fopen(path, "wb");
-    if (!f)
-        return -1;
-    int ok = fwrite(text, 1, len, f) == len;
-    return fclose(f) == 0 && ok ? 0 : -1;
-}
-
-static void rm_tree(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d)
-        return;
-    struct dirent *e;
-    char p[512];
-    while ((e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-            remove(p);
-        }
-    closedir(d);
-    rmdir(dir);
-}
 
 /* Greedy tokens and the last-position logits of a short prompt. */
 static void run_model(kvq_model *m, int32_t *greedy, float *logits)
@@ -92,7 +46,7 @@ static void test_shard_roundtrip(void)
     CHECKF(kvq_shard_write(TEST_MODEL_DIR, shard, &o, &err) == KVQ_OK, "%s", err.msg);
     char p[160];
     snprintf(p, sizeof p, "%s/%s", shard, KVQ_MANIFEST_FILE);
-    meta = slurp(p, &meta_len);
+    meta = test_read_file(p, &meta_len);
     CHECK(meta != NULL);
     struct kvq_manifest man;
     CHECK_OK(kvq_manifest_parse(meta, meta_len, &man, &err));
@@ -233,7 +187,7 @@ static void test_manifest_violations(void)
         cases[i].fn(root);
         char *text = cJSON_Print(root);
         cJSON_Delete(root);
-        CHECK(spit(path, text, strlen(text)) == 0);
+        CHECK(test_write_file(path, text, strlen(text)) == 0);
         free(text);
         kvq_model *m = NULL;
         kvq_error err = {0};
@@ -242,12 +196,12 @@ static void test_manifest_violations(void)
         CHECKF(strstr(err.msg, cases[i].msg) != NULL, "case %zu: '%s' lacks '%s'", i, err.msg, cases[i].msg);
         kvq_model_free(m);
     }
-    CHECK(spit(path, "{\"format\": ", 11) == 0);
+    CHECK(test_write_file(path, "{\"format\": ", 11) == 0);
     kvq_model *m = NULL;
     kvq_error err = {0};
     CHECK_STATUS(kvq_model_load(shard, NULL, &m, &err), KVQ_ERR_FORMAT);
     CHECK(strstr(err.msg, "not valid JSON") != NULL);
-    CHECK(spit(path, meta, meta_len) == 0);
+    CHECK(test_write_file(path, meta, meta_len) == 0);
     CHECK_OK(kvq_model_load(shard, NULL, &m, &err)); /* restored: loads again */
     kvq_model_free(m);
 }
@@ -259,9 +213,9 @@ static void write_plain(const char *dir, const char *drop, const char *replace, 
     mkdir(dir, 0777);
     char p[160];
     size_t len;
-    char *cfg = slurp(TEST_MODEL_DIR "/config.json", &len);
+    char *cfg = test_read_file(TEST_MODEL_DIR "/config.json", &len);
     snprintf(p, sizeof p, "%s/config.json", dir);
-    CHECK(cfg && spit(p, cfg, len) == 0);
+    CHECK(cfg && test_write_file(p, cfg, len) == 0);
     free(cfg);
     kvq_st_file *f[2] = {NULL, NULL};
     kvq_st_open(TEST_MODEL_DIR "/model-00001-of-00002.safetensors", &f[0], NULL);
@@ -327,9 +281,9 @@ static void test_bad_weights(void)
     /* A corrupt config. */
     snprintf(p, sizeof p, "%s/config.json", dir);
     const char *bad = "{\"model_type\": \"llama\", \"hidden_size\": 512";
-    CHECK(spit(p, bad, strlen(bad)) == 0);
+    CHECK(test_write_file(p, bad, strlen(bad)) == 0);
     expect_load_error(dir, KVQ_ERR_FORMAT, "config.json: not valid JSON");
-    rm_tree(dir);
+    test_rm_dir(dir);
 }
 
 static void test_fnv(void)
@@ -353,7 +307,7 @@ int main(void)
     RUN(test_manifest_violations);
     RUN(test_bad_weights);
     free(meta);
-    rm_tree(shard);
-    rm_tree(tmp);
+    test_rm_dir(shard);
+    test_rm_dir(tmp);
     return TEST_END("test_decoder_shard");
 }

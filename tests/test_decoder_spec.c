@@ -6,6 +6,7 @@
 #include "kvq_model.h"
 #include "kvq_safetensors.h"
 #include "test.h"
+#include "test_util.h"
 
 static kvq_model *model;
 static kvq_st_file *ref;
@@ -14,17 +15,7 @@ static int32_t *ref_ids(const char *name, size_t *n)
 {
     char key[64];
     snprintf(key, sizeof key, "%s.ids", name);
-    const struct kvq_st_tensor *t = kvq_st_find(ref, key);
-    if (!t)
-        return NULL;
-    int64_t *v = malloc(t->n_elements * sizeof *v);
-    int32_t *o = malloc(t->n_elements * sizeof *o);
-    kvq_st_to_i64(t, v, t->n_elements);
-    for (size_t i = 0; i < t->n_elements; i++)
-        o[i] = (int32_t)v[i];
-    free(v);
-    *n = t->n_elements;
-    return o;
+    return test_st_ints(ref, key, n);
 }
 
 /* Generates n tokens with speculative = spec; returns the stats. */

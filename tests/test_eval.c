@@ -1,11 +1,11 @@
 /* test_eval.c - kvq eval: metrics against brute force and analytic values,
  * bits against the cache's real bytes, determinism, and bad input. */
-#include <fcntl.h>
 #include <stdint.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "test.h"
+#include "test_util.h"
 
 #include "eval_data.h"
 #include "eval_metrics.h"
@@ -34,8 +34,6 @@ static const char *tmp_path(const char *name)
     return buf[k++];
 }
 
-static char stderr_path[256];
-
 /* Runs `kvq eval ARGS...` with stdout discarded and stderr captured. */
 static int run_eval(char *errbuf, size_t errlen, int argc, const char **args)
 {
@@ -44,25 +42,7 @@ static int run_eval(char *errbuf, size_t errlen, int argc, const char **args)
     for (int i = 0; i < argc && i < 62; i++)
         argv[i + 1] = (char *)args[i];
     argv[argc + 1] = NULL;
-    fflush(stdout);
-    fflush(stderr);
-    int so = dup(1), se = dup(2);
-    int dn = open("/dev/null", O_WRONLY);
-    int fe = open(stderr_path, O_RDWR | O_CREAT | O_TRUNC, 0600);
-    dup2(dn, 1);
-    dup2(fe, 2);
-    int rc = cmd_eval(argc + 1, argv);
-    fflush(stdout);
-    fflush(stderr);
-    dup2(so, 1);
-    dup2(se, 2);
-    close(so);
-    close(se);
-    close(dn);
-    ssize_t n = pread(fe, errbuf, errlen - 1, 0);
-    errbuf[n > 0 ? n : 0] = '\0';
-    close(fe);
-    return rc;
+    return test_run_captured_buf(cmd_eval, argc + 1, argv, NULL, 0, errbuf, errlen);
 }
 
 static int count_lines(const char *s)
@@ -676,7 +656,6 @@ int main(void)
         perror("mkdtemp");
         return 1;
     }
-    snprintf(stderr_path, sizeof stderr_path, "%s/stderr.txt", tmpdir);
     RUN(test_spec_parse);
     RUN(test_sweep_grid);
     RUN(test_bits_match_cache);

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "kv_opts.h"
+#include "kvq_cache.h"
 #include "kvq_model.h"
 #include "kvq_safetensors.h"
 #include "kvq_tokenizer.h"
@@ -401,6 +402,133 @@ static void test_run_budget(void)
     CHECK(run_cmd(cmd_run, "run", 5, badb) == 2);
 }
 
+/* Per-layer types: uniform per-layer lists give bit-identical logits to the
+ * plain config; mixed lists create the caches asked for, and a mixed budget
+ * is split by bytes per token, never exceeded, and holds what the plan says. */
+static void test_layer_types(void)
+{
+    const struct kvq_model_config *c = kvq_model_config_of(model);
+    int vocab = c->vocab;
+    int32_t ids[24];
+    for (int i = 0; i < 24; i++)
+        ids[i] = 5 + i * 131 % 4000;
+    float *a = malloc(24 * (size_t)vocab * sizeof *a), *b = malloc(24 * (size_t)vocab * sizeof *b);
+    enum kvq_type uni[2 * 64];
+    for (int l = 0; l < c->n_layers; l++) {
+        uni[2 * l] = KVQ_TYPE_TQ3J;
+        uni[2 * l + 1] = KVQ_TYPE_TQ3;
+    }
+    struct kvq_seq_config sc;
+    kvq_seq_config_default(&sc);
+    kvq_seq *s1 = NULL, *s2 = NULL;
+    CHECK_OK(kvq_seq_create(model, &sc, &s1, NULL));
+    sc.layer_types = uni;
+    CHECK_OK(kvq_seq_create(model, &sc, &s2, NULL));
+    CHECK_OK(kvq_seq_forward(s1, ids, 24, 0, a, NULL));
+    CHECK_OK(kvq_seq_forward(s2, ids, 24, 0, b, NULL));
+    CHECK(memcmp(a, b, 24 * (size_t)vocab * sizeof *a) == 0);
+    kvq_seq_free(s1);
+    kvq_seq_free(s2);
+
+    enum kvq_type mix[2 * 64];
+    const enum kvq_type pick[4][2] = {{KVQ_TYPE_Q8_0, KVQ_TYPE_TQ3}, {KVQ_TYPE_TQ4J, KVQ_TYPE_TQ4},
+                                      {KVQ_TYPE_F16, KVQ_TYPE_F16}, {KVQ_TYPE_TQ3J, KVQ_TYPE_TQ2}};
+    size_t per_token = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        mix[2 * l] = pick[l % 4][0];
+        mix[2 * l + 1] = pick[l % 4][1];
+        per_token += (kvq_type_row_bytes(mix[2 * l], c->head_dim) + kvq_type_row_bytes(mix[2 * l + 1], c->head_dim)) *
+                     (size_t)c->n_kv_heads;
+    }
+    sc.layer_types = mix;
+    sc.kv_budget = 1u << 20;
+    struct kvq_seq_plan pl;
+    CHECK_OK(kvq_seq_plan_of(model, &sc, &pl));
+    CHECK(pl.bytes_per_token == per_token);
+    CHECK_OK(kvq_seq_create(model, &sc, &s1, NULL));
+    for (int l = 0; l < c->n_layers; l++) {
+        const struct kvq_cache_config *cc = kvq_cache_config_of(kvq_seq_cache(s1, l));
+        CHECK(cc->type_k == mix[2 * l] && cc->type_v == mix[2 * l + 1]);
+    }
+    int32_t *many = malloc(4096 * sizeof *many);
+    for (int i = 0; i < 4096; i++)
+        many[i] = 7 + (i * 53) % 4000;
+    kvq_status st = KVQ_OK;
+    while (st == KVQ_OK && kvq_seq_pos(s1) + 64 <= 4096)
+        st = kvq_seq_forward(s1, many + kvq_seq_pos(s1), 64, 0, NULL, NULL);
+    CHECK_STATUS(st, KVQ_ERR_BUDGET);
+    CHECK(kvq_seq_pos(s1) == pl.max_tokens);
+    /* the proportional split lets every layer reach about the same length:
+     * far more than an equal split would allow the f16 layer */
+    CHECK(pl.max_tokens * per_token > (size_t)(0.8 * (double)sc.kv_budget));
+    struct kvq_seq_stats ss;
+    kvq_seq_get_stats(s1, &ss);
+    CHECK(ss.kv_bytes_alloc <= sc.kv_budget);
+    kvq_seq_free(s1);
+    free(many);
+    free(a);
+    free(b);
+}
+
+static float *v_seen; /* layer 0 values as the model produced them */
+static void grab_v(void *user, int layer, size_t pos0, size_t T, const float *q, const float *k, const float *v)
+{
+    (void)user, (void)q, (void)k;
+    if (layer == 0)
+        memcpy(v_seen + pos0 * 256, v, T * 256 * sizeof *v);
+}
+
+/* Value norm correction: decoded tq3 values keep the input norm (up to the
+ * f16 rounding of the stored norm); without it they are shorter by about
+ * sqrt(1 - D) with D the codebook's MSE (0.0345 for 3 bits). Keys untouched. */
+static void test_v_norm_correct(void)
+{
+    const struct kvq_model_config *c = kvq_model_config_of(model);
+    CHECK(c->n_kv_heads * c->head_dim == 256);
+    v_seen = malloc(64 * 256 * sizeof *v_seen);
+    float *row = malloc(64 * 128 * sizeof *row), *key = malloc(64 * 128 * sizeof *key);
+    float *key0 = malloc(64 * 128 * sizeof *key0);
+    int32_t ids[64];
+    for (int i = 0; i < 64; i++)
+        ids[i] = 30 + i * 71 % 4000;
+    for (int corr = 0; corr < 2; corr++) {
+        struct kvq_seq_config sc;
+        kvq_seq_config_default(&sc);
+        sc.v_norm_correct = corr;
+        kvq_seq *s = NULL;
+        CHECK_OK(kvq_seq_create(model, &sc, &s, NULL));
+        kvq_seq_set_qkv_hook(s, grab_v, NULL);
+        CHECK_OK(kvq_seq_forward(s, ids, 64, 63, NULL, NULL));
+        double sum_ratio = 0, worst = 0;
+        for (int g = 0; g < 2; g++) {
+            CHECK_OK(kvq_cache_read(kvq_seq_cache(s, 0), g, 0, 64, corr ? key : key0, row));
+            for (int t = 0; t < 64; t++) {
+                double nx = 0, ny = 0;
+                for (int i = 0; i < 128; i++) {
+                    double x = v_seen[t * 256 + g * 128 + i], y = row[t * 128 + i];
+                    nx += x * x;
+                    ny += y * y;
+                }
+                double r = sqrt(ny / nx);
+                sum_ratio += r;
+                worst = fabs(r - 1) > worst ? fabs(r - 1) : worst;
+            }
+        }
+        double mean = sum_ratio / 128;
+        if (corr)
+            CHECKF(worst < 1.5e-3, "corrected norm ratio off by %.2e", worst);
+        else
+            CHECKF(fabs(mean - sqrt(1 - 0.034548)) < 0.01, "uncorrected mean ratio %.4f", mean);
+        kvq_seq_free(s);
+    }
+    /* both buffers end with KV head 1's keys: the correction leaves keys alone */
+    CHECK(memcmp(key, key0, 64 * 128 * sizeof *key) == 0);
+    free(v_seen);
+    free(row);
+    free(key);
+    free(key0);
+}
+
 int main(void)
 {
     snprintf(tmp, sizeof tmp, "/tmp/kvq_test_lc_XXXXXX");
@@ -424,6 +552,8 @@ int main(void)
     RUN(test_budget_ratio);
     RUN(test_budget_exhaustion);
     RUN(test_run_budget);
+    RUN(test_layer_types);
+    RUN(test_v_norm_correct);
     free(out_text);
     free(err_text);
     cJSON_Delete(ref_json);

@@ -8,6 +8,7 @@
 #include "kvq_safetensors.h"
 #include "kvq_tokenizer.h"
 #include "test.h"
+#include "test_util.h"
 
 #define N_GREEDY 24
 
@@ -15,43 +16,12 @@ static kvq_model *model;
 static kvq_st_file *ref;
 static cJSON *ref_json;
 
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    if (buf) {
-        buf[n] = 0;
-        *len = (size_t)n;
-    }
-    return buf;
-}
-
 /* NAME.FIELD of the reference file as int32 (ids, positions, greedy). */
 static int32_t *ref_ints(const char *name, const char *field, size_t *n)
 {
     char key[128];
     snprintf(key, sizeof key, "%s.%s", name, field);
-    const struct kvq_st_tensor *t = kvq_st_find(ref, key);
-    if (!t)
-        return NULL;
-    int64_t *v = malloc(t->n_elements * sizeof *v);
-    int32_t *o = malloc(t->n_elements * sizeof *o);
-    kvq_st_to_i64(t, v, t->n_elements);
-    for (size_t i = 0; i < t->n_elements; i++)
-        o[i] = (int32_t)v[i];
-    free(v);
-    *n = t->n_elements;
-    return o;
+    return test_st_ints(ref, key, n);
 }
 
 static kvq_seq *new_seq(enum kvq_type k, enum kvq_type v)
@@ -288,7 +258,7 @@ static void test_bad_input(void)
 static void test_config_parse(void)
 {
     size_t len;
-    char *text = slurp(TEST_MODEL_DIR "/config.json", &len);
+    char *text = test_read_file(TEST_MODEL_DIR "/config.json", &len);
     struct kvq_model_config c;
     kvq_error err = {0};
     CHECK_OK(kvq_model_config_parse(text, len, &c, &err));
@@ -346,7 +316,7 @@ int main(void)
 {
     kvq_error err = {0};
     size_t len;
-    char *js = slurp(TEST_REF_DIR "/reference.json", &len);
+    char *js = test_read_file(TEST_REF_DIR "/reference.json", &len);
     ref_json = js ? cJSON_Parse(js) : NULL;
     free(js);
     if (kvq_model_load(TEST_MODEL_DIR, NULL, &model, &err) != KVQ_OK ||

@@ -7,27 +7,7 @@
 #include "kvq_half.h"
 #include "kvq_safetensors.h"
 #include "test.h"
-
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    if (buf) {
-        buf[n] = 0;
-        *len = (size_t)n;
-    }
-    return buf;
-}
+#include "test_util.h"
 
 /* The fixture's ids and greedy continuations must agree with reference.json,
  * which was written independently of the safetensors file. */
@@ -40,7 +20,7 @@ static void test_reference_file(void)
         return;
     CHECK(kvq_st_count(f) == 24);
     size_t jlen;
-    char *js = slurp(TEST_REF_DIR "/reference.json", &jlen);
+    char *js = test_read_file(TEST_REF_DIR "/reference.json", &jlen);
     cJSON *ref = js ? cJSON_Parse(js) : NULL;
     CHECK(ref != NULL);
     const cJSON *c;
@@ -314,7 +294,7 @@ static void test_corrupt_headers(void)
 static void test_truncations(void)
 {
     size_t len;
-    char *buf = slurp(TEST_REF_DIR "/reference.safetensors", &len);
+    char *buf = test_read_file(TEST_REF_DIR "/reference.safetensors", &len);
     CHECK(buf != NULL);
     if (!buf)
         return;

@@ -12,31 +12,11 @@
 
 #include "kvq_tokenizer.h"
 #include "test.h"
+#include "test_util.h"
 
 #define TOK_PATH TEST_MODEL_DIR "/tokenizer.json"
 
 static kvq_tokenizer *g_tok;
-
-static char *read_file(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        b = NULL;
-    }
-    fclose(f);
-    if (b) {
-        b[n] = 0;
-        *len = (size_t)n;
-    }
-    return b;
-}
 
 /* Independent UTF-8 validator (not the library's): every chunk the stream
  * hands out must pass it. */
@@ -87,7 +67,7 @@ static int32_t *json_ids(const cJSON *arr, size_t *n)
 static cJSON *load_json(const char *path)
 {
     size_t n;
-    char *s = read_file(path, &n);
+    char *s = test_read_file(path, &n);
     cJSON *j = s ? cJSON_ParseWithLength(s, n) : NULL;
     free(s);
     return j;
@@ -230,7 +210,7 @@ static void test_reference_prompts(void)
 {
     cJSON *ref = load_json(TEST_REF_DIR "/reference.json");
     size_t st_len;
-    char *st = read_file(TEST_REF_DIR "/reference.safetensors", &st_len);
+    char *st = test_read_file(TEST_REF_DIR "/reference.safetensors", &st_len);
     CHECK(ref && st);
     if (!ref || !st)
         return;
@@ -588,7 +568,7 @@ static void test_refuses_unsupported_and_corrupt(void)
 
     /* Corrupt and truncated JSON, and a missing file. */
     size_t len;
-    char *json = read_file(TOK_PATH, &len);
+    char *json = test_read_file(TOK_PATH, &len);
     CHECK(json != NULL);
     kvq_tokenizer *t = NULL;
     kvq_error err;
@@ -672,7 +652,7 @@ static void test_large_text(void)
     /* valid.txt (~1.7 MB) round-trips through encode and decode; the time is
      * printed for information (speed is judged by benchmarks, not here). */
     size_t len;
-    char *text = read_file(TEST_REF_DIR "/valid.txt", &len);
+    char *text = test_read_file(TEST_REF_DIR "/valid.txt", &len);
     CHECK(text != NULL);
     if (!text)
         return;

@@ -44,6 +44,8 @@ static void usage(FILE *f)
             "  --dump-qkv FILE      write post-RoPE q/k/v of all cached tokens (kvq eval format)\n"
             "  --kv-budget SIZE     most bytes of KV-cache pages over all layers, e.g. 48MiB\n"
             "                       (split evenly per layer; pages are allocated on demand)\n"
+            "  --layer-types K/V,.. per-layer cache types, one pair per layer (overrides the above)\n"
+            "  --v-norm-correct     store value norms so that decoded tq values keep the input norm\n"
             "  --plan               print bytes per token and the longest context fitting the\n"
             "                       budget for every cache type, then exit (no prompt needed)\n\n"
             "exit status: 0 done; 1 failure; 2 bad input (also: the prompt does not fit the\n"
@@ -60,6 +62,7 @@ struct opts {
     enum kvq_type tk, tv;
     int json, no_eos, plan;
     size_t kv_budget;
+    struct kv_opts kvx; /* --layer-types, --v-norm-correct (types/seed/budget are above) */
 };
 
 static int parse_type(const char *s, enum kvq_type *t)
@@ -77,6 +80,7 @@ static int parse_type(const char *s, enum kvq_type *t)
 static int parse_args(int argc, char **argv, struct opts *o)
 {
     memset(o, 0, sizeof *o);
+    kv_opts_default(&o->kvx);
     o->max_tokens = 64;
     o->top_p = 1.0;
     o->tk = KVQ_DEFAULT_TYPE_K;
@@ -99,6 +103,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
             o->plan = 1;
             continue;
         }
+        if (kv_opts_flag(a, &o->kvx))
+            continue;
         if (i + 1 >= argc)
             return cli_error(CMD, "%s needs a value (see kvq run --help)", a);
         const char *v = argv[++i];
@@ -125,7 +131,10 @@ static int parse_args(int argc, char **argv, struct opts *o)
             bad = cli_parse_double(v, &o->top_p) || !(o->top_p > 0 && o->top_p <= 1);
         else if (strcmp(a, "--seed") == 0)
             bad = cli_parse_u64(v, &o->seed);
-        else if (strcmp(a, "--kv-budget") == 0)
+        else if (strcmp(a, "--layer-types") == 0) {
+            if (kv_opts_parse(CMD, a, v, &o->kvx) != 1)
+                return 2;
+        } else if (strcmp(a, "--kv-budget") == 0)
             bad = cli_parse_size(v, &o->kv_budget) || o->kv_budget == 0;
         else if (strcmp(a, "--cache-type-k") == 0) {
             if (parse_type(v, &o->tk))
@@ -246,8 +255,13 @@ static void print_summary(const struct opts *o, const kvq_model *m, const kvq_se
         fprintf(stderr, " (drafts accepted %zu of %zu)", st.accepted, st.drafted);
     fprintf(stderr, "\ntime:    matmul %.3f s, attention %.3f s, LM head %.3f s, host overhead %.3f s (%.1f%%)\n",
             st.t_matmul, st.t_attn, st.t_lm_head, st.t_host, busy > 0 ? 100.0 * st.t_host / busy : 0.0);
-    fprintf(stderr, "KV cache %s/%s: %zu tokens, %.2f MiB used vs %.2f MiB as f16 (%.2fx smaller, %.2f MiB saved)\n",
-            kvq_type_traits(o->tk)->name, kvq_type_traits(o->tv)->name, st.tokens, mib(st.kv_bytes_used),
+    struct kv_opts names = o->kvx;
+    names.tk = o->tk;
+    names.tv = o->tv;
+    char name[2048];
+    kv_opts_name(&names, name, sizeof name);
+    fprintf(stderr, "KV cache %s: %zu tokens, %.2f MiB used vs %.2f MiB as f16 (%.2fx smaller, %.2f MiB saved)\n",
+            name, st.tokens, mib(st.kv_bytes_used),
             mib(st.kv_bytes_f16), st.kv_bytes_used ? (double)st.kv_bytes_f16 / (double)st.kv_bytes_used : 0.0,
             mib(st.kv_bytes_f16) - mib(st.kv_bytes_used));
     if (st.kv_budget)
@@ -428,15 +442,18 @@ static int run(const struct opts *o, kvq_model *m, kvq_tokenizer *tok)
     sc.type_v = o->tv;
     sc.seed = o->seed;
     sc.kv_budget = o->kv_budget;
+    sc.layer_types = o->kvx.n_layer_types ? o->kvx.layer_types : NULL;
+    sc.v_norm_correct = o->kvx.v_norm_correct;
+    if ((rc = kv_opts_check(CMD, &o->kvx, m)) != 0)
+        goto out;
     if (kvq_seq_create(m, &sc, &s, &err) != KVQ_OK) {
         rc = cli_error(CMD, "%s", err.msg);
         goto out;
     }
     struct kvq_seq_plan pl;
     if (kvq_seq_plan_of(m, &sc, &pl) == KVQ_OK && n_prompt > pl.max_tokens) {
-        rc = cli_error(CMD, "the prompt has %zu tokens; the KV budget of %zu bytes holds only %zu tokens of %s/%s",
-                       n_prompt, o->kv_budget, pl.max_tokens, kvq_type_traits(o->tk)->name,
-                       kvq_type_traits(o->tv)->name);
+        rc = cli_error(CMD, "the prompt has %zu tokens; the KV budget of %zu bytes holds only %zu tokens", n_prompt,
+                       o->kv_budget, pl.max_tokens);
         goto out;
     }
     if (o->dump) {

@@ -78,7 +78,7 @@ static int print_json(int dim)
     if (!s)
         return cli_status_error("types", KVQ_ERR_NOMEM, "printing JSON");
     printf("%s\n", s);
-    free(s);
+    cJSON_free(s);
     return 0;
 }
 

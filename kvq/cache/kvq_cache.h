@@ -68,7 +68,7 @@ kvq_status kvq_cache_append(kvq_cache *c, size_t n_tokens, const float *k, const
  *  @return KVQ_OK or KVQ_ERR_INVALID_ARG (range beyond len, bad head). */
 kvq_status kvq_cache_read(const kvq_cache *c, int kv_head, size_t t0, size_t n, float *k, float *v);
 
-/** Number of tokens held. */
+/** @return the number of tokens held (0 when c is NULL). */
 size_t kvq_cache_len(const kvq_cache *c);
 
 /** Forgets all tokens; keeps the pages for reuse. */
@@ -86,8 +86,12 @@ struct kvq_cache_stats {
     size_t bytes_used;      /* tokens * n_kv_heads * (K row + V row): what the tokens occupy */
     size_t bytes_f16;       /* what an f16 cache would use for the same tokens */
 };
+/** Fills *st (all zeros when c is NULL; a NULL st is ignored). */
 void kvq_cache_get_stats(const kvq_cache *c, struct kvq_cache_stats *st);
 
+/** Accessors. @return the cache's config (page_tokens resolved) / page
+ *  layout / K and V codecs; NULL when c is NULL. Owned by c, valid until
+ *  kvq_cache_free(c). */
 const struct kvq_cache_config *kvq_cache_config_of(const kvq_cache *c);
 const struct kvq_page_layout *kvq_cache_layout(const kvq_cache *c);
 const kvq_codec *kvq_cache_codec_k(const kvq_cache *c);

@@ -21,13 +21,6 @@
 #include "cpu_internal.h"
 #include "kvq_half.h"
 
-/* For finite v: the f16 of v is Inf exactly when |v| >= 65520 (the tie
- * between 65504 and 2^16 rounds to even, i.e. up). */
-static inline int f16_overflows(float v)
-{
-    return !(fabsf(v) < 65520.0f);
-}
-
 /* ---- f32 ---- */
 
 kvq_status kvq_f32_encode(const kvq_codec *c, const float *x, const struct kvq_row *dst)
@@ -61,7 +54,7 @@ static kvq_status f16_check(const float *x, int d)
     if (!kvq_all_finite(x, d))
         return KVQ_ERR_NONFINITE;
     for (int j = 0; j < d; j++)
-        if (f16_overflows(x[j]))
+        if (kvq_f16_overflows(x[j]))
             return KVQ_ERR_RANGE;
     return KVQ_OK;
 }
@@ -110,26 +103,32 @@ static float q8_0_scale(const float *x)
     return amax / 127.0f;
 }
 
-static kvq_status q8_0_check(const float *x, int d)
+/* The scale of every block of x[d] into d_out[d / KVQ_QK], checking the
+ * whole row (finite, scales fit f16) before an encoder writes anything.
+ * @return KVQ_OK, KVQ_ERR_NONFINITE or KVQ_ERR_RANGE. */
+static kvq_status block_scales(const float *x, int d, float (*scale)(const float *), float *d_out)
 {
     if (!kvq_all_finite(x, d))
         return KVQ_ERR_NONFINITE;
-    for (int b = 0; b < d / KVQ_QK; b++)
-        if (f16_overflows(q8_0_scale(x + b * KVQ_QK)))
+    for (int b = 0; b < d / KVQ_QK; b++) {
+        d_out[b] = scale(x + b * KVQ_QK);
+        if (kvq_f16_overflows(d_out[b]))
             return KVQ_ERR_RANGE;
+    }
     return KVQ_OK;
 }
 
 kvq_status kvq_q8_0_encode(const kvq_codec *c, const float *x, const struct kvq_row *dst)
 {
     int nb = c->cfg.dim / KVQ_QK;
-    kvq_status st = q8_0_check(x, c->cfg.dim);
+    float scales[KVQ_MAX_DIM / KVQ_QK];
+    kvq_status st = block_scales(x, c->cfg.dim, q8_0_scale, scales);
     if (st != KVQ_OK)
         return st;
     for (int b = 0; b < nb; b++) {
         const float *xb = x + b * KVQ_QK;
         kvq_block_q8_0 blk;
-        float d = q8_0_scale(xb);
+        float d = scales[b];
         float id = kvq_block_inv_scale(d);
         blk.d = kvq_f32_to_f16(d);
         for (int j = 0; j < KVQ_QK; j++)
@@ -186,26 +185,17 @@ static int q4_0_level(float v)
     return q < 15 ? q : 15;
 }
 
-static kvq_status q4_0_check(const float *x, int d)
-{
-    if (!kvq_all_finite(x, d))
-        return KVQ_ERR_NONFINITE;
-    for (int b = 0; b < d / KVQ_QK; b++)
-        if (f16_overflows(q4_0_scale(x + b * KVQ_QK)))
-            return KVQ_ERR_RANGE;
-    return KVQ_OK;
-}
-
 kvq_status kvq_q4_0_encode(const kvq_codec *c, const float *x, const struct kvq_row *dst)
 {
     int nb = c->cfg.dim / KVQ_QK;
-    kvq_status st = q4_0_check(x, c->cfg.dim);
+    float scales[KVQ_MAX_DIM / KVQ_QK];
+    kvq_status st = block_scales(x, c->cfg.dim, q4_0_scale, scales);
     if (st != KVQ_OK)
         return st;
     for (int b = 0; b < nb; b++) {
         const float *xb = x + b * KVQ_QK;
         kvq_block_q4_0 blk;
-        float d = q4_0_scale(xb);
+        float d = scales[b];
         float id = kvq_block_inv_scale(d);
         blk.d = kvq_f32_to_f16(d);
         for (int j = 0; j < KVQ_QK / 2; j++) {
@@ -252,10 +242,11 @@ float kvq_q4_0_score(const kvq_codec *c, const float *q, const struct kvq_row *s
 kvq_status kvq_baseline_check(const kvq_codec *c, const float *x)
 {
     int d = c->cfg.dim;
+    float scales[KVQ_MAX_DIM / KVQ_QK];
     switch (c->cfg.type) {
     case KVQ_TYPE_F16: return f16_check(x, d);
-    case KVQ_TYPE_Q8_0: return q8_0_check(x, d);
-    case KVQ_TYPE_Q4_0: return q4_0_check(x, d);
+    case KVQ_TYPE_Q8_0: return block_scales(x, d, q8_0_scale, scales);
+    case KVQ_TYPE_Q4_0: return block_scales(x, d, q4_0_scale, scales);
     default: return kvq_all_finite(x, d) ? KVQ_OK : KVQ_ERR_NONFINITE;
     }
 }

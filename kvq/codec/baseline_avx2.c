@@ -14,15 +14,9 @@
 #include <immintrin.h>
 #include <string.h>
 
+#include "codec_avx2_internal.h"
 #include "codec_internal.h"
 #include "kvq_half.h"
-
-static inline float hsum8(__m256 v) /* as kvq_reduce8() */
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
-}
 
 static inline __m256 abs8(__m256 v)
 {
@@ -31,21 +25,9 @@ static inline __m256 abs8(__m256 v)
 
 /* f32 and f16 rows take any d >= 8, so their loops run to d8 = d & ~7 and
  * finish the tail in scalar code (scores: into the lane j & 7, as the
- * reference does). q8_0/q4_0 rows are whole blocks of 32. */
-static inline int all_finite8(const float *x, int d)
-{
-    const __m256 inf = _mm256_set1_ps(INFINITY);
-    __m256 bad = _mm256_setzero_ps();
-    int j = 0;
-    for (; j + 8 <= d; j += 8)
-        bad = _mm256_or_ps(bad, _mm256_cmp_ps(abs8(_mm256_loadu_ps(x + j)), inf, _CMP_NLT_UQ));
-    int ok = _mm256_movemask_ps(bad) == 0;
-    for (; j < d; j++)
-        ok &= isfinite(x[j]) != 0;
-    return ok;
-}
-
-/* Score tail: the lanes spilled, the n < 8 values from index d8 (a multiple
+ * reference does). q8_0/q4_0 rows are whole blocks of 32.
+ *
+ * Score tail: the lanes spilled, the n < 8 values from index d8 (a multiple
  * of 8) added into lane j, then reduced as kvq_reduce8(). */
 static inline float finish_score(__m256 acc, const float *q, const float *x, int n)
 {
@@ -70,18 +52,11 @@ static inline int f16_range_bad(const float *x, int d)
     return bad;
 }
 
-/* For finite v: the f16 of v is Inf exactly when |v| >= 65520 (the tie
- * between 65504 and 2^16 rounds to even, i.e. up). */
-static inline int f16_overflows(float v)
-{
-    return !(fabsf(v) < 65520.0f);
-}
-
 /* ---- f32 ---- */
 
 kvq_status kvq_f32_encode_avx2(const kvq_codec *c, const float *x, const struct kvq_row *dst)
 {
-    if (!all_finite8(x, c->cfg.dim))
+    if (!kvq_all_finite_avx2(x, c->cfg.dim))
         return KVQ_ERR_NONFINITE;
     memcpy(dst->codes, x, (size_t)c->cfg.dim * sizeof(float));
     return KVQ_OK;
@@ -92,7 +67,7 @@ kvq_status kvq_f32_encode_avx2(const kvq_codec *c, const float *x, const struct 
 kvq_status kvq_f16_encode_avx2(const kvq_codec *c, const float *x, const struct kvq_row *dst)
 {
     int d = c->cfg.dim, d8 = d & ~7;
-    if (!all_finite8(x, d))
+    if (!kvq_all_finite_avx2(x, d))
         return KVQ_ERR_NONFINITE;
     if (f16_range_bad(x, d))
         return KVQ_ERR_RANGE;
@@ -174,12 +149,12 @@ static inline __m256 round_away(__m256 v)
 kvq_status kvq_q8_0_encode_avx2(const kvq_codec *c, const float *x, const struct kvq_row *dst)
 {
     int nb = c->cfg.dim / KVQ_QK;
-    if (!all_finite8(x, c->cfg.dim))
+    if (!kvq_all_finite_avx2(x, c->cfg.dim))
         return KVQ_ERR_NONFINITE;
     float amax[KVQ_MAX_DIM / KVQ_QK];
     for (int b = 0; b < nb; b++) {
         amax[b] = block_amax(x + b * KVQ_QK);
-        if (f16_overflows(amax[b] / 127.0f))
+        if (kvq_f16_overflows(amax[b] / 127.0f))
             return KVQ_ERR_RANGE;
     }
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
@@ -232,7 +207,7 @@ float kvq_q8_0_score_avx2(const kvq_codec *c, const float *q, const struct kvq_r
             a = _mm256_fmadd_ps(_mm256_loadu_ps(q + b * KVQ_QK + 8 * k), v, a);
         }
     }
-    return hsum8(a);
+    return kvq_hsum8_avx2(a);
 }
 
 /* ---- q4_0 ---- */
@@ -255,12 +230,12 @@ static inline float block_signed_max(const float *x)
 kvq_status kvq_q4_0_encode_avx2(const kvq_codec *c, const float *x, const struct kvq_row *dst)
 {
     int nb = c->cfg.dim / KVQ_QK;
-    if (!all_finite8(x, c->cfg.dim))
+    if (!kvq_all_finite_avx2(x, c->cfg.dim))
         return KVQ_ERR_NONFINITE;
     float dmax[KVQ_MAX_DIM / KVQ_QK];
     for (int b = 0; b < nb; b++) {
         dmax[b] = block_signed_max(x + b * KVQ_QK) / -8.0f;
-        if (f16_overflows(dmax[b]))
+        if (kvq_f16_overflows(dmax[b]))
             return KVQ_ERR_RANGE;
     }
     const __m256 half8 = _mm256_set1_ps(8.5f);
@@ -327,7 +302,7 @@ float kvq_q4_0_score_avx2(const kvq_codec *c, const float *q, const struct kvq_r
         for (int k = 0; k < 4; k++)
             a = _mm256_fmadd_ps(_mm256_loadu_ps(q + b * KVQ_QK + 8 * k), _mm256_mul_ps(v[k], d), a);
     }
-    return hsum8(a);
+    return kvq_hsum8_avx2(a);
 }
 
 /* kvq_baseline_check() with the kernels above (the batch encoder checks
@@ -335,19 +310,19 @@ float kvq_q4_0_score_avx2(const kvq_codec *c, const float *q, const struct kvq_r
 kvq_status kvq_baseline_check_avx2(const kvq_codec *c, const float *x)
 {
     int d = c->cfg.dim, nb = d / KVQ_QK;
-    if (!all_finite8(x, d))
+    if (!kvq_all_finite_avx2(x, d))
         return KVQ_ERR_NONFINITE;
     switch (c->cfg.type) {
     case KVQ_TYPE_F16:
         return f16_range_bad(x, d) ? KVQ_ERR_RANGE : KVQ_OK;
     case KVQ_TYPE_Q8_0:
         for (int b = 0; b < nb; b++)
-            if (f16_overflows(block_amax(x + b * KVQ_QK) / 127.0f))
+            if (kvq_f16_overflows(block_amax(x + b * KVQ_QK) / 127.0f))
                 return KVQ_ERR_RANGE;
         return KVQ_OK;
     case KVQ_TYPE_Q4_0:
         for (int b = 0; b < nb; b++)
-            if (f16_overflows(block_signed_max(x + b * KVQ_QK) / -8.0f))
+            if (kvq_f16_overflows(block_signed_max(x + b * KVQ_QK) / -8.0f))
                 return KVQ_ERR_RANGE;
         return KVQ_OK;
     default:

@@ -91,10 +91,9 @@ kvq_status kvq_codec_create(const struct kvq_codec_config *cfg, kvq_codec **out)
             goto fail;
         if (tr->qjl) {
             enum kvq_rot_kind sk = cfg->qjl == KVQ_QJL_GAUSS ? KVQ_ROT_GAUSS : cfg->rot;
-            uint64_t s_seed = kvq_seed_derive(cfg->seed, KVQ_SEED_STREAM_S);
-            st = sk == KVQ_ROT_HADAMARD
-                     ? kvq_rotation_create_rounds(cfg->dim, sk, s_seed, KVQ_QJL_ROUNDS, &c->qjl)
-                     : kvq_rotation_create(cfg->dim, sk, s_seed, &c->qjl);
+            /* rounds 0: the kind's default (only Hadamard takes several) */
+            st = kvq_rotation_create_rounds(cfg->dim, sk, kvq_seed_derive(cfg->seed, KVQ_SEED_STREAM_S),
+                                            sk == KVQ_ROT_HADAMARD ? KVQ_QJL_ROUNDS : 0, &c->qjl);
             if (st != KVQ_OK)
                 goto fail;
             c->qjl_kappa = qjl_kappa(cfg->qjl, cfg->dim);
@@ -163,10 +162,7 @@ kvq_status kvq_codec_check_row(const kvq_codec *c, const float *x)
     return kvq_cpu_has_avx2() ? kvq_baseline_check_avx2(c, x) : kvq_baseline_check(c, x);
 }
 
-typedef kvq_status (*row_encoder)(const kvq_codec *c, const float *x, const struct kvq_row *dst);
-
-static kvq_status encode_rows(const kvq_codec *c, const float *x, size_t n_rows, void *rows,
-                              row_encoder enc)
+static kvq_status encode_rows(const kvq_codec *c, const float *x, size_t n_rows, void *rows, kvq_encode_fn enc)
 {
     if (!c || (!x && n_rows) || (!rows && n_rows))
         return KVQ_ERR_INVALID_ARG;
@@ -195,11 +191,10 @@ kvq_status kvq_codec_encode_ref(const kvq_codec *c, const float *x, size_t n_row
     return encode_rows(c, x, n_rows, rows, c ? c->traits->encode_ref : NULL);
 }
 
-static kvq_status decode_rows(const kvq_codec *c, const void *rows, size_t n_rows, float *x, int ref)
+static kvq_status decode_rows(const kvq_codec *c, const void *rows, size_t n_rows, float *x, kvq_decode_fn dec)
 {
     if (!c || (!x && n_rows) || (!rows && n_rows))
         return KVQ_ERR_INVALID_ARG;
-    kvq_decode_fn dec = ref ? c->traits->decode_ref : c->traits->decode;
     size_t d = (size_t)c->cfg.dim;
     for (size_t i = 0; i < n_rows; i++) {
         /* Decoding only reads the row; the view's pointers are non-const by type only. */
@@ -211,12 +206,12 @@ static kvq_status decode_rows(const kvq_codec *c, const void *rows, size_t n_row
 
 kvq_status kvq_codec_decode(const kvq_codec *c, const void *rows, size_t n_rows, float *x)
 {
-    return decode_rows(c, rows, n_rows, x, 0);
+    return decode_rows(c, rows, n_rows, x, c ? c->traits->decode : NULL);
 }
 
 kvq_status kvq_codec_decode_ref(const kvq_codec *c, const void *rows, size_t n_rows, float *x)
 {
-    return decode_rows(c, rows, n_rows, x, 1);
+    return decode_rows(c, rows, n_rows, x, c ? c->traits->decode_ref : NULL);
 }
 
 size_t kvq_codec_query_floats(const kvq_codec *c)

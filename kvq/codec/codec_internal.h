@@ -187,6 +187,14 @@ static inline void kvq_row_store_u16(uint16_t *p, uint16_t v)
     memcpy(p, &v, sizeof v);
 }
 
+/* 1 when the f16 of v is Inf: for finite v exactly when |v| >= 65520 (the
+ * tie between 65504 and 2^16 rounds to even, i.e. up); also for v = +-Inf.
+ * Encoders refuse such values (KVQ_ERR_RANGE) before writing anything. */
+static inline int kvq_f16_overflows(float v)
+{
+    return !(fabsf(v) < 65520.0f);
+}
+
 /* 1 when every x_j is finite. */
 static inline int kvq_all_finite(const float *x, int d)
 {

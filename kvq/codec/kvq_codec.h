@@ -145,6 +145,9 @@ kvq_status kvq_codec_create(const struct kvq_codec_config *cfg, kvq_codec **out)
 /** Frees c; accepts NULL. */
 void kvq_codec_free(kvq_codec *c);
 
+/** Accessors. @return the config c was created with / its type's traits /
+ *  bytes of one packed row; NULL (0) when c is NULL. Pointers are owned by c
+ *  and live until kvq_codec_free(c). */
 const struct kvq_codec_config *kvq_codec_config_of(const kvq_codec *c);
 const struct kvq_type_traits *kvq_codec_traits(const kvq_codec *c);
 size_t kvq_codec_row_bytes(const kvq_codec *c);
@@ -159,14 +162,17 @@ struct kvq_row kvq_codec_packed_row(const kvq_codec *c, void *row);
  *  would be stored as f16 rounds to Inf, i.e. reaches 65520: the norm of a tq
  *  row, an f16 value, a q8_0/q4_0 block scale); KVQ_ERR_INVALID_ARG (NULL). */
 kvq_status kvq_codec_encode(const kvq_codec *c, const float *x, size_t n_rows, void *rows);
+/** The same through the scalar reference encoder (bit-identical output). */
 kvq_status kvq_codec_encode_ref(const kvq_codec *c, const float *x, size_t n_rows, void *rows);
 
 /** Decodes n_rows packed rows into x [n_rows][dim]. A row whose norm is 0
  *  decodes to +0.0f everywhere. @return KVQ_OK or KVQ_ERR_INVALID_ARG. */
 kvq_status kvq_codec_decode(const kvq_codec *c, const void *rows, size_t n_rows, float *x);
+/** The same through the scalar reference decoder (bit-identical output). */
 kvq_status kvq_codec_decode_ref(const kvq_codec *c, const void *rows, size_t n_rows, float *x);
 
-/** Floats a prepared query needs (dim for baselines, 2*dim for tq types). */
+/** @return the floats a prepared query needs (dim for baselines, 2*dim for
+ *  tq types); 0 when c is NULL. */
 size_t kvq_codec_query_floats(const kvq_codec *c);
 
 /** Prepares q [dim] for scoring: tq types store q' = R q then S q' (tqB,

@@ -2,24 +2,17 @@
  *
  * Every float result here comes from the same operations as the reference,
  * in the same order: lane k of an 8-wide accumulator is the reference's
- * partial sum s[k] (j = k mod 8), and hsum8() reduces the register exactly
- * like kvq_reduce8(). Quantization counts boundaries with compares (no
- * arithmetic, so nothing to round), and the codebook lookup is a permute.
+ * partial sum s[k] (j = k mod 8), and kvq_hsum8_avx2() reduces the register
+ * exactly like kvq_reduce8(). Quantization counts boundaries with compares
+ * (no arithmetic, so nothing to round), and the codebook lookup is a permute.
  * Only called after kvq_cpu_has_avx2().
  */
 #include <immintrin.h>
 #include <string.h>
 
+#include "codec_avx2_internal.h"
 #include "codec_internal.h"
 #include "kvq_half.h"
-
-/* ((s0+s4)+(s2+s6)) + ((s1+s5)+(s3+s7)), as kvq_reduce8(). */
-static inline float hsum8(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
-}
 
 static inline float norm8(const float *x, int d)
 {
@@ -28,32 +21,15 @@ static inline float norm8(const float *x, int d)
         __m256 v = _mm256_loadu_ps(x + j);
         acc = _mm256_fmadd_ps(v, v, acc);
     }
-    return sqrtf(hsum8(acc));
-}
-
-static inline int all_finite8(const float *x, int d)
-{
-    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    const __m256 inf = _mm256_set1_ps(INFINITY);
-    __m256 bad = _mm256_setzero_ps();
-    for (int j = 0; j < d; j += 8) {
-        __m256 a = _mm256_and_ps(_mm256_loadu_ps(x + j), abs_mask);
-        bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, inf, _CMP_NLT_UQ)); /* Inf or NaN */
-    }
-    return _mm256_movemask_ps(bad) == 0;
-}
-
-static int f16_is_inf(float v)
-{
-    return (kvq_f32_to_f16(v) & 0x7fffu) == 0x7c00u;
+    return sqrtf(kvq_hsum8_avx2(acc));
 }
 
 kvq_status kvq_tq_check_avx2(const kvq_codec *c, const float *x)
 {
     int d = c->cfg.dim;
-    if (!all_finite8(x, d))
+    if (!kvq_all_finite_avx2(x, d))
         return KVQ_ERR_NONFINITE;
-    return f16_is_inf(norm8(x, d)) ? KVQ_ERR_RANGE : KVQ_OK;
+    return kvq_f16_overflows(norm8(x, d)) ? KVQ_ERR_RANGE : KVQ_OK;
 }
 
 /* Codebook in registers: c[idx] for idx < 16 via one or two permutes. */
@@ -129,10 +105,10 @@ static inline __m256 signs8(uint8_t b)
 kvq_status kvq_tq_encode_avx2(const kvq_codec *c, const float *x, const struct kvq_row *dst)
 {
     int d = c->cfg.dim, bits = c->bits, nb = c->levels - 1;
-    if (!all_finite8(x, d))
+    if (!kvq_all_finite_avx2(x, d))
         return KVQ_ERR_NONFINITE;
     float n = norm8(x, d);
-    if (f16_is_inf(n))
+    if (kvq_f16_overflows(n))
         return KVQ_ERR_RANGE;
     int qjl = c->traits->qjl;
     if (n == 0.0f) {
@@ -223,7 +199,7 @@ float kvq_tq_score_avx2(const kvq_codec *c, const float *qprep, const struct kvq
     __m256 a = _mm256_setzero_ps();
     for (int j = 0; j < d; j += 8)
         a = _mm256_fmadd_ps(_mm256_loadu_ps(qprep + j), lut_get(&L, codes8(src->codes, bits, j, shifts, mask)), a);
-    float A = hsum8(a);
+    float A = kvq_hsum8_avx2(a);
     if (!c->traits->qjl)
         return n * A;
 
@@ -235,5 +211,5 @@ float kvq_tq_score_avx2(const kvq_codec *c, const float *qprep, const struct kvq
         t = _mm256_add_ps(t, v);
     }
     float g = kvq_f16_to_f32(kvq_row_load_u16(src->rnorm)) * c->qjl_kappa_f;
-    return n * fmaf(g, 2.0f * hsum8(p) - hsum8(t), A);
+    return n * fmaf(g, 2.0f * kvq_hsum8_avx2(p) - kvq_hsum8_avx2(t), A);
 }

@@ -9,17 +9,12 @@
 #include "codec_internal.h"
 #include "kvq_half.h"
 
-static int f16_is_inf(float v)
-{
-    return (kvq_f32_to_f16(v) & 0x7fffu) == 0x7c00u;
-}
-
 kvq_status kvq_tq_check_ref(const kvq_codec *c, const float *x)
 {
     int d = c->cfg.dim;
     if (!kvq_all_finite(x, d))
         return KVQ_ERR_NONFINITE;
-    return f16_is_inf(kvq_norm_ref(x, d)) ? KVQ_ERR_RANGE : KVQ_OK;
+    return kvq_f16_overflows(kvq_norm_ref(x, d)) ? KVQ_ERR_RANGE : KVQ_OK;
 }
 
 /* The all-zero row: decodes to +0.0f everywhere and scores 0. */
@@ -39,7 +34,7 @@ kvq_status kvq_tq_encode_ref(const kvq_codec *c, const float *x, const struct kv
     if (!kvq_all_finite(x, d))
         return KVQ_ERR_NONFINITE;
     float n = kvq_norm_ref(x, d);
-    if (f16_is_inf(n))
+    if (kvq_f16_overflows(n))
         return KVQ_ERR_RANGE;
     if (n == 0.0f) {
         store_zero_row(c, dst);

@@ -433,7 +433,7 @@ int kvq_cuda_fast_supported(const kvq_cuda_cache *c, int n_q_heads)
 /* ---- attend -------------------------------------------------------------- */
 
 static kvq_status attend_chunk(kvq_cuda_cache *c, int nb, const int *seqs, const float *q, int Hq, float scale,
-                               float *out, int use_fast, int n_splits)
+                               float *out, int use_fast, int variant, int n_splits)
 {
     const int H = c->cfg.cache.n_kv_heads, G = Hq / H, d = c->cfg.cache.head_dim;
     if (use_fast) {
@@ -444,6 +444,7 @@ static kvq_status attend_chunk(kvq_cuda_cache *c, int nb, const int *seqs, const
         p.part = c->part_d;
         p.H = H;
         p.G = G;
+        p.variant = variant;
         p.kappa = c->dk.kappa;
         if (c->dk.type != KVQ_TYPE_F16)
             p.lut_k = tq3_lut_make(c->dk.centroids, c->alpha_k);
@@ -507,7 +508,9 @@ kvq_status kvq_cuda_cache_attend(kvq_cuda_cache *c, int n_seqs, const int *seqs,
             return KVQ_ERR_INVALID_ARG;
     const enum kvq_cuda_kernel kern = opts ? opts->kernel : KVQ_CUDA_KERNEL_AUTO;
     const int fast_ok = kvq_cuda_fast_supported(c, n_q_heads);
-    if (kern == KVQ_CUDA_KERNEL_FAST && !fast_ok)
+    if (kern < KVQ_CUDA_KERNEL_AUTO || kern > KVQ_CUDA_KERNEL_FAST_V1)
+        return KVQ_ERR_INVALID_ARG;
+    if ((kern == KVQ_CUDA_KERNEL_FAST || kern == KVQ_CUDA_KERNEL_FAST_V1) && !fast_ok)
         return KVQ_ERR_UNSUPPORTED;
     const int use_fast = kern != KVQ_CUDA_KERNEL_REF && fast_ok;
     const int n_splits = opts ? opts->n_splits : 0;
@@ -516,7 +519,7 @@ kvq_status kvq_cuda_cache_attend(kvq_cuda_cache *c, int n_seqs, const int *seqs,
     for (int off = 0; off < n_seqs; off += cap) {
         const int nb = n_seqs - off < cap ? n_seqs - off : cap;
         kvq_status st = attend_chunk(c, nb, seqs + off, q_dev + (size_t)off * row, n_q_heads, scale,
-                                     out_dev + (size_t)off * row, use_fast, n_splits);
+                                     out_dev + (size_t)off * row, use_fast, kern == KVQ_CUDA_KERNEL_FAST_V1, n_splits);
         if (st != KVQ_OK)
             return st;
     }

@@ -92,31 +92,37 @@ constexpr int NW = 4;      /* warps per block */
 constexpr int D = 128;     /* head dim of the fused kernel */
 constexpr int FROW = 272;  /* f16 row stride in a stage: 256 + 16 keeps ldmatrix/LDS conflict-free */
 
-template <int KT, int VT>
+/* S = 16-token segments per stage (1, or 2 for tq K and V on pages of a
+ * multiple of 32 tokens): one set of bulk copies and one barrier wait then
+ * serve 32 tokens, which halves the per-token cost of the copy issue (the
+ * bulk copy takes uniform operands, so each lane's copy is a serialised
+ * round of a few instructions) and of the pipeline bookkeeping. */
+template <int KT, int VT, int S = 1>
 struct stage_layout {
     static constexpr bool kf16 = KT == KVQ_CU_KT_F16;
     static constexpr bool qjl = KT == KVQ_CU_KT_TQ3J;
     static constexpr bool vf16 = VT == KVQ_CU_VT_F16;
     static constexpr int k_codes = 0;
-    static constexpr int k_signs = 768;
-    static constexpr int k_norm = qjl ? 1024 : 768;
-    static constexpr int k_rnorm = k_norm + 32;
-    static constexpr int k_bytes = kf16 ? 16 * FROW : (qjl ? 1088 : 800);
+    static constexpr int k_signs = 768 * S;
+    static constexpr int k_norm = (qjl ? 1024 : 768) * S;
+    static constexpr int k_rnorm = k_norm + 32 * S;
+    static constexpr int k_bytes = kf16 ? 16 * FROW : (qjl ? 1088 : 800) * S;
     static constexpr int v_base = k_bytes;
-    static constexpr int v_norm = v_base + 768;
-    static constexpr int v_bytes = vf16 ? 16 * FROW : 800;
+    static constexpr int v_norm = v_base + 768 * S;
+    static constexpr int v_bytes = vf16 ? 16 * FROW : 800 * S;
     static constexpr int bytes = k_bytes + v_bytes;
     static constexpr int nk = kf16 ? 16 : (qjl ? 4 : 2); /* bulk copies per segment */
     static constexpr int nv = vf16 ? 16 : 2;
-    static constexpr uint32_t tx = kf16 ? 16 * 256 : (qjl ? 1088 : 800);
-    static constexpr uint32_t txv = vf16 ? 16 * 256 : 800;
-    static constexpr int nst = (kf16 || vf16) ? 3 : 4; /* stages per warp */
+    static constexpr uint32_t tx = kf16 ? 16 * 256 : (qjl ? 1088 : 800) * S;
+    static constexpr uint32_t txv = vf16 ? 16 * 256 : 800 * S;
+    static constexpr int nst = (kf16 || vf16) ? 3 : 4 / S; /* stages per warp (same bytes for S = 2) */
+    static_assert(S == 1 || !(kf16 || vf16), "2-segment stages are for tq K and V only");
 };
 
-template <int KT, int VT>
+template <int KT, int VT, int S>
 constexpr size_t smem_bytes()
 {
-    using L = stage_layout<KT, VT>;
+    using L = stage_layout<KT, VT, S>;
     return (size_t)NW * L::nst * L::bytes + (L::vf16 ? 0 : NW * 4096) + 4096 + (L::qjl ? 4096 : 0) + 64 +
            NW * L::nst * 8;
 }
@@ -130,10 +136,10 @@ struct copy_desc {
     uint32_t dst_bytes; /* stage offset << 16 | bytes (0 bytes: lane issues nothing) */
 };
 
-template <int KT, int VT>
+template <int KT, int VT, int S>
 __device__ __forceinline__ copy_desc make_copy_desc(int i, const kvq_dev_pages &pg, int h)
 {
-    using L = stage_layout<KT, VT>;
+    using L = stage_layout<KT, VT, S>;
     copy_desc c;
     const bool isv = i >= L::nk;
     const kvq_head_layout &hl = isv ? pg.v : pg.k;
@@ -145,13 +151,13 @@ __device__ __forceinline__ copy_desc make_copy_desc(int i, const kvq_dev_pages &
     if (f16) { /* one 256-byte row per lane, into a padded row */
         src = hl.codes_off + (uint32_t)j * 256u, stride = 256, dst = (isv ? L::v_base : 0) + j * FROW, bytes = 256;
     } else if (j == 0) {
-        src = hl.codes_off, stride = 48, dst = isv ? L::v_base : L::k_codes, bytes = 768;
+        src = hl.codes_off, stride = 48, dst = isv ? L::v_base : L::k_codes, bytes = 768 * S;
     } else if (j == 1) {
-        src = hl.norm_off, stride = 2, dst = isv ? L::v_norm : L::k_norm, bytes = 32;
+        src = hl.norm_off, stride = 2, dst = isv ? L::v_norm : L::k_norm, bytes = 32 * S;
     } else if (j == 2) {
-        src = hl.signs_off, stride = 16, dst = L::k_signs, bytes = 256;
+        src = hl.signs_off, stride = 16, dst = L::k_signs, bytes = 256 * S;
     } else {
-        src = hl.rnorm_off, stride = 2, dst = L::k_rnorm, bytes = 32;
+        src = hl.rnorm_off, stride = 2, dst = L::k_rnorm, bytes = 32 * S;
     }
     c.off = chunk + src;
     c.stride = stride;
@@ -161,11 +167,11 @@ __device__ __forceinline__ copy_desc make_copy_desc(int i, const kvq_dev_pages &
 
 /* Starts filling stage buffer st (barrier bar) with the segment at token
  * slot slot0 of pool page `page`. */
-template <int KT, int VT>
+template <int KT, int VT, int S>
 __device__ __forceinline__ void seg_issue(const kvq_cu_fast_params &p, const copy_desc &cd, int32_t page,
                                           uint32_t slot0, uint8_t *st, uint64_t *bar, int lane)
 {
-    using L = stage_layout<KT, VT>;
+    using L = stage_layout<KT, VT, S>;
     const uint8_t *src = p.pg.pool + (uint64_t)page * p.pg.page_bytes + cd.off + slot0 * cd.stride;
 #if __CUDA_ARCH__ >= 900
     if (lane == 0)
@@ -201,10 +207,10 @@ __device__ __forceinline__ float2 half2_bits_to_float2(uint32_t u)
     return __half22float2(h);
 }
 
-template <int KT, int VT, int GP>
+template <int KT, int VT, int GP, int S>
 __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __grid_constant__ kvq_cu_fast_params p)
 {
-    using L = stage_layout<KT, VT>;
+    using L = stage_layout<KT, VT, S>;
     constexpr int NST = L::nst;
     constexpr int NT = GP / 4; /* n-tiles of the value MMA: hi/lo columns */
     extern __shared__ __align__(128) uint8_t smem[];
@@ -218,7 +224,7 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int len = p.len[b];
-    const int nseg = (len + 15) >> 4;
+    const int nseg = (len + 16 * S - 1) / (16 * S); /* stage units of S segments */
     const int per = (nseg + p.n_splits - 1) / p.n_splits;
     const int s0 = split * per;
     const int s1 = min(nseg, s0 + per);
@@ -249,14 +255,14 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
     /* Segment first + k * NW goes to stage k % NST. Pages are tracked
      * incrementally (no division per segment), and the page-table entry for
      * the next issue is loaded one issue ahead so its latency stays hidden. */
-    const copy_desc cd = make_copy_desc<KT, VT>(lane, p.pg, h);
+    const copy_desc cd = make_copy_desc<KT, VT, S>(lane, p.pg, h);
     const uint32_t P = p.pg.page_tokens;
     /* index into the page tables of the next page to issue from */
-    uint32_t iss_pt = (uint32_t)p.seq[b] * p.pg.max_pages_per_seq + (uint32_t)first * 16u / P;
-    uint32_t iss_slot = (uint32_t)first * 16u % P;
+    uint32_t iss_pt = (uint32_t)p.seq[b] * p.pg.max_pages_per_seq + (uint32_t)first * (16u * S) / P;
+    uint32_t iss_slot = (uint32_t)first * (16u * S) % P;
     int32_t iss_page = nmine > 0 ? p.pg.ptab[iss_pt] : 0;
     auto advance = [&]() {
-        iss_slot += 16u * NW;
+        iss_slot += 16u * S * NW;
         while (iss_slot >= P) {
             iss_slot -= P;
             iss_pt++;
@@ -264,7 +270,7 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
     };
     int issued = 0;
     for (; issued < NST && issued < nmine; issued++) {
-        seg_issue<KT, VT>(p, cd, iss_page, iss_slot, my_stages + issued * L::bytes, &my_bars[issued], lane);
+        seg_issue<KT, VT, S>(p, cd, iss_page, iss_slot, my_stages + issued * L::bytes, &my_bars[issued], lane);
         advance();
         if (issued + 1 < nmine)
             iss_page = p.pg.ptab[iss_pt];
@@ -285,9 +291,16 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
                 acc[nt][mb][i] = 0.0f;
 
     for (int k = 0; k < nmine; k++) {
-        const int seg = first + k * NW;
-        uint8_t *st = my_stages + (k % NST) * L::bytes;
+        uint8_t *const st0 = my_stages + (k % NST) * L::bytes;
         mbar_wait(&my_bars[k % NST], (uint32_t)((k / NST) & 1));
+#pragma unroll
+      for (int j = 0; j < S; j++) {
+        const int seg = (first + k * NW) * S + j;
+        if (S > 1 && seg * 16 >= len)
+            break; /* warp-uniform: the second half of the sequence's last unit is empty */
+        /* st: this segment's view of the stage, section offsets shifted by j segments */
+        const int jk = j * 768, js = j * 256, jn = j * 32;
+        const uint8_t *st = st0;
 
         /* 1. scores S^T[query rows][16 tokens]: decode everything first, then
          * four independent MMA chains (codes and signs of both 8-token tiles)
@@ -308,11 +321,11 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
                         kr[nt][4 * i] = v.x, kr[nt][4 * i + 1] = v.y, kr[nt][4 * i + 2] = v.z, kr[nt][4 * i + 3] = v.w;
                     }
                 } else {
-                    const uint32_t *w = reinterpret_cast<const uint32_t *>(st + L::k_codes + row * 48 + t * 12);
+                    const uint32_t *w = reinterpret_cast<const uint32_t *>(st + L::k_codes + jk + row * 48 + t * 12);
                     tq3_decode32(w[0], w[1], w[2], p.lut_k, kr[nt]);
                 }
                 if (L::qjl)
-                    qjl_bits32(*reinterpret_cast<const uint32_t *>(st + L::k_signs + row * 16 + t * 4), sr[nt]);
+                    qjl_bits32(*reinterpret_cast<const uint32_t *>(st + L::k_signs + js + row * 16 + t * 4), sr[nt]);
             }
 #pragma unroll
             for (int kb = 0; kb < 8; kb++) {
@@ -333,9 +346,9 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
             float a0 = sc[nt][0] + sc[nt][2], a1 = sc[nt][1] + sc[nt][3];
             if (!L::kf16) {
                 const int tk = 8 * nt + 2 * t;
-                float2 nk = half2_bits_to_float2(*reinterpret_cast<const uint32_t *>(st + L::k_norm + 2 * tk));
+                float2 nk = half2_bits_to_float2(*reinterpret_cast<const uint32_t *>(st + L::k_norm + jn + 2 * tk));
                 if (L::qjl) {
-                    float2 rn = half2_bits_to_float2(*reinterpret_cast<const uint32_t *>(st + L::k_rnorm + 2 * tk));
+                    float2 rn = half2_bits_to_float2(*reinterpret_cast<const uint32_t *>(st + L::k_rnorm + jn + 2 * tk));
                     float p0 = fmaf(sig2, ss[nt][0] + ss[nt][2], tneg);
                     float p1 = fmaf(sig2, ss[nt][1] + ss[nt][3], tneg);
                     a0 = fmaf(rn.x * kappa, p0, a0);
@@ -394,7 +407,7 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
         if (!L::vf16) {
 #pragma unroll
             for (int nt = 0; nt < 2; nt++) {
-                float2 nv = half2_bits_to_float2(*reinterpret_cast<const uint32_t *>(st + L::v_norm + 2 * (8 * nt + 2 * t)));
+                float2 nv = half2_bits_to_float2(*reinterpret_cast<const uint32_t *>(st + L::v_norm + jn + 2 * (8 * nt + 2 * t)));
                 pw[2 * nt] *= nv.x;
                 pw[2 * nt + 1] *= nv.y;
             }
@@ -421,7 +434,7 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
 #pragma unroll
             for (int nt = 0; nt < 2; nt++) {
                 const int row = g + 8 * nt;
-                const uint32_t *w = reinterpret_cast<const uint32_t *>(st + L::v_base + row * 48 + t * 12);
+                const uint32_t *w = reinterpret_cast<const uint32_t *>(st + L::v_base + jk + row * 48 + t * 12);
                 tq3_decode32(w[0], w[1], w[2], p.lut_v, vr);
                 vtile_store32(vtile, row, t, vr);
             }
@@ -429,8 +442,9 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
             accum_values16<NT>(acc, vtile, lane, pb0, pb1);
         }
         __syncwarp();
+      }
         if (issued < nmine) {
-            seg_issue<KT, VT>(p, cd, iss_page, iss_slot, st, &my_bars[k % NST], lane);
+            seg_issue<KT, VT, S>(p, cd, iss_page, iss_slot, st0, &my_bars[k % NST], lane);
             issued++;
             advance();
             if (issued < nmine)
@@ -492,13 +506,13 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
     }
 }
 
-template <int KT, int VT, int GP>
+template <int KT, int VT, int GP, int S>
 kvq_status launch_one(kvq_cu_fast_params *p, int n_batch, int n_splits, int max_splits, int n_sm,
                       cudaStream_t stream)
 {
     static int configured = 0, occupancy = 1;
-    const size_t smem = smem_bytes<KT, VT>();
-    auto kern = fast_kernel<KT, VT, GP>;
+    const size_t smem = smem_bytes<KT, VT, S>();
+    auto kern = fast_kernel<KT, VT, GP, S>;
     if (!configured) {
         KVQ_CU_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         int occ = 0;
@@ -509,14 +523,14 @@ kvq_status launch_one(kvq_cu_fast_params *p, int n_batch, int n_splits, int max_
     int max_len = 1;
     for (int i = 0; i < n_batch; i++)
         max_len = p->len[i] > max_len ? p->len[i] : max_len;
-    const int nseg = (max_len + 15) / 16;
+    const int nseg = (max_len + 16 * S - 1) / (16 * S); /* stage units */
     const int pairs = n_batch * p->H;
     if (n_splits <= 0) {
         /* one wave of blocks (a partial second wave costs a whole block time),
          * and at least 4 segments per warp so the pipeline gets going */
         const int capacity = n_sm * occupancy;
         n_splits = pairs >= capacity ? 1 : capacity / pairs;
-        const int by_work = nseg / (NW * 4);
+        const int by_work = nseg / (NW * 4 / S);
         if (n_splits > by_work)
             n_splits = by_work;
     }
@@ -539,10 +553,18 @@ kvq_status kvq_cu_fast_launch(kvq_cu_fast_params *p, int kt, int vt, int n_batch
                               int n_sm, cudaStream_t stream)
 {
     const int gp = p->G <= 4 ? 4 : 8;
+    /* 32-token stages where a 32-token slice never crosses a page */
+    const bool s2 = p->variant == 0 && p->pg.page_tokens % 32 == 0;
+#define KVQ_CU_CASE2(KT, VT)                                                                                 \
+    if (kt == KT && vt == VT && s2)                                                                          \
+        return gp == 4 ? launch_one<KT, VT, 4, 2>(p, n_batch, n_splits, max_splits, n_sm, stream)           \
+                       : launch_one<KT, VT, 8, 2>(p, n_batch, n_splits, max_splits, n_sm, stream);
 #define KVQ_CU_CASE(KT, VT)                                                                                  \
     if (kt == KT && vt == VT)                                                                                \
-        return gp == 4 ? launch_one<KT, VT, 4>(p, n_batch, n_splits, max_splits, n_sm, stream)              \
-                       : launch_one<KT, VT, 8>(p, n_batch, n_splits, max_splits, n_sm, stream);
+        return gp == 4 ? launch_one<KT, VT, 4, 1>(p, n_batch, n_splits, max_splits, n_sm, stream)           \
+                       : launch_one<KT, VT, 8, 1>(p, n_batch, n_splits, max_splits, n_sm, stream);
+    KVQ_CU_CASE2(KVQ_CU_KT_TQ3J, KVQ_CU_VT_TQ3)
+    KVQ_CU_CASE2(KVQ_CU_KT_TQ3, KVQ_CU_VT_TQ3)
     KVQ_CU_CASE(KVQ_CU_KT_TQ3J, KVQ_CU_VT_TQ3)
     KVQ_CU_CASE(KVQ_CU_KT_TQ3, KVQ_CU_VT_TQ3)
     KVQ_CU_CASE(KVQ_CU_KT_F16, KVQ_CU_VT_F16)
@@ -550,5 +572,6 @@ kvq_status kvq_cu_fast_launch(kvq_cu_fast_params *p, int kt, int vt, int n_batch
     KVQ_CU_CASE(KVQ_CU_KT_TQ3, KVQ_CU_VT_F16)
     KVQ_CU_CASE(KVQ_CU_KT_F16, KVQ_CU_VT_TQ3)
 #undef KVQ_CU_CASE
+#undef KVQ_CU_CASE2
     return KVQ_ERR_UNSUPPORTED;
 }

@@ -167,7 +167,9 @@ kvq_status kvq_cuda_cache_write_page(kvq_cuda_cache *c, int seq, size_t i, const
 enum kvq_cuda_kernel {
     KVQ_CUDA_KERNEL_AUTO = 0, /* the fused tensor-core kernel where it applies, else the reference */
     KVQ_CUDA_KERNEL_FAST = 1, /* fused kernel only: KVQ_ERR_UNSUPPORTED where it does not apply */
-    KVQ_CUDA_KERNEL_REF = 2   /* scalar fp32 reference kernel (any type, any head dim) */
+    KVQ_CUDA_KERNEL_REF = 2,  /* scalar fp32 reference kernel (any type, any head dim) */
+    KVQ_CUDA_KERNEL_FAST_V1 = 3 /* like FAST, but the fused kernel's first version (16-token stages
+                                   only), kept for comparison in tests and benchmarks */
 };
 
 struct kvq_cuda_attn_opts {

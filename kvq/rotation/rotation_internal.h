@@ -74,7 +74,9 @@ struct kvq_rotation {
  *  reverse order. For other kinds rounds must be 0.
  *  One round is the best rotation R (docs/rotation.md); the QJL projection S
  *  uses KVQ_QJL_ROUNDS rounds, because the sign estimator is unbiased only
- *  for a Haar-like S (measured in tests/test_codec_qjl.c). */
+ *  for a Haar-like S (measured in tests/test_codec_qjl.c).
+ *  @return as kvq_rotation_create(); KVQ_ERR_INVALID_ARG also for rounds out
+ *  of range or nonzero for a kind other than HADAMARD. */
 #define KVQ_ROT_MAX_ROUNDS 4
 kvq_status kvq_rotation_create_rounds(int dim, enum kvq_rot_kind kind, uint64_t seed, int rounds,
                                       kvq_rotation **out);

@@ -1,0 +1,18 @@
+# gnuplot docs/long-context-ppl.gp  (run from the repository root)
+set terminal pngcairo size 1000,650 font ",10" noenhanced
+set output "docs/long-context-ppl.png"
+set title "kvq-tiny-llama, valid.txt (65,520 tokens), ctx 4096: perplexity increase vs the f32 cache"
+set xlabel "bits per cached value (K and V, all layers)"
+set ylabel "perplexity increase (%)"
+set logscale y
+set yrange [0.1:30]
+set xrange [2.5:9]
+set grid
+set key top right
+set arrow from 2.5,1 to 9,1 nohead dt 2 lc rgb "red"
+set label "+1% bar" at 8.2,1.15 tc rgb "red"
+set arrow from first 4.5, graph 0 to first 4.5, graph 1 nohead dt 3 lc rgb "gray"
+set label "q4_0 bytes" at 4.55,20 tc rgb "gray"
+plot "docs/long-context-ppl-uniform.dat" using 1:($2 > 0.1 ? $2 : 0.1):3 with labels offset 0,0.8 font ",8" notitle, \
+     "docs/long-context-ppl-uniform.dat" using 1:($2 > 0.1 ? $2 : 0.1) with points pt 7 ps 1.2 title "uniform K/V types", \
+     "docs/long-context-ppl-mixed.dat" using 1:2 with points pt 6 ps 1.2 lc rgb "dark-green" title "per-layer types / +vnc"
