@@ -8,6 +8,9 @@
  * shared memory, filled by the bulk copy engine (cp.async.bulk, one copy per
  * page section, completing on an mbarrier), so the warp never waits on a
  * load it issued itself and no block-wide barrier sits in the main loop.
+ * For tq K and V on pages of a multiple of 32 tokens a stage holds S = 2
+ * consecutive segments (one set of copies and one wait per 32 tokens, the
+ * default); S = 1 is the first version (KVQ_CUDA_KERNEL_FAST_V1).
  *
  * Per segment a warp (kvq_cuda_hooks.cuh has the fragment layouts):
  *  1. decodes the 16 keys into B fragments and computes S^T = Q K^T with 16
