@@ -16,6 +16,7 @@
 #include "passkey_prompt.h"
 #include "ppl_core.h"
 #include "test.h"
+#include "test_util.h"
 
 int cmd_run(int argc, char **argv);
 int cmd_ppl(int argc, char **argv);
@@ -30,13 +31,8 @@ static cJSON *ref_json;
 static char tmp[64];
 static char *out_text, *err_text;
 
-static char *slurp(const char *path)
-{
-    size_t len;
-    return kv_read_file(path, &len);
-}
-
-/* Runs a subcommand in-process with stdout/stderr captured. */
+/* Runs a subcommand in-process with stdout/stderr captured into
+ * out_text / err_text (freed on the next call). */
 static int run_cmd(int (*fn)(int, char **), const char *name, int argc, const char **args)
 {
     char *argv[64];
@@ -44,29 +40,9 @@ static int run_cmd(int (*fn)(int, char **), const char *name, int argc, const ch
     for (int i = 0; i < argc && i < 62; i++)
         argv[i + 1] = (char *)args[i];
     argv[argc + 1] = NULL;
-    char po[96], pe[96];
-    snprintf(po, sizeof po, "%s/stdout", tmp);
-    snprintf(pe, sizeof pe, "%s/stderr", tmp);
-    fflush(stdout);
-    fflush(stderr);
-    int so = dup(1), se = dup(2);
-    int fo = open(po, O_WRONLY | O_CREAT | O_TRUNC, 0644), fe = open(pe, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(fo, 1);
-    dup2(fe, 2);
-    int rc = fn(argc + 1, argv);
-    fflush(stdout);
-    fflush(stderr);
-    dup2(so, 1);
-    dup2(se, 2);
-    close(so);
-    close(se);
-    close(fo);
-    close(fe);
     free(out_text);
     free(err_text);
-    out_text = slurp(po);
-    err_text = slurp(pe);
-    return rc;
+    return test_run_captured(fn, argc + 1, argv, &out_text, &err_text);
 }
 
 static const cJSON *ref_case(const char *name)
@@ -84,17 +60,7 @@ static int32_t *ref_ints(const char *name, const char *field, size_t *n)
 {
     char key[128];
     snprintf(key, sizeof key, "%s.%s", name, field);
-    const struct kvq_st_tensor *t = kvq_st_find(ref, key);
-    if (!t)
-        return NULL;
-    int64_t *v = malloc(t->n_elements * sizeof *v);
-    int32_t *o = malloc(t->n_elements * sizeof *o);
-    kvq_st_to_i64(t, v, t->n_elements);
-    for (size_t i = 0; i < t->n_elements; i++)
-        o[i] = (int32_t)v[i];
-    free(v);
-    *n = t->n_elements;
-    return o;
+    return test_st_ints(ref, key, n);
 }
 
 static kvq_seq *new_seq(enum kvq_type k, enum kvq_type v, size_t max_ctx, size_t budget, int chunk)
@@ -536,7 +502,7 @@ int main(void)
         return 1;
     kvq_error err = {0};
     size_t len;
-    char *js = kv_read_file(MODEL "/reference/reference.json", &len);
+    char *js = test_read_file(MODEL "/reference/reference.json", &len);
     ref_json = js ? cJSON_Parse(js) : NULL;
     free(js);
     if (kvq_model_load(MODEL, NULL, &model, &err) != KVQ_OK ||
@@ -560,5 +526,6 @@ int main(void)
     kvq_st_close(ref);
     kvq_tokenizer_free(tok);
     kvq_model_free(model);
-    TEST_END("test_long_context");
+    test_rm_dir(tmp);
+    return TEST_END("test_long_context");
 }

@@ -40,6 +40,10 @@ int cli_parse_size(const char *s, size_t *out);
 /* True when argv[i] is "--help" or "-h". */
 int cli_is_help(const char *arg);
 
+/* Reads a whole file into a NUL-terminated malloc'ed buffer (free() it);
+ * *len excludes the NUL. @return NULL when it cannot be opened or read. */
+char *cli_read_file(const char *path, size_t *len);
+
 /* Monotonic wall clock in seconds. */
 double cli_now(void);
 

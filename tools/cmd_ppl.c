@@ -126,7 +126,7 @@ static int score(struct opts *o, kvq_model *m, kvq_tokenizer *tok)
     kvq_seq *s = NULL;
     kvq_error err = {0};
     int rc = 0;
-    char *text = kv_read_file(o->file, &len);
+    char *text = cli_read_file(o->file, &len);
     if (!text)
         return cli_error(CMD, "%s: cannot read the text file", o->file);
     kvq_status st = kvq_tokenizer_encode_alloc(tok, text, len, 0, &ids, &n);

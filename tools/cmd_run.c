@@ -154,35 +154,6 @@ static int parse_args(int argc, char **argv, struct opts *o)
     return 0;
 }
 
-static char *read_file(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    size_t got;
-    while (buf && (got = fread(buf + n, 1, cap - n - 1, f)) > 0) {
-        n += got;
-        if (n + 1 == cap) {
-            char *nb = cap < (1u << 30) ? realloc(buf, cap *= 2) : NULL;
-            if (!nb)
-                free(buf);
-            buf = nb;
-        }
-    }
-    if (buf && ferror(f)) {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    if (buf) {
-        buf[n] = 0;
-        *len = n;
-    }
-    return buf;
-}
-
 /* "1,2, 3" -> ids (malloc'ed). @return count, or -1 on a bad list. */
 static long parse_ids(const char *s, int32_t **out)
 {
@@ -345,7 +316,7 @@ static int get_prompt(const struct opts *o, const kvq_tokenizer *tok, int32_t **
     size_t len;
     char *text = NULL;
     if (o->prompt_file) {
-        text = read_file(o->prompt_file, &len);
+        text = cli_read_file(o->prompt_file, &len);
         if (!text)
             return cli_error(CMD, "%s: cannot read the prompt file", o->prompt_file);
         if (len && text[len - 1] == '\n')

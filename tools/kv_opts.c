@@ -170,31 +170,3 @@ int kv_load_model(const char *cmd, const char *dir, kvq_model **m, kvq_tokenizer
     kvq_tokenizer_set_bos_eos(*tok, c->bos_id, c->n_eos ? c->eos_ids[0] : -1);
     return 0;
 }
-
-char *kv_read_file(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    size_t cap = 1 << 16, n = 0, got;
-    char *buf = malloc(cap);
-    while (buf && (got = fread(buf + n, 1, cap - n - 1, f)) > 0) {
-        n += got;
-        if (n + 1 == cap) {
-            char *nb = cap < ((size_t)1 << 30) ? realloc(buf, cap *= 2) : NULL;
-            if (!nb)
-                free(buf);
-            buf = nb;
-        }
-    }
-    if (buf && ferror(f)) {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    if (buf) {
-        buf[n] = 0;
-        *len = n;
-    }
-    return buf;
-}

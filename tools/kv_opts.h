@@ -53,8 +53,6 @@ void kv_opts_seq_config(const struct kv_opts *o, struct kvq_seq_config *sc);
  * @return 0, or 2/1 after printing the error. */
 int kv_load_model(const char *cmd, const char *dir, kvq_model **m, kvq_tokenizer **tok);
 
-/* Reads a whole file (NUL-terminated, malloc'ed). NULL on failure. */
-char *kv_read_file(const char *path, size_t *len);
 
 /* Peak resident set size of this process so far, bytes (getrusage). */
 size_t kv_peak_rss(void);
