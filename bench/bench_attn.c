@@ -40,6 +40,7 @@
 #include "kvq_attn.h"
 #include "kvq_half.h"
 #include "rng_internal.h"
+#include "bench_util.h"
 
 void openblas_set_num_threads(int num_threads);
 
@@ -52,25 +53,6 @@ void openblas_set_num_threads(int num_threads);
  * which a busy machine disturbs less (the benchmark is single-threaded, and
  * time stalled on memory still counts as the thread's). */
 static clockid_t bench_clock = CLOCK_MONOTONIC;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(bench_clock, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static void *xalloc(size_t n)
 {
@@ -391,18 +373,18 @@ int main(int argc, char **argv)
             for (int r = 0; r < reps; r++)
                 for (int v = 0; v < N_VAR; v++) {
                     run_variant(&a, v, n, q, n_q, scale, out);
-                    double t1 = now_s();
+                    double t1 = bench_clock_s(bench_clock);
                     run_variant(&a, v, n, q, n_q, scale, out);
-                    tw[v][r] = now_s() - t1; /* the second of two back-to-back calls */
+                    tw[v][r] = bench_clock_s(bench_clock) - t1; /* the second of two back-to-back calls */
                     flush_caches(&a);
-                    double t3 = now_s();
+                    double t3 = bench_clock_s(bench_clock);
                     run_variant(&a, v, n, q, n_q, scale, out);
-                    tc[v][r] = now_s() - t3;
+                    tc[v][r] = bench_clock_s(bench_clock) - t3;
                 }
             double mw[N_VAR], mc[N_VAR];
             for (int v = 0; v < N_VAR; v++) {
-                mw[v] = median(tw[v], reps);
-                mc[v] = median(tc[v], reps);
+                mw[v] = bench_median(tw[v], reps);
+                mc[v] = bench_median(tc[v], reps);
                 double gb = var_bytes[v] * (double)n / 1e9;
                 printf("%7zu %3d  %-10s %10.1f %10.1f %9.2f %9.2f\n", n, n_q, var_name[v], mw[v] * 1e6, mc[v] * 1e6,
                        gb / mw[v], gb / mc[v]);

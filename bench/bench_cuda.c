@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "kvq_cuda.h"
+#include "bench_util.h"
 
 #define H 8
 #define G 4
@@ -36,12 +37,6 @@ struct result {
     double us_v1; /* KVQ_CUDA_KERNEL_FAST_V1, same data (0: not timed) */
     double bytes;
 };
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static int env_int(const char *name, int dflt)
 {
@@ -61,12 +56,6 @@ static int env_int(const char *name, int dflt)
 static void *flush_buf;
 static size_t flush_bytes = (size_t)256 << 20;
 
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 static double copy_bandwidth(kvq_cuda_timer *tm)
 {
     const size_t bytes = (size_t)1 << 30;
@@ -85,7 +74,7 @@ static double copy_bandwidth(kvq_cuda_timer *tm)
     }
     kvq_cuda_free(a);
     kvq_cuda_free(b);
-    return 2.0 * (double)bytes / (median(t, 10) * 1e-3) / 1e9; /* read + write */
+    return 2.0 * (double)bytes / (bench_median(t, 10) * 1e-3) / 1e9; /* read + write */
 }
 
 /* Fills sequences 0..MAXB-1 to ctx tokens of N(0,1) keys/values. */
@@ -129,7 +118,7 @@ static double time_attend(kvq_cuda_cache *c, kvq_cuda_timer *tm, int batch, cons
         if (i >= 3)
             t[i - 3] = ms;
     }
-    return median(t, reps) * 1e3;
+    return bench_median(t, reps) * 1e3;
 }
 
 int main(void)

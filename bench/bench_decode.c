@@ -26,6 +26,7 @@
 
 #include "kvq_model.h"
 #include "kvq_tokenizer.h"
+#include "bench_util.h"
 
 #define MODEL "models/kvq-tiny-llama"
 #define TEXT "models/kvq-tiny-llama/reference/valid.txt"
@@ -42,25 +43,6 @@ static const enum kvq_type types[N_TYPES][2] = {
     {KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3},
 };
 static const size_t contexts[N_CTX] = {512, 2048, 4032};
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 /* The first `want` tokens of valid.txt (BOS first). */
 static int32_t *prompt_ids(size_t want)
@@ -121,12 +103,12 @@ int main(int argc, char **argv)
     int reps = quick ? 1 : 3, n_ctx = quick ? 2 : N_CTX;
     kvq_model *m = NULL;
     kvq_error err = {0};
-    double t0 = now_s();
+    double t0 = bench_clock_s(CLOCK_MONOTONIC);
     if (kvq_model_load(MODEL, NULL, &m, &err) != KVQ_OK) {
         fprintf(stderr, "bench_decode: %s (run from the repository root)\n", err.msg);
         return 1;
     }
-    double load = now_s() - t0;
+    double load = bench_clock_s(CLOCK_MONOTONIC) - t0;
     int32_t *ids = prompt_ids(contexts[N_CTX - 1] + 1);
     if (!ids) {
         fprintf(stderr, "bench_decode: cannot tokenize %s\n", TEXT);
@@ -172,10 +154,10 @@ int main(int argc, char **argv)
             for (int t = 0; t < N_TYPES; t++) {
                 kvq_seq_reset(seqs[t]);
                 int32_t tok;
-                double a = now_s();
+                double a = bench_clock_s(CLOCK_MONOTONIC);
                 if (kvq_seq_forward(seqs[t], ids, ctx, ctx - 1, NULL, &tok) != KVQ_OK)
                     status = 1;
-                res[t].prefill[r] = (double)ctx / (now_s() - a);
+                res[t].prefill[r] = (double)ctx / (bench_clock_s(CLOCK_MONOTONIC) - a);
             }
         for (int r = 0; r < reps; r++)
             for (int t = 0; t < N_TYPES; t++)
@@ -185,8 +167,8 @@ int main(int argc, char **argv)
         double f32_decode = 0;
         for (int t = 0; t < N_TYPES; t++) {
             struct result *x = &res[t];
-            double pf = median(x->prefill, reps), d0 = median(x->decode[0], reps), d1 = median(x->decode[1], reps);
-            double tpf = median(x->tpf[1], reps), host = median(x->host[0], reps);
+            double pf = bench_median(x->prefill, reps), d0 = bench_median(x->decode[0], reps), d1 = bench_median(x->decode[1], reps);
+            double tpf = bench_median(x->tpf[1], reps), host = bench_median(x->host[0], reps);
             if (t == 0)
                 f32_decode = d0;
             char name[32];
@@ -199,7 +181,7 @@ int main(int argc, char **argv)
                     "\"decode_tokens_per_s\": %.3f, \"decode_spec_tokens_per_s\": %.3f, "
                     "\"spec_tokens_per_forward\": %.3f, \"decode_host_share\": %.4f, "
                     "\"decode_spec_host_share\": %.4f, \"decode_vs_f32\": %.4f}",
-                    first ? "" : ",", ctx, name, pf, d0, d1, tpf, host, median(x->host[1], reps), d0 / f32_decode);
+                    first ? "" : ",", ctx, name, pf, d0, d1, tpf, host, bench_median(x->host[1], reps), d0 / f32_decode);
             first = 0;
         }
         for (int t = 0; t < N_TYPES; t++)

@@ -19,24 +19,12 @@
 #include "codec_internal.h"
 #include "cpu_internal.h"
 #include "rng_internal.h"
+#include "bench_util.h"
 
 #define DIM 128
 #define NVEC 64
 #define REPEATS 21
 #define MIN_REPEAT_S 2e-3
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 /* What one timed call does; i picks the vector/row. */
 struct job {
@@ -83,20 +71,20 @@ static double time_op(struct job *j, enum op op)
     double med[REPEATS];
     int calls = 1;
     for (;;) { /* calibrate: enough calls for MIN_REPEAT_S */
-        double t0 = now_s();
+        double t0 = bench_clock_s(CLOCK_THREAD_CPUTIME_ID);
         for (int c = 0; c < calls; c++)
             run_once(j, op, c % NVEC);
-        if (now_s() - t0 >= MIN_REPEAT_S || calls > (1 << 24))
+        if (bench_clock_s(CLOCK_THREAD_CPUTIME_ID) - t0 >= MIN_REPEAT_S || calls > (1 << 24))
             break;
         calls *= 2;
     }
     for (int r = 0; r < REPEATS; r++) {
-        double t0 = now_s();
+        double t0 = bench_clock_s(CLOCK_THREAD_CPUTIME_ID);
         for (int c = 0; c < calls; c++)
             run_once(j, op, c % NVEC);
-        med[r] = (now_s() - t0) / calls;
+        med[r] = (bench_clock_s(CLOCK_THREAD_CPUTIME_ID) - t0) / calls;
     }
-    qsort(med, REPEATS, sizeof med[0], cmp_double);
+    qsort(med, REPEATS, sizeof med[0], bench_cmp_double);
     return med[REPEATS / 2] * 1e9 / (op == OP_BATCH ? NVEC : 1);
 }
 

@@ -22,23 +22,11 @@
 #include "kvq_rotation.h"
 #include "rng_internal.h"
 #include "rotation_internal.h"
+#include "bench_util.h"
 
 /* Thread CPU time, not wall time: the development machine is shared, and
  * time spent descheduled would otherwise land in the medians. On a quiet
  * machine the two agree. */
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 static FILE *json;
 static int json_first;
 
@@ -66,22 +54,22 @@ static double time_apply(const kvq_rotation *r, apply_fn fn, int d)
         buf[i] = (float)kvq_rng_gauss(&rng) * 0.1f;
     long calls = NVEC;
     for (;;) {
-        double t0 = now_s();
+        double t0 = bench_clock_s(CLOCK_THREAD_CPUTIME_ID);
         for (long c = 0; c < calls; c++)
             fn(r, buf + (c % NVEC) * d, buf + (c % NVEC) * d);
-        if (now_s() - t0 >= 2e-3 || calls > (1L << 26))
+        if (bench_clock_s(CLOCK_THREAD_CPUTIME_ID) - t0 >= 2e-3 || calls > (1L << 26))
             break;
         calls *= 2;
     }
     double t[REPEATS];
     for (int k = 0; k < REPEATS; k++) {
-        double t0 = now_s();
+        double t0 = bench_clock_s(CLOCK_THREAD_CPUTIME_ID);
         for (long c = 0; c < calls; c++)
             fn(r, buf + (c % NVEC) * d, buf + (c % NVEC) * d);
-        t[k] = (now_s() - t0) / (double)calls;
+        t[k] = (bench_clock_s(CLOCK_THREAD_CPUTIME_ID) - t0) / (double)calls;
     }
     free(buf);
-    qsort(t, REPEATS, sizeof t[0], cmp_double);
+    qsort(t, REPEATS, sizeof t[0], bench_cmp_double);
     return t[REPEATS / 2] * 1e9;
 }
 
@@ -241,7 +229,7 @@ static double beta_cdf_at(const struct beta_cdf *b, double t)
 /* Kolmogorov distance of samples (sorted in place) to the beta CDF. */
 static double ks_distance(double *s, size_t n, const struct beta_cdf *b)
 {
-    qsort(s, n, sizeof *s, cmp_double);
+    qsort(s, n, sizeof *s, bench_cmp_double);
     double worst = 0;
     for (size_t i = 0; i < n; i++) {
         double f = beta_cdf_at(b, s[i]);
