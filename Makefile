@@ -46,16 +46,27 @@ TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 FUZZ_BIN  := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/fuzz/%)
 
-# CUDA objects join the library whenever nvcc exists; the code checks for a
-# device at run time, so the same build works (and skips) without a GPU.
+# CUDA objects join the library whenever nvcc and its static runtime exist;
+# the code checks for a device at run time, so the same build works (and
+# skips) without a GPU. nvcc is often a symlink (/usr/local/bin/nvcc), so the
+# toolkit root comes from the resolved path, and a toolkit without
+# libcudart_static.a builds the CPU-only library rather than failing to link.
 ifneq ($(strip $(NVCC)),)
 ifneq ($(strip $(CUDA_SRC)),)
-CUDA_HOME  := $(patsubst %/bin/nvcc,%,$(NVCC))
+CUDA_HOME  ?= $(patsubst %/bin/nvcc,%,$(realpath $(NVCC)))
+CUDART     := $(firstword $(wildcard $(CUDA_HOME)/lib64/libcudart_static.a \
+                $(CUDA_HOME)/targets/*/lib/libcudart_static.a \
+                /usr/local/cuda/lib64/libcudart_static.a \
+                /usr/lib/x86_64-linux-gnu/libcudart_static.a))
+ifneq ($(strip $(CUDART)),)
 NVCC_FLAGS ?= -O3 -std=c++17 -lineinfo -Xcompiler -fPIC -gencode=arch=compute_90a,code=sm_90a \
               -gencode=arch=compute_80,code=compute_80 $(addprefix -I,$(INCDIRS))
 LIB_OBJ    += $(CUDA_SRC:%.cu=$(BUILD)/obj/%.o)
 ALL_CFLAGS += -DKVQ_HAVE_CUDA=1
-LDLIBS     += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
+LDLIBS     += $(CUDART) -ldl -lrt -lstdc++
+else
+$(info kvq: $(NVCC) found but no libcudart_static.a under $(CUDA_HOME); building without CUDA)
+endif
 endif
 endif
 

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "kv_auto.h"
 #include "kv_opts.h"
 #include "passkey_prompt.h"
 #include "rng_internal.h"
@@ -154,7 +155,7 @@ struct len_result {
     double tokens_sum;
 };
 
-static int run_all(const struct opts *o, kvq_model *m, kvq_tokenizer *tok, struct len_result *res)
+static int run_all(struct opts *o, kvq_model *m, kvq_tokenizer *tok, struct len_result *res)
 {
     const struct kvq_model_config *c = kvq_model_config_of(m);
     long longest = 0;
@@ -163,6 +164,10 @@ static int run_all(const struct opts *o, kvq_model *m, kvq_tokenizer *tok, struc
     if (longest + ANSWER_TOKENS > c->max_ctx)
         return cli_error(CMD, "length %ld plus %d answer tokens exceeds the model's context of %d", longest,
                          ANSWER_TOKENS, c->max_ctx);
+    /* --kv-auto plans for the longest prompt and its answer (or --kv-auto-ctx) */
+    int arc = kv_auto_apply(CMD, &o->kv, m, tok, o->model, (size_t)(longest + ANSWER_TOKENS), o->quiet);
+    if (arc)
+        return arc;
     struct kvq_seq_config sc;
     kv_opts_seq_config(&o->kv, &sc);
     sc.max_ctx = (size_t)(longest + ANSWER_TOKENS);
@@ -221,7 +226,7 @@ static int run_all(const struct opts *o, kvq_model *m, kvq_tokenizer *tok, struc
     return rc;
 }
 
-static int report(const struct opts *o, const struct len_result *res)
+static int report(const struct opts *o, const kvq_model *m, const struct len_result *res)
 {
     char name[2048];
     kv_opts_name(&o->kv, name, sizeof name);
@@ -241,6 +246,7 @@ static int report(const struct opts *o, const struct len_result *res)
     cJSON_AddNumberToObject(root, "seed", (double)o->kv.seed);
     cJSON_AddNumberToObject(root, "trials", (double)o->trials);
     cJSON_AddItemToObject(root, "lengths", arr);
+    kv_auto_json(root, &o->kv, m);
     for (int i = 0; i < o->n_lengths; i++) {
         cJSON *e = cJSON_CreateObject();
         cJSON_AddNumberToObject(e, "length", (double)res[i].length);
@@ -276,7 +282,7 @@ int cmd_passkey(int argc, char **argv)
     memset(res, 0, sizeof res);
     rc = run_all(&o, m, tok, res);
     if (!rc)
-        rc = report(&o, res);
+        rc = report(&o, m, res);
     kvq_tokenizer_free(tok);
     kvq_model_free(m);
     return rc;

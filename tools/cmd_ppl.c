@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "kv_auto.h"
 #include "kv_opts.h"
 #include "ppl_core.h"
 
@@ -86,9 +87,10 @@ static void progress(void *user, size_t done, size_t total, const struct ppl_res
         fprintf(stderr, "\rkvq ppl: %zu / %zu tokens, ppl so far %.4f   ", done, total, r->ppl);
 }
 
-static int report(const struct opts *o, const struct kvq_seq_plan *pl, const struct kvq_model_config *c,
-                  size_t n, const struct ppl_result *r)
+static int report(const struct opts *o, const struct kvq_seq_plan *pl, const kvq_model *m, size_t n,
+                  const struct ppl_result *r)
 {
+    const struct kvq_model_config *c = kvq_model_config_of(m);
     char name[2048];
     kv_opts_name(&o->kv, name, sizeof name);
     double bits = kv_bits_per_value(pl, c);
@@ -110,6 +112,7 @@ static int report(const struct opts *o, const struct kvq_seq_plan *pl, const str
     cJSON_AddNumberToObject(root, "ctx", (double)o->ctx);
     cJSON_AddNumberToObject(root, "chunk", (double)o->chunk);
     cJSON_AddNumberToObject(root, "seconds", r->seconds);
+    kv_auto_json(root, &o->kv, m);
     char *js = cJSON_PrintUnformatted(root);
     if (js)
         printf("%s\n", js);
@@ -145,6 +148,8 @@ static int score(struct opts *o, kvq_model *m, kvq_tokenizer *tok)
         rc = cli_error(CMD, "%s has fewer than 2 tokens", o->file);
         goto out;
     }
+    if ((rc = kv_auto_apply(CMD, &o->kv, m, tok, o->model, (size_t)o->ctx, o->quiet)) != 0)
+        goto out;
     struct kvq_seq_config sc;
     kv_opts_seq_config(&o->kv, &sc);
     sc.max_ctx = (size_t)o->ctx;
@@ -166,7 +171,7 @@ static int score(struct opts *o, kvq_model *m, kvq_tokenizer *tok)
         rc = cli_status_error(CMD, st, "scoring");
         goto out;
     }
-    rc = report(o, &pl, c, n, &r);
+    rc = report(o, &pl, m, n, &r);
 out:
     kvq_seq_free(s);
     free(ids);

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "kv_auto.h"
 #include "kv_opts.h"
 #include "kvq_model.h"
 #include "kvq_qkv_dump.h"
@@ -46,6 +47,11 @@ static void usage(FILE *f)
             "                       (split evenly per layer; pages are allocated on demand)\n"
             "  --layer-types K/V,.. per-layer cache types, one pair per layer (overrides the above)\n"
             "  --v-norm-correct     store value norms so that decoded tq values keep the input norm\n"
+            "  --kv-auto            choose per-layer K/V types that fit --kv-budget at the context\n"
+            "                       with the least attention error on a calibration text\n"
+            "  --kv-auto-ctx N      context --kv-auto plans for (default: the model's)\n"
+            "  --kv-auto-calib F    calibration text (default: <model>/reference/valid.txt)\n"
+            "  --kv-auto-metric M   per-layer error --kv-auto minimises: out_err (default), ipv, kl\n"
             "  --plan               print bytes per token and the longest context fitting the\n"
             "                       budget for every cache type, then exit (no prompt needed)\n\n"
             "exit status: 0 done; 1 failure; 2 bad input (also: the prompt does not fit the\n"
@@ -131,7 +137,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
             bad = cli_parse_double(v, &o->top_p) || !(o->top_p > 0 && o->top_p <= 1);
         else if (strcmp(a, "--seed") == 0)
             bad = cli_parse_u64(v, &o->seed);
-        else if (strcmp(a, "--layer-types") == 0) {
+        else if (strcmp(a, "--layer-types") == 0 || strcmp(a, "--kv-auto-ctx") == 0 ||
+                 strcmp(a, "--kv-auto-calib") == 0 || strcmp(a, "--kv-auto-metric") == 0) {
             if (kv_opts_parse(CMD, a, v, &o->kvx) != 1)
                 return 2;
         } else if (strcmp(a, "--kv-budget") == 0)
@@ -278,6 +285,7 @@ static int print_json(const struct opts *o, const kvq_model *m, const kvq_seq *s
     cJSON_AddNumberToObject(kv, "budget", (double)st.kv_budget);
     cJSON_AddStringToObject(root, "stop_reason", stop_reason);
     cJSON_AddNumberToObject(root, "peak_rss_bytes", (double)kv_peak_rss());
+    kv_auto_json(root, &o->kvx, m);
     cJSON_AddItemToObject(root, "timings", tm);
     cJSON_AddNumberToObject(tm, "load_s", mi.load_seconds);
     cJSON_AddNumberToObject(tm, "prefill_s", st.t_prefill);
@@ -386,7 +394,7 @@ static int print_plan(const struct opts *o, const kvq_model *m)
     return 0;
 }
 
-static int run(const struct opts *o, kvq_model *m, kvq_tokenizer *tok)
+static int run(struct opts *o, kvq_model *m, kvq_tokenizer *tok)
 {
     const struct kvq_model_config *c = kvq_model_config_of(m);
     int32_t *prompt = NULL, *out = NULL;
@@ -407,6 +415,11 @@ static int run(const struct opts *o, kvq_model *m, kvq_tokenizer *tok)
         rc = cli_error(CMD, "the prompt has %zu tokens, longer than the model's context of %d", n_prompt, c->max_ctx);
         goto out;
     }
+    o->kvx.budget = o->kv_budget;
+    o->kvx.seed = o->seed;
+    if ((rc = kv_opts_check(CMD, &o->kvx, m)) != 0 ||
+        (rc = kv_auto_apply(CMD, &o->kvx, m, tok, o->model, (size_t)c->max_ctx, 0)) != 0)
+        goto out;
     struct kvq_seq_config sc;
     kvq_seq_config_default(&sc);
     sc.type_k = o->tk;
@@ -415,8 +428,6 @@ static int run(const struct opts *o, kvq_model *m, kvq_tokenizer *tok)
     sc.kv_budget = o->kv_budget;
     sc.layer_types = o->kvx.n_layer_types ? o->kvx.layer_types : NULL;
     sc.v_norm_correct = o->kvx.v_norm_correct;
-    if ((rc = kv_opts_check(CMD, &o->kvx, m)) != 0)
-        goto out;
     if (kvq_seq_create(m, &sc, &s, &err) != KVQ_OK) {
         rc = cli_error(CMD, "%s", err.msg);
         goto out;

@@ -6,6 +6,7 @@
 #include <sys/resource.h>
 
 #include "cli.h"
+#include "kv_auto.h"
 
 void kv_opts_default(struct kv_opts *o)
 {
@@ -65,6 +66,28 @@ int kv_opts_parse(const char *cmd, const char *a, const char *v, struct kv_opts 
         }
         return 1;
     }
+    if (strcmp(a, "--kv-auto-ctx") == 0) {
+        long n = 0;
+        if (cli_parse_int(v, 2, 1l << 30, &n)) {
+            cli_error(cmd, "bad value '%s' for --kv-auto-ctx", v);
+            return 2;
+        }
+        o->auto_ctx = (size_t)n;
+        return 1;
+    }
+    if (strcmp(a, "--kv-auto-metric") == 0) {
+        for (int i = 0; i < KV_AUTO_N_METRICS; i++)
+            if (strcmp(v, kv_auto_metric_name(i)) == 0) {
+                o->auto_metric = i;
+                return 1;
+            }
+        cli_error(cmd, "bad value '%s' for --kv-auto-metric (out_err, ipv or kl)", v);
+        return 2;
+    }
+    if (strcmp(a, "--kv-auto-calib") == 0) {
+        o->auto_calib = v;
+        return 1;
+    }
     if (strcmp(a, "--seed") == 0) {
         if (cli_parse_u64(v, &o->seed)) {
             cli_error(cmd, "bad value '%s' for --seed", v);
@@ -81,12 +104,20 @@ int kv_opts_flag(const char *a, struct kv_opts *o)
         o->v_norm_correct = 1;
         return 1;
     }
+    if (strcmp(a, "--kv-auto") == 0) {
+        o->kv_auto = 1;
+        return 1;
+    }
     return 0;
 }
 
 int kv_opts_check(const char *cmd, const struct kv_opts *o, const kvq_model *m)
 {
     int n = kvq_model_config_of(m)->n_layers;
+    if (o->kv_auto && !o->budget)
+        return cli_error(cmd, "--kv-auto needs --kv-budget");
+    if (o->kv_auto && o->n_layer_types)
+        return cli_error(cmd, "--kv-auto chooses the per-layer types itself: drop --layer-types");
     if (o->n_layer_types && o->n_layer_types != n)
         return cli_error(cmd, "--layer-types gives %d K/V pairs, the model has %d layers", o->n_layer_types, n);
     return 0;
@@ -120,6 +151,11 @@ void kv_opts_usage(FILE *f)
                "  --kv-budget SIZE     most bytes of KV-cache pages over all layers, e.g. 48MiB\n"
                "                       (split evenly per layer; default: no limit)\n"
                "  --layer-types K/V,.. per-layer cache types, one pair per layer (overrides the above)\n"
+               "  --kv-auto            choose per-layer K/V types that fit --kv-budget at the context\n"
+               "                       with the least attention error on a calibration text\n"
+               "  --kv-auto-ctx N      context --kv-auto plans for (default: the command's / model's)\n"
+               "  --kv-auto-calib F    calibration text (default: <model>/reference/valid.txt)\n"
+               "  --kv-auto-metric M   per-layer error --kv-auto minimises: out_err (default), ipv, kl\n"
                "  --v-norm-correct     store value norms so that decoded tq values keep the input norm\n"
                "  --seed S             cache-rotation (and sampler) seed (default 0)\n");
 }

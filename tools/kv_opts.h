@@ -18,6 +18,13 @@ struct kv_opts {
     int n_layer_types;    /* --layer-types: 0, or one K/V pair per model layer */
     enum kvq_type layer_types[2 * KV_OPTS_MAX_LAYERS];
     int v_norm_correct;   /* --v-norm-correct */
+    /* --kv-auto (kv_auto.h): per-layer types chosen for budget at a context */
+    int kv_auto;
+    size_t auto_ctx;        /* --kv-auto-ctx N, 0 = the command's context */
+    int auto_metric;        /* --kv-auto-metric: enum kv_auto_metric (kv_auto.h) */
+    const char *auto_calib; /* --kv-auto-calib F, NULL = <model>/reference/valid.txt */
+    size_t auto_ctx_used;   /* filled by kv_auto_apply */
+    double auto_err[KV_OPTS_MAX_LAYERS]; /* chosen pair's out_err per layer */
 };
 
 void kv_opts_default(struct kv_opts *o);

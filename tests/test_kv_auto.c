@@ -1,0 +1,254 @@
+/* test_kv_auto.c - --kv-auto: the knapsack against brute force, the measured
+ * errors deterministic, the choice within the budget and never worse for a
+ * larger budget, and the commands' --kv-auto path end to end. */
+#include <cjson/cJSON.h>
+#include <float.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kv_auto.h"
+#include "kvq_model.h"
+#include "kvq_tokenizer.h"
+#include "rng_internal.h"
+#include "test.h"
+#include "test_util.h"
+
+int cmd_ppl(int argc, char **argv);
+int cmd_run(int argc, char **argv);
+
+#define MODEL TEST_MODEL_DIR
+#define CALIB 200
+
+static kvq_model *model;
+static kvq_tokenizer *tok;
+static enum kvq_type cands[2 * KV_AUTO_MAX_CANDS];
+static int n_cands;
+static double *errs;
+static size_t *costs;
+
+/* The least summed error of every combination with cost <= cap, by
+ * enumeration (odometer over layers). @return -1 when nothing fits. */
+static double brute(int L, int N, const size_t *cost, const double *err, size_t cap)
+{
+    int idx[8] = {0};
+    double best = -1;
+    for (;;) {
+        size_t c = 0;
+        double e = 0;
+        for (int l = 0; l < L; l++) {
+            c += cost[l * N + idx[l]];
+            e += err[l * N + idx[l]];
+        }
+        if (c <= cap && (best < 0 || e < best))
+            best = e;
+        int l = 0;
+        while (l < L && ++idx[l] == N)
+            idx[l++] = 0;
+        if (l == L)
+            return best;
+    }
+}
+
+/* Random tables (costs on a block grid like real rows), exact against brute force. */
+static void test_choose_brute_force(void)
+{
+    kvq_rng r;
+    kvq_rng_init(&r, 42);
+    for (int trial = 0; trial < 40; trial++) {
+        int L = 1 + (int)(kvq_rng_next(&r) % 4), N = 1 + (int)(kvq_rng_next(&r) % 7);
+        size_t cost[4 * 7];
+        double err[4 * 7];
+        for (int i = 0; i < L * N; i++) {
+            cost[i] = 16 * (1 + kvq_rng_next(&r) % 20);
+            err[i] = kvq_rng_uniform(&r);
+        }
+        size_t cap = 16 * (size_t)(kvq_rng_next(&r) % (size_t)(20 * L + 4));
+        int choice[4];
+        double te = 0;
+        size_t tc = 0;
+        double want = brute(L, N, cost, err, cap);
+        kvq_status st = kv_auto_choose(L, N, cost, err, cap, choice, &te, &tc);
+        if (want < 0) {
+            CHECK(st == KVQ_ERR_BUDGET);
+            continue;
+        }
+        CHECK_OK(st);
+        CHECK(tc <= cap);
+        double e = 0;
+        size_t c = 0;
+        for (int l = 0; l < L; l++) {
+            e += err[l * N + choice[l]];
+            c += cost[l * N + choice[l]];
+        }
+        CHECK(c == tc);
+        CHECK_NEAR(e, te, 1e-12);
+        CHECK_NEAR(te, want, 1e-12);
+    }
+    int choice[1];
+    size_t c1 = 10;
+    double e1 = 1;
+    CHECK(kv_auto_choose(0, 1, &c1, &e1, 100, choice, NULL, NULL) == KVQ_ERR_INVALID_ARG);
+}
+
+static int32_t *calib_ids(size_t *n)
+{
+    size_t len = 0, nt = 0;
+    int32_t *t = NULL;
+    char *text = test_read_file(TEST_REF_DIR "/valid.txt", &len);
+    if (!text || kvq_tokenizer_encode_alloc(tok, text, len, 0, &t, &nt) != KVQ_OK || nt < CALIB) {
+        free(text);
+        free(t);
+        return NULL;
+    }
+    free(text);
+    t[0] = kvq_model_config_of(model)->bos_id;
+    *n = CALIB;
+    return t;
+}
+
+/* Measured on the model: deterministic, and the real cache's costs. */
+static void test_score_deterministic(void)
+{
+    const struct kvq_model_config *c = kvq_model_config_of(model);
+    size_t n = 0;
+    int32_t *ids = calib_ids(&n);
+    CHECK(ids != NULL);
+    if (!ids)
+        return;
+    size_t cells = (size_t)c->n_layers * (size_t)n_cands;
+    double *e2 = malloc(cells * sizeof *e2);
+    size_t *c2 = malloc(cells * sizeof *c2);
+    kvq_error err = {0};
+    CHECKF(kv_auto_score(model, ids, n, cands, n_cands, 0, 64, KV_AUTO_OUT_ERR, errs, costs, &err) == KVQ_OK, "%s", err.msg);
+    CHECK_OK(kv_auto_score(model, ids, n, cands, n_cands, 0, 64, KV_AUTO_OUT_ERR, e2, c2, &err));
+    CHECK(memcmp(errs, e2, cells * sizeof *e2) == 0);
+    CHECK(memcmp(costs, c2, cells * sizeof *c2) == 0);
+    for (size_t i = 0; i < cells; i++)
+        CHECK(errs[i] > 0 && errs[i] < 2);
+    /* Layer cost of a pair, times the layers, is what the planner charges for it uniformly. */
+    for (int j = 0; j < n_cands; j++) {
+        struct kvq_seq_config sc;
+        struct kvq_seq_plan pl;
+        kvq_seq_config_default(&sc);
+        sc.type_k = cands[2 * j];
+        sc.type_v = cands[2 * j + 1];
+        CHECK_OK(kvq_seq_plan_of(model, &sc, &pl));
+        CHECK(costs[j] * (size_t)c->n_layers == pl.bytes_per_token);
+    }
+    /* More bits per layer should not raise the error: q8_0/q8_0 beats tq2/tq2. */
+    int i88 = -1, i22 = -1;
+    for (int j = 0; j < n_cands; j++) {
+        const char *k = kvq_type_traits(cands[2 * j])->name, *v = kvq_type_traits(cands[2 * j + 1])->name;
+        if (!strcmp(k, "q8_0") && !strcmp(v, "q8_0"))
+            i88 = j;
+        if (!strcmp(k, "tq2") && !strcmp(v, "tq2"))
+            i22 = j;
+    }
+    CHECK(i88 >= 0 && i22 >= 0);
+    for (int l = 0; l < c->n_layers && i88 >= 0 && i22 >= 0; l++)
+        CHECK(errs[l * n_cands + i88] < errs[l * n_cands + i22]);
+    free(ids);
+    free(e2);
+    free(c2);
+}
+
+/* Over the measured tables: fits, exact, monotone in the budget. */
+static void test_choice_budget(void)
+{
+    int L = kvq_model_config_of(model)->n_layers;
+    size_t lo = SIZE_MAX, hi = 0;
+    for (int j = 0; j < n_cands; j++) {
+        lo = costs[j] < lo ? costs[j] : lo;
+        hi = costs[j] > hi ? costs[j] : hi;
+    }
+    CHECK(kv_auto_choose(L, n_cands, costs, errs, lo * (size_t)L - 1, (int[KV_OPTS_MAX_LAYERS]){0}, NULL, NULL) ==
+          KVQ_ERR_BUDGET);
+    double prev = DBL_MAX;
+    for (size_t cap = lo * (size_t)L; cap <= hi * (size_t)L + 64; cap += 48) {
+        int choice[KV_OPTS_MAX_LAYERS];
+        double te;
+        size_t tc;
+        CHECK_OK(kv_auto_choose(L, n_cands, costs, errs, cap, choice, &te, &tc));
+        CHECK(tc <= cap);
+        CHECK(te <= prev);
+        prev = te;
+        if (L <= 4 && cap % 240 == lo * (size_t)L % 240)
+            CHECK_NEAR(te, brute(L, n_cands, costs, errs, cap), 1e-12);
+    }
+}
+
+/* kvq ppl --kv-auto: JSON names the choice, the cache fits the budget, same
+ * result twice; without --kv-budget it is refused. */
+static void test_cmd_ppl(void)
+{
+    const char *args[] = {"--model", MODEL,     "--file", TEST_REF_DIR "/valid.txt", "--ctx", "1024", "--max-tokens",
+                          "300",     "--kv-budget", "900000", "--kv-auto", "--json", "--quiet"};
+    int na = (int)(sizeof args / sizeof *args);
+    char *argv[16], *out = NULL, *out2 = NULL, *err = NULL;
+    argv[0] = "ppl";
+    for (int i = 0; i < na; i++)
+        argv[i + 1] = (char *)args[i];
+    CHECK(test_run_captured(cmd_ppl, na + 1, argv, &out, &err) == 0);
+    free(err);
+    CHECK(test_run_captured(cmd_ppl, na + 1, argv, &out2, &err) == 0);
+    free(err);
+    cJSON *j = out ? cJSON_Parse(out) : NULL, *j2 = out2 ? cJSON_Parse(out2) : NULL;
+    /* the same choice and score both times (only "seconds" may differ) */
+    const char *name = cJSON_GetStringValue(cJSON_GetObjectItem(j, "cache"));
+    const char *name2 = cJSON_GetStringValue(cJSON_GetObjectItem(j2, "cache"));
+    CHECK(name && name2 && strcmp(name, name2) == 0);
+    CHECK(cJSON_GetNumberValue(cJSON_GetObjectItem(j, "ppl")) == cJSON_GetNumberValue(cJSON_GetObjectItem(j2, "ppl")));
+    cJSON_Delete(j2);
+    const cJSON *a = cJSON_GetObjectItem(j, "kv_auto"), *layers = cJSON_GetObjectItem(a, "layers");
+    CHECK(a && cJSON_GetArraySize(layers) == kvq_model_config_of(model)->n_layers);
+    double bits = cJSON_GetNumberValue(cJSON_GetObjectItem(j, "bits_per_value"));
+    const struct kvq_model_config *c = kvq_model_config_of(model);
+    /* bytes per token at 1024 tokens within 900000 bytes */
+    double bytes = bits / 8.0 * 2.0 * c->n_layers * c->n_kv_heads * c->head_dim;
+    CHECK(bytes * 1024 <= 900000);
+    CHECK(cJSON_GetNumberValue(cJSON_GetObjectItem(j, "ppl")) > 1);
+    cJSON_Delete(j);
+    free(out);
+    free(out2);
+
+    const char *bad[] = {"ppl", "--model", MODEL, "--file", TEST_REF_DIR "/valid.txt", "--kv-auto"};
+    CHECK(test_run_captured(cmd_ppl, 6, (char **)bad, &out, &err) == 2);
+    CHECK(err && strstr(err, "--kv-auto needs --kv-budget"));
+    free(out);
+    free(err);
+    const char *tiny[] = {"ppl", "--model", MODEL, "--file", TEST_REF_DIR "/valid.txt", "--ctx", "1024",
+                          "--kv-budget", "1000", "--kv-auto"};
+    CHECK(test_run_captured(cmd_ppl, 10, (char **)tiny, &out, &err) == 2);
+    CHECK(err && strstr(err, "cannot hold"));
+    free(out);
+    free(err);
+    const char *metric[] = {"ppl", "--model", MODEL, "--file", TEST_REF_DIR "/valid.txt", "--kv-budget", "1MiB",
+                            "--kv-auto", "--kv-auto-metric", "mse"};
+    CHECK(test_run_captured(cmd_ppl, 10, (char **)metric, &out, &err) == 2);
+    CHECK(err && strstr(err, "--kv-auto-metric"));
+    free(out);
+    free(err);
+}
+
+int main(void)
+{
+    kvq_error err = {0};
+    if (kvq_model_load(MODEL, NULL, &model, &err) != KVQ_OK ||
+        kvq_tokenizer_create(MODEL "/tokenizer.json", &tok, &err) != KVQ_OK) {
+        fprintf(stderr, "cannot load the model: %s\n", err.msg);
+        return 1;
+    }
+    n_cands = kv_auto_candidates(cands, KV_AUTO_MAX_CANDS);
+    size_t cells = (size_t)kvq_model_config_of(model)->n_layers * (size_t)n_cands;
+    errs = calloc(cells, sizeof *errs);
+    costs = calloc(cells, sizeof *costs);
+    RUN(test_choose_brute_force);
+    RUN(test_score_deterministic);
+    RUN(test_choice_budget);
+    RUN(test_cmd_ppl);
+    free(errs);
+    free(costs);
+    kvq_tokenizer_free(tok);
+    kvq_model_free(model);
+    return TEST_END("test_kv_auto");
+}
