@@ -53,7 +53,8 @@ FUZZ_BIN  := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/fuzz/%)
 # libcudart_static.a builds the CPU-only library rather than failing to link.
 ifneq ($(strip $(NVCC)),)
 ifneq ($(strip $(CUDA_SRC)),)
-CUDA_HOME  ?= $(patsubst %/bin/nvcc,%,$(realpath $(NVCC)))
+override NVCC := $(or $(realpath $(NVCC)),$(NVCC))
+CUDA_HOME  ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 CUDART     := $(firstword $(wildcard $(CUDA_HOME)/lib64/libcudart_static.a \
                 $(CUDA_HOME)/targets/*/lib/libcudart_static.a \
                 /usr/local/cuda/lib64/libcudart_static.a \
