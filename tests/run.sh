@@ -1,6 +1,6 @@
 #!/bin/sh
 # Runs every test binary given, shows their output, and closes with the
-# suite's totals as one plain line: "N passed, N failed, N skipped".
+# suite's totals: "N skipped", then the plain last line "N passed, N failed".
 # Exits non-zero when any test failed or a binary crashed.
 build=$1; shift
 passed=0; failed=0; skipped=0; crashed=0
@@ -25,5 +25,6 @@ for t in "$@"; do
         failed=$((failed + 1)); crashed=1
     fi
 done
-echo "$passed passed, $failed failed, $skipped skipped"
+echo "$skipped skipped"
+echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ] && [ "$crashed" -eq 0 ]
