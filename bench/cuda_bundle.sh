@@ -50,7 +50,7 @@ tool_objs=$(ls "$build"/obj/tools/*.o | grep -v '/kvq\.o$')
 libs="$build/lib/libkvq.a $dev/obj/blas_shim.o -Wl,-Bstatic -lfftw3f -Wl,-Bdynamic -lcjson -lm -lpthread"
 libs="$libs -L/usr/local/cuda/lib64 -lcudart_static -ldl -lrt -lstdc++"
 cc -o "$dev/tests/test_cuda" "$build/obj/tests/test_cuda.o" $tool_objs $libs
-cc -std=c11 -O2 -Ikvq -Ikvq/common -Ikvq/codebook -Ikvq/rotation -Ikvq/codec -Ikvq/cache -Ikvq/attn -Ikvq/cuda \
+cc -std=c11 -D_DEFAULT_SOURCE -D_POSIX_C_SOURCE=200809L -O2 -Ikvq -Ikvq/common -Ikvq/codebook -Ikvq/rotation -Ikvq/codec -Ikvq/cache -Ikvq/attn -Ikvq/cuda \
     -c bench/bench_cuda.c -o "$dev/obj/bench_cuda.o"
 cc -o "$dev/bench/bench_cuda" "$dev/obj/bench_cuda.o" $libs
 strip "$dev/tests/test_cuda" "$dev/bench/bench_cuda"

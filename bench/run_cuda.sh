@@ -59,7 +59,8 @@ s = {(r["batch"], r["context"]): r for r in sdpa["results"]}
 print(f"device: {ours['device']}; copy {copy:.0f} GB/s (read+write)")
 print(f"{'batch':>5} {'ctx':>7} {'tq3j/tq3 us':>12} {'GB/s':>6} {'%copy':>6} {'tq3/tq3 us':>11} "
       f"{'f16 us':>9} {'SDPA us':>9} {'tq3j vs SDPA':>13} {'tq3 vs SDPA':>12} {'tq3j vs f16':>12} "
-      f"{'tq3j v1 us':>11} {'v1/new':>7}")
+      f"{'tq3j v1 us':>11} {'v1/new':>7} {'tq3j v3 us':>11} {'new/v3':>7} {'v3 vs SDPA':>11} {'tq3 v3 us':>10} "
+      f"{'tq3 v3 vs SDPA':>15}")
 for (b, c) in sorted({(k[0], k[1]) for k in t}, key=lambda x: (x[1], x[0])):
     a = t.get((b, c, "tq3j/tq3")); q = t.get((b, c, "tq3/tq3")); f = t.get((b, c, "f16/f16"))
     p = s.get((b, c), {}).get("us")
@@ -68,7 +69,9 @@ for (b, c) in sorted({(k[0], k[1]) for k in t}, key=lambda x: (x[1], x[0])):
     print(f"{b:5d} {c:7d} {fmt(a and a['us']):>12} {fmt(a and a['gbps']):>6} {fmt(a and a['pct_copy']):>6} "
           f"{fmt(q and q['us']):>11} {fmt(f and f['us']):>9} {fmt(p):>9} {ratio(a and a['us'], p):>13} "
           f"{ratio(q and q['us'], p):>12} {ratio(a and a['us'], f and f['us']):>12} "
-          f"{fmt(a and a.get('us_v1')):>11} {ratio(a and a['us'], a and a.get('us_v1')):>7}")
+          f"{fmt(a and a.get('us_v1')):>11} {ratio(a and a['us'], a and a.get('us_v1')):>7} "
+          f"{fmt(a and a.get('us_v3')):>11} {ratio(a and a.get('us_v3'), a and a['us']):>7} "
+          f"{ratio(a and a.get('us_v3'), p):>11} {fmt(q and q.get('us_v3')):>10} {ratio(q and q.get('us_v3'), p):>15}")
 EOF
 fi
 if has ncu; then
@@ -85,8 +88,12 @@ if has ncu; then
 fi
 
 if has sass; then
-    cuobjdump -sass "$build/tests/test_cuda" 2>/dev/null | awk '/Function : .*fast_kernelILi0ELi0ELi4/{p=1} /Function : /{if(!/fast_kernelILi0ELi0ELi4/)p=0} p' >"$out/sass.txt"
-    say "sass: $(wc -l <"$out/sass.txt") lines; HMMA $(grep -c HMMA "$out/sass.txt"), PRMT $(grep -c PRMT "$out/sass.txt"), LDS $(grep -c LDS "$out/sass.txt")"
+    # tq3j/tq3, G <= 4, 32-token stages: the default kernel (b0) and the third-pass candidate (b1)
+    for tr in 0 1; do
+        k="fast_kernelILi0ELi0ELi4ELi2ELb${tr}E"
+        cuobjdump -sass "$build/tests/test_cuda" 2>/dev/null | awk -v k="$k" '/Function : /{p = index($0, k) > 0} p' >"$out/sass$tr.txt"
+        say "sass ($k): $(grep -c '/\*[0-9a-f]*\*/' "$out/sass$tr.txt") instructions; HMMA $(grep -c HMMA "$out/sass$tr.txt"), PRMT $(grep -c PRMT "$out/sass$tr.txt"), LDS $(grep -c 'LDS' "$out/sass$tr.txt"), SHFL $(grep -c SHFL "$out/sass$tr.txt")"
+    done
 fi
 
 if has sanitize; then

@@ -6,6 +6,8 @@
  * API: the chunk's post-RoPE keys and values are appended to the layer's
  * cache, then kvq_attn_causal (T > 1) or kvq_attn_decode (T = 1) reads them
  * back from the packed pages, once per KV head for its group of query heads.
+ * With the recent f16 window (kvq_seq_config.recent_f16) a chunk is appended
+ * and attended one position at a time instead (append_attend_each).
  */
 #include <cblas.h>
 #include <math.h>
@@ -152,6 +154,30 @@ static kvq_status norm_correct_v(kvq_seq *s, int l, size_t T)
     return KVQ_OK;
 }
 
+/* Generation order for a chunk (recent f16 window): append token t, then
+ * attend for query t, so every query sees the f16 window exactly as it was
+ * when its own token was the newest (pages filled later in the chunk are
+ * not yet read packed). */
+static kvq_status append_attend_each(kvq_seq *s, int l, size_t T)
+{
+    const kvq_model *m = s->m;
+    const struct kvq_model_config *c = &m->cfg;
+    int d = c->head_dim, G = c->n_heads / c->n_kv_heads;
+    size_t gd = (size_t)G * d;
+    float scale = 1.0f / sqrtf((float)d);
+    kvq_cache *cache = s->caches[l];
+    for (size_t t = 0; t < T; t++) {
+        kvq_status st = kvq_cache_append(cache, 1, s->k + t * (size_t)m->kv_dim, s->v + t * (size_t)m->kv_dim);
+        for (int g = 0; g < c->n_kv_heads && st == KVQ_OK; g++) {
+            size_t off = t * (size_t)m->q_dim + g * gd; /* a group's heads are contiguous within a token */
+            st = kvq_attn_decode(cache, g, s->pos + t + 1, s->q + off, G, scale, s->attn + off, s->ws);
+        }
+        if (st != KVQ_OK)
+            return st;
+    }
+    return KVQ_OK;
+}
+
 static void rollback(kvq_seq *s, int n_layers)
 {
     for (int l = 0; l < n_layers; l++)
@@ -186,15 +212,17 @@ kvq_status kvq_forward_chunk(kvq_seq *s, const int32_t *ids, size_t T)
 
         double t0 = kvq_now();
         kvq_status st = norm_correct_v(s, l, T);
-        if (st == KVQ_OK)
-            st = kvq_cache_append(s->caches[l], T, s->k, s->v);
         if (st != KVQ_OK) {
             rollback(s, l);
             return st;
         }
-        st = attention(s, l, T);
+        if (s->cfg.recent_f16 && T > 1) {
+            st = append_attend_each(s, l, T);
+        } else if ((st = kvq_cache_append(s->caches[l], T, s->k, s->v)) == KVQ_OK) {
+            st = attention(s, l, T);
+        }
         if (st != KVQ_OK) {
-            rollback(s, l + 1);
+            rollback(s, l + 1); /* layer l may hold some of the chunk */
             return st;
         }
         s->tm.attn += kvq_now() - t0;

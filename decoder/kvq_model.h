@@ -147,6 +147,17 @@ struct kvq_seq_config {
                              * on the direction, so this stores the corrected norm
                              * without any codec change; costs one extra encode +
                              * decode per value row at append. */
+    int recent_f16;         /* 1: every layer's cache also keeps the tokens of its last,
+                             * partly filled page in f16 and attention reads them from
+                             * there (kvq_cache_config.recent_f16). Forward then appends
+                             * and attends one position at a time within a chunk, so a
+                             * prefill sees exactly what token-by-token generation sees. */
+    int sink_tokens;        /* 0..KVQ_CACHE_MAX_SINK_TOKENS: the first sink_tokens tokens
+                             * are also kept in f16 and always read from there
+                             * (kvq_cache_config.sink_tokens). The f16 buffers of both
+                             * are allocated at create and count against kv_budget
+                             * (first, in equal shares per layer; the rest is split as
+                             * above). */
 };
 void kvq_seq_config_default(struct kvq_seq_config *cfg);
 
@@ -169,11 +180,14 @@ struct kvq_seq_plan {
     size_t bytes_at_max;     /* page bytes, all layers, holding max_tokens tokens */
     size_t budget_tokens;    /* tokens the budget alone would hold (not capped by the
                               * context); SIZE_MAX without a budget */
+    size_t fixed_bytes;      /* f16 override buffers (recent_f16, sink_tokens), all
+                              * layers: allocated at create, included in bytes_at_max */
 };
 
-/** Plans a sequence of model m with cfg's types, kv_budget and max_ctx
- *  without allocating anything; exactly what kvq_seq_create would enforce.
- *  @return KVQ_OK; KVQ_ERR_INVALID_ARG (NULL, unknown type);
+/** Plans a sequence of model m with cfg's types, f16 overrides, kv_budget and
+ *  max_ctx without allocating anything; exactly what kvq_seq_create would
+ *  enforce. @return KVQ_OK; KVQ_ERR_INVALID_ARG (NULL, unknown type, bad
+ *  recent_f16 / sink_tokens);
  *  KVQ_ERR_UNSUPPORTED (type for this head_dim). */
 kvq_status kvq_seq_plan_of(const kvq_model *m, const struct kvq_seq_config *cfg, struct kvq_seq_plan *out);
 
@@ -197,13 +211,18 @@ size_t kvq_seq_max_ctx(const kvq_seq *s);
  *  @return KVQ_OK; KVQ_ERR_RANGE (an id outside [0, vocab): nothing
  *  appended); KVQ_ERR_CONTEXT_FULL (pos + n > max_ctx: nothing appended);
  *  KVQ_ERR_INVALID_ARG; a cache/attention error (the caches are then
- *  truncated back to pos); KVQ_ERR_NONFINITE (NaN/Inf logits: the tokens
+ *  truncated back to pos; with recent_f16 the pages for all n tokens are
+ *  reserved first, so a refused budget changes nothing, and only a failure
+ *  after that, e.g. non-finite activations, can cost the f16 copies of pos's
+ *  partly filled page); KVQ_ERR_NONFINITE (NaN/Inf logits: the tokens
  *  stay appended, the outputs are undefined). */
 kvq_status kvq_seq_forward(kvq_seq *s, const int32_t *ids, size_t n, size_t first_out, float *logits,
                            int32_t *argmax);
 
 /** Drops tokens [n, pos) from every cache and the history (speculative
- *  rollback). @return KVQ_OK or KVQ_ERR_INVALID_ARG (n > pos). */
+ *  rollback). With recent_f16, a rollback by more than KVQ_CACHE_F16_SLACK
+ *  tokens may leave the kept tokens of the then partly filled page read
+ *  packed (kvq_cache.h). @return KVQ_OK or KVQ_ERR_INVALID_ARG (n > pos). */
 kvq_status kvq_seq_truncate(kvq_seq *s, size_t n);
 
 /** Called once per layer and chunk with the post-RoPE q [T][n_heads][head_dim],
@@ -261,7 +280,7 @@ struct kvq_seq_stats {
     size_t decode_forwards;   /* forward calls during generation */
     size_t drafted, accepted; /* speculative draft tokens proposed / accepted */
     size_t kv_bytes_used;     /* what the cached tokens occupy in all layers */
-    size_t kv_bytes_alloc;    /* pages allocated */
+    size_t kv_bytes_alloc;    /* pages allocated, plus the f16 window/sink buffers */
     size_t kv_bytes_f16;      /* what an f16 cache would need for them */
     double t_prefill;         /* seconds in prompt forwards */
     double t_decode;          /* seconds in generation (forwards + sampling) */
@@ -270,6 +289,7 @@ struct kvq_seq_stats {
     double t_lm_head;         /* of both: final norm + LM head + reduction/sampling */
     double t_host;            /* the rest: embeddings, norms, RoPE, copies, drafts */
     size_t kv_budget;         /* the configured budget (0 = none) */
+    size_t kv_bytes_f16_buffers; /* f16 window/sink buffers, all layers (also in kv_bytes_alloc) */
 };
 void kvq_seq_get_stats(const kvq_seq *s, struct kvq_seq_stats *st);
 

@@ -40,23 +40,50 @@ static size_t layer_row_bytes(const struct kvq_model_config *c, const struct kvq
     return rk && rv ? (rk + rv) * (size_t)c->n_kv_heads : 0;
 }
 
-/* Layer l's exact share of the budget, proportional to its bytes per token:
- * floor(B * b_l / sum) computed as q * b_l + r * b_l / sum (B = q * sum + r)
- * so nothing overflows and the shares never add up to more than B. A share
- * below one page still must not read as "no limit" (max_bytes 0), so it is
- * at least one byte: such a cache holds no page and every append reports
+/* The verify pass of speculative decoding appends KVQ_MAX_DRAFT + 1 tokens
+ * and may roll back all but one: the recent f16 ring must survive that. */
+_Static_assert(KVQ_MAX_DRAFT + 1 <= KVQ_CACHE_F16_SLACK, "speculative rollback stays within the f16 ring");
+
+/* Layer l's cache config (types, override buffers, context) without seed and budget. */
+static void layer_cache_config(const struct kvq_model_config *c, const struct kvq_seq_config *sc, int l,
+                               size_t max_ctx, struct kvq_cache_config *cc)
+{
+    kvq_cache_config_default(cc, c->n_kv_heads, c->head_dim, max_ctx);
+    types_of(sc, l, &cc->type_k, &cc->type_v);
+    cc->recent_f16 = sc->recent_f16;
+    cc->sink_tokens = sc->sink_tokens;
+}
+
+/* Bytes of layer l's f16 override buffers (allocated at create). */
+static size_t layer_fixed_bytes(const struct kvq_model_config *c, const struct kvq_seq_config *sc, int l,
+                                size_t max_ctx)
+{
+    struct kvq_cache_config cc;
+    layer_cache_config(c, sc, l, max_ctx, &cc);
+    return kvq_cache_bytes_for(&cc, 0);
+}
+
+/* Layer l's exact share of the budget: its f16 buffers F_l, plus a part of
+ * the rest R = B - sum F proportional to its bytes per token: floor(R * b_l /
+ * sum) computed as q * b_l + r * b_l / sum (R = q * sum + r) so nothing
+ * overflows and the shares never add up to more than B. A share below one
+ * page still must not read as "no limit" (max_bytes 0), so it is at least
+ * one byte: such a cache holds no page and every append reports
  * KVQ_ERR_BUDGET. */
-static size_t layer_budget(const struct kvq_model_config *c, const struct kvq_seq_config *sc, int l)
+static size_t layer_budget(const struct kvq_model_config *c, const struct kvq_seq_config *sc, int l, size_t max_ctx)
 {
     if (!sc->kv_budget)
         return 0;
-    size_t sum = 0;
-    for (int i = 0; i < c->n_layers; i++)
+    size_t sum = 0, fixed = 0;
+    for (int i = 0; i < c->n_layers; i++) {
         sum += layer_row_bytes(c, sc, i);
+        fixed += layer_fixed_bytes(c, sc, i, max_ctx);
+    }
     size_t b = layer_row_bytes(c, sc, l);
-    if (!sum || !b)
+    if (!sum || !b || fixed >= sc->kv_budget)
         return 1;
-    size_t share = sc->kv_budget / sum * b + sc->kv_budget % sum * b / sum;
+    size_t rest = sc->kv_budget - fixed;
+    size_t share = rest / sum * b + rest % sum * b / sum + layer_fixed_bytes(c, sc, l, max_ctx);
     return share ? share : 1;
 }
 
@@ -66,6 +93,9 @@ kvq_status kvq_seq_plan_of(const kvq_model *m, const struct kvq_seq_config *cfg,
         return KVQ_ERR_INVALID_ARG;
     const struct kvq_model_config *c = &m->cfg;
     memset(out, 0, sizeof *out);
+    if (cfg->recent_f16 < 0 || cfg->recent_f16 > 1 || cfg->sink_tokens < 0 ||
+        cfg->sink_tokens > KVQ_CACHE_MAX_SINK_TOKENS)
+        return KVQ_ERR_INVALID_ARG;
     size_t max_ctx = cfg->max_ctx ? cfg->max_ctx : (size_t)c->max_ctx;
     size_t fit = SIZE_MAX, bytes_at = 0;
     for (int pass = 0; pass < 2; pass++) {
@@ -75,20 +105,20 @@ kvq_status kvq_seq_plan_of(const kvq_model *m, const struct kvq_seq_config *cfg,
             if (!kvq_type_traits(tk) || !kvq_type_traits(tv))
                 return KVQ_ERR_INVALID_ARG;
             struct kvq_cache_config cc;
-            kvq_cache_config_default(&cc, c->n_kv_heads, c->head_dim, max_ctx);
-            cc.type_k = tk;
-            cc.type_v = tv;
+            layer_cache_config(c, cfg, l, max_ctx, &cc);
             size_t pt = (size_t)(cc.page_tokens ? cc.page_tokens : KVQ_DEFAULT_PAGE_TOKENS);
-            size_t pb = kvq_cache_bytes_for(&cc, pt), rb = layer_row_bytes(c, cfg, l);
-            if (!pb || !rb)
+            size_t fx = kvq_cache_bytes_for(&cc, 0), all = kvq_cache_bytes_for(&cc, pt);
+            size_t pb = all - fx, rb = layer_row_bytes(c, cfg, l);
+            if (!all || !pb || !rb)
                 return KVQ_ERR_UNSUPPORTED;
             if (pass == 0) {
                 out->page_tokens = pt;
                 out->page_bytes = pb > out->page_bytes ? pb : out->page_bytes;
                 out->bytes_per_token += rb;
-                size_t share = layer_budget(c, cfg, l);
+                out->fixed_bytes += fx;
+                size_t share = layer_budget(c, cfg, l, max_ctx);
                 if (share) { /* what kvq_cache_append allows: whole pages within the share */
-                    size_t f = share / pb * pt;
+                    size_t f = share > fx ? (share - fx) / pb * pt : 0;
                     fit = f < fit ? f : fit;
                 }
             } else {
@@ -125,6 +155,11 @@ kvq_status kvq_seq_create(const kvq_model *m, const struct kvq_seq_config *cfg, 
         return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "negative max_chunk or ngram");
     if (!sc.layer_types && (!kvq_type_traits(sc.type_k) || !kvq_type_traits(sc.type_v)))
         return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "unknown cache type");
+    if (sc.recent_f16 < 0 || sc.recent_f16 > 1)
+        return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "recent_f16 must be 0 or 1, not %d", sc.recent_f16);
+    if (sc.sink_tokens < 0 || sc.sink_tokens > KVQ_CACHE_MAX_SINK_TOKENS)
+        return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "sink_tokens %d is outside 0..%d", sc.sink_tokens,
+                             KVQ_CACHE_MAX_SINK_TOKENS);
 
     kvq_seq *s = calloc(1, sizeof *s);
     if (!s)
@@ -146,14 +181,13 @@ kvq_status kvq_seq_create(const kvq_model *m, const struct kvq_seq_config *cfg, 
         goto nomem;
     for (int l = 0; l < c->n_layers; l++) {
         struct kvq_cache_config cc;
-        kvq_cache_config_default(&cc, c->n_kv_heads, c->head_dim, s->max_ctx);
-        types_of(&sc, l, &cc.type_k, &cc.type_v);
+        layer_cache_config(c, &sc, l, s->max_ctx, &cc);
         if (!kvq_type_traits(cc.type_k) || !kvq_type_traits(cc.type_v)) {
             kvq_seq_free(s);
             return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "unknown cache type for layer %d", l);
         }
         cc.seed = kvq_seed_derive(sc.seed, (uint64_t)l);
-        cc.max_bytes = layer_budget(c, &sc, l);
+        cc.max_bytes = layer_budget(c, &sc, l, s->max_ctx);
         if ((st = kvq_cache_create(&cc, &s->caches[l])) != KVQ_OK) {
             kvq_seq_free(s);
             return kvq_error_set(err, st, "cannot create a %s/%s cache for head_dim %d: %s",
@@ -275,6 +309,14 @@ kvq_status kvq_seq_forward(kvq_seq *s, const int32_t *ids, size_t n, size_t firs
             return KVQ_ERR_RANGE;
     if (n > s->max_ctx - s->pos)
         return KVQ_ERR_CONTEXT_FULL;
+    /* With the recent window a failed chunk could not give back the f16
+     * copies the chunk's appends overwrote, so the budget is settled for
+     * all n tokens before the first one is appended. */
+    for (int l = 0; s->cfg.recent_f16 && l < c->n_layers; l++) {
+        kvq_status st = kvq_cache_reserve(s->caches[l], n);
+        if (st != KVQ_OK)
+            return st;
+    }
     double t0 = kvq_now();
     size_t pos0 = s->pos;
     for (size_t i = 0; i < n;) {
@@ -342,6 +384,7 @@ void kvq_seq_get_stats(const kvq_seq *s, struct kvq_seq_stats *st)
         st->kv_bytes_used += cs.bytes_used;
         st->kv_bytes_alloc += cs.bytes_allocated;
         st->kv_bytes_f16 += cs.bytes_f16;
+        st->kv_bytes_f16_buffers += cs.bytes_f16_buffers;
     }
     st->t_matmul = s->tm.matmul;
     st->t_attn = s->tm.attn;

@@ -2,10 +2,12 @@
  *  - encode: pages written by the GPU are byte-identical to the CPU cache's,
  *    for many types, dims (power-of-two and Kronecker rotations), page sizes
  *    and append patterns;
- *  - attention: the fused tensor-core kernel and the fp32 reference kernel
- *    against the CPU's dequantize-then-attend reference (relative error
- *    <= 1e-3), on random data with outlier channels and on the real
- *    keys/values/queries of the fixture model;
+ *  - attention: the fused tensor-core kernel (default, first version, and
+ *    the third-pass candidate with and without overlapped launches) and the
+ *    fp32 reference kernel against the CPU's dequantize-then-attend
+ *    reference (relative error <= 1e-3), on random data with outlier
+ *    channels and on the real keys/values/queries of the fixture model, and
+ *    calls queued back to back without synchronising;
  *  - page copies, truncation, pool accounting and every error path.
  * Without a GPU (CI) the GPU tests skip with a message and one test checks
  * that the API reports KVQ_ERR_NO_DEVICE cleanly.
@@ -317,14 +319,14 @@ static void cpu_attend(const kvq_cache *c, size_t n_ctx, const float *q, int H, 
 
 /* Runs kernel kind on the GPU and compares every (sequence, KV head) with ref. */
 static double gpu_vs(kvq_cuda_cache *g, int n_seqs, const int *seqs, const float *qd, int Hq, float scale,
-                     const float *ref, enum kvq_cuda_kernel kern, int n_splits, const char *what)
+                     const float *ref, enum kvq_cuda_kernel kern, int n_splits, int overlap, const char *what)
 {
     const int d = kvq_cuda_cache_config_of(g)->cache.head_dim, H = kvq_cuda_cache_config_of(g)->cache.n_kv_heads;
     const size_t n = (size_t)n_seqs * Hq * d;
     float *od = NULL, *out = malloc(n * sizeof(float));
     CHECK_OK(kvq_cuda_malloc((void **)&od, n * sizeof(float)));
     CHECK_OK(kvq_cuda_memset(od, 0xff, n * sizeof(float))); /* NaN: unwritten outputs fail */
-    struct kvq_cuda_attn_opts o = {kern, n_splits};
+    struct kvq_cuda_attn_opts o = {kern, n_splits, overlap};
     CHECK_OK(kvq_cuda_cache_attend(g, n_seqs, seqs, qd, Hq, scale, od, &o));
     CHECK_OK(kvq_cuda_synchronize());
     CHECK_OK(kvq_cuda_memcpy_d2h(out, od, n * sizeof(float)));
@@ -340,6 +342,36 @@ static double gpu_vs(kvq_cuda_cache *g, int n_seqs, const int *seqs, const float
     kvq_cuda_free(od);
     free(out);
     return worst;
+}
+
+/* Three calls queued back to back, no synchronisation in between (the
+ * overlapped v3, then v3 with other splits, then the default kernel): they
+ * share the query-block and split-partial buffers, which must not race. */
+static void back_to_back(kvq_cuda_cache *g, int n_seqs, const int *seqs, const float *qd, int Hq, float scale,
+                         const float *ref, const char *what)
+{
+    const int d = kvq_cuda_cache_config_of(g)->cache.head_dim, H = kvq_cuda_cache_config_of(g)->cache.n_kv_heads;
+    const size_t n = (size_t)n_seqs * Hq * d;
+    const struct kvq_cuda_attn_opts o[3] = {
+        {KVQ_CUDA_KERNEL_FAST_V3, 0, 1}, {KVQ_CUDA_KERNEL_FAST_V3, 4, 1}, {KVQ_CUDA_KERNEL_FAST, 7, 0}};
+    float *od = NULL, *out = malloc(3 * n * sizeof(float));
+    CHECK_OK(kvq_cuda_malloc((void **)&od, 3 * n * sizeof(float)));
+    CHECK_OK(kvq_cuda_memset(od, 0xff, 3 * n * sizeof(float)));
+    for (int k = 0; k < 3; k++)
+        CHECK_OK(kvq_cuda_cache_attend(g, n_seqs, seqs, qd, Hq, scale, od + k * n, &o[k]));
+    CHECK_OK(kvq_cuda_synchronize());
+    CHECK_OK(kvq_cuda_memcpy_d2h(out, od, 3 * n * sizeof(float)));
+    const int G = Hq / H;
+    for (int k = 0; k < 3; k++)
+        for (int i = 0; i < n_seqs; i++)
+            for (int h = 0; h < H; h++) {
+                const size_t off = ((size_t)i * Hq + (size_t)h * G) * d;
+                const double e = rel_err(out + k * n + off, ref + off, (size_t)G * d);
+                CHECKF(e <= TOL, "%s, back-to-back call %d: entry %d head %d: relative error %.3g > %.0e", what, k, i,
+                       h, e, TOL);
+            }
+    kvq_cuda_free(od);
+    free(out);
 }
 
 static void attn_case_run(const struct attn_case *ac, uint64_t seed)
@@ -378,25 +410,38 @@ static void attn_case_run(const struct attn_case *ac, uint64_t seed)
     char what[128];
     snprintf(what, sizeof what, "K %s V %s d=%d G=%d P=%d ref kernel", tname(ac->tk), tname(ac->tv), d, G,
              ac->page_tokens);
-    double e_ref = gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_REF, 0, what);
-    double e_fast = -1.0;
+    double e_ref = gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_REF, 0, 0, what);
+    double e_fast = -1.0, e_v3 = -1.0;
     if (kvq_cuda_fast_supported(g, Hq)) {
         snprintf(what, sizeof what, "K %s V %s d=%d G=%d P=%d fused kernel", tname(ac->tk), tname(ac->tv), d, G,
                  ac->page_tokens);
-        e_fast = gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST, 0, what);
+        e_fast = gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST, 0, 0, what);
         for (int s = 1; s <= 7; s += 3) /* forced split counts: 1, 4, 7 */
-            gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST, s, what);
+            gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST, s, 0, what);
         /* the first version of the fused kernel stays selectable: it must stay right too */
         snprintf(what, sizeof what, "K %s V %s d=%d G=%d P=%d fused kernel v1", tname(ac->tk), tname(ac->tv), d, G,
                  ac->page_tokens);
-        gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST_V1, 0, what);
-        gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST_V1, 4, what);
+        gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST_V1, 0, 0, what);
+        gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST_V1, 4, 0, what);
+        /* the third-pass candidate (transposed scores where G <= 4 and K is tq) */
+        snprintf(what, sizeof what, "K %s V %s d=%d G=%d P=%d fused kernel v3", tname(ac->tk), tname(ac->tv), d, G,
+                 ac->page_tokens);
+        e_v3 = gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST_V3, 0, 0, what);
+        for (int s = 1; s <= 7 && !small_mode(); s += 3) /* fewer launches under the sanitizers */
+            gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST_V3, s, 0, what);
+        /* and with its three kernels overlapped (programmatic dependent launch) */
+        snprintf(what, sizeof what, "K %s V %s d=%d G=%d P=%d fused kernel v3 overlapped", tname(ac->tk),
+                 tname(ac->tv), d, G, ac->page_tokens);
+        if (!small_mode())
+            gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST_V3, 0, 1, what);
+        gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST_V3, 4, 1, what);
+        back_to_back(g, nb, seqs, qd, Hq, scale, ref, what);
     } else {
-        CHECK_STATUS(kvq_cuda_cache_attend(g, nb, seqs, qd, Hq, scale, qd, &(struct kvq_cuda_attn_opts){KVQ_CUDA_KERNEL_FAST, 0}),
+        CHECK_STATUS(kvq_cuda_cache_attend(g, nb, seqs, qd, Hq, scale, qd, &(struct kvq_cuda_attn_opts){KVQ_CUDA_KERNEL_FAST, 0, 0}),
                      KVQ_ERR_UNSUPPORTED);
     }
-    printf("  K %-5s V %-5s d=%3d G=%d P=%2d rot=%-8s  max rel err: ref kernel %.2e, fused %.2e\n", tname(ac->tk),
-           tname(ac->tv), d, G, ac->page_tokens, kvq_rot_kind_name(ac->rot), e_ref, e_fast);
+    printf("  K %-5s V %-5s d=%3d G=%d P=%2d rot=%-8s  max rel err: ref kernel %.2e, fused %.2e, fused v3 %.2e\n",
+           tname(ac->tk), tname(ac->tv), d, G, ac->page_tokens, kvq_rot_kind_name(ac->rot), e_ref, e_fast, e_v3);
 done:
     for (int i = 0; i < 5; i++)
         kvq_cache_free(cpu[i]);
@@ -414,6 +459,7 @@ static void test_attend_random(void)
         {KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, 128, 8, 16, KVQ_ROT_HADAMARD},
         {KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, 128, 1, 64, KVQ_ROT_DCT},
         {KVQ_TYPE_TQ3, KVQ_TYPE_TQ3, 128, 3, 32, KVQ_ROT_HADAMARD},
+        {KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, 128, 2, 48, KVQ_ROT_HADAMARD}, /* 16-token stages, G <= 4 */
         {KVQ_TYPE_F16, KVQ_TYPE_F16, 128, 4, 64, KVQ_ROT_HADAMARD},
         {KVQ_TYPE_F16, KVQ_TYPE_F16, 128, 6, 48, KVQ_ROT_HADAMARD},
         {KVQ_TYPE_TQ3J, KVQ_TYPE_F16, 128, 4, 64, KVQ_ROT_HADAMARD},
@@ -485,11 +531,13 @@ static void fixture_file(const char *path, enum kvq_type tk, enum kvq_type tv)
         float *qd = to_dev(q, (size_t)3 * Hq * d);
         char what[160];
         snprintf(what, sizeof what, "%s layer %d K %s V %s ref kernel", path, layer, tname(tk), tname(tv));
-        double e1 = gpu_vs(g, 3, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_REF, 0, what);
+        double e1 = gpu_vs(g, 3, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_REF, 0, 0, what);
         snprintf(what, sizeof what, "%s layer %d K %s V %s fused kernel", path, layer, tname(tk), tname(tv));
-        double e2 = gpu_vs(g, 3, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST, 0, what);
-        printf("  %s layer %d K %s V %s: max rel err ref kernel %.2e, fused %.2e\n", path, layer, tname(tk), tname(tv),
-               e1, e2);
+        double e2 = gpu_vs(g, 3, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST, 0, 0, what);
+        snprintf(what, sizeof what, "%s layer %d K %s V %s fused kernel v3 overlapped", path, layer, tname(tk), tname(tv));
+        double e3 = gpu_vs(g, 3, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST_V3, 0, 1, what);
+        printf("  %s layer %d K %s V %s: max rel err ref kernel %.2e, fused %.2e, fused v3 %.2e\n", path, layer,
+               tname(tk), tname(tv), e1, e2, e3);
         kvq_cuda_free(qd);
     next:
         kvq_cuda_free(kd);
@@ -538,7 +586,7 @@ static void test_truncate_reappend(void)
     CHECK_OK(kvq_cuda_cache_append(g, 0, 100, kd + 150 * H * d, vd + 150 * H * d));
     CHECK(compare_rows(cpu, g, 0, 170) == 0);
     cpu_attend(cpu, 170, q, H, G, d, 1.0f / sqrtf((float)d), ref);
-    gpu_vs(g, 1, &seq0, qd, Hq, 1.0f / sqrtf((float)d), ref, KVQ_CUDA_KERNEL_FAST, 0, "after truncate");
+    gpu_vs(g, 1, &seq0, qd, Hq, 1.0f / sqrtf((float)d), ref, KVQ_CUDA_KERNEL_FAST, 0, 0, "after truncate");
 done:
     kvq_cuda_free(kd), kvq_cuda_free(vd), kvq_cuda_free(qd);
     kvq_cuda_cache_free(g);
@@ -569,11 +617,23 @@ static void test_attend_bad_args(void)
     CHECK_STATUS(kvq_cuda_cache_attend(g, 3, (int[]){0, 0, 0}, qd, 8, 0.1f, qd, NULL), KVQ_ERR_INVALID_ARG);
     CHECK_STATUS(kvq_cuda_cache_attend(g, 1, &s0, NULL, 8, 0.1f, qd, NULL), KVQ_ERR_INVALID_ARG);
     CHECK_STATUS(kvq_cuda_cache_attend(g, 1, &s0, qd, 8, NAN, qd, NULL), KVQ_ERR_INVALID_ARG);
-    struct kvq_cuda_attn_opts fast = {KVQ_CUDA_KERNEL_FAST, 0};
+    struct kvq_cuda_attn_opts fast = {KVQ_CUDA_KERNEL_FAST, 0, 0};
     CHECK(!kvq_cuda_fast_supported(g, 8));
     CHECK_STATUS(kvq_cuda_cache_attend(g, 1, &s0, qd, 8, 0.1f, qd + 8 * 128, &fast), KVQ_ERR_UNSUPPORTED);
+    struct kvq_cuda_attn_opts v3 = {KVQ_CUDA_KERNEL_FAST_V3, 0, 1}, bad = {(enum kvq_cuda_kernel)5, 0, 0};
+    CHECK_STATUS(kvq_cuda_cache_attend(g, 1, &s0, qd, 8, 0.1f, qd + 8 * 128, &v3), KVQ_ERR_UNSUPPORTED);
+    CHECK_STATUS(kvq_cuda_cache_attend(g, 1, &s0, qd, 8, 0.1f, qd + 8 * 128, &bad), KVQ_ERR_INVALID_ARG);
     CHECK_OK(kvq_cuda_cache_attend(g, 1, &s0, qd, 8, 0.1f, qd + 8 * 128, NULL)); /* AUTO -> reference */
     CHECK_OK(kvq_cuda_synchronize());
+    /* a host cache with f16 override rows cannot be mirrored */
+    struct kvq_cache_config cw = cc;
+    cw.recent_f16 = 1;
+    kvq_cache *cpuw = NULL;
+    CHECK_OK(kvq_cache_create(&cw, &cpuw));
+    CHECK_OK(kvq_cache_append(cpuw, 10, k, k));
+    CHECK_STATUS(kvq_cuda_cache_upload(g, 1, cpuw), KVQ_ERR_UNSUPPORTED);
+    CHECK(kvq_cuda_cache_len(g, 1) == 0);
+    kvq_cache_free(cpuw);
     /* a mismatched host cache is refused */
     struct kvq_cache_config c2 = cc;
     c2.seed = 2;
@@ -586,6 +646,22 @@ static void test_attend_bad_args(void)
 done:
     kvq_cuda_free(qd);
     kvq_cuda_cache_free(g);
+}
+
+/* Runs everywhere: f16 override rows (recent window, sink) exist only in
+ * the host cache, so a device cache asking for them is refused up front. */
+static void test_f16_overrides_refused(void)
+{
+    struct kvq_cuda_cache_config cfg;
+    kvq_cuda_cache_config_default(&cfg, 2, 128, 256, 1);
+    kvq_cuda_cache *g = (kvq_cuda_cache *)&cfg;
+    cfg.cache.recent_f16 = 1;
+    CHECK_STATUS(kvq_cuda_cache_create(&cfg, &g), KVQ_ERR_UNSUPPORTED);
+    CHECK(g == NULL);
+    cfg.cache.recent_f16 = 0;
+    cfg.cache.sink_tokens = 16;
+    CHECK_STATUS(kvq_cuda_cache_create(&cfg, &g), KVQ_ERR_UNSUPPORTED);
+    CHECK(g == NULL);
 }
 
 /* Runs everywhere: without a GPU the API must say so, not crash. */
@@ -615,6 +691,7 @@ static void test_no_device_contract(void)
 int main(void)
 {
     RUN(test_no_device_contract);
+    RUN(test_f16_overrides_refused);
     RUN(test_encode_errors);
     RUN(test_encode_bit_exact);
     RUN(test_truncate_reappend);

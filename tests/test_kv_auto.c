@@ -1,8 +1,11 @@
 /* test_kv_auto.c - --kv-auto: the knapsack against brute force, the measured
  * errors deterministic, the choice within the budget and never worse for a
- * larger budget, and the commands' --kv-auto path end to end. */
+ * larger budget, the nll metric (exactly 0 for f32, the base NLL equal to an
+ * independent one-shot forward, deterministic, masks), and the commands'
+ * --kv-auto path end to end. */
 #include <cjson/cJSON.h>
 #include <float.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,26 +29,31 @@ static int n_cands;
 static double *errs;
 static size_t *costs;
 
-/* The least summed error of every combination with cost <= cap, by
- * enumeration (odometer over layers). @return -1 when nothing fits. */
+/* The least summed error of every combination with cost <= cap and only
+ * finite errors, by enumeration (odometer over layers). @return NAN when
+ * nothing fits. */
 static double brute(int L, int N, const size_t *cost, const double *err, size_t cap)
 {
-    int idx[8] = {0};
-    double best = -1;
+    int idx[8] = {0}, found = 0;
+    double best = NAN;
     for (;;) {
         size_t c = 0;
         double e = 0;
+        int ok = 1;
         for (int l = 0; l < L; l++) {
             c += cost[l * N + idx[l]];
             e += err[l * N + idx[l]];
+            ok &= isfinite(err[l * N + idx[l]]) != 0;
         }
-        if (c <= cap && (best < 0 || e < best))
+        if (ok && c <= cap && (!found || e < best)) {
             best = e;
+            found = 1;
+        }
         int l = 0;
         while (l < L && ++idx[l] == N)
             idx[l++] = 0;
         if (l == L)
-            return best;
+            return found ? best : NAN;
     }
 }
 
@@ -58,9 +66,20 @@ static void test_choose_brute_force(void)
         int L = 1 + (int)(kvq_rng_next(&r) % 4), N = 1 + (int)(kvq_rng_next(&r) % 7);
         size_t cost[4 * 7];
         double err[4 * 7];
+        /* later trials: negative errors (an NLL increase can be < 0) and
+         * excluded (infinite) options, as the nll metric produces */
         for (int i = 0; i < L * N; i++) {
             cost[i] = 16 * (1 + kvq_rng_next(&r) % 20);
-            err[i] = kvq_rng_uniform(&r);
+            err[i] = kvq_rng_uniform(&r) - (trial >= 20 ? 0.5 : 0.0);
+            if (trial >= 30 && kvq_rng_next(&r) % 4 == 0)
+                err[i] = INFINITY;
+        }
+        int layer_empty = 0;
+        for (int l = 0; l < L; l++) {
+            int any = 0;
+            for (int j = 0; j < N; j++)
+                any |= isfinite(err[l * N + j]) != 0;
+            layer_empty |= !any;
         }
         size_t cap = 16 * (size_t)(kvq_rng_next(&r) % (size_t)(20 * L + 4));
         int choice[4];
@@ -68,7 +87,11 @@ static void test_choose_brute_force(void)
         size_t tc = 0;
         double want = brute(L, N, cost, err, cap);
         kvq_status st = kv_auto_choose(L, N, cost, err, cap, choice, &te, &tc);
-        if (want < 0) {
+        if (layer_empty) {
+            CHECK(st == KVQ_ERR_INVALID_ARG);
+            continue;
+        }
+        if (isnan(want)) {
             CHECK(st == KVQ_ERR_BUDGET);
             continue;
         }
@@ -79,6 +102,7 @@ static void test_choose_brute_force(void)
         for (int l = 0; l < L; l++) {
             e += err[l * N + choice[l]];
             c += cost[l * N + choice[l]];
+            CHECK(isfinite(err[l * N + choice[l]]));
         }
         CHECK(c == tc);
         CHECK_NEAR(e, te, 1e-12);
@@ -122,6 +146,7 @@ static void test_score_deterministic(void)
     CHECKF(kv_auto_score(model, ids, n, cands, n_cands, 0, 64, KV_AUTO_OUT_ERR, errs, costs, &err) == KVQ_OK, "%s", err.msg);
     CHECK_OK(kv_auto_score(model, ids, n, cands, n_cands, 0, 64, KV_AUTO_OUT_ERR, e2, c2, &err));
     CHECK(memcmp(errs, e2, cells * sizeof *e2) == 0);
+    CHECK(kv_auto_score(model, ids, n, cands, n_cands, 0, 64, KV_AUTO_NLL, e2, c2, &err) == KVQ_ERR_INVALID_ARG);
     CHECK(memcmp(costs, c2, cells * sizeof *c2) == 0);
     for (size_t i = 0; i < cells; i++)
         CHECK(errs[i] > 0 && errs[i] < 2);
@@ -177,14 +202,132 @@ static void test_choice_budget(void)
     }
 }
 
+#define NLL_TOKENS 128
+
+/* The last NLL_TOKENS text tokens of valid.txt (no BOS), as --kv-auto
+ * calibrates on the end of the file. */
+static int32_t *nll_text(void)
+{
+    size_t len = 0, nt = 0;
+    int32_t *t = NULL;
+    char *text = test_read_file(TEST_REF_DIR "/valid.txt", &len);
+    if (!text || kvq_tokenizer_encode_alloc(tok, text, len, 0, &t, &nt) != KVQ_OK || nt < NLL_TOKENS) {
+        free(text);
+        free(t);
+        return NULL;
+    }
+    free(text);
+    memmove(t, t + nt - NLL_TOKENS, NLL_TOKENS * sizeof *t);
+    return t;
+}
+
+/* Mean NLL of text[0..n) after BOS from ONE forward of the whole window
+ * (f32 cache, no chunks) with the log-softmax computed here: a reference
+ * independent of ppl_core's chunked path. */
+static double one_shot_nll(const int32_t *text, size_t n)
+{
+    const struct kvq_model_config *c = kvq_model_config_of(model);
+    struct kvq_seq_config sc;
+    kvq_seq_config_default(&sc);
+    sc.type_k = sc.type_v = KVQ_TYPE_F32;
+    sc.max_ctx = n + 1;
+    sc.max_chunk = (int)(n + 1);
+    kvq_seq *s = NULL;
+    int32_t *w = malloc((n + 1) * sizeof *w);
+    float *logits = malloc((n + 1) * (size_t)c->vocab * sizeof *logits);
+    double sum = NAN;
+    if (w && logits && kvq_seq_create(model, &sc, &s, NULL) == KVQ_OK) {
+        w[0] = c->bos_id;
+        memcpy(w + 1, text, n * sizeof *text);
+        if (kvq_seq_forward(s, w, n + 1, 0, logits, NULL) == KVQ_OK) {
+            sum = 0;
+            for (size_t t = 0; t < n; t++) {
+                const float *row = logits + t * (size_t)c->vocab;
+                double mx = row[0], z = 0;
+                for (int i = 1; i < c->vocab; i++)
+                    mx = row[i] > mx ? row[i] : mx;
+                for (int i = 0; i < c->vocab; i++)
+                    z += exp((double)row[i] - mx);
+                sum += mx + log(z) - (double)row[w[t + 1]];
+            }
+        }
+    }
+    kvq_seq_free(s);
+    free(w);
+    free(logits);
+    return sum / (double)n;
+}
+
+/* The nll metric: f32/f32 costs exactly nothing, the base is the one-shot
+ * NLL, the table is deterministic and masks skip cells, the choice fits. */
+static void test_nll_metric(void)
+{
+    static const char *names[][2] = {{"f32", "f32"}, {"tq2", "tq2"}, {"tq3j", "tq3"}, {"tq4", "tq4"}, {"q8_0", "q8_0"}};
+    enum { NC = 5 };
+    enum kvq_type nc_types[2 * NC];
+    for (int j = 0; j < NC; j++) {
+        CHECK_OK(kvq_type_from_name(names[j][0], &nc_types[2 * j]));
+        CHECK_OK(kvq_type_from_name(names[j][1], &nc_types[2 * j + 1]));
+    }
+    const struct kvq_model_config *c = kvq_model_config_of(model);
+    int L = c->n_layers;
+    int32_t *text = nll_text();
+    CHECK(text != NULL && L <= 8);
+    if (!text || L > 8)
+        return;
+    double e[8 * NC], e2[8 * NC], e3[8 * NC], base = 0, base2 = 0, again = 0;
+    size_t cost[8 * NC], cost2[8 * NC];
+    kvq_error err = {0};
+    CHECKF(kv_auto_score_nll(model, text, NLL_TOKENS, 0, nc_types, NC, NULL, &base, e, cost, &err) == KVQ_OK, "%s",
+           err.msg);
+    CHECK_OK(kv_auto_nll(model, text, NLL_TOKENS, 0, NULL, &again, &err));
+    CHECK(again == base);
+    double ref = one_shot_nll(text, NLL_TOKENS);
+    CHECK(base > 0.1 && base < 10);
+    CHECK_NEAR(base, ref, 1e-4);
+    double sum22 = 0, sum3j = 0, sum88 = 0;
+    for (int l = 0; l < L; l++) {
+        CHECK(e[l * NC + 0] == 0.0);                /* f32 in one layer is the f32 model */
+        CHECK(fabs(e[l * NC + 4]) < 0.005);          /* q8_0 is near lossless */
+        sum22 += e[l * NC + 1];
+        sum3j += e[l * NC + 2];
+        sum88 += e[l * NC + 4];
+    }
+    CHECK(sum22 > sum3j && sum3j > sum88);
+    /* deterministic, costs as the planner's */
+    CHECK_OK(kv_auto_score_nll(model, text, NLL_TOKENS, 0, nc_types, NC, NULL, &base2, e2, cost2, &err));
+    CHECK(base2 == base && memcmp(e, e2, sizeof(double) * (size_t)(L * NC)) == 0);
+    CHECK(memcmp(cost, cost2, sizeof(size_t) * (size_t)(L * NC)) == 0);
+    /* a mask measures only its cells, each bit-identical to the full table */
+    unsigned char mask[8 * NC];
+    for (int i = 0; i < L * NC; i++)
+        mask[i] = (unsigned char)(i / NC == 1 && i % NC >= 2);
+    CHECK_OK(kv_auto_score_nll(model, text, NLL_TOKENS, 0, nc_types, NC, mask, NULL, e3, cost2, &err));
+    for (int i = 0; i < L * NC; i++)
+        CHECK(mask[i] ? e3[i] == e[i] : isinf(e3[i]));
+    /* the choice at the bytes of uniform tq3j/tq3 fits, is exact, and is no
+     * worse on the calibration than that uniform pair */
+    size_t cap = (size_t)L * cost[2];
+    int choice[8];
+    double te = 0;
+    size_t tc = 0;
+    CHECK_OK(kv_auto_choose(L, NC, cost, e, cap, choice, &te, &tc));
+    CHECK(tc <= cap);
+    CHECK(te <= sum3j + 1e-15);
+    CHECK_NEAR(te, brute(L, NC, cost, e, cap), 1e-12);
+    /* a layer with nothing measured cannot be chosen for */
+    CHECK(kv_auto_choose(L, NC, cost, e3, SIZE_MAX / 2, choice, NULL, NULL) == KVQ_ERR_INVALID_ARG);
+    free(text);
+}
+
 /* kvq ppl --kv-auto: JSON names the choice, the cache fits the budget, same
  * result twice; without --kv-budget it is refused. */
 static void test_cmd_ppl(void)
 {
     const char *args[] = {"--model", MODEL,     "--file", TEST_REF_DIR "/valid.txt", "--ctx", "1024", "--max-tokens",
-                          "300",     "--kv-budget", "900000", "--kv-auto", "--json", "--quiet"};
+                          "300",     "--kv-budget", "900000", "--kv-auto", "--kv-auto-metric", "out_err", "--json", "--quiet"};
     int na = (int)(sizeof args / sizeof *args);
-    char *argv[16], *out = NULL, *out2 = NULL, *err = NULL;
+    char *argv[20], *out = NULL, *out2 = NULL, *err = NULL;
     argv[0] = "ppl";
     for (int i = 0; i < na; i++)
         argv[i + 1] = (char *)args[i];
@@ -210,6 +353,34 @@ static void test_cmd_ppl(void)
     cJSON_Delete(j);
     free(out);
     free(out2);
+    out = NULL;
+
+    /* the default metric (nll) on a short calibration file: the choice is named,
+     * its errors are NLL increases, and the cache fits the budget */
+    char calib[64];
+    snprintf(calib, sizeof calib, "/tmp/kvq_test_kv_auto_%ld.txt", (long)getpid());
+    size_t vlen = 0;
+    char *vt = test_read_file(TEST_REF_DIR "/valid.txt", &vlen);
+    CHECK(vt && vlen > 300 && test_write_file(calib, vt, 300) == 0);
+    free(vt);
+    const char *nll[] = {"ppl", "--model", MODEL, "--file", TEST_REF_DIR "/valid.txt", "--ctx", "1024",
+                         "--max-tokens", "300", "--kv-budget", "900000", "--kv-auto", /* nll: the default metric */
+                         "--kv-auto-calib", calib, "--json", "--quiet"};
+    CHECK(test_run_captured(cmd_ppl, 16, (char **)nll, &out, &err) == 0);
+    free(err);
+    remove(calib);
+    j = out ? cJSON_Parse(out) : NULL;
+    a = cJSON_GetObjectItem(j, "kv_auto");
+    layers = cJSON_GetObjectItem(a, "layers");
+    CHECK(a && strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(a, "metric")), "nll") == 0);
+    CHECK(cJSON_GetArraySize(layers) == c->n_layers);
+    for (int l = 0; l < cJSON_GetArraySize(layers); l++)
+        CHECK(isfinite(cJSON_GetNumberValue(cJSON_GetObjectItem(cJSON_GetArrayItem(layers, l), "err"))));
+    bits = cJSON_GetNumberValue(cJSON_GetObjectItem(j, "bits_per_value"));
+    CHECK(bits / 8.0 * 2.0 * c->n_layers * c->n_kv_heads * c->head_dim * 1024 <= 900000);
+    CHECK(cJSON_GetNumberValue(cJSON_GetObjectItem(j, "ppl")) > 1);
+    cJSON_Delete(j);
+    free(out);
 
     const char *bad[] = {"ppl", "--model", MODEL, "--file", TEST_REF_DIR "/valid.txt", "--kv-auto"};
     CHECK(test_run_captured(cmd_ppl, 6, (char **)bad, &out, &err) == 2);
@@ -245,6 +416,7 @@ int main(void)
     RUN(test_choose_brute_force);
     RUN(test_score_deterministic);
     RUN(test_choice_budget);
+    RUN(test_nll_metric);
     RUN(test_cmd_ppl);
     free(errs);
     free(costs);

@@ -93,7 +93,7 @@ static int report(const struct opts *o, const struct kvq_seq_plan *pl, const kvq
     const struct kvq_model_config *c = kvq_model_config_of(m);
     char name[2048];
     kv_opts_name(&o->kv, name, sizeof name);
-    double bits = kv_bits_per_value(pl, c);
+    double bits = kv_bits_at(pl, c, (size_t)o->ctx); /* f16 window/sink buffers included */
     if (!o->json) {
         printf("ppl %.4f  cache %s (%.3f bits/value)  %zu tokens scored in %zu windows of %ld  %.1f s\n", r->ppl,
                name, bits, r->scored, r->windows, o->ctx, r->seconds);
@@ -104,6 +104,10 @@ static int report(const struct opts *o, const struct kvq_seq_plan *pl, const kvq
     cJSON_AddStringToObject(root, "cache_type_k", kvq_type_traits(o->kv.tk)->name);
     cJSON_AddStringToObject(root, "cache_type_v", kvq_type_traits(o->kv.tv)->name);
     cJSON_AddNumberToObject(root, "bits_per_value", bits);
+    cJSON_AddNumberToObject(root, "bits_per_value_pages", kv_bits_per_value(pl, c));
+    cJSON_AddNumberToObject(root, "recent_f16", o->kv.recent_f16);
+    cJSON_AddNumberToObject(root, "sink_tokens", o->kv.sink_tokens);
+    cJSON_AddNumberToObject(root, "f16_buffer_bytes", (double)pl->fixed_bytes);
     cJSON_AddNumberToObject(root, "ppl", r->ppl);
     cJSON_AddNumberToObject(root, "nll_mean", r->scored ? r->nll_sum / (double)r->scored : 0);
     cJSON_AddNumberToObject(root, "scored", (double)r->scored);

@@ -47,6 +47,9 @@ static void usage(FILE *f)
             "                       (split evenly per layer; pages are allocated on demand)\n"
             "  --layer-types K/V,.. per-layer cache types, one pair per layer (overrides the above)\n"
             "  --v-norm-correct     store value norms so that decoded tq values keep the input norm\n"
+            "  --kv-recent-f16      also keep the tokens of the last, partly filled cache page in f16\n"
+            "  --kv-sink N          also keep the first N tokens in f16 for good (f16 buffers count\n"
+            "                       in --kv-budget)\n"
             "  --kv-auto            choose per-layer K/V types that fit --kv-budget at the context\n"
             "                       with the least attention error on a calibration text\n"
             "  --kv-auto-ctx N      context --kv-auto plans for (default: the model's)\n"
@@ -137,7 +140,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
             bad = cli_parse_double(v, &o->top_p) || !(o->top_p > 0 && o->top_p <= 1);
         else if (strcmp(a, "--seed") == 0)
             bad = cli_parse_u64(v, &o->seed);
-        else if (strcmp(a, "--layer-types") == 0 || strcmp(a, "--kv-auto-ctx") == 0 ||
+        else if (strcmp(a, "--layer-types") == 0 || strcmp(a, "--kv-auto-ctx") == 0 || strcmp(a, "--kv-sink") == 0 ||
                  strcmp(a, "--kv-auto-calib") == 0 || strcmp(a, "--kv-auto-metric") == 0) {
             if (kv_opts_parse(CMD, a, v, &o->kvx) != 1)
                 return 2;
@@ -242,6 +245,9 @@ static void print_summary(const struct opts *o, const kvq_model *m, const kvq_se
             name, st.tokens, mib(st.kv_bytes_used),
             mib(st.kv_bytes_f16), st.kv_bytes_used ? (double)st.kv_bytes_f16 / (double)st.kv_bytes_used : 0.0,
             mib(st.kv_bytes_f16) - mib(st.kv_bytes_used));
+    if (st.kv_bytes_f16_buffers)
+        fprintf(stderr, "KV f16 window/sink buffers: %.2f MiB (allocated at start, not in \"used\")\n",
+                mib(st.kv_bytes_f16_buffers));
     if (st.kv_budget)
         fprintf(stderr, "KV budget: %.2f MiB, pages allocated %.2f MiB (%.1f%%)\n", mib(st.kv_budget),
                 mib(st.kv_bytes_alloc), 100.0 * (double)st.kv_bytes_alloc / (double)st.kv_budget);
@@ -283,6 +289,9 @@ static int print_json(const struct opts *o, const kvq_model *m, const kvq_seq *s
     cJSON_AddNumberToObject(kv, "f16", (double)st.kv_bytes_f16);
     cJSON_AddNumberToObject(kv, "tokens", (double)st.tokens);
     cJSON_AddNumberToObject(kv, "budget", (double)st.kv_budget);
+    cJSON_AddNumberToObject(kv, "f16_buffers", (double)st.kv_bytes_f16_buffers);
+    cJSON_AddNumberToObject(root, "recent_f16", o->kvx.recent_f16);
+    cJSON_AddNumberToObject(root, "sink_tokens", o->kvx.sink_tokens);
     cJSON_AddStringToObject(root, "stop_reason", stop_reason);
     cJSON_AddNumberToObject(root, "peak_rss_bytes", (double)kv_peak_rss());
     kv_auto_json(root, &o->kvx, m);
@@ -364,6 +373,8 @@ static int print_plan(const struct opts *o, const kvq_model *m)
     struct kvq_seq_config sc;
     kvq_seq_config_default(&sc);
     sc.kv_budget = o->kv_budget;
+    sc.recent_f16 = o->kvx.recent_f16; /* their f16 buffers come out of the budget */
+    sc.sink_tokens = o->kvx.sink_tokens;
     struct kvq_seq_plan f16;
     sc.type_k = sc.type_v = KVQ_TYPE_F16;
     if (kvq_seq_plan_of(m, &sc, &f16) != KVQ_OK)
@@ -377,7 +388,7 @@ static int print_plan(const struct opts *o, const kvq_model *m)
         char name[40];
         snprintf(name, sizeof name, "%s/%s%s", kvq_type_traits(sc.type_k)->name, kvq_type_traits(sc.type_v)->name,
                  i < 0 ? "*" : "");
-        double bits = 8.0 * (double)pl.bytes_per_token / (2.0 * c->n_layers * c->n_kv_heads * c->head_dim);
+        double bits = kv_bits_at(&pl, c, (size_t)c->max_ctx); /* f16 window/sink buffers included */
         char bt[32] = "unlimited", ratio[32] = "-";
         if (o->kv_budget) {
             snprintf(bt, sizeof bt, "%zu", pl.budget_tokens);
@@ -385,12 +396,16 @@ static int print_plan(const struct opts *o, const kvq_model *m)
                 snprintf(ratio, sizeof ratio, "%.2fx", (double)pl.budget_tokens / (double)f16.budget_tokens);
         }
         printf("%-12s %10.3f %12zu %13.2f %14s %12zu %10s\n", name, bits, pl.bytes_per_token,
-               mib(pl.bytes_per_token * (size_t)c->max_ctx), bt, pl.max_tokens, ratio);
+               mib(pl.bytes_per_token * (size_t)c->max_ctx + pl.fixed_bytes), bt, pl.max_tokens, ratio);
     }
     printf("\n* the selected pair (--cache-type-k/--cache-type-v). budget tokens: whole %zu-token pages in\n"
            "  each layer's equal share of the budget; max context: that, capped at the model's context;\n"
            "  vs f16: budget tokens relative to an f16 cache.\n",
            f16.page_tokens);
+    if (f16.fixed_bytes)
+        printf("  --kv-recent-f16/--kv-sink: %zu bytes of f16 buffers per pair (all layers) are taken from\n"
+               "  the budget first and included in bits/value (at the model's context) and full ctx MiB.\n",
+               f16.fixed_bytes);
     return 0;
 }
 
@@ -428,6 +443,8 @@ static int run(struct opts *o, kvq_model *m, kvq_tokenizer *tok)
     sc.kv_budget = o->kv_budget;
     sc.layer_types = o->kvx.n_layer_types ? o->kvx.layer_types : NULL;
     sc.v_norm_correct = o->kvx.v_norm_correct;
+    sc.recent_f16 = o->kvx.recent_f16;
+    sc.sink_tokens = o->kvx.sink_tokens;
     if (kvq_seq_create(m, &sc, &s, &err) != KVQ_OK) {
         rc = cli_error(CMD, "%s", err.msg);
         goto out;

@@ -2,6 +2,7 @@
 #include "kv_auto.h"
 
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +11,7 @@
 #include "eval_data.h"
 #include "eval_metrics.h"
 #include "eval_spec.h"
+#include "ppl_core.h"
 
 /* Queries per layer the scorer attends with: evenly spaced over the
  * calibration text, enough for a stable mean at a fraction of the cost. */
@@ -19,7 +21,7 @@
 
 const char *kv_auto_metric_name(int metric)
 {
-    static const char *names[KV_AUTO_N_METRICS] = {"out_err", "ipv", "kl"};
+    static const char *names[KV_AUTO_N_METRICS] = {"nll", "out_err", "ipv", "kl"};
     return metric >= 0 && metric < KV_AUTO_N_METRICS ? names[metric] : NULL;
 }
 
@@ -94,14 +96,11 @@ static kvq_status calibrate(const kvq_model *m, const int32_t *ids, size_t n, st
     return st;
 }
 
-kvq_status kv_auto_score(const kvq_model *m, const int32_t *ids, size_t n, const enum kvq_type *cands, int n_cands,
-                         uint64_t seed, size_t max_queries, enum kv_auto_metric metric, double *err_out, size_t *cost_out, kvq_error *err)
+/* Costs exactly as the sequence accounts them (a uniform plan split per layer). */
+static kvq_status fill_costs(const kvq_model *m, const enum kvq_type *cands, int n_cands, size_t *cost_out,
+                             kvq_error *err)
 {
-    if (!m || !ids || n < 2 || !cands || n_cands < 1 || !err_out || !cost_out)
-        return KVQ_ERR_INVALID_ARG;
-    const struct kvq_model_config *c = kvq_model_config_of(m);
-    int L = c->n_layers;
-    /* Costs exactly as the sequence accounts them (a uniform plan split per layer). */
+    int L = kvq_model_config_of(m)->n_layers;
     for (int j = 0; j < n_cands; j++) {
         struct kvq_seq_config sc;
         struct kvq_seq_plan pl;
@@ -118,8 +117,21 @@ kvq_status kv_auto_score(const kvq_model *m, const int32_t *ids, size_t n, const
         for (int l = 0; l < L; l++)
             cost_out[(size_t)l * (size_t)n_cands + (size_t)j] = pl.bytes_per_token / (size_t)L;
     }
+    return KVQ_OK;
+}
+
+kvq_status kv_auto_score(const kvq_model *m, const int32_t *ids, size_t n, const enum kvq_type *cands, int n_cands,
+                         uint64_t seed, size_t max_queries, enum kv_auto_metric metric, double *err_out, size_t *cost_out, kvq_error *err)
+{
+    if (!m || !ids || n < 2 || !cands || n_cands < 1 || !err_out || !cost_out || metric == KV_AUTO_NLL ||
+        metric >= KV_AUTO_N_METRICS)
+        return KVQ_ERR_INVALID_ARG; /* nll: kv_auto_score_nll */
+    kvq_status st = fill_costs(m, cands, n_cands, cost_out, err);
+    if (st != KVQ_OK)
+        return st;
+    int L = kvq_model_config_of(m)->n_layers;
     struct eval_data d;
-    kvq_status st = calibrate(m, ids, n, &d, err);
+    st = calibrate(m, ids, n, &d, err);
     if (st != KVQ_OK)
         return st;
     eval_ctx *ctx = NULL;
@@ -149,6 +161,83 @@ kvq_status kv_auto_score(const kvq_model *m, const int32_t *ids, size_t n, const
     return st;
 }
 
+/* Tokens per forward in the NLL calibration: kvq ppl's default chunk, so the
+ * calibration attends through the cache exactly as the evaluation does. */
+#define KV_AUTO_NLL_CHUNK 256
+
+kvq_status kv_auto_nll(const kvq_model *m, const int32_t *text, size_t n, uint64_t seed,
+                       const enum kvq_type *layer_types, double *mean_nll, kvq_error *err)
+{
+    if (!m || !text || n < 2 || !mean_nll)
+        return KVQ_ERR_INVALID_ARG;
+    const struct kvq_model_config *c = kvq_model_config_of(m);
+    size_t ctx = n + (c->bos_id >= 0 ? 1 : 0);
+    if (ctx > (size_t)c->max_ctx)
+        ctx = (size_t)c->max_ctx;
+    struct kvq_seq_config sc;
+    kvq_seq_config_default(&sc);
+    sc.type_k = sc.type_v = KVQ_TYPE_F32;
+    sc.seed = seed;
+    sc.max_ctx = ctx;
+    sc.max_chunk = KV_AUTO_NLL_CHUNK;
+    sc.layer_types = layer_types;
+    kvq_seq *s = NULL;
+    kvq_status st = kvq_seq_create(m, &sc, &s, err);
+    struct ppl_result r;
+    if (st == KVQ_OK)
+        st = ppl_score(m, s, text, n, c->bos_id, ctx, KV_AUTO_NLL_CHUNK, NULL, &r, NULL, NULL);
+    kvq_seq_free(s);
+    if (st == KVQ_OK && !r.scored)
+        st = KVQ_ERR_INVALID_ARG;
+    if (st != KVQ_OK) {
+        if (err && !err->msg[0])
+            snprintf(err->msg, sizeof err->msg, "calibration forward: %s", kvq_status_str(st));
+        return st;
+    }
+    *mean_nll = r.nll_sum / (double)r.scored;
+    return KVQ_OK;
+}
+
+kvq_status kv_auto_score_nll(const kvq_model *m, const int32_t *text, size_t n, uint64_t seed,
+                             const enum kvq_type *cands, int n_cands, const unsigned char *measure,
+                             double *base_nll, double *err_out, size_t *cost_out, kvq_error *err)
+{
+    if (!m || !text || n < 2 || !cands || n_cands < 1 || !err_out || !cost_out)
+        return KVQ_ERR_INVALID_ARG;
+    int L = kvq_model_config_of(m)->n_layers;
+    if (L > KV_OPTS_MAX_LAYERS)
+        return KVQ_ERR_UNSUPPORTED;
+    kvq_status st = fill_costs(m, cands, n_cands, cost_out, err);
+    double base = 0;
+    if (st == KVQ_OK)
+        st = kv_auto_nll(m, text, n, seed, NULL, &base, err);
+    if (st != KVQ_OK)
+        return st;
+    if (base_nll)
+        *base_nll = base;
+    /* every layer f32 except the one under test */
+    enum kvq_type lt[2 * KV_OPTS_MAX_LAYERS];
+    for (int i = 0; i < 2 * L; i++)
+        lt[i] = KVQ_TYPE_F32;
+    for (int l = 0; l < L; l++) {
+        for (int j = 0; j < n_cands; j++) {
+            size_t at = (size_t)l * (size_t)n_cands + (size_t)j;
+            if (measure && !measure[at]) {
+                err_out[at] = INFINITY;
+                continue;
+            }
+            lt[2 * l] = cands[2 * j];
+            lt[2 * l + 1] = cands[2 * j + 1];
+            double v = 0;
+            if ((st = kv_auto_nll(m, text, n, seed, lt, &v, err)) != KVQ_OK)
+                return st;
+            err_out[at] = v - base;
+        }
+        lt[2 * l] = lt[2 * l + 1] = KVQ_TYPE_F32;
+    }
+    return KVQ_OK;
+}
+
 static size_t gcd(size_t a, size_t b)
 {
     while (b) {
@@ -168,10 +257,14 @@ kvq_status kv_auto_choose(int n_layers, int n_cands, const size_t *cost, const d
     for (size_t l = 0; l < (size_t)n_layers; l++) {
         size_t hi = 0, lo = SIZE_MAX;
         for (size_t j = 0; j < N; j++) {
+            if (!isfinite(err[l * N + j]))
+                continue; /* excluded (not measured) */
             g = gcd(g, cost[l * N + j]);
             hi = cost[l * N + j] > hi ? cost[l * N + j] : hi;
             lo = cost[l * N + j] < lo ? cost[l * N + j] : lo;
         }
+        if (lo == SIZE_MAX)
+            return KVQ_ERR_INVALID_ARG;
         most += hi;
         least += lo;
     }
@@ -192,16 +285,17 @@ kvq_status kv_auto_choose(int n_layers, int n_cands, const size_t *cost, const d
         free(pick);
         return KVQ_ERR_NOMEM;
     }
-    /* f[w]: least summed error of the layers so far within w units; -1 = none fits. */
+    /* f[w]: least summed error of the layers so far within w units; INFINITY =
+     * none fits (errors may be negative: an NLL increase can be below 0). */
     for (size_t w = 0; w <= W; w++)
         f[w] = 0;
     for (size_t l = 0; l < (size_t)n_layers; l++) {
         for (size_t w = 0; w <= W; w++) {
-            double best = -1;
+            double best = INFINITY;
             int bj = -1;
             for (size_t j = 0; j < N; j++) {
                 size_t u = cost[l * N + j] / g;
-                if (u > w || f[w - u] < 0)
+                if (u > w || !isfinite(f[w - u]) || !isfinite(err[l * N + j]))
                     continue;
                 double e = f[w - u] + err[l * N + j];
                 if (bj < 0 || e < best) {
@@ -209,7 +303,7 @@ kvq_status kv_auto_choose(int n_layers, int n_cands, const size_t *cost, const d
                     bj = (int)j;
                 }
             }
-            f2[w] = bj < 0 ? -1 : best;
+            f2[w] = best;
             pick[l * (W + 1) + w] = (signed char)bj;
         }
         memcpy(f, f2, (W + 1) * sizeof *f);
@@ -233,8 +327,11 @@ kvq_status kv_auto_choose(int n_layers, int n_cands, const size_t *cost, const d
     return KVQ_OK;
 }
 
+/* The calibration: BOS + the LAST want-1 tokens of the text (valid.txt by
+ * default), so that it never overlaps an evaluation that scores the file from
+ * its start (kvq ppl --max-tokens N with N < total - want). */
 static int read_calib(const char *cmd, const struct kv_opts *o, const kvq_model *m, const kvq_tokenizer *tok,
-                      const char *model_dir, int32_t **ids, size_t *n)
+                      const char *model_dir, size_t want, int32_t **ids, size_t *n)
 {
     char path[4096];
     if (o->auto_calib)
@@ -251,7 +348,7 @@ static int read_calib(const char *cmd, const struct kv_opts *o, const kvq_model 
     if (st != KVQ_OK)
         return cli_status_error(cmd, st, "encoding the calibration text");
     int bos = kvq_model_config_of(m)->bos_id;
-    size_t keep = nt < KV_AUTO_CALIB_TOKENS - 1 ? nt : KV_AUTO_CALIB_TOKENS - 1;
+    size_t keep = nt < want - 1 ? nt : want - 1;
     *ids = malloc((keep + 1) * sizeof **ids);
     if (!*ids) {
         free(t);
@@ -260,7 +357,7 @@ static int read_calib(const char *cmd, const struct kv_opts *o, const kvq_model 
     *n = 0;
     if (bos >= 0)
         (*ids)[(*n)++] = bos;
-    memcpy(*ids + *n, t, keep * sizeof *t);
+    memcpy(*ids + *n, t + (nt - keep), keep * sizeof *t);
     *n += keep;
     free(t);
     if (*n < 16) {
@@ -299,18 +396,35 @@ int kv_auto_apply(const char *cmd, struct kv_opts *o, const kvq_model *m, const 
     }
     if (!nc)
         return cli_error(cmd, "--kv-auto: no candidate cache type supports head_dim %d", c->head_dim);
+    /* Refuse a budget no candidate fits before paying for the calibration. */
+    size_t least = SIZE_MAX;
+    for (int j = 0; j < nc; j++) {
+        size_t one[KV_OPTS_MAX_LAYERS];
+        if (fill_costs(m, cands + 2 * j, 1, one, NULL) == KVQ_OK && (size_t)L * one[0] < least)
+            least = (size_t)L * one[0];
+    }
+    if (least > o->budget / ctx)
+        return cli_error(cmd, "--kv-auto: --kv-budget %zu bytes cannot hold %zu tokens with any candidate types",
+                         o->budget, ctx);
     int32_t *ids = NULL;
     size_t n = 0;
-    if ((rc = read_calib(cmd, o, m, tok, model_dir, &ids, &n)) != 0)
+    int nll = o->auto_metric == KV_AUTO_NLL;
+    if ((rc = read_calib(cmd, o, m, tok, model_dir, nll ? KV_AUTO_NLL_TOKENS : KV_AUTO_CALIB_TOKENS, &ids, &n)) != 0)
         return rc;
     double *errs = malloc((size_t)L * (size_t)nc * sizeof *errs);
     size_t *cost = malloc((size_t)L * (size_t)nc * sizeof *cost);
     int choice[KV_OPTS_MAX_LAYERS];
     kvq_error err = {0};
-    kvq_status st = errs && cost ? kv_auto_score(m, ids, n, cands, nc, o->seed, KV_AUTO_QUERIES,
-                                                 (enum kv_auto_metric)o->auto_metric, errs, cost, &err)
-                                 : KVQ_ERR_NOMEM;
-    free(ids);
+    double t0 = cli_now(), base = 0;
+    kvq_status st = KVQ_ERR_NOMEM;
+    /* read_calib put the BOS first; kv_auto_nll takes the text alone and adds its own */
+    size_t lead = c->bos_id >= 0 ? 1 : 0;
+    if (errs && cost && nll)
+        st = kv_auto_score_nll(m, ids + lead, n - lead, o->seed, cands, nc, NULL, &base, errs, cost, &err);
+    else if (errs && cost)
+        st = kv_auto_score(m, ids, n, cands, nc, o->seed, KV_AUTO_QUERIES, (enum kv_auto_metric)o->auto_metric,
+                           errs, cost, &err);
+    double t_score = cli_now() - t0;
     if (st != KVQ_OK) {
         rc = err.msg[0] ? cli_error(cmd, "--kv-auto: %s", err.msg) : cli_status_error(cmd, st, "--kv-auto scoring");
         goto out;
@@ -354,9 +468,21 @@ int kv_auto_apply(const char *cmd, struct kv_opts *o, const kvq_model *m, const 
     o->auto_ctx_used = ctx;
     for (int l = 0; l < L; l++)
         o->auto_err[l] = errs[(size_t)l * (size_t)nc + (size_t)choice[l]];
+    /* The knapsack assumes the layers' NLL increases add up: measure the
+     * whole choice on the calibration once and report both. */
+    double joint = NAN;
+    if (nll) {
+        double v = 0;
+        if (kv_auto_nll(m, ids + lead, n - lead, o->seed, o->layer_types, &v, &err) == KVQ_OK)
+            joint = v - base;
+    }
     if (!quiet) {
-        fprintf(stderr, "kvq %s: --kv-auto for %zu bytes at %zu tokens (%zu calibration tokens):\n", cmd, o->budget,
-                ctx, n);
+        fprintf(stderr, "kvq %s: --kv-auto for %zu bytes at %zu tokens (%zu calibration tokens, the end of %s; "
+                        "scored in %.1f s):\n",
+                cmd, o->budget, ctx, n, o->auto_calib ? o->auto_calib : "reference/valid.txt", t_score);
+        if (nll)
+            fprintf(stderr, "  nll: %d layers x %d pairs + 1 forwards of %zu tokens; f32 mean NLL %.5f\n", L, nc, n,
+                    base);
         for (int l = 0; l < L; l++) {
             size_t b = cost[(size_t)l * (size_t)nc + (size_t)choice[l]];
             fprintf(stderr, "  layer %2d  %s/%s  %.3f bits/value  %s %.5f\n", l,
@@ -366,8 +492,12 @@ int kv_auto_apply(const char *cmd, struct kv_opts *o, const kvq_model *m, const 
         }
         fprintf(stderr, "  total     %zu bytes/token (%zu at %zu tokens)  summed %s %.5f\n", total_cost,
                 total_cost * ctx, ctx, kv_auto_metric_name(o->auto_metric), total_err);
+        if (nll)
+            fprintf(stderr, "  additivity: the whole choice raises the calibration NLL by %.5f (sum of layers %.5f)\n",
+                    joint, total_err);
     }
 out:
+    free(ids);
     free(errs);
     free(cost);
     return rc;

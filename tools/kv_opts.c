@@ -7,6 +7,7 @@
 
 #include "cli.h"
 #include "kv_auto.h"
+#include "kvq_cache.h"
 
 void kv_opts_default(struct kv_opts *o)
 {
@@ -66,6 +67,15 @@ int kv_opts_parse(const char *cmd, const char *a, const char *v, struct kv_opts 
         }
         return 1;
     }
+    if (strcmp(a, "--kv-sink") == 0) {
+        long n = 0;
+        if (cli_parse_int(v, 0, KVQ_CACHE_MAX_SINK_TOKENS, &n)) {
+            cli_error(cmd, "bad value '%s' for --kv-sink (0..%d tokens)", v, KVQ_CACHE_MAX_SINK_TOKENS);
+            return 2;
+        }
+        o->sink_tokens = (int)n;
+        return 1;
+    }
     if (strcmp(a, "--kv-auto-ctx") == 0) {
         long n = 0;
         if (cli_parse_int(v, 2, 1l << 30, &n)) {
@@ -81,7 +91,7 @@ int kv_opts_parse(const char *cmd, const char *a, const char *v, struct kv_opts 
                 o->auto_metric = i;
                 return 1;
             }
-        cli_error(cmd, "bad value '%s' for --kv-auto-metric (out_err, ipv or kl)", v);
+        cli_error(cmd, "bad value '%s' for --kv-auto-metric (nll, out_err, ipv or kl)", v);
         return 2;
     }
     if (strcmp(a, "--kv-auto-calib") == 0) {
@@ -102,6 +112,10 @@ int kv_opts_flag(const char *a, struct kv_opts *o)
 {
     if (strcmp(a, "--v-norm-correct") == 0) {
         o->v_norm_correct = 1;
+        return 1;
+    }
+    if (strcmp(a, "--kv-recent-f16") == 0) {
+        o->recent_f16 = 1;
         return 1;
     }
     if (strcmp(a, "--kv-auto") == 0) {
@@ -135,13 +149,28 @@ void kv_opts_name(const struct kv_opts *o, char *buf, size_t cap)
                          kvq_type_traits(tv)->name);
         used += w > 0 ? (size_t)w : 0;
     }
-    if (o->v_norm_correct && used < cap)
-        snprintf(buf + used, cap - used, "+vnc");
+    if (o->v_norm_correct && used < cap) {
+        int w = snprintf(buf + used, cap - used, "+vnc");
+        used += w > 0 ? (size_t)w : 0;
+    }
+    if (o->recent_f16 && used < cap) {
+        int w = snprintf(buf + used, cap - used, "+win");
+        used += w > 0 ? (size_t)w : 0;
+    }
+    if (o->sink_tokens && used < cap)
+        snprintf(buf + used, cap - used, "+sink%d", o->sink_tokens);
 }
 
 double kv_bits_per_value(const struct kvq_seq_plan *pl, const struct kvq_model_config *c)
 {
     return 8.0 * (double)pl->bytes_per_token / (2.0 * c->n_layers * c->n_kv_heads * c->head_dim);
+}
+
+double kv_bits_at(const struct kvq_seq_plan *pl, const struct kvq_model_config *c, size_t ctx)
+{
+    double per_token = 2.0 * c->n_layers * c->n_kv_heads * c->head_dim;
+    return ctx ? 8.0 * ((double)pl->bytes_per_token * (double)ctx + (double)pl->fixed_bytes) / (per_token * (double)ctx)
+               : kv_bits_per_value(pl, c);
 }
 
 void kv_opts_usage(FILE *f)
@@ -152,12 +181,18 @@ void kv_opts_usage(FILE *f)
                "                       (split evenly per layer; default: no limit)\n"
                "  --layer-types K/V,.. per-layer cache types, one pair per layer (overrides the above)\n"
                "  --kv-auto            choose per-layer K/V types that fit --kv-budget at the context\n"
-               "                       with the least attention error on a calibration text\n"
+               "                       with the least measured error on a calibration text\n"
                "  --kv-auto-ctx N      context --kv-auto plans for (default: the command's / model's)\n"
-               "  --kv-auto-calib F    calibration text (default: <model>/reference/valid.txt)\n"
-               "  --kv-auto-metric M   per-layer error --kv-auto minimises: out_err (default), ipv, kl\n"
+               "  --kv-auto-calib F    calibration text (default: the end of <model>/reference/valid.txt)\n"
+               "  --kv-auto-metric M   per-layer error --kv-auto minimises: nll (default; ~2 min),\n"
+               "                       out_err (~1 s), ipv, kl\n"
                "  --v-norm-correct     store value norms so that decoded tq values keep the input norm\n"
-               "  --seed S             cache-rotation (and sampler) seed (default 0)\n");
+               "  --kv-recent-f16      also keep the tokens of the last, partly filled cache page in\n"
+               "                       f16 and attend to them in f16 (2 x (64+16) f16 rows per layer\n"
+               "                       and KV head, counted in --kv-budget)\n"
+               "  --kv-sink N          also keep the first N tokens (0..%d) in f16 for good\n"
+               "  --seed S             cache-rotation (and sampler) seed (default 0)\n",
+            KVQ_CACHE_MAX_SINK_TOKENS);
 }
 
 void kv_opts_seq_config(const struct kv_opts *o, struct kvq_seq_config *sc)
@@ -169,6 +204,8 @@ void kv_opts_seq_config(const struct kv_opts *o, struct kvq_seq_config *sc)
     sc->kv_budget = o->budget;
     sc->layer_types = o->n_layer_types ? o->layer_types : NULL;
     sc->v_norm_correct = o->v_norm_correct;
+    sc->recent_f16 = o->recent_f16;
+    sc->sink_tokens = o->sink_tokens;
 }
 
 size_t kv_peak_rss(void)

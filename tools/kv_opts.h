@@ -18,6 +18,8 @@ struct kv_opts {
     int n_layer_types;    /* --layer-types: 0, or one K/V pair per model layer */
     enum kvq_type layer_types[2 * KV_OPTS_MAX_LAYERS];
     int v_norm_correct;   /* --v-norm-correct */
+    int recent_f16;       /* --kv-recent-f16: the last, partly filled page also in f16 */
+    int sink_tokens;      /* --kv-sink N: the first N tokens also in f16 (0 = off) */
     /* --kv-auto (kv_auto.h): per-layer types chosen for budget at a context */
     int kv_auto;
     size_t auto_ctx;        /* --kv-auto-ctx N, 0 = the command's context */
@@ -33,19 +35,27 @@ void kv_opts_default(struct kv_opts *o);
  * KV option, 2 after printing an error (bad value). */
 int kv_opts_parse(const char *cmd, const char *a, const char *v, struct kv_opts *o);
 
-/* Flags without a value (--v-norm-correct). @return 1 when consumed. */
+/* Flags without a value (--v-norm-correct, --kv-recent-f16, --kv-auto).
+ * @return 1 when consumed. */
 int kv_opts_flag(const char *a, struct kv_opts *o);
 
 /* After the model is loaded: --layer-types must name every layer.
  * @return 0 or 2 (printed). */
 int kv_opts_check(const char *cmd, const struct kv_opts *o, const kvq_model *m);
 
-/* "tq3j/tq3", "q8_0/tq3,tq3j/tq3,..." for per-layer types, "+vnc" appended
- * for value norm correction. */
+/* "tq3j/tq3", "q8_0/tq3,tq3j/tq3,..." for per-layer types, then "+vnc" for
+ * value norm correction, "+win" for the recent f16 window and "+sinkN" for N
+ * sink tokens. */
 void kv_opts_name(const struct kv_opts *o, char *buf, size_t cap);
 
-/* Bits per cached value over all layers (K and V), from the plan. */
+/* Bits per cached value over all layers (K and V), from the plan: the pages
+ * alone (bytes per token). */
 double kv_bits_per_value(const struct kvq_seq_plan *pl, const struct kvq_model_config *c);
+
+/* Bits per cached value of a full context of ctx tokens, the f16 override
+ * buffers (recent window, sink tokens) included:
+ * 8 (ctx bytes_per_token + fixed_bytes) / (ctx values per token). */
+double kv_bits_at(const struct kvq_seq_plan *pl, const struct kvq_model_config *c, size_t ctx);
 
 /* A type name or an error naming every type. @return 0 or 2 (printed). */
 int kv_parse_type(const char *cmd, const char *s, enum kvq_type *t);

@@ -161,21 +161,26 @@ kvq_status kvq_attn_decode_kernels(const struct kvq_attn_kernels *kr, const kvq_
     memset(ws->acc, 0, (size_t)n_q * D * sizeof *ws->acc);
     memset(ws->acc_s, 0, (size_t)n_q * D * sizeof *ws->acc_s);
 
+    /* The packed pages serve [t_beg, t_end); f16 overrides the rest. */
+    size_t t_beg, tail_lo;
+    if ((st = kvq_cache_f16_view(c, n_ctx, &t_beg, &tail_lo)) != KVQ_OK)
+        return st;
+    const size_t t_end = tail_lo > t_beg ? tail_lo : t_beg;
     const size_t P = pl->page_tokens;
-    for (size_t t0 = 0; t0 < n_ctx;) {
+    for (size_t t0 = t_beg; t0 < t_end;) {
         size_t page = t0 / P, s0 = t0 % P, n = P - s0;
         if (n > KVQ_ATTN_BLOCK)
             n = KVQ_ATTN_BLOCK;
-        if (n > n_ctx - t0)
-            n = n_ctx - t0;
+        if (n > t_end - t0)
+            n = t_end - t0;
         const uint8_t *base = kvq_cache_page(c, page);
         struct kvq_attn_block b = {base + pl->k_off + (uint64_t)kv_head * pl->k.bytes,
                                    base + pl->v_off + (uint64_t)kv_head * pl->v.bytes, (uint32_t)s0,
                                    (uint32_t)n};
-        if (t0 + n < n_ctx) { /* the next block, while this one computes */
+        if (t0 + n < t_end) { /* the next block, while this one computes */
             size_t t1 = t0 + n, s1 = t1 % P, n1 = P - s1;
             n1 = n1 > KVQ_ATTN_BLOCK ? KVQ_ATTN_BLOCK : n1;
-            n1 = n1 > n_ctx - t1 ? n_ctx - t1 : n1;
+            n1 = n1 > t_end - t1 ? t_end - t1 : n1;
             const uint8_t *nb = kvq_cache_page(c, t1 / P);
             prefetch_rows(&pl->k, nb + pl->k_off + (uint64_t)kv_head * pl->k.bytes, s1, n1);
             prefetch_rows(&pl->v, nb + pl->v_off + (uint64_t)kv_head * pl->v.bytes, s1, n1);
@@ -188,7 +193,7 @@ kvq_status kvq_attn_decode_kernels(const struct kvq_attn_kernels *kr, const kvq_
 
     /* out = acc / l, back from V's stored domain with one rotation per head. */
     const kvq_codec *cv = job.cv;
-    for (int h = 0; h < n_q; h++) {
+    for (int h = 0; h < n_q && t_end > t_beg; h++) {
         float *o = out + (size_t)h * D, *t = ws->row;
         const double inv = 1.0 / ws->l[h];
         for (size_t j = 0; j < D; j++)
@@ -207,6 +212,46 @@ kvq_status kvq_attn_decode_kernels(const struct kvq_attn_kernels *kr, const kvq_
         if (!kvq_all_finite(o, d))
             return KVQ_ERR_RANGE;
     }
+    if (t_beg > 0 || tail_lo < n_ctx)
+        return kvq_attn_merge_f16(kr, c, kv_head, n_ctx, t_beg, tail_lo, q, n_q, scale, t_end > t_beg, out, ws);
+    return KVQ_OK;
+}
+
+/* Folds the f16 rows of the view into the packed partial result: out (the
+ * packed rows' softmax average, back in the input domain) carries the weight
+ * sum l at the running maximum m, so out * l re-enters an online softmax in
+ * double that continues over the f16 rows (kr->f16_row, one row at a time). */
+kvq_status kvq_attn_merge_f16(const struct kvq_attn_kernels *kr, const kvq_cache *c, int kv_head, size_t n_ctx,
+                              size_t sink_end, size_t tail_lo, const float *q, int n_q, float scale,
+                              int have_packed, float *out, kvq_attn_workspace *ws)
+{
+    const size_t d = (size_t)ws->dim;
+    double *m = ws->m, *l = ws->l, *acc = ws->acc;
+    for (int h = 0; h < n_q; h++) {
+        if (!have_packed) {
+            m[h] = -INFINITY;
+            l[h] = 0.0;
+        }
+        for (size_t j = 0; j < d; j++)
+            acc[(size_t)h * d + j] = have_packed ? (double)out[(size_t)h * d + j] * l[h] : 0.0;
+    }
+    for (size_t t = 0; t < n_ctx; t++) {
+        if (t == sink_end && tail_lo > t)
+            t = tail_lo; /* skip the packed range */
+        if (t >= n_ctx)
+            break;
+        const uint16_t *hk = kvq_cache_f16_row(c, 0, kv_head, t), *hv = kvq_cache_f16_row(c, 1, kv_head, t);
+        if (!hk || !hv)
+            return KVQ_ERR_INTERNAL; /* the view names only rows the cache holds */
+        kr->f16_row(hk, hv, q, n_q, (int)d, (double)scale, m, l, acc, ws->row);
+    }
+    for (int h = 0; h < n_q; h++)
+        for (size_t j = 0; j < d; j++) {
+            double o = acc[(size_t)h * d + j] / l[h];
+            out[(size_t)h * d + j] = (float)o;
+            if (!isfinite(o) || !isfinite((float)o))
+                return KVQ_ERR_RANGE;
+        }
     return KVQ_OK;
 }
 

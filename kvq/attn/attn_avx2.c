@@ -571,4 +571,42 @@ static void prepare_avx2(const struct kvq_attn_job *job)
     }
 }
 
-const struct kvq_attn_kernels kvq_attn_kernels_avx2 = {prepare_avx2, score_avx2, softmax_avx2, value_avx2};
+/* One f16 override row (kvq_attn_f16_row_fn): halves to floats with F16C,
+ * the score as a float dot product (FMA, two chains), the softmax state and
+ * the weighted sum of values in double, 4 lanes at a time. */
+void kvq_attn_f16_row_avx2(const uint16_t *hk, const uint16_t *hv, const float *q, int n_q, int d, double scale,
+                           double *m, double *l, double *acc, float *tmp)
+{
+    float *k = tmp, *v = tmp + d;
+    for (int j = 0; j < d; j += 8) {
+        _mm256_storeu_ps(k + j, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(hk + j))));
+        _mm256_storeu_ps(v + j, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(hv + j))));
+    }
+    for (int h = 0; h < n_q; h++) {
+        const float *qh = q + (size_t)h * d;
+        __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+        int j = 0;
+        for (; j + 16 <= d; j += 16) {
+            s0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + j), _mm256_loadu_ps(k + j), s0);
+            s1 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + j + 8), _mm256_loadu_ps(k + j + 8), s1);
+        }
+        if (j < d)
+            s0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + j), _mm256_loadu_ps(k + j), s0);
+        double s = scale * (double)hsum(_mm256_add_ps(s0, s1)), *a = acc + (size_t)h * d;
+        if (s > m[h]) { /* a new maximum rescales what came before */
+            __m256d r = _mm256_set1_pd(m[h] == -INFINITY ? 0.0 : exp(m[h] - s));
+            l[h] *= _mm256_cvtsd_f64(r);
+            for (int i = 0; i < d; i += 4)
+                _mm256_storeu_pd(a + i, _mm256_mul_pd(_mm256_loadu_pd(a + i), r));
+            m[h] = s;
+        }
+        double w = exp(s - m[h]);
+        l[h] += w;
+        __m256d wv = _mm256_set1_pd(w);
+        for (int i = 0; i < d; i += 4)
+            _mm256_storeu_pd(a + i, _mm256_fmadd_pd(wv, _mm256_cvtps_pd(_mm_loadu_ps(v + i)), _mm256_loadu_pd(a + i)));
+    }
+}
+
+const struct kvq_attn_kernels kvq_attn_kernels_avx2 = {prepare_avx2, score_avx2, softmax_avx2, value_avx2,
+                                                       kvq_attn_f16_row_avx2};

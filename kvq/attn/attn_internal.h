@@ -20,7 +20,9 @@
  * fallback on CPUs without AVX2 and for head dims not a multiple of 8), AVX2
  * (attn_avx2.c) and AVX-512 for tq rows (attn_avx512.c).
  * kvq_attn_decode_ref() (attn_ref.c) is the independent reference: dequantize
- * each row with the codec's decode_ref, attend in double.
+ * each row with the codec's decode_ref (or take its f16 override copy),
+ * attend in double. f16 override rows (kvq_cache.h) are skipped by the
+ * block loop and folded in afterwards by kvq_attn_merge_f16 (attn.c).
  */
 #ifndef KVQ_ATTN_INTERNAL_H
 #define KVQ_ATTN_INTERNAL_H
@@ -73,11 +75,19 @@ struct kvq_attn_block {
  *  score: ws->dot[q][i] for i < n (unscaled dot products)
  *  softmax: ws->w, ws->alpha, and updates ws->m, ws->l
  *  value: ws->acc (and ws->acc_s) = alpha acc + sum_i w v_i */
+/* One f16 override row in the online softmax of kvq_attn_merge_f16, for
+ * every query: s = scale q.k; on a new maximum m, l and acc are rescaled;
+ * then l += exp(s - m), acc += exp(s - m) v. k, v: [dim] halves; q [n_q][dim];
+ * m, l [n_q] and acc [n_q][dim] in double; tmp: 2 dim floats of scratch. */
+typedef void (*kvq_attn_f16_row_fn)(const uint16_t *k, const uint16_t *v, const float *q, int n_q, int dim,
+                                    double scale, double *m, double *l, double *acc, float *tmp);
+
 struct kvq_attn_kernels {
     void (*prepare)(const struct kvq_attn_job *job); /* once per call, after qprep; may be NULL */
     void (*score)(const struct kvq_attn_job *job, const struct kvq_attn_block *b);
     void (*softmax)(const struct kvq_attn_job *job, uint32_t n);
     void (*value)(const struct kvq_attn_job *job, const struct kvq_attn_block *b);
+    kvq_attn_f16_row_fn f16_row;
 };
 
 extern const struct kvq_attn_kernels kvq_attn_kernels_scalar;
@@ -93,6 +103,15 @@ int kvq_attn_avx512_usable(void);
 /* kvq_attn_decode() with the kernels given (tests compare both sets). */
 kvq_status kvq_attn_decode_kernels(const struct kvq_attn_kernels *kr, const kvq_cache *c, int kv_head, size_t n_ctx,
                                    const float *q, int n_q, float scale, float *out, kvq_attn_workspace *ws);
+
+/* The f16 override rows of a decode (kvq_cache_f16_view: [0, sink_end) and
+ * [tail_lo, n_ctx)) folded into out, the result of the packed rows
+ * (have_packed = 0: there were none); ws->m and ws->l hold the packed rows'
+ * softmax maximum and weight sum. Exact arithmetic: f16 rows to float,
+ * scores and weights in double. */
+kvq_status kvq_attn_merge_f16(const struct kvq_attn_kernels *kr, const kvq_cache *c, int kv_head, size_t n_ctx,
+                              size_t sink_end, size_t tail_lo, const float *q, int n_q, float scale,
+                              int have_packed, float *out, kvq_attn_workspace *ws);
 
 /* Query heads are processed in chunks of 4, the rest as 2 + 1. */
 static inline int kvq_attn_chunk(int left)
@@ -126,6 +145,10 @@ static inline size_t kvq_attn_lut_offset(int dim, int q0)
     return (size_t)(q0 / 2) * (size_t)(dim / 8) * 256u;
 }
 void kvq_attn_sign_lut(const struct kvq_attn_job *job, int q0, int qc); /* attn_avx2.c: needs AVX2 */
+/* attn_avx2.c: the f16 row step of the AVX2 and AVX-512 kernel sets; needs
+ * AVX2/FMA/F16C and dim % 8 == 0. */
+void kvq_attn_f16_row_avx2(const uint16_t *k, const uint16_t *v, const float *q, int n_q, int dim, double scale,
+                           double *m, double *l, double *acc, float *tmp);
 
 /* Row views of the block's slot s of a head chunk. */
 static inline struct kvq_row kvq_attn_row(const struct kvq_head_layout *hl, const uint8_t *chunk, uint32_t slot)

@@ -19,6 +19,28 @@ static struct kvq_row row_at(const kvq_cache *c, int v, int kv_head, size_t t)
     return kvq_attn_row(&pl->k, page + pl->k_off + (uint64_t)kv_head * pl->k.bytes, slot);
 }
 
+/* Token t's key and/or value rows as the view (sink_end, tail_lo) reads
+ * them: the f16 copy for an override token, else the codec's decode_ref. */
+static void ref_rows(const kvq_cache *c, int kv_head, size_t t, size_t sink_end, size_t tail_lo, float *k, float *v)
+{
+    const int d = kvq_cache_config_of(c)->head_dim;
+    const int over = t < sink_end || t >= tail_lo;
+    for (int side = 0; side < 2; side++) {
+        float *dst = side ? v : k;
+        if (!dst)
+            continue;
+        if (over) {
+            const uint16_t *h = kvq_cache_f16_row(c, side, kv_head, t);
+            for (int j = 0; j < d; j++)
+                dst[j] = kvq_f16_to_f32(h[j]);
+        } else {
+            const kvq_codec *cd = side ? kvq_cache_codec_v(c) : kvq_cache_codec_k(c);
+            struct kvq_row r = row_at(c, side, kv_head, t);
+            cd->traits->decode_ref(cd, &r, dst);
+        }
+    }
+}
+
 static double dot_d(const float *a, const float *b, int d)
 {
     double s = 0.0;
@@ -41,7 +63,9 @@ kvq_status kvq_attn_decode_ref(const kvq_cache *c, int kv_head, size_t n_ctx, co
         if (!kvq_all_finite(q + (size_t)h * d, d))
             return KVQ_ERR_NONFINITE;
 
-    const kvq_codec *ck = kvq_cache_codec_k(c), *cv = kvq_cache_codec_v(c);
+    size_t sink_end, tail_lo;
+    if (kvq_cache_f16_view(c, n_ctx, &sink_end, &tail_lo) != KVQ_OK)
+        return KVQ_ERR_INVALID_ARG;
     const double ds = (double)scale;
     float *k = ws->row, *v = ws->row + d;
     double *m = ws->m, *l = ws->l, *acc = ws->acc;
@@ -49,8 +73,7 @@ kvq_status kvq_attn_decode_ref(const kvq_cache *c, int kv_head, size_t n_ctx, co
     for (int h = 0; h < n_q; h++)
         m[h] = -INFINITY;
     for (size_t i = 0; i < n_ctx; i++) {
-        struct kvq_row rk = row_at(c, 0, kv_head, i);
-        ck->traits->decode_ref(ck, &rk, k);
+        ref_rows(c, kv_head, i, sink_end, tail_lo, k, NULL);
         for (int h = 0; h < n_q; h++) {
             double s = ds * dot_d(q + (size_t)h * d, k, d);
             if (s > m[h])
@@ -62,9 +85,7 @@ kvq_status kvq_attn_decode_ref(const kvq_cache *c, int kv_head, size_t n_ctx, co
     for (int h = 0; h < n_q; h++)
         l[h] = 0.0;
     for (size_t i = 0; i < n_ctx; i++) {
-        struct kvq_row rk = row_at(c, 0, kv_head, i), rv = row_at(c, 1, kv_head, i);
-        ck->traits->decode_ref(ck, &rk, k);
-        cv->traits->decode_ref(cv, &rv, v);
+        ref_rows(c, kv_head, i, sink_end, tail_lo, k, v);
         for (int h = 0; h < n_q; h++) {
             double w = exp(ds * dot_d(q + (size_t)h * d, k, d) - m[h]);
             l[h] += w;
@@ -173,4 +194,30 @@ static void value_scalar(const struct kvq_attn_job *job, const struct kvq_attn_b
     }
 }
 
-const struct kvq_attn_kernels kvq_attn_kernels_scalar = {NULL, score_scalar, softmax_scalar, value_scalar};
+/* One f16 override row (kvq_attn_f16_row_fn), all in double. */
+static void f16_row_scalar(const uint16_t *hk, const uint16_t *hv, const float *q, int n_q, int d, double scale,
+                           double *m, double *l, double *acc, float *tmp)
+{
+    float *k = tmp, *v = tmp + d;
+    for (int j = 0; j < d; j++) {
+        k[j] = kvq_f16_to_f32(hk[j]);
+        v[j] = kvq_f16_to_f32(hv[j]);
+    }
+    for (int h = 0; h < n_q; h++) {
+        double s = scale * dot_d(q + (size_t)h * d, k, d), *a = acc + (size_t)h * d;
+        if (s > m[h]) { /* a new maximum rescales what came before */
+            double r = m[h] == -INFINITY ? 0.0 : exp(m[h] - s);
+            l[h] *= r;
+            for (int j = 0; j < d; j++)
+                a[j] *= r;
+            m[h] = s;
+        }
+        double w = exp(s - m[h]);
+        l[h] += w;
+        for (int j = 0; j < d; j++)
+            a[j] += w * (double)v[j];
+    }
+}
+
+const struct kvq_attn_kernels kvq_attn_kernels_scalar = {NULL, score_scalar, softmax_scalar, value_scalar,
+                                                         f16_row_scalar};

@@ -11,6 +11,11 @@
  *  - baseline types (f32, f16, q8_0, q4_0) read their own blocks.
  * kvq_attn_decode_ref() is the scalar reference: dequantize every row with
  * the codec, then attend in double precision. The two agree to ~1e-5 relative.
+ * Tokens with an f16 override (sink tokens, recent window: kvq_cache.h) are
+ * read from their f16 copies by both: the fast path runs its kernels over
+ * the packed rows only and folds the f16 rows into the online softmax
+ * afterwards in double. A call over n_ctx < len tokens sees the cache as
+ * kvq_cache_truncate(c, n_ctx) would leave it.
  *
  * Kernels: AVX-512 (F/BW/VL/VBMI) for tq rows when the head dim is a multiple
  * of 16, AVX2/FMA/F16C otherwise when it is a multiple of 8, plain C for the
@@ -67,7 +72,10 @@ kvq_status kvq_attn_decode_ref(const kvq_cache *c, int kv_head, size_t n_ctx, co
 
 /** Causal attention for T consecutive query positions (prefill, speculative
  *  verification): query t (0 <= t < T) sits at position pos0 + t and attends
- *  over tokens [0, pos0 + t]. q and out are [T][n_q][head_dim].
+ *  over tokens [0, pos0 + t]. With a recent f16 window this is not what
+ *  generation sees (the tokens of pages filled within the chunk are read
+ *  packed, or from the ring where it still holds them); append and decode
+ *  one position at a time for that. q and out are [T][n_q][head_dim].
  *  The cache must already hold tokens up to pos0 + T - 1, and the workspace
  *  must admit contexts of pos0 + T. Computed as one decode per position.
  *  @return as kvq_attn_decode; KVQ_ERR_INVALID_ARG also for T == 0. */

@@ -11,13 +11,21 @@
  * kvq_seed_derive(cfg.seed, KVQ_CACHE_SEED_STREAM_V) so that the rotation of
  * values is independent of the rotation of keys (and of the QJL projection,
  * which the codec derives from the K seed with streams 1 and 2).
+ *
+ * f16 overrides (kvq_cache.h): sink rows [sink_rows][H][d] and a ring of
+ * ring_rows recent rows (token t in row t % ring_rows), K and V apart. The
+ * ring holds valid copies of tokens [f16_lo, len): appending raises f16_lo
+ * to len - ring_rows (the row just overwritten), truncating lowers it to n
+ * at most, so a view of n <= len tokens can tell which rows are still there.
  */
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "codec_internal.h"
 #include "kvq_cache.h"
+#include "kvq_half.h"
 #include "rng_internal.h"
 
 struct kvq_cache {
@@ -29,6 +37,12 @@ struct kvq_cache {
     size_t n_pages;
     size_t len;          /* tokens held */
     size_t alloc_bytes;  /* bytes of one page allocation, padding included */
+    /* f16 overrides (NULL / 0 when off) */
+    uint16_t *sink_k, *sink_v; /* [sink_rows][H][d] */
+    uint16_t *ring_k, *ring_v; /* [ring_rows][H][d] */
+    size_t sink_rows, ring_rows;
+    size_t f16_lo;             /* ring copies valid for tokens [f16_lo, len) */
+    size_t f16_bytes;          /* all four buffers */
 };
 
 void kvq_cache_config_default(struct kvq_cache_config *cfg, int n_kv_heads, int head_dim, size_t max_tokens)
@@ -46,6 +60,8 @@ void kvq_cache_config_default(struct kvq_cache_config *cfg, int n_kv_heads, int 
     cfg->page_tokens = KVQ_DEFAULT_PAGE_TOKENS;
     cfg->max_tokens = max_tokens;
     cfg->max_bytes = 0;
+    cfg->recent_f16 = 0;
+    cfg->sink_tokens = 0;
 }
 
 /* Checks everything create() checks except what only the codecs know, and
@@ -56,6 +72,9 @@ static kvq_status check_config(const struct kvq_cache_config *cfg, struct kvq_pa
         return KVQ_ERR_INVALID_ARG;
     if ((int)cfg->rot < 0 || cfg->rot >= KVQ_ROT_KIND_COUNT || cfg->rot == KVQ_ROT_GAUSS ||
         (int)cfg->qjl < 0 || cfg->qjl >= KVQ_QJL_KIND_COUNT)
+        return KVQ_ERR_INVALID_ARG;
+    if (cfg->recent_f16 < 0 || cfg->recent_f16 > 1 || cfg->sink_tokens < 0 ||
+        cfg->sink_tokens > KVQ_CACHE_MAX_SINK_TOKENS)
         return KVQ_ERR_INVALID_ARG;
     int P = cfg->page_tokens ? cfg->page_tokens : KVQ_DEFAULT_PAGE_TOKENS;
     if (P < KVQ_MIN_PAGE_TOKENS || P > KVQ_MAX_PAGE_TOKENS || P % 16 != 0)
@@ -75,6 +94,23 @@ static kvq_status check_config(const struct kvq_cache_config *cfg, struct kvq_pa
 static size_t pages_for(size_t n_tokens, size_t P)
 {
     return n_tokens / P + (n_tokens % P != 0);
+}
+
+/* Rows of the sink and recent buffers of a valid config: never more than
+ * max_tokens (a short cache needs no more). */
+static void f16_rows(const struct kvq_cache_config *cfg, size_t P, size_t *sink, size_t *ring)
+{
+    size_t s = (size_t)cfg->sink_tokens, r = cfg->recent_f16 ? P + KVQ_CACHE_F16_SLACK : 0;
+    *sink = s < cfg->max_tokens ? s : cfg->max_tokens;
+    *ring = r < cfg->max_tokens ? r : cfg->max_tokens;
+}
+
+/* Bytes of all f16 override buffers (K and V) of a valid config. */
+static size_t f16_bytes_of(const struct kvq_cache_config *cfg, size_t P)
+{
+    size_t sink, ring;
+    f16_rows(cfg, P, &sink, &ring);
+    return (sink + ring) * (size_t)cfg->n_kv_heads * (size_t)cfg->head_dim * 2 * sizeof(uint16_t);
 }
 
 kvq_status kvq_cache_create(const struct kvq_cache_config *cfg, kvq_cache **out)
@@ -109,11 +145,31 @@ kvq_status kvq_cache_create(const struct kvq_cache_config *cfg, kvq_cache **out)
     if (st != KVQ_OK)
         goto fail;
 
+    /* The f16 buffers come out of the budget first. */
+    f16_rows(cfg, pl.page_tokens, &c->sink_rows, &c->ring_rows);
+    c->f16_bytes = f16_bytes_of(cfg, pl.page_tokens);
+    const size_t row_h = (size_t)cfg->n_kv_heads * (size_t)cfg->head_dim * sizeof(uint16_t);
+    if (c->sink_rows) {
+        c->sink_k = malloc(c->sink_rows * row_h);
+        c->sink_v = malloc(c->sink_rows * row_h);
+    }
+    if (c->ring_rows) {
+        c->ring_k = malloc(c->ring_rows * row_h);
+        c->ring_v = malloc(c->ring_rows * row_h);
+    }
+    if ((c->sink_rows && (!c->sink_k || !c->sink_v)) || (c->ring_rows && (!c->ring_k || !c->ring_v))) {
+        st = KVQ_ERR_NOMEM;
+        goto fail;
+    }
+
     /* Pages beyond the budget can never be allocated, so the table need not
      * hold them (this also keeps a huge max_tokens with a budget cheap). */
     c->table_cap = pages_for(cfg->max_tokens, pl.page_tokens);
-    if (cfg->max_bytes && cfg->max_bytes / page_bytes < c->table_cap)
-        c->table_cap = cfg->max_bytes / page_bytes;
+    if (cfg->max_bytes) {
+        size_t for_pages = cfg->max_bytes > c->f16_bytes ? cfg->max_bytes - c->f16_bytes : 0;
+        if (for_pages / page_bytes < c->table_cap)
+            c->table_cap = for_pages / page_bytes;
+    }
     if (c->table_cap > SIZE_MAX / sizeof *c->pages) {
         st = KVQ_ERR_NOMEM;
         goto fail;
@@ -138,6 +194,10 @@ void kvq_cache_free(kvq_cache *c)
         for (size_t i = 0; i < c->n_pages; i++)
             free(c->pages[i]);
     free(c->pages);
+    free(c->sink_k);
+    free(c->sink_v);
+    free(c->ring_k);
+    free(c->ring_v);
     kvq_codec_free(c->ck);
     kvq_codec_free(c->cv);
     free(c);
@@ -157,6 +217,65 @@ static uint8_t *head_chunk(const kvq_cache *c, size_t page, int v, int h)
     return c->pages[page] + off;
 }
 
+/* Allocates the pages that len + n_tokens tokens need; all or nothing. */
+static kvq_status grow(kvq_cache *c, size_t n_tokens)
+{
+    if (n_tokens > c->cfg.max_tokens - c->len)
+        return KVQ_ERR_CONTEXT_FULL;
+    const size_t P = c->layout.page_tokens, had = c->n_pages;
+    const size_t need = pages_for(c->len + n_tokens, P);
+    if (need <= had)
+        return KVQ_OK;
+    if (need > c->table_cap) /* only the budget can make the table short */
+        return KVQ_ERR_BUDGET;
+    for (size_t i = had; i < need; i++) {
+        uint8_t *p = aligned_alloc(64, c->alloc_bytes);
+        if (!p) {
+            drop_pages(c, had);
+            return KVQ_ERR_NOMEM;
+        }
+        /* Zeroed, padding included: kernels may read (and ignore) the bytes
+         * past the last row, and they are then defined. */
+        memset(p, 0, c->alloc_bytes);
+        c->pages[c->n_pages++] = p;
+    }
+    return KVQ_OK;
+}
+
+kvq_status kvq_cache_reserve(kvq_cache *c, size_t n_tokens)
+{
+    return c ? grow(c, n_tokens) : KVQ_ERR_INVALID_ARG;
+}
+
+/* Largest finite half; values beyond round to Inf. */
+#define KVQ_F16_MAX 65504.0f
+
+/* The f16 copies of tokens [len, len + n_tokens) (rows already checked). */
+static void keep_f16(kvq_cache *c, size_t n_tokens, const float *k, const float *v)
+{
+    const size_t hd = (size_t)c->cfg.n_kv_heads * (size_t)c->cfg.head_dim;
+    for (size_t t = 0; t < n_tokens; t++) {
+        size_t pos = c->len + t;
+        const float *kr = k + t * hd, *vr = v + t * hd;
+        uint16_t *dst[4] = {NULL, NULL, NULL, NULL};
+        if (pos < c->sink_rows) {
+            dst[0] = c->sink_k + pos * hd;
+            dst[1] = c->sink_v + pos * hd;
+        }
+        if (c->ring_rows) {
+            dst[2] = c->ring_k + pos % c->ring_rows * hd;
+            dst[3] = c->ring_v + pos % c->ring_rows * hd;
+        }
+        for (int b = 0; b < 4; b++)
+            if (dst[b])
+                for (size_t j = 0; j < hd; j++)
+                    dst[b][j] = kvq_f32_to_f16((b & 1 ? vr : kr)[j]);
+    }
+    size_t end = c->len + n_tokens;
+    if (c->ring_rows && end > c->ring_rows && end - c->ring_rows > c->f16_lo)
+        c->f16_lo = end - c->ring_rows;
+}
+
 kvq_status kvq_cache_append(kvq_cache *c, size_t n_tokens, const float *k, const float *v)
 {
     if (!c)
@@ -167,7 +286,6 @@ kvq_status kvq_cache_append(kvq_cache *c, size_t n_tokens, const float *k, const
         return KVQ_ERR_INVALID_ARG;
     if (n_tokens > c->cfg.max_tokens - c->len)
         return KVQ_ERR_CONTEXT_FULL;
-
     const int H = c->cfg.n_kv_heads, d = c->cfg.head_dim;
     const size_t rows = n_tokens * (size_t)H;
     /* 1. every row, exactly as encode will judge it */
@@ -178,24 +296,20 @@ kvq_status kvq_cache_append(kvq_cache *c, size_t n_tokens, const float *k, const
         if (st != KVQ_OK)
             return st;
     }
+    /* ... and the rows that get an f16 copy must fit f16 */
+    for (size_t t = 0; t < n_tokens; t++) {
+        if (!c->ring_rows && c->len + t >= c->sink_rows)
+            break;
+        const size_t hd = (size_t)H * (size_t)d;
+        for (size_t j = 0; j < hd; j++)
+            if (fabsf(k[t * hd + j]) > KVQ_F16_MAX || fabsf(v[t * hd + j]) > KVQ_F16_MAX)
+                return KVQ_ERR_RANGE;
+    }
     /* 2. every page, before anything is written */
     const size_t P = c->layout.page_tokens, had = c->n_pages;
-    const size_t need = pages_for(c->len + n_tokens, P);
-    if (need > had) {
-        if (need > c->table_cap) /* only the budget can make the table short */
-            return KVQ_ERR_BUDGET;
-        for (size_t i = had; i < need; i++) {
-            uint8_t *p = aligned_alloc(64, c->alloc_bytes);
-            if (!p) {
-                drop_pages(c, had);
-                return KVQ_ERR_NOMEM;
-            }
-            /* Zeroed, padding included: kernels may read (and ignore) the bytes
-             * past the last row, and they are then defined. */
-            memset(p, 0, c->alloc_bytes);
-            c->pages[c->n_pages++] = p;
-        }
-    }
+    kvq_status gst = grow(c, n_tokens);
+    if (gst != KVQ_OK)
+        return gst;
     /* 3. encode; only slots at or past len are written, so on a (never
      * expected) failure the tokens already held are untouched. */
     const kvq_encode_fn enc_k = c->ck->traits->encode, enc_v = c->cv->traits->encode;
@@ -212,6 +326,8 @@ kvq_status kvq_cache_append(kvq_cache *c, size_t n_tokens, const float *k, const
             }
         }
     }
+    if (c->sink_rows || c->ring_rows)
+        keep_f16(c, n_tokens, k, v);
     c->len += n_tokens;
     return KVQ_OK;
 }
@@ -221,9 +337,21 @@ kvq_status kvq_cache_read(const kvq_cache *c, int kv_head, size_t t0, size_t n, 
     if (!c || kv_head < 0 || kv_head >= c->cfg.n_kv_heads || t0 > c->len || n > c->len - t0)
         return KVQ_ERR_INVALID_ARG;
     const size_t P = c->layout.page_tokens, d = (size_t)c->cfg.head_dim;
+    size_t sink_end, tail_lo;
+    kvq_cache_f16_view(c, c->len, &sink_end, &tail_lo);
     for (size_t i = 0; i < n; i++) {
         size_t pos = t0 + i, page = pos / P;
         uint32_t slot = (uint32_t)(pos % P);
+        if (pos < sink_end || pos >= tail_lo) {
+            const uint16_t *hk = kvq_cache_f16_row(c, 0, kv_head, pos), *hv = kvq_cache_f16_row(c, 1, kv_head, pos);
+            for (size_t j = 0; j < d; j++) {
+                if (k)
+                    k[i * d + j] = kvq_f16_to_f32(hk[j]);
+                if (v)
+                    v[i * d + j] = kvq_f16_to_f32(hv[j]);
+            }
+            continue;
+        }
         if (k) {
             struct kvq_row r = kvq_head_row(&c->layout.k, head_chunk(c, page, 0, kv_head), slot);
             c->ck->traits->decode(c->ck, &r, k + i * d);
@@ -243,8 +371,10 @@ size_t kvq_cache_len(const kvq_cache *c)
 
 void kvq_cache_reset(kvq_cache *c)
 {
-    if (c)
+    if (c) {
         c->len = 0;
+        c->f16_lo = 0;
+    }
 }
 
 kvq_status kvq_cache_truncate(kvq_cache *c, size_t n)
@@ -252,7 +382,37 @@ kvq_status kvq_cache_truncate(kvq_cache *c, size_t n)
     if (!c || n > c->len)
         return KVQ_ERR_INVALID_ARG;
     c->len = n;
+    if (c->f16_lo > n) /* nothing kept had a copy; new tokens will */
+        c->f16_lo = n;
     return KVQ_OK;
+}
+
+kvq_status kvq_cache_f16_view(const kvq_cache *c, size_t n, size_t *sink_end, size_t *tail_lo)
+{
+    if (!c || !sink_end || !tail_lo || n > c->len)
+        return KVQ_ERR_INVALID_ARG;
+    *sink_end = n < c->sink_rows ? n : c->sink_rows;
+    *tail_lo = n;
+    const size_t P = c->layout.page_tokens;
+    if (c->ring_rows && n % P) {
+        size_t lo = n - n % P;
+        lo = lo > c->f16_lo ? lo : c->f16_lo;
+        *tail_lo = lo < n ? lo : n;
+    }
+    return KVQ_OK;
+}
+
+const uint16_t *kvq_cache_f16_row(const kvq_cache *c, int v, int kv_head, size_t t)
+{
+    if (!c || kv_head < 0 || kv_head >= c->cfg.n_kv_heads || t >= c->len)
+        return NULL;
+    const size_t hd = (size_t)c->cfg.n_kv_heads * (size_t)c->cfg.head_dim;
+    const size_t off = (size_t)kv_head * (size_t)c->cfg.head_dim;
+    if (t < c->sink_rows)
+        return (v ? c->sink_v : c->sink_k) + t * hd + off;
+    if (c->ring_rows && t >= c->f16_lo)
+        return (v ? c->ring_v : c->ring_k) + t % c->ring_rows * hd + off;
+    return NULL;
 }
 
 void kvq_cache_get_stats(const kvq_cache *c, struct kvq_cache_stats *st)
@@ -266,7 +426,8 @@ void kvq_cache_get_stats(const kvq_cache *c, struct kvq_cache_stats *st)
     st->tokens = c->len;
     st->pages = c->n_pages;
     st->page_bytes = (size_t)c->layout.page_bytes;
-    st->bytes_allocated = c->n_pages * st->page_bytes;
+    st->bytes_f16_buffers = c->f16_bytes;
+    st->bytes_allocated = c->n_pages * st->page_bytes + c->f16_bytes;
     st->bytes_used = c->len * H * (c->ck->row_bytes + c->cv->row_bytes);
     st->bytes_f16 = c->len * H * 2 * d * 2;
 }
@@ -307,7 +468,7 @@ size_t kvq_cache_bytes_for(const struct kvq_cache_config *cfg, size_t n_tokens)
     if (check_config(cfg, &pl) != KVQ_OK)
         return 0;
     size_t pages = pages_for(n_tokens, pl.page_tokens);
-    if (pages > SIZE_MAX / (size_t)pl.page_bytes)
+    if (pages > (SIZE_MAX - f16_bytes_of(cfg, pl.page_tokens)) / (size_t)pl.page_bytes)
         return 0;
-    return pages * (size_t)pl.page_bytes;
+    return pages * (size_t)pl.page_bytes + f16_bytes_of(cfg, pl.page_tokens);
 }

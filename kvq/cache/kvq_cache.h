@@ -9,8 +9,29 @@
  * Shapes: K and V inputs are [n_tokens][n_kv_heads][head_dim] floats, the
  * order a transformer produces them in (post-RoPE keys).
  *
- * Threading: append/reset/truncate need exclusive access; concurrent readers
- * (kvq_cache_read, kvq_attn_*) are safe while no writer runs.
+ * f16 overrides (both off by default; see kvq_cache_config): besides the
+ * packed pages, a cache may keep f16 copies of some tokens, and every reader
+ * (kvq_cache_read, kvq_attn_decode, kvq_attn_decode_ref) then uses the f16 row
+ * instead of the packed one:
+ *  - sink tokens: tokens [0, sink_tokens), forever (the first tokens, BOS
+ *    above all, draw a large share of the attention);
+ *  - the recent window (recent_f16): the tokens of the last, partly filled
+ *    page, i.e. [n - n % page_tokens, n) for a view of n tokens, until the
+ *    page fills; then that page is read packed like every other.
+ * Every token is still encoded into its page exactly as without overrides
+ * (same bytes, same token -> page/slot mapping), so page-level code (device
+ * mirrors, page copies) sees the same pages, but it does not see the f16
+ * copies: a device mirror of a cache with overrides attends differently.
+ * A read over the first n < len tokens (kvq_attn_decode with n_ctx < len)
+ * sees the cache as kvq_cache_truncate(c, n) would leave it.
+ * The recent copies live in a ring of page_tokens + KVQ_CACHE_F16_SLACK rows,
+ * so truncating back by at most KVQ_CACHE_F16_SLACK tokens (speculative
+ * rollback) restores exactly the view the cache had at that length; a
+ * deeper truncation may lose the f16 copies of the kept tokens of the then
+ * partly filled page, which are then read packed until the page fills.
+ *
+ * Threading: append/reset/truncate/reserve need exclusive access; concurrent
+ * readers (kvq_cache_read, kvq_attn_*) are safe while no writer runs.
  */
 #ifndef KVQ_CACHE_H
 #define KVQ_CACHE_H
@@ -30,6 +51,13 @@ extern "C" {
  * (rng_internal.h); the K codec uses seed itself. */
 #define KVQ_CACHE_SEED_STREAM_V 3u
 
+/* Most sink tokens a cache keeps in f16. */
+#define KVQ_CACHE_MAX_SINK_TOKENS 1024
+/* Rows of the recent-window ring beyond one page: the deepest truncation
+ * that keeps the f16 view exact (covers a speculative verify of up to 16
+ * tokens: kvq_model.h KVQ_MAX_DRAFT + 1). */
+#define KVQ_CACHE_F16_SLACK 16
+
 struct kvq_cache_config {
     int n_kv_heads;           /* >= 1 */
     int head_dim;             /* see kvq_type_check_dim */
@@ -40,7 +68,13 @@ struct kvq_cache_config {
     enum kvq_qjl_kind qjl;    /* default KVQ_QJL_ORTHO */
     int page_tokens;          /* multiple of 16; 0 -> KVQ_DEFAULT_PAGE_TOKENS */
     size_t max_tokens;        /* context limit, >= 1 */
-    size_t max_bytes;         /* page memory budget; 0 = no limit beyond max_tokens */
+    size_t max_bytes;         /* page memory budget, f16 override buffers included;
+                               * 0 = no limit beyond max_tokens */
+    int recent_f16;           /* 1: the tokens of the last, partly filled page are also
+                               * kept in f16 and read from there (0 = off) */
+    int sink_tokens;          /* 0..KVQ_CACHE_MAX_SINK_TOKENS: the first sink_tokens
+                               * tokens are also kept in f16 and always read from there
+                               * (0 = off) */
 };
 
 typedef struct kvq_cache kvq_cache;
@@ -55,16 +89,26 @@ kvq_status kvq_cache_create(const struct kvq_cache_config *cfg, kvq_cache **out)
 /** Frees c and all its pages; accepts NULL. */
 void kvq_cache_free(kvq_cache *c);
 
+/** Makes room for n_tokens more tokens without appending them: allocates
+ *  every page that appending them will need (all-or-nothing), so that the
+ *  appends that follow cannot fail for the context or the budget.
+ *  @return KVQ_OK; KVQ_ERR_CONTEXT_FULL; KVQ_ERR_BUDGET; KVQ_ERR_NOMEM;
+ *  KVQ_ERR_INVALID_ARG (NULL). */
+kvq_status kvq_cache_reserve(kvq_cache *c, size_t n_tokens);
+
 /** Encodes and appends n_tokens tokens. All-or-nothing: every row is checked
  *  and every page needed is allocated before the first byte is written, so
  *  on any error the cache is exactly as before.
- *  @return KVQ_OK; KVQ_ERR_NONFINITE / KVQ_ERR_RANGE (bad input row);
+ *  @return KVQ_OK; KVQ_ERR_NONFINITE / KVQ_ERR_RANGE (bad input row, or
+ *  with f16 overrides a value beyond the f16 range, 65504, in a row that gets
+ *  an f16 copy);
  *  KVQ_ERR_CONTEXT_FULL (len + n_tokens > max_tokens); KVQ_ERR_BUDGET (a new
  *  page would exceed max_bytes); KVQ_ERR_NOMEM. */
 kvq_status kvq_cache_append(kvq_cache *c, size_t n_tokens, const float *k, const float *v);
 
 /** Decodes tokens [t0, t0 + n) of one KV head into k and/or v ([n][head_dim]
- *  each; either may be NULL).
+ *  each; either may be NULL). Tokens with an f16 override (of the whole
+ *  cache, len tokens) come from their f16 copy.
  *  @return KVQ_OK or KVQ_ERR_INVALID_ARG (range beyond len, bad head). */
 kvq_status kvq_cache_read(const kvq_cache *c, int kv_head, size_t t0, size_t n, float *k, float *v);
 
@@ -75,16 +119,32 @@ size_t kvq_cache_len(const kvq_cache *c);
 void kvq_cache_reset(kvq_cache *c);
 
 /** Drops tokens [n, len) (speculative decoding rollback). n > len is an error.
+ *  With recent_f16, see above for what a truncation by more than
+ *  KVQ_CACHE_F16_SLACK tokens does to the f16 copies.
  *  @return KVQ_OK or KVQ_ERR_INVALID_ARG. */
 kvq_status kvq_cache_truncate(kvq_cache *c, size_t n);
+
+/** The f16 overrides of a read over the first n tokens (n <= len): tokens
+ *  [0, *sink_end) and [*tail_lo, n) come from f16 copies (*tail_lo == n:
+ *  none), the packed pages serve [*sink_end, max(*sink_end, *tail_lo)).
+ *  Without overrides *sink_end = 0 and *tail_lo = n.
+ *  @return KVQ_OK or KVQ_ERR_INVALID_ARG (NULL, n > len). */
+kvq_status kvq_cache_f16_view(const kvq_cache *c, size_t n, size_t *sink_end, size_t *tail_lo);
+
+/** The f16 copy ([head_dim] halves) of token t's key (v = 0) or value
+ *  (v = 1) for kv_head, when the cache holds one (a sink token, or a token
+ *  of the recent ring); NULL otherwise. Use with kvq_cache_f16_view. */
+const uint16_t *kvq_cache_f16_row(const kvq_cache *c, int v, int kv_head, size_t t);
 
 struct kvq_cache_stats {
     size_t tokens;          /* len */
     size_t pages;           /* pages allocated (>= pages in use) */
     size_t page_bytes;      /* bytes of one page */
-    size_t bytes_allocated; /* pages * page_bytes */
+    size_t bytes_allocated; /* pages * page_bytes + bytes_f16_buffers */
     size_t bytes_used;      /* tokens * n_kv_heads * (K row + V row): what the tokens occupy */
     size_t bytes_f16;       /* what an f16 cache would use for the same tokens */
+    size_t bytes_f16_buffers; /* the f16 override buffers (sink rows and recent ring),
+                               * allocated once at create */
 };
 /** Fills *st (all zeros when c is NULL; a NULL st is ignored). */
 void kvq_cache_get_stats(const kvq_cache *c, struct kvq_cache_stats *st);
@@ -103,8 +163,9 @@ const kvq_codec *kvq_cache_codec_v(const kvq_cache *c);
 size_t kvq_cache_page_count(const kvq_cache *c);
 const uint8_t *kvq_cache_page(const kvq_cache *c, size_t i);
 
-/** Bytes a cache with this config needs for n_tokens tokens (whole pages).
- *  @return 0 when cfg is invalid. */
+/** Bytes a cache with this config needs for n_tokens tokens (whole pages,
+ *  plus the f16 override buffers, which are allocated at create whatever
+ *  n_tokens is). @return 0 when cfg is invalid. */
 size_t kvq_cache_bytes_for(const struct kvq_cache_config *cfg, size_t n_tokens);
 
 #ifdef __cplusplus

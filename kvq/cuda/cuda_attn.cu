@@ -57,10 +57,15 @@ __host__ rot_arg rot_arg_of(bool present, const kvq_dev_rot &r, const float *den
     return a;
 }
 
+/* PDL: let the fused kernel start right away (it loads its first pages, then
+ * waits for this kernel before it reads the query block). */
+template <bool PDL>
 __global__ void prep_fast_kernel(const float *q, int Hq, int H, int G, float c, float inv_alpha_k, rot_arg rk,
                                  rot_arg sk, int k_f16, uint8_t *qfrag)
 {
     constexpr int D = 128;
+    if constexpr (PDL)
+        kvq_cu_pdl_trigger();
     __shared__ float xs[8][D];
     __shared__ float qr[8][D];
     __shared__ float sq[8][D];
@@ -198,9 +203,12 @@ __device__ float block_reduce128(float v, float *red, bool is_max)
 /* Merges the splits of one query (grid: query, KV head, entry) and rotates
  * back; blockDim = 128. Split weights go to shared memory first so the
  * O loop is a plain stream of independent loads. */
+template <bool PDL> /* launched early: wait for the fused kernel's partials */
 __global__ void finalize_kernel(const float *part, int n_splits, int Hq, int H, int G, int v_f16, rot_arg rv,
                                 float inv_alpha_v, float *out)
 {
+    if constexpr (PDL)
+        kvq_cu_pdl_wait();
     constexpr int D = 128;
     extern __shared__ float wts[]; /* n_splits */
     __shared__ float od[D];
@@ -402,6 +410,7 @@ kvq_status kvq_cu_attn_init(kvq_cuda_cache *c)
     int dev = 0;
     KVQ_CU_TRY(cudaGetDevice(&dev));
     KVQ_CU_TRY(cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, dev));
+    KVQ_CU_TRY(cudaDeviceGetAttribute(&c->cc_major, cudaDevAttrComputeCapabilityMajor, dev));
     KVQ_CU_TRY(cudaMalloc(&c->qprep_d, nb * H * G * 2 * (size_t)d * sizeof(float)));
     if (d != 128)
         return KVQ_OK; /* the fused kernel's buffers are for d = 128 only */
@@ -433,7 +442,7 @@ int kvq_cuda_fast_supported(const kvq_cuda_cache *c, int n_q_heads)
 /* ---- attend -------------------------------------------------------------- */
 
 static kvq_status attend_chunk(kvq_cuda_cache *c, int nb, const int *seqs, const float *q, int Hq, float scale,
-                               float *out, int use_fast, int variant, int n_splits)
+                               float *out, int use_fast, int variant, int n_splits, int overlap)
 {
     const int H = c->cfg.cache.n_kv_heads, G = Hq / H, d = c->cfg.cache.head_dim;
     if (use_fast) {
@@ -445,6 +454,8 @@ static kvq_status attend_chunk(kvq_cuda_cache *c, int nb, const int *seqs, const
         p.H = H;
         p.G = G;
         p.variant = variant;
+        /* PDL only where the fused kernel waits for the prep kernel itself (TR variant) */
+        p.pdl = overlap && variant == 2 && c->cc_major >= 9 && G <= 4 && c->dk.type != KVQ_TYPE_F16;
         p.kappa = c->dk.kappa;
         if (c->dk.type != KVQ_TYPE_F16)
             p.lut_k = tq3_lut_make(c->dk.centroids, c->alpha_k);
@@ -454,18 +465,30 @@ static kvq_status attend_chunk(kvq_cuda_cache *c, int nb, const int *seqs, const
             p.seq[i] = seqs[i];
             p.len[i] = (int)c->len[seqs[i]];
         }
-        prep_fast_kernel<<<dim3((unsigned)H, (unsigned)nb), 128, 0, c->stream>>>(
-            q, Hq, H, G, scale * kLog2e, 1.0f / c->alpha_k, rot_arg_of(c->dk.rotated, c->dk.R, c->rk_dense),
-            rot_arg_of(c->dk.qjl, c->dk.S, c->sk_dense), c->dk.type == KVQ_TYPE_F16, c->qfrag_d);
+        if (p.pdl)
+            prep_fast_kernel<true><<<dim3((unsigned)H, (unsigned)nb), 128, 0, c->stream>>>(
+                q, Hq, H, G, scale * kLog2e, 1.0f / c->alpha_k, rot_arg_of(c->dk.rotated, c->dk.R, c->rk_dense),
+                rot_arg_of(c->dk.qjl, c->dk.S, c->sk_dense), c->dk.type == KVQ_TYPE_F16, c->qfrag_d);
+        else
+            prep_fast_kernel<false><<<dim3((unsigned)H, (unsigned)nb), 128, 0, c->stream>>>(
+                q, Hq, H, G, scale * kLog2e, 1.0f / c->alpha_k, rot_arg_of(c->dk.rotated, c->dk.R, c->rk_dense),
+                rot_arg_of(c->dk.qjl, c->dk.S, c->sk_dense), c->dk.type == KVQ_TYPE_F16, c->qfrag_d);
         KVQ_CU_TRY(cudaGetLastError());
         const int max_splits = (int)(c->part_entries / ((size_t)nb * H));
         kvq_status st = kvq_cu_fast_launch(&p, fast_ktype(c->dk.type), fast_vtype(c->dv.type), nb, n_splits,
                                            max_splits, c->n_sm, c->stream);
         if (st != KVQ_OK)
             return st;
-        finalize_kernel<<<dim3((unsigned)G, (unsigned)H, (unsigned)nb), 128, (size_t)p.n_splits * sizeof(float),
-                          c->stream>>>(c->part_d, p.n_splits, Hq, H, G, c->dv.type == KVQ_TYPE_F16,
-                                       rot_arg_of(c->dv.rotated, c->dv.R, c->rv_dense), 1.0f / c->alpha_v, out);
+        const dim3 fgrid((unsigned)G, (unsigned)H, (unsigned)nb);
+        const size_t fsmem = (size_t)p.n_splits * sizeof(float);
+        const rot_arg rv = rot_arg_of(c->dv.rotated, c->dv.R, c->rv_dense);
+        const int v_f16 = c->dv.type == KVQ_TYPE_F16;
+        if (p.pdl_used)
+            KVQ_CU_TRY(kvq_cu_launch(true, finalize_kernel<true>, fgrid, dim3(128), fsmem, c->stream, c->part_d,
+                                     p.n_splits, Hq, H, G, v_f16, rv, 1.0f / c->alpha_v, out));
+        else
+            finalize_kernel<false><<<fgrid, 128, fsmem, c->stream>>>(c->part_d, p.n_splits, Hq, H, G, v_f16, rv,
+                                                                     1.0f / c->alpha_v, out);
         KVQ_CU_TRY(cudaGetLastError());
         return KVQ_OK;
     }
@@ -508,18 +531,21 @@ kvq_status kvq_cuda_cache_attend(kvq_cuda_cache *c, int n_seqs, const int *seqs,
             return KVQ_ERR_INVALID_ARG;
     const enum kvq_cuda_kernel kern = opts ? opts->kernel : KVQ_CUDA_KERNEL_AUTO;
     const int fast_ok = kvq_cuda_fast_supported(c, n_q_heads);
-    if (kern < KVQ_CUDA_KERNEL_AUTO || kern > KVQ_CUDA_KERNEL_FAST_V1)
+    if (kern < KVQ_CUDA_KERNEL_AUTO || kern > KVQ_CUDA_KERNEL_FAST_V3)
         return KVQ_ERR_INVALID_ARG;
-    if ((kern == KVQ_CUDA_KERNEL_FAST || kern == KVQ_CUDA_KERNEL_FAST_V1) && !fast_ok)
+    if ((kern == KVQ_CUDA_KERNEL_FAST || kern == KVQ_CUDA_KERNEL_FAST_V1 || kern == KVQ_CUDA_KERNEL_FAST_V3) &&
+        !fast_ok)
         return KVQ_ERR_UNSUPPORTED;
     const int use_fast = kern != KVQ_CUDA_KERNEL_REF && fast_ok;
     const int n_splits = opts ? opts->n_splits : 0;
+    const int overlap = opts ? opts->overlap : 0;
+    const int variant = kern == KVQ_CUDA_KERNEL_FAST_V1 ? 1 : kern == KVQ_CUDA_KERNEL_FAST_V3 ? 2 : 0;
     const size_t row = (size_t)n_q_heads * c->cfg.cache.head_dim;
     const int cap = batch_cap(c);
     for (int off = 0; off < n_seqs; off += cap) {
         const int nb = n_seqs - off < cap ? n_seqs - off : cap;
         kvq_status st = attend_chunk(c, nb, seqs + off, q_dev + (size_t)off * row, n_q_heads, scale,
-                                     out_dev + (size_t)off * row, use_fast, kern == KVQ_CUDA_KERNEL_FAST_V1, n_splits);
+                                     out_dev + (size_t)off * row, use_fast, variant, n_splits, overlap);
         if (st != KVQ_OK)
             return st;
     }

@@ -210,9 +210,28 @@ __device__ __forceinline__ float2 half2_bits_to_float2(uint32_t u)
     return __half22float2(h);
 }
 
-template <int KT, int VT, int GP, int S>
+/* TR (third pass, KVQ_CUDA_KERNEL_FAST_V3; tq keys and GP == 4 only): the
+ * scores come out as S = K Q^T, the decoded keys being the A operand (16
+ * tokens x 16 slots; tq3_decode32's pairs of tokens g and g + 8 are exactly
+ * its fragment) and the queries the B operand (8 columns: hi parts of
+ * queries 0..3, then their lo parts). That is 8 code MMAs and 8 sign MMAs per
+ * segment instead of 16 + 16, since no query rows are padding any more.
+ * Lane (g, t) then holds tokens g and g + 8 for the columns 2t, 2t + 1, i.e.
+ * queries 2 (t & 1) and 2 (t & 1) + 1, the hi part for t < 2 and the lo
+ * part for t >= 2. Lanes t and t ^ 2 split the work instead of repeating
+ * it: two shuffles (xor 2) give lane t < 2 the whole scores of token g and
+ * lane t >= 2 those of token g + 8, so each lane runs the softmax of 2
+ * scores, not 4. The queries are also the value accumulator's columns, so
+ * the rescale needs no shuffles. The weights, split into hi and lo f16, are
+ * exchanged once more (xor 2) to form two 8x8 [token][column] matrices
+ * (tokens 0..7 and 8..15; lane (g, t) holds hi (t < 2) or lo (t >= 2)),
+ * which one movmatrix each turns into the value MMA's B fragments. The
+ * running max is reduced over the lanes only when some score beats it (a
+ * vote), which after the first segments is rare. */
+template <int KT, int VT, int GP, int S, bool TR = false>
 __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __grid_constant__ kvq_cu_fast_params p)
 {
+    static_assert(!TR || (GP == 4 && KT != KVQ_CU_KT_F16), "transposed scores: tq keys, <= 4 queries per KV head");
     using L = stage_layout<KT, VT, S>;
     constexpr int NST = L::nst;
     constexpr int NT = GP / 4; /* n-tiles of the value MMA: hi/lo columns */
@@ -238,16 +257,33 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
         mbar_init(&bars[tid]);
     mbar_fence_init();
     __syncthreads();
-    /* query fragments of this (entry, head) into shared memory */
-    {
+    /* query fragments of this (entry, head) into shared memory: before the
+     * first page loads, except for TR, which issues those first and only then
+     * waits for the prep kernel (programmatic dependent launch) */
+    auto load_queries = [&]() {
         const uint4 *src = reinterpret_cast<const uint4 *>(p.qfrag + ((size_t)b * p.H + h) * KVQ_CU_QFRAG_BYTES);
         const int n16 = L::qjl ? 512 : 256;
-        for (int i = tid; i < n16; i += NW * 32)
-            qa[i] = src[i];
+        if constexpr (TR) {
+            /* B fragments (2 words per lane and k-block) from the A fragments:
+             * column n < 4 is row n (hi) of lane (n, t), column n >= 4 row
+             * n + 4 (lo) of lane (n - 4, t); codes at qa[0..255], signs after */
+            uint2 *qb = reinterpret_cast<uint2 *>(qa);
+            for (int i = tid; i < n16; i += NW * 32) {
+                const int ln = i & 31, gg = ln >> 2;
+                const uint4 v = src[(i & ~31) + ((gg & 3) << 2) + (ln & 3)];
+                qb[i] = gg < 4 ? make_uint2(v.x, v.z) : make_uint2(v.y, v.w);
+            }
+        } else {
+            for (int i = tid; i < n16; i += NW * 32)
+                qa[i] = src[i];
+        }
         if (tid < 16)
             qc[tid] = reinterpret_cast<const float *>(src + 512)[tid];
+    };
+    if constexpr (!TR) {
+        load_queries();
+        __syncthreads();
     }
-    __syncthreads();
 
     uint8_t *my_stages = stages + warp * NST * L::bytes;
     uint64_t *my_bars = bars + warp * NST;
@@ -279,11 +315,19 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
             iss_page = p.pg.ptab[iss_pt];
     }
 
-    const float sig2 = L::qjl ? qc[g & 7] : 0.0f;
-    const float tneg = L::qjl ? qc[8 + (g & 7)] : 0.0f;
+    /* TR: this lane's two queries are 2 (t & 1) and 2 (t & 1) + 1 */
+    const int qx = TR ? 2 * (t & 1) : g & 7;
+    if constexpr (TR) {
+        kvq_cu_pdl_wait(); /* the prep kernel has written the query block */
+        load_queries();
+        __syncthreads();
+    }
+    const float sig2 = L::qjl && !TR ? qc[qx] : 0.0f;
+    const float tneg = L::qjl && !TR ? qc[8 + qx] : 0.0f;
     const float kappa = p.kappa;
 
     float m_run = -INFINITY, l_run = 0.0f;
+    float m_runb = -INFINITY, l_runb = 0.0f; /* TR: the second query */
     float acc[NT][8][4];
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
@@ -305,128 +349,248 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
         const int jk = j * 768, js = j * 256, jn = j * 32;
         const uint8_t *st = st0;
 
-        /* 1. scores S^T[query rows][16 tokens]: decode everything first, then
-         * four independent MMA chains (codes and signs of both 8-token tiles)
-         * that the scheduler can interleave */
-        float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-        float ss[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-        {
-            uint32_t kr[2][16], sr[2][16];
+        uint32_t pb0[NT], pb1[NT];
+        if constexpr (TR) {
+            /* 1. scores S[16 tokens][hi/lo query columns] = K Q^T: decode, then a
+             * code and a sign MMA chain (see the note above the kernel) */
+            float sc[4] = {0.f, 0.f, 0.f, 0.f}, ss[4] = {0.f, 0.f, 0.f, 0.f};
+            {
+                /* selectors and shifted sign words of tokens g, g + 8 first; the
+                 * lookups of k-block kb right before its MMAs (fewer live registers
+                 * than decoding both tokens completely first) */
+                uint32_t ksel[2][4], sgn[2][4];
 #pragma unroll
-            for (int nt = 0; nt < 2; nt++) {
-                const int row = g + 8 * nt;
-                if (L::kf16) {
-                    const uint8_t *r = st + row * FROW;
-#pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        const int ch = 2 * t + (i & 1) + 8 * (i >> 1);
-                        uint4 v = *reinterpret_cast<const uint4 *>(r + 16 * ch);
-                        kr[nt][4 * i] = v.x, kr[nt][4 * i + 1] = v.y, kr[nt][4 * i + 2] = v.z, kr[nt][4 * i + 3] = v.w;
-                    }
-                } else {
+                for (int nt = 0; nt < 2; nt++) {
+                    const int row = g + 8 * nt;
                     const uint32_t *w = reinterpret_cast<const uint32_t *>(st + L::k_codes + jk + row * 48 + t * 12);
-                    tq3_decode32(w[0], w[1], w[2], p.lut_k, kr[nt]);
+                    tq3_select32(w[0], w[1], w[2], ksel[nt]);
+                    if (L::qjl) { /* as qjl_bits32: pair r = sgn[r / 4] & (0x10001 << (11 + r % 4)) */
+                        const uint32_t sw = *reinterpret_cast<const uint32_t *>(st + L::k_signs + js + row * 16 + t * 4);
+                        sgn[nt][0] = sw << 11, sgn[nt][1] = sw << 7, sgn[nt][2] = sw << 3, sgn[nt][3] = sw >> 1;
+                    }
                 }
-                if (L::qjl)
-                    qjl_bits32(*reinterpret_cast<const uint32_t *>(st + L::k_signs + js + row * 16 + t * 4), sr[nt]);
-            }
+                const uint2 *qb = reinterpret_cast<const uint2 *>(qa);
 #pragma unroll
-            for (int kb = 0; kb < 8; kb++) {
-                const uint4 a = qa[kb * 32 + lane];
-                mma16816(sc[0], a, kr[0][2 * kb], kr[0][2 * kb + 1]);
-                mma16816(sc[1], a, kr[1][2 * kb], kr[1][2 * kb + 1]);
-                if (L::qjl) {
-                    const uint4 b2 = sa[kb * 32 + lane];
-                    mma16816(ss[0], b2, sr[0][2 * kb], sr[0][2 * kb + 1]);
-                    mma16816(ss[1], b2, sr[1][2 * kb], sr[1][2 * kb + 1]);
+                for (int kb = 0; kb < 8; kb++) {
+                    /* A = {token g slots 2t.., token g+8 slots 2t.., g slots 2t+8.., g+8 slots 2t+8..} */
+                    uint32_t k0a, k0b, k1a, k1b;
+                    tq3_lookup4(ksel[0][kb >> 1] >> (16 * (kb & 1)), p.lut_k, &k0a, &k0b);
+                    tq3_lookup4(ksel[1][kb >> 1] >> (16 * (kb & 1)), p.lut_k, &k1a, &k1b);
+                    const uint2 bq = qb[kb * 32 + lane];
+                    mma16816(sc, make_uint4(k0a, k1a, k0b, k1b), bq.x, bq.y);
+                    if (L::qjl) {
+                        const uint32_t m0 = 0x00010001u << (11 + 2 * (kb & 1)), m1 = m0 << 1;
+                        const uint32_t s0 = sgn[0][kb >> 1], s1 = sgn[1][kb >> 1];
+                        const uint2 bs = qb[256 + kb * 32 + lane];
+                        mma16816(ss, make_uint4(s0 & m0, s1 & m0, s0 & m1, s1 & m1), bs.x, bs.y);
+                    }
                 }
             }
-        }
-        /* lane holds tokens 2t, 2t+1 (tile 0) and 8+2t, 9+2t (tile 1) of query g */
-        float s[4];
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++) {
-            float a0 = sc[nt][0] + sc[nt][2], a1 = sc[nt][1] + sc[nt][3];
-            if (!L::kf16) {
-                const int tk = 8 * nt + 2 * t;
-                float2 nk = half2_bits_to_float2(*reinterpret_cast<const uint32_t *>(st + L::k_norm + jn + 2 * tk));
-                if (L::qjl) {
-                    float2 rn = half2_bits_to_float2(*reinterpret_cast<const uint32_t *>(st + L::k_rnorm + jn + 2 * tk));
-                    float p0 = fmaf(sig2, ss[nt][0] + ss[nt][2], tneg);
-                    float p1 = fmaf(sig2, ss[nt][1] + ss[nt][3], tneg);
-                    a0 = fmaf(rn.x * kappa, p0, a0);
-                    a1 = fmaf(rn.y * kappa, p1, a1);
-                }
-                a0 *= nk.x;
-                a1 *= nk.y;
-            }
-            s[2 * nt] = a0;
-            s[2 * nt + 1] = a1;
-        }
-        const int tok0 = seg * 16;
-        if (tok0 + 16 > len) { /* the sequence's last, partial segment (warp-uniform) */
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int tk = tok0 + 8 * (i >> 1) + 2 * t + (i & 1);
-                if (tk >= len)
-                    s[i] = -INFINITY;
-            }
-        }
-
-        /* 2. online softmax (log2 domain) */
-        float mx = fmaxf(fmaxf(s[0], s[1]), fmaxf(s[2], s[3]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(m_run, mx);
-        if (__any_sync(0xffffffffu, m_new > m_run)) {
-            const float alpha = m_new > m_run ? ex2(m_run - m_new) : 1.0f;
-            l_run *= alpha;
-            float a0, a1;
-            if (GP == 4) {
-                a0 = __shfl_sync(0xffffffffu, alpha, 4 * ((2 * t) & 3));
-                a1 = __shfl_sync(0xffffffffu, alpha, 4 * ((2 * t + 1) & 3));
+            /* u[2 r + c]: this lane's part (hi or lo query half) of token g + 8 r,
+             * query qx + c. Lanes t and t ^ 2 hold the two parts of the same
+             * scores, so each finishes one token: t < 2 token g, t >= 2 token
+             * g + 8 ("own"), and sends the partner the part of the other one. */
+            const uint16_t *nkp = reinterpret_cast<const uint16_t *>(st + L::k_norm + jn);
+            const uint16_t *rnp = reinterpret_cast<const uint16_t *>(st + L::k_rnorm + jn);
+            /* (2 sigma, -T) of both queries, re-read per segment: four fewer
+             * live registers, which is what keeps this variant spill-free */
+            const float2 sg2 = L::qjl ? *reinterpret_cast<const float2 *>(qc + qx) : make_float2(0.f, 0.f);
+            const float2 tng = L::qjl ? *reinterpret_cast<const float2 *>(qc + 8 + qx) : make_float2(0.f, 0.f);
+            const bool lo_half = t >= 2;
+            const int own = g + 8 * (t >> 1);
+            float u[4];
+            if (L::qjl) {
+                const float rk0 = __half2float(__ushort_as_half(rnp[g])) * kappa;
+                const float rk1 = __half2float(__ushort_as_half(rnp[g + 8])) * kappa;
+                u[0] = fmaf(rk0 * sg2.x, ss[0], sc[0]);
+                u[1] = fmaf(rk0 * sg2.y, ss[1], sc[1]);
+                u[2] = fmaf(rk1 * sg2.x, ss[2], sc[2]);
+                u[3] = fmaf(rk1 * sg2.y, ss[3], sc[3]);
             } else {
-                a0 = __shfl_sync(0xffffffffu, alpha, 8 * t);
-                a1 = __shfl_sync(0xffffffffu, alpha, 8 * t + 4);
+                u[0] = sc[0], u[1] = sc[1], u[2] = sc[2], u[3] = sc[3];
             }
+            float s[2]; /* token own, queries qx and qx + 1 */
+            {
+                const float x0 = __shfl_xor_sync(0xffffffffu, lo_half ? u[0] : u[2], 2);
+                const float x1 = __shfl_xor_sync(0xffffffffu, lo_half ? u[1] : u[3], 2);
+                s[0] = (lo_half ? u[2] : u[0]) + x0;
+                s[1] = (lo_half ? u[3] : u[1]) + x1;
+                const float nk = __half2float(__ushort_as_half(nkp[own]));
+                if (L::qjl) {
+                    const float rk = __half2float(__ushort_as_half(rnp[own])) * kappa;
+                    s[0] = fmaf(rk, tng.x, s[0]);
+                    s[1] = fmaf(rk, tng.y, s[1]);
+                }
+                s[0] *= nk;
+                s[1] *= nk;
+            }
+            if (seg * 16 + 16 > len && seg * 16 + own >= len) /* the last, partial segment */
+                s[0] = s[1] = -INFINITY;
+
+            /* 2. online softmax (log2 domain); the max is reduced over the token
+             * lanes only when some score beats the running one */
+            float mx = s[0], mxb = s[1];
+            if (__any_sync(0xffffffffu, mx > m_run || mxb > m_runb)) {
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++)
+                for (int o = 2; o < 32; o <<= 1) { /* lanes of the same queries: xor 2, 4, 8, 16 */
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+                    mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, o));
+                }
+                const float m_new = fmaxf(m_run, mx), m_newb = fmaxf(m_runb, mxb);
+                const float al = m_new > m_run ? ex2(m_run - m_new) : 1.0f;
+                const float alb = m_newb > m_runb ? ex2(m_runb - m_newb) : 1.0f;
+                l_run *= al;
+                l_runb *= alb;
 #pragma unroll
                 for (int mb = 0; mb < 8; mb++) {
-                    acc[nt][mb][0] *= a0;
-                    acc[nt][mb][1] *= a1;
-                    acc[nt][mb][2] *= a0;
-                    acc[nt][mb][3] *= a1;
+                    acc[0][mb][0] *= al;
+                    acc[0][mb][1] *= alb;
+                    acc[0][mb][2] *= al;
+                    acc[0][mb][3] *= alb;
                 }
-            m_run = m_new;
-        }
-        float pw[4];
-        const float m_use = m_run == -INFINITY ? 0.0f : m_run; /* all of s are -inf then */
+                m_run = m_new;
+                m_runb = m_newb;
+            }
+            const float mu = m_run == -INFINITY ? 0.0f : m_run, mub = m_runb == -INFINITY ? 0.0f : m_runb;
+            float pw0 = ex2(s[0] - mu), pw1 = ex2(s[1] - mub);
+            l_run += pw0;
+            l_runb += pw1;
+            if (!L::vf16) {
+                const float nv = __half2float(__ushort_as_half(reinterpret_cast<const uint16_t *>(st + L::v_norm + jn)[own]));
+                pw0 *= nv;
+                pw1 *= nv;
+            }
+            /* [token][column] f16 matrices of tokens 0..7 (W0) and 8..15 (W1):
+             * lane (g, t) holds columns 2t, 2t + 1, i.e. the hi (t < 2) or lo
+             * (t >= 2) part of its queries, of token g in W0 and g + 8 in W1 */
+            uint32_t hb, lb;
+            split_f16x2(pw0, pw1, &hb, &lb);
+            const uint32_t xw = __shfl_xor_sync(0xffffffffu, lo_half ? hb : lb, 2);
+            pb0[0] = movm_trans(lo_half ? xw : hb);
+            pb1[0] = movm_trans(lo_half ? lb : xw);
+        } else {
+            /* 1. scores S^T[query rows][16 tokens]: decode everything first, then
+             * four independent MMA chains (codes and signs of both 8-token tiles)
+             * that the scheduler can interleave */
+            float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+            float ss[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+            {
+                uint32_t kr[2][16], sr[2][16];
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            pw[i] = ex2(s[i] - m_use);
-            l_run += pw[i];
-        }
-        if (!L::vf16) {
+                for (int nt = 0; nt < 2; nt++) {
+                    const int row = g + 8 * nt;
+                    if (L::kf16) {
+                        const uint8_t *r = st + row * FROW;
+#pragma unroll
+                        for (int i = 0; i < 4; i++) {
+                            const int ch = 2 * t + (i & 1) + 8 * (i >> 1);
+                            uint4 v = *reinterpret_cast<const uint4 *>(r + 16 * ch);
+                            kr[nt][4 * i] = v.x, kr[nt][4 * i + 1] = v.y, kr[nt][4 * i + 2] = v.z, kr[nt][4 * i + 3] = v.w;
+                        }
+                    } else {
+                        const uint32_t *w = reinterpret_cast<const uint32_t *>(st + L::k_codes + jk + row * 48 + t * 12);
+                        tq3_decode32(w[0], w[1], w[2], p.lut_k, kr[nt]);
+                    }
+                    if (L::qjl)
+                        qjl_bits32(*reinterpret_cast<const uint32_t *>(st + L::k_signs + js + row * 16 + t * 4), sr[nt]);
+                }
+#pragma unroll
+                for (int kb = 0; kb < 8; kb++) {
+                    const uint4 a = qa[kb * 32 + lane];
+                    mma16816(sc[0], a, kr[0][2 * kb], kr[0][2 * kb + 1]);
+                    mma16816(sc[1], a, kr[1][2 * kb], kr[1][2 * kb + 1]);
+                    if (L::qjl) {
+                        const uint4 b2 = sa[kb * 32 + lane];
+                        mma16816(ss[0], b2, sr[0][2 * kb], sr[0][2 * kb + 1]);
+                        mma16816(ss[1], b2, sr[1][2 * kb], sr[1][2 * kb + 1]);
+                    }
+                }
+            }
+            /* lane holds tokens 2t, 2t+1 (tile 0) and 8+2t, 9+2t (tile 1) of query g */
+            float s[4];
 #pragma unroll
             for (int nt = 0; nt < 2; nt++) {
-                float2 nv = half2_bits_to_float2(*reinterpret_cast<const uint32_t *>(st + L::v_norm + jn + 2 * (8 * nt + 2 * t)));
-                pw[2 * nt] *= nv.x;
-                pw[2 * nt + 1] *= nv.y;
+                float a0 = sc[nt][0] + sc[nt][2], a1 = sc[nt][1] + sc[nt][3];
+                if (!L::kf16) {
+                    const int tk = 8 * nt + 2 * t;
+                    float2 nk = half2_bits_to_float2(*reinterpret_cast<const uint32_t *>(st + L::k_norm + jn + 2 * tk));
+                    if (L::qjl) {
+                        float2 rn = half2_bits_to_float2(*reinterpret_cast<const uint32_t *>(st + L::k_rnorm + jn + 2 * tk));
+                        float p0 = fmaf(sig2, ss[nt][0] + ss[nt][2], tneg);
+                        float p1 = fmaf(sig2, ss[nt][1] + ss[nt][3], tneg);
+                        a0 = fmaf(rn.x * kappa, p0, a0);
+                        a1 = fmaf(rn.y * kappa, p1, a1);
+                    }
+                    a0 *= nk.x;
+                    a1 *= nk.y;
+                }
+                s[2 * nt] = a0;
+                s[2 * nt + 1] = a1;
             }
-        }
-        uint32_t hb0, lb0, hb1, lb1;
-        split_f16x2(pw[0], pw[1], &hb0, &lb0);
-        split_f16x2(pw[2], pw[3], &hb1, &lb1);
-        uint32_t pb0[NT], pb1[NT];
-        if (GP == 4) {
-            const uint32_t x0 = __shfl_xor_sync(0xffffffffu, lb0, 16);
-            const uint32_t x1 = __shfl_xor_sync(0xffffffffu, lb1, 16);
-            pb0[0] = lane < 16 ? hb0 : x0;
-            pb1[0] = lane < 16 ? hb1 : x1;
-        } else {
-            pb0[0] = hb0, pb1[0] = hb1;
-            pb0[NT - 1] = lb0, pb1[NT - 1] = lb1;
+            const int tok0 = seg * 16;
+            if (tok0 + 16 > len) { /* the sequence's last, partial segment (warp-uniform) */
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int tk = tok0 + 8 * (i >> 1) + 2 * t + (i & 1);
+                    if (tk >= len)
+                        s[i] = -INFINITY;
+                }
+            }
+
+            /* 2. online softmax (log2 domain) */
+            float mx = fmaxf(fmaxf(s[0], s[1]), fmaxf(s[2], s[3]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_new = fmaxf(m_run, mx);
+            if (__any_sync(0xffffffffu, m_new > m_run)) {
+                const float alpha = m_new > m_run ? ex2(m_run - m_new) : 1.0f;
+                l_run *= alpha;
+                float a0, a1;
+                if (GP == 4) {
+                    a0 = __shfl_sync(0xffffffffu, alpha, 4 * ((2 * t) & 3));
+                    a1 = __shfl_sync(0xffffffffu, alpha, 4 * ((2 * t + 1) & 3));
+                } else {
+                    a0 = __shfl_sync(0xffffffffu, alpha, 8 * t);
+                    a1 = __shfl_sync(0xffffffffu, alpha, 8 * t + 4);
+                }
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int mb = 0; mb < 8; mb++) {
+                        acc[nt][mb][0] *= a0;
+                        acc[nt][mb][1] *= a1;
+                        acc[nt][mb][2] *= a0;
+                        acc[nt][mb][3] *= a1;
+                    }
+                m_run = m_new;
+            }
+            float pw[4];
+            const float m_use = m_run == -INFINITY ? 0.0f : m_run; /* all of s are -inf then */
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                pw[i] = ex2(s[i] - m_use);
+                l_run += pw[i];
+            }
+            if (!L::vf16) {
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++) {
+                    float2 nv = half2_bits_to_float2(*reinterpret_cast<const uint32_t *>(st + L::v_norm + jn + 2 * (8 * nt + 2 * t)));
+                    pw[2 * nt] *= nv.x;
+                    pw[2 * nt + 1] *= nv.y;
+                }
+            }
+            uint32_t hb0, lb0, hb1, lb1;
+            split_f16x2(pw[0], pw[1], &hb0, &lb0);
+            split_f16x2(pw[2], pw[3], &hb1, &lb1);
+            if (GP == 4) {
+                const uint32_t x0 = __shfl_xor_sync(0xffffffffu, lb0, 16);
+                const uint32_t x1 = __shfl_xor_sync(0xffffffffu, lb1, 16);
+                pb0[0] = lane < 16 ? hb0 : x0;
+                pb1[0] = lane < 16 ? hb1 : x1;
+            } else {
+                pb0[0] = hb0, pb1[0] = hb1;
+                pb0[NT - 1] = lb0, pb1[NT - 1] = lb1;
+            }
         }
 
         /* 3. values */
@@ -455,13 +619,32 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
         }
     }
 
+    if constexpr (TR)
+        kvq_cu_pdl_trigger(); /* the merge kernel may start (it waits for this one to finish) */
+
     /* merge: warp state -> own stage area (all its copies have landed) */
     float *ws = reinterpret_cast<float *>(my_stages);
-    float l_sum = l_run + __shfl_xor_sync(0xffffffffu, l_run, 1);
-    l_sum += __shfl_xor_sync(0xffffffffu, l_sum, 2);
-    if (t == 0 && g < GP) {
-        ws[g] = m_run;
-        ws[8 + g] = l_sum;
+    if constexpr (TR) {
+        /* lane (g, t): token g + 8 (t >> 1) of queries qx, qx + 1 */
+        float la = l_run, lb = l_runb;
+#pragma unroll
+        for (int o = 2; o < 32; o <<= 1) {
+            la += __shfl_xor_sync(0xffffffffu, la, o);
+            lb += __shfl_xor_sync(0xffffffffu, lb, o);
+        }
+        if (g == 0 && t < 2) {
+            ws[qx] = m_run;
+            ws[qx + 1] = m_runb;
+            ws[8 + qx] = la;
+            ws[8 + qx + 1] = lb;
+        }
+    } else {
+        float l_sum = l_run + __shfl_xor_sync(0xffffffffu, l_run, 1);
+        l_sum += __shfl_xor_sync(0xffffffffu, l_sum, 2);
+        if (t == 0 && g < GP) {
+            ws[g] = m_run;
+            ws[8 + g] = l_sum;
+        }
     }
     float *wo = ws + 16;
 #pragma unroll
@@ -509,13 +692,13 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
     }
 }
 
-template <int KT, int VT, int GP, int S>
+template <int KT, int VT, int GP, int S, bool TR = false>
 kvq_status launch_one(kvq_cu_fast_params *p, int n_batch, int n_splits, int max_splits, int n_sm,
                       cudaStream_t stream)
 {
     static int configured = 0, occupancy = 1;
     const size_t smem = smem_bytes<KT, VT, S>();
-    auto kern = fast_kernel<KT, VT, GP, S>;
+    auto kern = fast_kernel<KT, VT, GP, S, TR>;
     if (!configured) {
         KVQ_CU_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         int occ = 0;
@@ -545,7 +728,12 @@ kvq_status launch_one(kvq_cu_fast_params *p, int n_batch, int n_splits, int max_
         n_splits = 1;
     p->n_splits = n_splits;
     dim3 grid((unsigned)n_splits, (unsigned)p->H, (unsigned)n_batch);
-    kern<<<grid, NW * 32, smem, stream>>>(*p);
+    if (TR && p->pdl) {
+        p->pdl_used = 1;
+        KVQ_CU_TRY(kvq_cu_launch(true, kern, grid, dim3(NW * 32), smem, stream, *p));
+    } else {
+        kern<<<grid, NW * 32, smem, stream>>>(*p);
+    }
     KVQ_CU_TRY(cudaGetLastError());
     return KVQ_OK;
 }
@@ -557,7 +745,24 @@ kvq_status kvq_cu_fast_launch(kvq_cu_fast_params *p, int kt, int vt, int n_batch
 {
     const int gp = p->G <= 4 ? 4 : 8;
     /* 32-token stages where a 32-token slice never crosses a page */
-    const bool s2 = p->variant == 0 && p->pg.page_tokens % 32 == 0;
+    const bool s2 = p->variant != 1 && p->pg.page_tokens % 32 == 0;
+    /* the third-pass candidate: transposed scores (tq keys, <= 4 queries per
+     * KV head); elsewhere KVQ_CUDA_KERNEL_FAST_V3 runs the default kernel */
+    if (p->variant == 2 && gp == 4) {
+#define KVQ_CU_CASE_TR(KT, VT)                                                                               \
+    if (kt == KT && vt == VT)                                                                                \
+        return s2 ? launch_one<KT, VT, 4, 2, true>(p, n_batch, n_splits, max_splits, n_sm, stream)          \
+                  : launch_one<KT, VT, 4, 1, true>(p, n_batch, n_splits, max_splits, n_sm, stream);
+        KVQ_CU_CASE_TR(KVQ_CU_KT_TQ3J, KVQ_CU_VT_TQ3)
+        KVQ_CU_CASE_TR(KVQ_CU_KT_TQ3, KVQ_CU_VT_TQ3)
+#undef KVQ_CU_CASE_TR
+        if (kt != KVQ_CU_KT_F16 && vt == KVQ_CU_VT_F16)
+            return kt == KVQ_CU_KT_TQ3J
+                       ? launch_one<KVQ_CU_KT_TQ3J, KVQ_CU_VT_F16, 4, 1, true>(p, n_batch, n_splits, max_splits, n_sm,
+                                                                             stream)
+                       : launch_one<KVQ_CU_KT_TQ3, KVQ_CU_VT_F16, 4, 1, true>(p, n_batch, n_splits, max_splits, n_sm,
+                                                                            stream);
+    }
 #define KVQ_CU_CASE2(KT, VT)                                                                                 \
     if (kt == KT && vt == VT && s2)                                                                          \
         return gp == 4 ? launch_one<KT, VT, 4, 2>(p, n_batch, n_splits, max_splits, n_sm, stream)           \

@@ -265,6 +265,10 @@ kvq_status kvq_cuda_cache_create(const struct kvq_cuda_cache_config *cfg, kvq_cu
     if (cfg->max_seqs < 1 || cfg->max_seqs > (1 << 20) || cfg->max_q_per_kv < 0 ||
         cfg->max_q_per_kv > KVQ_ATTN_MAX_Q)
         return KVQ_ERR_INVALID_ARG;
+    /* The device kernels read packed pages only; f16 override rows would be
+     * silently ignored, changing the results. */
+    if (cfg->cache.recent_f16 || cfg->cache.sink_tokens)
+        return KVQ_ERR_UNSUPPORTED;
     if (kvq_cuda_require_device() != KVQ_OK)
         return KVQ_ERR_NO_DEVICE;
     kvq_cuda_cache *c = (kvq_cuda_cache *)calloc(1, sizeof *c);
@@ -512,6 +516,8 @@ kvq_status kvq_cuda_cache_upload(kvq_cuda_cache *c, int seq, const kvq_cache *ho
     if (!c || !host || seq < 0 || seq >= c->cfg.max_seqs)
         return KVQ_ERR_INVALID_ARG;
     const struct kvq_page_layout *hl = kvq_cache_layout(host);
+    if (kvq_cache_config_of(host)->recent_f16 || kvq_cache_config_of(host)->sink_tokens)
+        return KVQ_ERR_UNSUPPORTED; /* its f16 override rows have no device copy */
     if (!same_config(&c->cfg.cache, kvq_cache_config_of(host), &c->layout, hl))
         return KVQ_ERR_INVALID_ARG;
     const size_t n = kvq_cache_len(host);

@@ -102,6 +102,7 @@ struct kvq_cuda_cache {
     size_t part_entries;
     float alpha_k, alpha_v;  /* codebook scales of the fused kernel's f16 tables */
     int n_sm;
+    int cc_major;            /* compute capability (programmatic dependent launch needs 9) */
 };
 
 struct kvq_dev_pages kvq_cu_pages_of(const kvq_cuda_cache *c);
@@ -139,12 +140,54 @@ struct kvq_cu_fast_params {
     const uint8_t *qfrag; /* [n_batch][H] blocks of KVQ_CU_QFRAG_BYTES */
     float *part;          /* [(b * H + h) * n_splits + split][G * (128 + 2)] */
     int n_splits, H, G;
-    int variant;          /* 0: newest fused kernel; 1: the first version (KVQ_CUDA_KERNEL_FAST_V1) */
+    int variant;          /* 0: default fused kernel; 1: first version (KVQ_CUDA_KERNEL_FAST_V1);
+                             2: third-pass candidate (KVQ_CUDA_KERNEL_FAST_V3) */
     float kappa;          /* K codec's qjl_kappa_f */
     kvq_cu::tq3_lut lut_k, lut_v;
     int seq[KVQ_CU_MAX_BATCH];
     int len[KVQ_CU_MAX_BATCH];
+    int pdl;              /* in: programmatic dependent launch allowed (sm_90+, variant 2) */
+    int pdl_used;         /* out: the fused kernel was launched that way (it waits for the prep
+                             kernel itself), so the merge kernel may be too */
 };
+
+/* Programmatic dependent launch (sm_90): a kernel launched with the
+ * attribute may start once every block of the previous kernel in the stream
+ * has called pdl_trigger() (or ended); pdl_wait() then blocks until that
+ * kernel has finished and its writes are visible. Both are no-ops for a
+ * kernel launched the ordinary way, and before sm_90. */
+__device__ __forceinline__ void kvq_cu_pdl_wait()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void kvq_cu_pdl_trigger()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+/* kern<<<grid, block, smem, stream>>>(args...), with the programmatic
+ * dependent launch attribute when pdl is set. */
+template <typename... K, typename... A>
+cudaError_t kvq_cu_launch(bool pdl, void (*kern)(K...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                          A &&...args)
+{
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kern, static_cast<A &&>(args)...);
+}
 
 /* Launches the fused kernel for kt/vt (enums above) over n_batch entries;
  * n_splits <= 0 chooses the split count (returned in *used_splits) so that

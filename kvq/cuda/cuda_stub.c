@@ -111,9 +111,10 @@ void kvq_cuda_cache_config_default(struct kvq_cuda_cache_config *cfg, int n_kv_h
 
 kvq_status kvq_cuda_cache_create(const struct kvq_cuda_cache_config *cfg, kvq_cuda_cache **out)
 {
-    (void)cfg;
     if (out)
         *out = NULL;
+    if (cfg && (cfg->cache.recent_f16 || cfg->cache.sink_tokens))
+        return KVQ_ERR_UNSUPPORTED; /* as the CUDA build: checked before the device */
     return KVQ_ERR_NO_DEVICE;
 }
 

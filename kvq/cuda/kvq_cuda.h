@@ -108,7 +108,9 @@ void kvq_cuda_cache_config_default(struct kvq_cuda_cache_config *cfg, int n_kv_h
 /** Validates cfg, builds the codecs (as kvq_cache_create would), allocates
  *  the page pool (zero-filled), page tables and attention workspace.
  *  @return KVQ_OK and *out; KVQ_ERR_INVALID_ARG / KVQ_ERR_UNSUPPORTED (bad
- *  config); KVQ_ERR_NO_DEVICE; KVQ_ERR_NOMEM (host or device). */
+ *  config; also cache.recent_f16 or cache.sink_tokens, whose f16 override
+ *  rows the device path does not have, checked before the device);
+ *  KVQ_ERR_NO_DEVICE; KVQ_ERR_NOMEM (host or device). */
 kvq_status kvq_cuda_cache_create(const struct kvq_cuda_cache_config *cfg, kvq_cuda_cache **out);
 
 /** Frees c and its device memory; accepts NULL. */
@@ -153,7 +155,7 @@ kvq_status kvq_cuda_cache_append_batch(kvq_cuda_cache *c, int n_seqs, const int 
  *  matches (heads, dim, types, seeds, rotation, QJL kind, page_tokens):
  *  its pages are copied host -> device unchanged.
  *  @return KVQ_OK; KVQ_ERR_INVALID_ARG (mismatch, too long); KVQ_ERR_BUDGET;
- *  KVQ_ERR_DEVICE. */
+ *  KVQ_ERR_UNSUPPORTED (host uses recent_f16 / sink_tokens); KVQ_ERR_DEVICE. */
 kvq_status kvq_cuda_cache_upload(kvq_cuda_cache *c, int seq, const kvq_cache *host);
 
 /** Copies page i of seq (tokens [i * page_tokens, ...)) to/from host memory
@@ -168,13 +170,22 @@ enum kvq_cuda_kernel {
     KVQ_CUDA_KERNEL_AUTO = 0, /* the fused tensor-core kernel where it applies, else the reference */
     KVQ_CUDA_KERNEL_FAST = 1, /* fused kernel only: KVQ_ERR_UNSUPPORTED where it does not apply */
     KVQ_CUDA_KERNEL_REF = 2,  /* scalar fp32 reference kernel (any type, any head dim) */
-    KVQ_CUDA_KERNEL_FAST_V1 = 3 /* like FAST, but the fused kernel's first version (16-token stages
-                                   only), kept for comparison in tests and benchmarks */
+    KVQ_CUDA_KERNEL_FAST_V1 = 3, /* like FAST, but the fused kernel's first version (16-token stages
+                                    only), kept for comparison in tests and benchmarks */
+    KVQ_CUDA_KERNEL_FAST_V3 = 4  /* like FAST, but the third-pass candidate (docs/cuda.md): for tq
+                                    keys and n_q_heads / n_kv_heads <= 4, scores as K Q^T with the
+                                    keys as the MMA's A operand (half the score MMAs) and the
+                                    softmax max reduced only when a score beats it; elsewhere the
+                                    same kernel as FAST. Not the default until measured faster. */
 };
 
 struct kvq_cuda_attn_opts {
     enum kvq_cuda_kernel kernel;
     int n_splits; /* sequence splits per (sequence, KV head); 0 = chosen to fill the GPU */
+    int overlap;  /* 1: with KVQ_CUDA_KERNEL_FAST_V3 where it applies, on sm_90 or newer, launch the
+                     call's three kernels (query prep, fused, split merge) with programmatic
+                     dependent launch, so that each one's start (and the fused kernel's first
+                     page loads) overlaps the previous one's end; otherwise ignored. 0: off */
 };
 
 /** The fused kernel covers head_dim 128, n_q_heads / n_kv_heads <= 8, K in

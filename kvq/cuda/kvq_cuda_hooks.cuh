@@ -155,6 +155,22 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t smem_addr, uint32_t r[4])
 #endif
 }
 
+/* Transposes an 8x8 f16 matrix held as one register per lane (lane (g, t)
+ * holds row g, columns 2t and 2t + 1, low half first): afterwards lane (g, t)
+ * holds row g, columns 2t, 2t + 1 of the transpose (movmatrix, sm_75+). */
+__device__ __forceinline__ uint32_t movm_trans(uint32_t x)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    uint32_t r;
+    asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(r) : "r"(x));
+    return r;
+#else
+    (void)x;
+    __trap();
+    return 0;
+#endif
+}
+
 __device__ __forceinline__ uint32_t smem_u32(const void *p)
 {
     return (uint32_t)__cvta_generic_to_shared(p);
@@ -264,6 +280,22 @@ __device__ __forceinline__ void tq3_decode32(uint32_t w0, uint32_t w1, uint32_t 
     tq3_lookup4(s2 >> 16, T, &out[10], &out[11]);
     tq3_lookup4(s3, T, &out[12], &out[13]);
     tq3_lookup4(s3 >> 16, T, &out[14], &out[15]);
+}
+
+/* tq3_decode32 in two steps, so that a caller can interleave the lookups
+ * with the MMAs that consume them: the four selector words first, then
+ * lookup i (0..7) = pairs 2i, 2i + 1 = tq3_lookup4(sel[i / 2] >> (16 * (i & 1))). */
+__device__ __forceinline__ void tq3_select32(uint32_t w0, uint32_t w1, uint32_t w2, uint32_t sel[4])
+{
+    sel[0] = tq3_window_sel(w0);
+    sel[1] = tq3_window_sel(__funnelshift_r(w0, w1, 30));
+    sel[2] = tq3_window_sel(__funnelshift_r(w1, w2, 28));
+    uint32_t s3 = (w0 >> 9) & 0x00007007u;
+    s3 |= (w1 >> 3) & 0x00070070u;
+    s3 |= (w2 << 3) & 0x00700700u;
+    s3 |= (w2 >> 2) & 0x07000000u;
+    s3 |= (w2 >> 1) & 0x70000000u;
+    sel[3] = s3;
 }
 
 /* ---- QJL sign words -> masked f16 pairs ------------------------------ */
