@@ -15,4 +15,8 @@ set arrow from first 4.5, graph 0 to first 4.5, graph 1 nohead dt 3 lc rgb "gray
 set label "q4_0 bytes" at 4.55,20 tc rgb "gray"
 plot "docs/long-context-ppl-uniform.dat" using 1:($2 > 0.1 ? $2 : 0.1):3 with labels offset 0,0.8 font ",8" notitle, \
      "docs/long-context-ppl-uniform.dat" using 1:($2 > 0.1 ? $2 : 0.1) with points pt 7 ps 1.2 title "uniform K/V types", \
-     "docs/long-context-ppl-mixed.dat" using 1:2 with points pt 6 ps 1.2 lc rgb "dark-green" title "per-layer types / +vnc"
+     "docs/long-context-ppl-mixed.dat" using 1:2 with points pt 6 ps 1.2 lc rgb "dark-green" title "per-layer types / +vnc", \
+     "docs/long-context-ppl-window.dat" using 1:2:3 with labels offset 0,-0.9 font ",8" tc rgb "blue" notitle, \
+     "docs/long-context-ppl-window.dat" using 1:2 with points pt 5 ps 1.2 lc rgb "blue" title "--kv-recent-f16 (f16 window, buffers counted)", \
+     "docs/long-context-ppl-kvauto.dat" using 1:2:3 with labels offset 0,0.9 font ",8" tc rgb "orange" notitle, \
+     "docs/long-context-ppl-kvauto.dat" using 1:2 with points pt 9 ps 1.4 lc rgb "orange" title "--kv-auto (nll) at a uniform pair's budget"
