@@ -3,10 +3,19 @@
 # when running as root, otherwise prints the exact apt-get line and fails.
 set -u
 missing=""
-have_header() { echo "#include <$1>" | ${CC:-cc} -E -x c - >/dev/null 2>&1; }
-have_header fftw3.h       || missing="$missing libfftw3-dev"
-have_header cblas.h       || missing="$missing libopenblas-dev"
-have_header cjson/cJSON.h || missing="$missing libcjson-dev"
+# A header alone is not enough: libblas-dev ships cblas.h without
+# libopenblas, so each package is checked by compiling and linking against it.
+have_lib() {
+    tmp=$(mktemp -d) || return 1
+    printf '#include <%s>\nint main(void) { return 0; }\n' "$1" > "$tmp/t.c"
+    ${CC:-cc} "$tmp/t.c" -o "$tmp/t" "$2" >/dev/null 2>&1
+    rc=$?
+    rm -rf "$tmp"
+    return $rc
+}
+have_lib fftw3.h       -lfftw3f  || missing="$missing libfftw3-dev"
+have_lib cblas.h       -lopenblas || missing="$missing libopenblas-dev"
+have_lib cjson/cJSON.h -lcjson   || missing="$missing libcjson-dev"
 command -v gnuplot >/dev/null 2>&1 || missing="$missing gnuplot-nox"
 [ -z "$missing" ] && exit 0
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
