@@ -57,21 +57,20 @@ for r in ours["results"]:
     t[(r["batch"], r["context"], r["type_k"] + "/" + r["type_v"])] = r
 s = {(r["batch"], r["context"]): r for r in sdpa["results"]}
 print(f"device: {ours['device']}; copy {copy:.0f} GB/s (read+write)")
-print(f"{'batch':>5} {'ctx':>7} {'tq3j/tq3 us':>12} {'GB/s':>6} {'%copy':>6} {'tq3/tq3 us':>11} "
+print(f"{'batch':>5} {'ctx':>7} {'tq3j/tq3 us':>12} {'GB/s':>6} {'%copy':>6} {'tq3/tq3 us':>11} {'tq3 %copy':>9} "
       f"{'f16 us':>9} {'SDPA us':>9} {'tq3j vs SDPA':>13} {'tq3 vs SDPA':>12} {'tq3j vs f16':>12} "
-      f"{'tq3j v1 us':>11} {'v1/new':>7} {'tq3j v3 us':>11} {'new/v3':>7} {'v3 vs SDPA':>11} {'tq3 v3 us':>10} "
-      f"{'tq3 v3 vs SDPA':>15}")
+      f"{'tq3j v1 us':>11} {'v1/new':>7} {'tq3j v2 us':>11} {'v2/new':>7} {'tq3j v3 us':>11} {'v3/new':>7}")
 for (b, c) in sorted({(k[0], k[1]) for k in t}, key=lambda x: (x[1], x[0])):
     a = t.get((b, c, "tq3j/tq3")); q = t.get((b, c, "tq3/tq3")); f = t.get((b, c, "f16/f16"))
     p = s.get((b, c), {}).get("us")
     fmt = lambda x: f"{x:.1f}" if x else "-"
     ratio = lambda x, y: f"{y / x:.2f}x" if x and y else "-"
     print(f"{b:5d} {c:7d} {fmt(a and a['us']):>12} {fmt(a and a['gbps']):>6} {fmt(a and a['pct_copy']):>6} "
-          f"{fmt(q and q['us']):>11} {fmt(f and f['us']):>9} {fmt(p):>9} {ratio(a and a['us'], p):>13} "
-          f"{ratio(q and q['us'], p):>12} {ratio(a and a['us'], f and f['us']):>12} "
+          f"{fmt(q and q['us']):>11} {fmt(q and q['pct_copy']):>9} {fmt(f and f['us']):>9} {fmt(p):>9} "
+          f"{ratio(a and a['us'], p):>13} {ratio(q and q['us'], p):>12} {ratio(a and a['us'], f and f['us']):>12} "
           f"{fmt(a and a.get('us_v1')):>11} {ratio(a and a['us'], a and a.get('us_v1')):>7} "
-          f"{fmt(a and a.get('us_v3')):>11} {ratio(a and a.get('us_v3'), a and a['us']):>7} "
-          f"{ratio(a and a.get('us_v3'), p):>11} {fmt(q and q.get('us_v3')):>10} {ratio(q and q.get('us_v3'), p):>15}")
+          f"{fmt(a and a.get('us_v2')):>11} {ratio(a and a['us'], a and a.get('us_v2')):>7} "
+          f"{fmt(a and a.get('us_v3_plain')):>11} {ratio(a and a['us'], a and a.get('us_v3_plain')):>7}")
 EOF
 fi
 if has ncu; then
@@ -88,7 +87,7 @@ if has ncu; then
 fi
 
 if has sass; then
-    # tq3j/tq3, G <= 4, 32-token stages: the default kernel (b0) and the third-pass candidate (b1)
+    # tq3j/tq3, G <= 4, 32-token stages: V2 (b0) and V3, the default (b1)
     for tr in 0 1; do
         k="fast_kernelILi0ELi0ELi4ELi2ELb${tr}E"
         cuobjdump -sass "$build/tests/test_cuda" 2>/dev/null | awk -v k="$k" '/Function : /{p = index($0, k) > 0} p' >"$out/sass$tr.txt"

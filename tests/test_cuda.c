@@ -2,9 +2,9 @@
  *  - encode: pages written by the GPU are byte-identical to the CPU cache's,
  *    for many types, dims (power-of-two and Kronecker rotations), page sizes
  *    and append patterns;
- *  - attention: the fused tensor-core kernel (default, first version, and
- *    the third-pass candidate with and without overlapped launches) and the
- *    fp32 reference kernel against the CPU's dequantize-then-attend
+ *  - attention: the fused tensor-core kernel (the default, V3 with
+ *    overlapped launches, V3 with plain launches, and the earlier V1 and V2)
+ *    and the fp32 reference kernel against the CPU's dequantize-then-attend
  *    reference (relative error <= 1e-3), on random data with outlier
  *    channels and on the real keys/values/queries of the fixture model, and
  *    calls queued back to back without synchronising;
@@ -344,25 +344,30 @@ static double gpu_vs(kvq_cuda_cache *g, int n_seqs, const int *seqs, const float
     return worst;
 }
 
-/* Three calls queued back to back, no synchronisation in between (the
- * overlapped v3, then v3 with other splits, then the default kernel): they
- * share the query-block and split-partial buffers, which must not race. */
+/* Four calls queued back to back, no synchronisation in between (the
+ * overlapped v3, then v3 with other splits, then the default kernel twice
+ * with different splits, the last of them overlapped with the first one
+ * queued before it): they share the query-block and split-partial buffers,
+ * which must not race. */
 static void back_to_back(kvq_cuda_cache *g, int n_seqs, const int *seqs, const float *qd, int Hq, float scale,
                          const float *ref, const char *what)
 {
     const int d = kvq_cuda_cache_config_of(g)->cache.head_dim, H = kvq_cuda_cache_config_of(g)->cache.n_kv_heads;
     const size_t n = (size_t)n_seqs * Hq * d;
-    const struct kvq_cuda_attn_opts o[3] = {
-        {KVQ_CUDA_KERNEL_FAST_V3, 0, 1}, {KVQ_CUDA_KERNEL_FAST_V3, 4, 1}, {KVQ_CUDA_KERNEL_FAST, 7, 0}};
-    float *od = NULL, *out = malloc(3 * n * sizeof(float));
-    CHECK_OK(kvq_cuda_malloc((void **)&od, 3 * n * sizeof(float)));
-    CHECK_OK(kvq_cuda_memset(od, 0xff, 3 * n * sizeof(float)));
-    for (int k = 0; k < 3; k++)
+    enum { N_CALLS = 4 };
+    const struct kvq_cuda_attn_opts o[N_CALLS] = {{KVQ_CUDA_KERNEL_FAST_V3, 0, 1},
+                                                  {KVQ_CUDA_KERNEL_FAST_V3, 4, 1},
+                                                  {KVQ_CUDA_KERNEL_FAST, 7, 0},
+                                                  {KVQ_CUDA_KERNEL_FAST, 0, 0}};
+    float *od = NULL, *out = malloc(N_CALLS * n * sizeof(float));
+    CHECK_OK(kvq_cuda_malloc((void **)&od, N_CALLS * n * sizeof(float)));
+    CHECK_OK(kvq_cuda_memset(od, 0xff, N_CALLS * n * sizeof(float)));
+    for (int k = 0; k < N_CALLS; k++)
         CHECK_OK(kvq_cuda_cache_attend(g, n_seqs, seqs, qd, Hq, scale, od + k * n, &o[k]));
     CHECK_OK(kvq_cuda_synchronize());
-    CHECK_OK(kvq_cuda_memcpy_d2h(out, od, 3 * n * sizeof(float)));
+    CHECK_OK(kvq_cuda_memcpy_d2h(out, od, N_CALLS * n * sizeof(float)));
     const int G = Hq / H;
-    for (int k = 0; k < 3; k++)
+    for (int k = 0; k < N_CALLS; k++)
         for (int i = 0; i < n_seqs; i++)
             for (int h = 0; h < H; h++) {
                 const size_t off = ((size_t)i * Hq + (size_t)h * G) * d;
@@ -418,12 +423,16 @@ static void attn_case_run(const struct attn_case *ac, uint64_t seed)
         e_fast = gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST, 0, 0, what);
         for (int s = 1; s <= 7; s += 3) /* forced split counts: 1, 4, 7 */
             gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST, s, 0, what);
-        /* the first version of the fused kernel stays selectable: it must stay right too */
+        /* the earlier versions of the fused kernel stay selectable: they must stay right too */
         snprintf(what, sizeof what, "K %s V %s d=%d G=%d P=%d fused kernel v1", tname(ac->tk), tname(ac->tv), d, G,
                  ac->page_tokens);
         gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST_V1, 0, 0, what);
         gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST_V1, 4, 0, what);
-        /* the third-pass candidate (transposed scores where G <= 4 and K is tq) */
+        snprintf(what, sizeof what, "K %s V %s d=%d G=%d P=%d fused kernel v2", tname(ac->tk), tname(ac->tv), d, G,
+                 ac->page_tokens);
+        gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST_V2, 0, 0, what);
+        gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST_V2, 4, 0, what);
+        /* transposed scores (where G <= 4 and K is tq) in three launches */
         snprintf(what, sizeof what, "K %s V %s d=%d G=%d P=%d fused kernel v3", tname(ac->tk), tname(ac->tv), d, G,
                  ac->page_tokens);
         e_v3 = gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST_V3, 0, 0, what);
@@ -620,8 +629,10 @@ static void test_attend_bad_args(void)
     struct kvq_cuda_attn_opts fast = {KVQ_CUDA_KERNEL_FAST, 0, 0};
     CHECK(!kvq_cuda_fast_supported(g, 8));
     CHECK_STATUS(kvq_cuda_cache_attend(g, 1, &s0, qd, 8, 0.1f, qd + 8 * 128, &fast), KVQ_ERR_UNSUPPORTED);
-    struct kvq_cuda_attn_opts v3 = {KVQ_CUDA_KERNEL_FAST_V3, 0, 1}, bad = {(enum kvq_cuda_kernel)5, 0, 0};
+    struct kvq_cuda_attn_opts v3 = {KVQ_CUDA_KERNEL_FAST_V3, 0, 1}, v2 = {KVQ_CUDA_KERNEL_FAST_V2, 0, 0},
+                              bad = {(enum kvq_cuda_kernel)6, 0, 0};
     CHECK_STATUS(kvq_cuda_cache_attend(g, 1, &s0, qd, 8, 0.1f, qd + 8 * 128, &v3), KVQ_ERR_UNSUPPORTED);
+    CHECK_STATUS(kvq_cuda_cache_attend(g, 1, &s0, qd, 8, 0.1f, qd + 8 * 128, &v2), KVQ_ERR_UNSUPPORTED);
     CHECK_STATUS(kvq_cuda_cache_attend(g, 1, &s0, qd, 8, 0.1f, qd + 8 * 128, &bad), KVQ_ERR_INVALID_ARG);
     CHECK_OK(kvq_cuda_cache_attend(g, 1, &s0, qd, 8, 0.1f, qd + 8 * 128, NULL)); /* AUTO -> reference */
     CHECK_OK(kvq_cuda_synchronize());

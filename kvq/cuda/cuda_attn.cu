@@ -531,15 +531,16 @@ kvq_status kvq_cuda_cache_attend(kvq_cuda_cache *c, int n_seqs, const int *seqs,
             return KVQ_ERR_INVALID_ARG;
     const enum kvq_cuda_kernel kern = opts ? opts->kernel : KVQ_CUDA_KERNEL_AUTO;
     const int fast_ok = kvq_cuda_fast_supported(c, n_q_heads);
-    if (kern < KVQ_CUDA_KERNEL_AUTO || kern > KVQ_CUDA_KERNEL_FAST_V3)
+    if (kern < KVQ_CUDA_KERNEL_AUTO || kern > KVQ_CUDA_KERNEL_FAST_V2)
         return KVQ_ERR_INVALID_ARG;
-    if ((kern == KVQ_CUDA_KERNEL_FAST || kern == KVQ_CUDA_KERNEL_FAST_V1 || kern == KVQ_CUDA_KERNEL_FAST_V3) &&
-        !fast_ok)
+    if (kern != KVQ_CUDA_KERNEL_AUTO && kern != KVQ_CUDA_KERNEL_REF && !fast_ok)
         return KVQ_ERR_UNSUPPORTED;
     const int use_fast = kern != KVQ_CUDA_KERNEL_REF && fast_ok;
     const int n_splits = opts ? opts->n_splits : 0;
-    const int overlap = opts ? opts->overlap : 0;
-    const int variant = kern == KVQ_CUDA_KERNEL_FAST_V1 ? 1 : kern == KVQ_CUDA_KERNEL_FAST_V3 ? 2 : 0;
+    /* the default is V3 with overlapped launches (docs/cuda.md, fourth pass) */
+    const int is_default = kern == KVQ_CUDA_KERNEL_AUTO || kern == KVQ_CUDA_KERNEL_FAST;
+    const int overlap = is_default ? 1 : opts ? opts->overlap : 0;
+    const int variant = kern == KVQ_CUDA_KERNEL_FAST_V1 ? 1 : kern == KVQ_CUDA_KERNEL_FAST_V2 ? 0 : 2;
     const size_t row = (size_t)n_q_heads * c->cfg.cache.head_dim;
     const int cap = batch_cap(c);
     for (int off = 0; off < n_seqs; off += cap) {

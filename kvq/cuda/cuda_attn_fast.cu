@@ -210,7 +210,7 @@ __device__ __forceinline__ float2 half2_bits_to_float2(uint32_t u)
     return __half22float2(h);
 }
 
-/* TR (third pass, KVQ_CUDA_KERNEL_FAST_V3; tq keys and GP == 4 only): the
+/* TR (third pass, the default since the fourth; tq keys and GP == 4 only): the
  * scores come out as S = K Q^T, the decoded keys being the A operand (16
  * tokens x 16 slots; tq3_decode32's pairs of tokens g and g + 8 are exactly
  * its fragment) and the queries the B operand (8 columns: hi parts of
@@ -746,8 +746,8 @@ kvq_status kvq_cu_fast_launch(kvq_cu_fast_params *p, int kt, int vt, int n_batch
     const int gp = p->G <= 4 ? 4 : 8;
     /* 32-token stages where a 32-token slice never crosses a page */
     const bool s2 = p->variant != 1 && p->pg.page_tokens % 32 == 0;
-    /* the third-pass candidate: transposed scores (tq keys, <= 4 queries per
-     * KV head); elsewhere KVQ_CUDA_KERNEL_FAST_V3 runs the default kernel */
+    /* transposed scores (tq keys, <= 4 queries per KV head; the default);
+     * elsewhere variant 2 runs the second-pass kernel */
     if (p->variant == 2 && gp == 4) {
 #define KVQ_CU_CASE_TR(KT, VT)                                                                               \
     if (kt == KT && vt == VT)                                                                                \

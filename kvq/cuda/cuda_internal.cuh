@@ -140,8 +140,9 @@ struct kvq_cu_fast_params {
     const uint8_t *qfrag; /* [n_batch][H] blocks of KVQ_CU_QFRAG_BYTES */
     float *part;          /* [(b * H + h) * n_splits + split][G * (128 + 2)] */
     int n_splits, H, G;
-    int variant;          /* 0: default fused kernel; 1: first version (KVQ_CUDA_KERNEL_FAST_V1);
-                             2: third-pass candidate (KVQ_CUDA_KERNEL_FAST_V3) */
+    int variant;          /* 0: second pass (KVQ_CUDA_KERNEL_FAST_V2); 1: first version
+                             (KVQ_CUDA_KERNEL_FAST_V1); 2: transposed scores where they apply
+                             (KVQ_CUDA_KERNEL_FAST_V3, the default), else as 0 */
     float kappa;          /* K codec's qjl_kappa_f */
     kvq_cu::tq3_lut lut_k, lut_v;
     int seq[KVQ_CU_MAX_BATCH];

@@ -107,12 +107,40 @@ static __device__ __forceinline__ void fwht128_reg(float v[4], int lane)
     v[0] = __fadd_rn(a0, a2), v[2] = __fsub_rn(a0, a2), v[1] = __fadd_rn(a1, a3), v[3] = __fsub_rn(a1, a3);
 }
 
+/* The signs of the first kRot128Pre rounds are loaded before any
+ * arithmetic: one memory latency instead of one per round (the QJL
+ * projection has three rounds, and at batch 1 the tables come from DRAM). */
+constexpr int kRot128Pre = 4;
+
+static __device__ __forceinline__ void rot128_load_signs(const kvq_dev_rot &R, float sg[kRot128Pre][4], int lane)
+{
+#pragma unroll
+    for (int r = 0; r < kRot128Pre; r++)
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            sg[r][k] = r < R.rounds ? R.signs[r * 128 + 32 * k + lane] : 1.0f;
+}
+
 /* y = R x for d = 128 (HADAMARD with m == 1, or IDENTITY). */
 static __device__ __forceinline__ void rot128_apply(const kvq_dev_rot &R, float v[4], int lane)
 {
     if (R.kind == KVQ_ROT_IDENTITY)
         return;
-    for (int r = 0; r < R.rounds; r++) {
+    float sg[kRot128Pre][4];
+    rot128_load_signs(R, sg, lane);
+#pragma unroll
+    for (int r = 0; r < kRot128Pre; r++) {
+        if (r >= R.rounds)
+            break;
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            v[k] = __fmul_rn(v[k], sg[r][k]);
+        fwht128_reg(v, lane);
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            v[k] = __fmul_rn(v[k], R.scale);
+    }
+    for (int r = kRot128Pre; r < R.rounds; r++) {
 #pragma unroll
         for (int k = 0; k < 4; k++)
             v[k] = __fmul_rn(v[k], R.signs[r * 128 + 32 * k + lane]);
@@ -128,11 +156,22 @@ static __device__ __forceinline__ void rot128_apply_t(const kvq_dev_rot &R, floa
 {
     if (R.kind == KVQ_ROT_IDENTITY)
         return;
-    for (int r = R.rounds - 1; r >= 0; r--) {
+    float sg[kRot128Pre][4];
+    rot128_load_signs(R, sg, lane);
+    for (int r = R.rounds - 1; r >= kRot128Pre; r--) {
         fwht128_reg(v, lane);
 #pragma unroll
         for (int k = 0; k < 4; k++)
             v[k] = __fmul_rn(__fmul_rn(v[k], R.scale), R.signs[r * 128 + 32 * k + lane]);
+    }
+#pragma unroll
+    for (int r = kRot128Pre - 1; r >= 0; r--) {
+        if (r >= R.rounds)
+            continue;
+        fwht128_reg(v, lane);
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            v[k] = __fmul_rn(__fmul_rn(v[k], R.scale), sg[r][k]);
     }
 }
 

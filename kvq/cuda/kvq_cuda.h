@@ -170,22 +170,22 @@ enum kvq_cuda_kernel {
     KVQ_CUDA_KERNEL_AUTO = 0, /* the fused tensor-core kernel where it applies, else the reference */
     KVQ_CUDA_KERNEL_FAST = 1, /* fused kernel only: KVQ_ERR_UNSUPPORTED where it does not apply */
     KVQ_CUDA_KERNEL_REF = 2,  /* scalar fp32 reference kernel (any type, any head dim) */
-    KVQ_CUDA_KERNEL_FAST_V1 = 3, /* like FAST, but the fused kernel's first version (16-token stages
-                                    only), kept for comparison in tests and benchmarks */
-    KVQ_CUDA_KERNEL_FAST_V3 = 4  /* like FAST, but the third-pass candidate (docs/cuda.md): for tq
-                                    keys and n_q_heads / n_kv_heads <= 4, scores as K Q^T with the
-                                    keys as the MMA's A operand (half the score MMAs) and the
-                                    softmax max reduced only when a score beats it; elsewhere the
-                                    same kernel as FAST. Not the default until measured faster. */
+    /* Versions of the fused kernel, kept selectable so that tests check them
+     * and benchmarks time them against each other (docs/cuda.md): */
+    KVQ_CUDA_KERNEL_FAST_V1 = 3, /* first version: 16-token stages */
+    KVQ_CUDA_KERNEL_FAST_V3 = 4, /* transposed scores for tq keys and n_q_heads / n_kv_heads <= 4
+                                    (half the score MMAs), elsewhere as V2; opts.overlap chooses
+                                    overlapped launches. AUTO and FAST run this with overlap. */
+    KVQ_CUDA_KERNEL_FAST_V2 = 5  /* second pass: 32-token stages (the default before V3) */
 };
 
 struct kvq_cuda_attn_opts {
     enum kvq_cuda_kernel kernel;
     int n_splits; /* sequence splits per (sequence, KV head); 0 = chosen to fill the GPU */
-    int overlap;  /* 1: with KVQ_CUDA_KERNEL_FAST_V3 where it applies, on sm_90 or newer, launch the
+    int overlap;  /* KVQ_CUDA_KERNEL_FAST_V3 only (AUTO and FAST always overlap): 1 launches the
                      call's three kernels (query prep, fused, split merge) with programmatic
-                     dependent launch, so that each one's start (and the fused kernel's first
-                     page loads) overlaps the previous one's end; otherwise ignored. 0: off */
+                     dependent launch on sm_90 or newer, so that each one's start (and the fused
+                     kernel's first page loads) overlaps the previous one's end; 0: plain launches */
 };
 
 /** The fused kernel covers head_dim 128, n_q_heads / n_kv_heads <= 8, K in
