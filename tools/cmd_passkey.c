@@ -243,7 +243,7 @@ static int report(const struct opts *o, const kvq_model *m, const struct len_res
     cJSON_AddStringToObject(root, "cache", name);
     cJSON_AddStringToObject(root, "cache_type_k", kvq_type_traits(o->kv.tk)->name);
     cJSON_AddStringToObject(root, "cache_type_v", kvq_type_traits(o->kv.tv)->name);
-    cJSON_AddNumberToObject(root, "recent_f16", o->kv.recent_f16);
+    cJSON_AddNumberToObject(root, "recent_f16", kv_opts_window(&o->kv));
     cJSON_AddNumberToObject(root, "sink_tokens", o->kv.sink_tokens);
     cJSON_AddNumberToObject(root, "seed", (double)o->kv.seed);
     cJSON_AddNumberToObject(root, "trials", (double)o->trials);

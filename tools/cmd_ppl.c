@@ -105,7 +105,7 @@ static int report(const struct opts *o, const struct kvq_seq_plan *pl, const kvq
     cJSON_AddStringToObject(root, "cache_type_v", kvq_type_traits(o->kv.tv)->name);
     cJSON_AddNumberToObject(root, "bits_per_value", bits);
     cJSON_AddNumberToObject(root, "bits_per_value_pages", kv_bits_per_value(pl, c));
-    cJSON_AddNumberToObject(root, "recent_f16", o->kv.recent_f16);
+    cJSON_AddNumberToObject(root, "recent_f16", kv_opts_window(&o->kv));
     cJSON_AddNumberToObject(root, "sink_tokens", o->kv.sink_tokens);
     cJSON_AddNumberToObject(root, "f16_buffer_bytes", (double)pl->fixed_bytes);
     cJSON_AddNumberToObject(root, "ppl", r->ppl);

@@ -14,6 +14,27 @@ void kv_opts_default(struct kv_opts *o)
     memset(o, 0, sizeof *o);
     o->tk = KVQ_DEFAULT_TYPE_K;
     o->tv = KVQ_DEFAULT_TYPE_V;
+    o->recent_f16 = -1;
+}
+
+static int compressed(enum kvq_type t)
+{
+    return t != KVQ_TYPE_F32 && t != KVQ_TYPE_F16;
+}
+
+int kv_window_for_pair(int w, enum kvq_type tk, enum kvq_type tv)
+{
+    return w >= 0 ? w : compressed(tk) || compressed(tv);
+}
+
+int kv_opts_window(const struct kv_opts *o)
+{
+    if (o->recent_f16 >= 0 || !o->n_layer_types)
+        return kv_window_for_pair(o->recent_f16, o->tk, o->tv);
+    for (int i = 0; i < 2 * o->n_layer_types; i++)
+        if (compressed(o->layer_types[i]))
+            return 1;
+    return 0;
 }
 
 int kv_parse_type(const char *cmd, const char *s, enum kvq_type *t)
@@ -114,8 +135,8 @@ int kv_opts_flag(const char *a, struct kv_opts *o)
         o->v_norm_correct = 1;
         return 1;
     }
-    if (strcmp(a, "--kv-recent-f16") == 0) {
-        o->recent_f16 = 1;
+    if (strcmp(a, "--kv-recent-f16") == 0 || strcmp(a, "--no-kv-recent-f16") == 0) {
+        o->recent_f16 = a[2] != 'n';
         return 1;
     }
     if (strcmp(a, "--kv-auto") == 0) {
@@ -153,7 +174,7 @@ void kv_opts_name(const struct kv_opts *o, char *buf, size_t cap)
         int w = snprintf(buf + used, cap - used, "+vnc");
         used += w > 0 ? (size_t)w : 0;
     }
-    if (o->recent_f16 && used < cap) {
+    if (kv_opts_window(o) && used < cap) {
         int w = snprintf(buf + used, cap - used, "+win");
         used += w > 0 ? (size_t)w : 0;
     }
@@ -189,7 +210,9 @@ void kv_opts_usage(FILE *f)
                "  --v-norm-correct     store value norms so that decoded tq values keep the input norm\n"
                "  --kv-recent-f16      also keep the tokens of the last, partly filled cache page in\n"
                "                       f16 and attend to them in f16 (2 x (64+16) f16 rows per layer\n"
-               "                       and KV head, counted in --kv-budget)\n"
+               "                       and KV head, counted in --kv-budget); the default for\n"
+               "                       compressed types (everything but f32 and f16)\n"
+               "  --no-kv-recent-f16   no such window: every token is read from the packed pages\n"
                "  --kv-sink N          also keep the first N tokens (0..%d) in f16 for good\n"
                "  --seed S             cache-rotation (and sampler) seed (default 0)\n",
             KVQ_CACHE_MAX_SINK_TOKENS);
@@ -204,7 +227,7 @@ void kv_opts_seq_config(const struct kv_opts *o, struct kvq_seq_config *sc)
     sc->kv_budget = o->budget;
     sc->layer_types = o->n_layer_types ? o->layer_types : NULL;
     sc->v_norm_correct = o->v_norm_correct;
-    sc->recent_f16 = o->recent_f16;
+    sc->recent_f16 = kv_opts_window(o);
     sc->sink_tokens = o->sink_tokens;
 }
 
