@@ -20,7 +20,8 @@
  * Env: KVQ_BENCH_QUICK=1 (batch 1 and 32, contexts 4K and 32K),
  *      KVQ_BENCH_PROFILE=1|2|3 (only tq3j/tq3, tq3/tq3 or f16/f16, at batch
  *      KVQ_BENCH_BATCH (32) and context KVQ_BENCH_CTX (32768): for ncu),
- *      KVQ_BENCH_MAXCTX (cap on the context), KVQ_BENCH_JSON_DIR.
+ *      KVQ_BENCH_MAXCTX (cap on the context), KVQ_BENCH_JSON_DIR,
+ *      KVQ_BENCH_SPLITS (force the split count; 0 = the library's choice).
  * Without a GPU it prints one line and exits 0.
  */
 #include <math.h>
@@ -109,7 +110,7 @@ static void fill(kvq_cuda_cache *c, int ctx)
 static double time_attend(kvq_cuda_cache *c, kvq_cuda_timer *tm, int batch, const float *qd, float *od, int reps,
                           enum kvq_cuda_kernel kern, int overlap)
 {
-    const struct kvq_cuda_attn_opts opts = {kern, 0, overlap};
+    const struct kvq_cuda_attn_opts opts = {kern, env_int("KVQ_BENCH_SPLITS", 0), overlap};
     int seqs[MAXB];
     for (int i = 0; i < batch; i++)
         seqs[i] = i;
