@@ -247,13 +247,15 @@ static void print_summary(const struct opts *o, const kvq_model *m, const kvq_se
             st.t_matmul, st.t_attn, st.t_lm_head, st.t_host, busy > 0 ? 100.0 * st.t_host / busy : 0.0);
     char name[2048];
     kv_opts_name(&o->kvx, name, sizeof name);
-    fprintf(stderr, "KV cache %s: %zu tokens, %.2f MiB used vs %.2f MiB as f16 (%.2fx smaller, %.2f MiB saved)\n",
-            name, st.tokens, mib(st.kv_bytes_used),
-            mib(st.kv_bytes_f16), st.kv_bytes_used ? (double)st.kv_bytes_f16 / (double)st.kv_bytes_used : 0.0,
-            mib(st.kv_bytes_f16) - mib(st.kv_bytes_used));
+    /* what the cache holds for these tokens: their rows, plus the f16
+     * window/sink buffers, which are allocated once at the start */
+    const size_t held = st.kv_bytes_used + st.kv_bytes_f16_buffers;
+    fprintf(stderr, "KV cache %s: %zu tokens, %.2f MiB vs %.2f MiB as f16 (%.2fx smaller, %.2f MiB saved)\n", name,
+            st.tokens, mib(held), mib(st.kv_bytes_f16), held ? (double)st.kv_bytes_f16 / (double)held : 0.0,
+            mib(st.kv_bytes_f16) - mib(held));
     if (st.kv_bytes_f16_buffers)
-        fprintf(stderr, "KV f16 window/sink buffers: %.2f MiB (allocated at start, not in \"used\")\n",
-                mib(st.kv_bytes_f16_buffers));
+        fprintf(stderr, "         of which %.2f MiB packed rows and %.2f MiB f16 window/sink buffers\n",
+                mib(st.kv_bytes_used), mib(st.kv_bytes_f16_buffers));
     if (st.kv_budget)
         fprintf(stderr, "KV budget: %.2f MiB, pages allocated %.2f MiB (%.1f%%)\n", mib(st.kv_budget),
                 mib(st.kv_bytes_alloc), 100.0 * (double)st.kv_bytes_alloc / (double)st.kv_budget);
