@@ -5,11 +5,11 @@ set title "kvq-tiny-llama, valid.txt (65,520 tokens), ctx 4096: perplexity incre
 set xlabel "bits per cached value (K and V, all layers)"
 set ylabel "perplexity increase (%)"
 set logscale y
-set yrange [0.1:30]
-set xrange [2.5:9]
+set yrange [0.1:60]
+set xrange [2:9]
 set grid
 set key top right
-set arrow from 2.5,1 to 9,1 nohead dt 2 lc rgb "red"
+set arrow from 2,1 to 9,1 nohead dt 2 lc rgb "red"
 set label "+1% bar" at 8.2,1.15 tc rgb "red"
 set arrow from first 4.5, graph 0 to first 4.5, graph 1 nohead dt 3 lc rgb "gray"
 set label "q4_0 bytes" at 4.55,20 tc rgb "gray"

@@ -115,9 +115,16 @@ static void test_stream(void)
     CHECKF(out_text && strcmp(out_text, want) == 0, "stdout '%s'", out_text ? out_text : "");
     CHECK(err_text && strstr(err_text, "prefill:") && strstr(err_text, "KV cache f32/f32") &&
           strstr(err_text, "host overhead"));
-    const char *args2[] = {"--model", TEST_MODEL_DIR, "--prompt", "The grass is green.", "--max-tokens", "8"};
+    /* packed rows only: 118 against 512 bytes per token-head */
+    const char *args2[] = {"--model", TEST_MODEL_DIR, "--prompt", "The grass is green.", "--max-tokens", "8",
+                           "--no-kv-recent-f16"};
+    CHECK(run(7, args2) == 0);
+    CHECK(err_text && strstr(err_text, "KV cache tq3j/tq3:") && strstr(err_text, "4.34x smaller"));
+    /* the default adds the recent-token window, whose fixed f16 buffers
+     * (320 KiB here) outweigh 14 tokens of rows, and says so */
     CHECK(run(6, args2) == 0);
-    CHECK(err_text && strstr(err_text, "KV cache tq3j/tq3") && strstr(err_text, "4.34x smaller"));
+    CHECK(err_text && strstr(err_text, "KV cache tq3j/tq3+win:") && strstr(err_text, "larger at this length") &&
+          strstr(err_text, "f16 window/sink buffers"));
 }
 
 /* Post-RoPE q/k/v of kv_text's ids equal the reference dump to f16 precision. */

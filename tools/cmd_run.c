@@ -250,9 +250,13 @@ static void print_summary(const struct opts *o, const kvq_model *m, const kvq_se
     /* what the cache holds for these tokens: their rows, plus the f16
      * window/sink buffers, which are allocated once at the start */
     const size_t held = st.kv_bytes_used + st.kv_bytes_f16_buffers;
-    fprintf(stderr, "KV cache %s: %zu tokens, %.2f MiB vs %.2f MiB as f16 (%.2fx smaller, %.2f MiB saved)\n", name,
-            st.tokens, mib(held), mib(st.kv_bytes_f16), held ? (double)st.kv_bytes_f16 / (double)held : 0.0,
-            mib(st.kv_bytes_f16) - mib(held));
+    if (held <= st.kv_bytes_f16)
+        fprintf(stderr, "KV cache %s: %zu tokens, %.2f MiB vs %.2f MiB as f16 (%.2fx smaller, %.2f MiB saved)\n", name,
+                st.tokens, mib(held), mib(st.kv_bytes_f16), held ? (double)st.kv_bytes_f16 / (double)held : 0.0,
+                mib(st.kv_bytes_f16) - mib(held));
+    else /* a short context: the fixed f16 buffers outweigh the rows */
+        fprintf(stderr, "KV cache %s: %zu tokens, %.2f MiB vs %.2f MiB as f16 (%.2fx larger at this length)\n", name,
+                st.tokens, mib(held), mib(st.kv_bytes_f16), (double)held / (double)st.kv_bytes_f16);
     if (st.kv_bytes_f16_buffers)
         fprintf(stderr, "         of which %.2f MiB packed rows and %.2f MiB f16 window/sink buffers\n",
                 mib(st.kv_bytes_used), mib(st.kv_bytes_f16_buffers));
