@@ -254,9 +254,10 @@ static void print_summary(const struct opts *o, const kvq_model *m, const kvq_se
         fprintf(stderr, "KV cache %s: %zu tokens, %.2f MiB vs %.2f MiB as f16 (%.2fx smaller, %.2f MiB saved)\n", name,
                 st.tokens, mib(held), mib(st.kv_bytes_f16), held ? (double)st.kv_bytes_f16 / (double)held : 0.0,
                 mib(st.kv_bytes_f16) - mib(held));
-    else /* a short context: the fixed f16 buffers outweigh the rows */
-        fprintf(stderr, "KV cache %s: %zu tokens, %.2f MiB vs %.2f MiB as f16 (%.2fx larger at this length)\n", name,
-                st.tokens, mib(held), mib(st.kv_bytes_f16), (double)held / (double)st.kv_bytes_f16);
+    else /* f32 rows, or a context short enough for the fixed f16 buffers to outweigh the rows */
+        fprintf(stderr, "KV cache %s: %zu tokens, %.2f MiB vs %.2f MiB as f16 (%.2fx larger%s)\n", name, st.tokens,
+                mib(held), mib(st.kv_bytes_f16), (double)held / (double)st.kv_bytes_f16,
+                st.kv_bytes_f16_buffers > st.kv_bytes_used ? ": the fixed f16 buffers outweigh this short context" : "");
     if (st.kv_bytes_f16_buffers)
         fprintf(stderr, "         of which %.2f MiB packed rows and %.2f MiB f16 window/sink buffers\n",
                 mib(st.kv_bytes_used), mib(st.kv_bytes_f16_buffers));
