@@ -71,24 +71,9 @@ struct opts {
     const char *model, *prompt, *prompt_file, *prompt_ids, *dump;
     long max_tokens, top_k, speculative;
     double temp, top_p;
-    uint64_t seed;
-    enum kvq_type tk, tv;
     int json, no_eos, plan;
-    size_t kv_budget;
-    struct kv_opts kvx; /* --layer-types, --v-norm-correct (types/seed/budget are above) */
+    struct kv_opts kvx; /* cache types, budget, seed (also the sampler's) and the other KV options */
 };
-
-static int parse_type(const char *s, enum kvq_type *t)
-{
-    if (kvq_type_from_name(s, t) == KVQ_OK)
-        return 0;
-    char names[256] = "";
-    for (int i = 0; i < KVQ_TYPE_COUNT; i++) {
-        strncat(names, i ? ", " : "", sizeof names - strlen(names) - 1);
-        strncat(names, kvq_type_traits((enum kvq_type)i)->name, sizeof names - strlen(names) - 1);
-    }
-    return cli_error(CMD, "unknown cache type '%s' (one of: %s)", s, names);
-}
 
 static int parse_args(int argc, char **argv, struct opts *o)
 {
@@ -96,8 +81,6 @@ static int parse_args(int argc, char **argv, struct opts *o)
     kv_opts_default(&o->kvx);
     o->max_tokens = 64;
     o->top_p = 1.0;
-    o->tk = KVQ_DEFAULT_TYPE_K;
-    o->tv = KVQ_DEFAULT_TYPE_V;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (cli_is_help(a)) {
@@ -142,22 +125,13 @@ static int parse_args(int argc, char **argv, struct opts *o)
             bad = cli_parse_double(v, &o->temp) || o->temp < 0;
         else if (strcmp(a, "--top-p") == 0)
             bad = cli_parse_double(v, &o->top_p) || !(o->top_p > 0 && o->top_p <= 1);
-        else if (strcmp(a, "--seed") == 0)
-            bad = cli_parse_u64(v, &o->seed);
-        else if (strcmp(a, "--layer-types") == 0 || strcmp(a, "--kv-auto-ctx") == 0 || strcmp(a, "--kv-sink") == 0 ||
-                 strcmp(a, "--kv-auto-calib") == 0 || strcmp(a, "--kv-auto-metric") == 0) {
-            if (kv_opts_parse(CMD, a, v, &o->kvx) != 1)
+        else {
+            const int kv = kv_opts_parse(CMD, a, v, &o->kvx); /* --cache-type-k, --kv-budget, --seed, ... */
+            if (kv == 2)
                 return 2;
-        } else if (strcmp(a, "--kv-budget") == 0)
-            bad = cli_parse_size(v, &o->kv_budget) || o->kv_budget == 0;
-        else if (strcmp(a, "--cache-type-k") == 0) {
-            if (parse_type(v, &o->tk))
-                return 2;
-        } else if (strcmp(a, "--cache-type-v") == 0) {
-            if (parse_type(v, &o->tv))
-                return 2;
-        } else
-            return cli_error(CMD, "unknown option '%s' (see kvq run --help)", a);
+            if (kv == 0)
+                return cli_error(CMD, "unknown option '%s' (see kvq run --help)", a);
+        }
         if (bad)
             return cli_error(CMD, "bad value '%s' for %s", v, a);
     }
@@ -165,11 +139,6 @@ static int parse_args(int argc, char **argv, struct opts *o)
         return cli_error(CMD, "--model DIR is required");
     if (!o->plan && !!o->prompt + !!o->prompt_file + !!o->prompt_ids != 1)
         return cli_error(CMD, "give exactly one of --prompt, --prompt-file, --prompt-ids");
-    /* the shared KV options carry everything the sequence config needs */
-    o->kvx.tk = o->tk;
-    o->kvx.tv = o->tv;
-    o->kvx.seed = o->seed;
-    o->kvx.budget = o->kv_budget;
     return 0;
 }
 
@@ -294,8 +263,8 @@ static int print_json(const struct opts *o, const kvq_model *m, const kvq_seq *s
     cJSON_AddItemToObject(root, "prompt_ids", int_array(prompt, n_prompt));
     cJSON_AddItemToObject(root, "ids", int_array(out, n_out));
     cJSON_AddStringToObject(root, "text", text);
-    cJSON_AddStringToObject(root, "cache_type_k", kvq_type_traits(o->tk)->name);
-    cJSON_AddStringToObject(root, "cache_type_v", kvq_type_traits(o->tv)->name);
+    cJSON_AddStringToObject(root, "cache_type_k", kvq_type_traits(o->kvx.tk)->name);
+    cJSON_AddStringToObject(root, "cache_type_v", kvq_type_traits(o->kvx.tv)->name);
     cJSON_AddItemToObject(root, "kv_bytes", kv);
     cJSON_AddNumberToObject(kv, "used", (double)st.kv_bytes_used);
     cJSON_AddNumberToObject(kv, "allocated", (double)st.kv_bytes_alloc);
@@ -377,15 +346,15 @@ static int print_plan(const struct opts *o, const kvq_model *m)
     const struct kvq_model_config *c = kvq_model_config_of(m);
     printf("KV plan for %s: %d layers x %d KV heads x head_dim %d, context %d, budget ", o->model, c->n_layers,
            c->n_kv_heads, c->head_dim, c->max_ctx);
-    if (o->kv_budget)
-        printf("%zu bytes (%.2f MiB)\n\n", o->kv_budget, mib(o->kv_budget));
+    if (o->kvx.budget)
+        printf("%zu bytes (%.2f MiB)\n\n", o->kvx.budget, mib(o->kvx.budget));
     else
         printf("none (--kv-budget SIZE)\n\n");
     printf("%-12s %10s %12s %13s %14s %12s %10s\n", "K/V", "bits/value", "bytes/token", "full ctx MiB",
            "budget tokens", "max context", "vs f16");
     struct kvq_seq_config sc;
     kvq_seq_config_default(&sc);
-    sc.kv_budget = o->kv_budget;
+    sc.kv_budget = o->kvx.budget;
     sc.sink_tokens = o->kvx.sink_tokens; /* f16 buffers come out of the budget */
     struct kvq_seq_plan f16;
     sc.type_k = sc.type_v = KVQ_TYPE_F16;
@@ -394,8 +363,8 @@ static int print_plan(const struct opts *o, const kvq_model *m)
         return cli_error(CMD, "f16 is not supported at head_dim %d", c->head_dim);
     int any_buffers = 0;
     for (int i = -1; i < KVQ_TYPE_COUNT; i++) {
-        sc.type_k = i < 0 ? o->tk : (enum kvq_type)i;
-        sc.type_v = i < 0 ? o->tv : (enum kvq_type)i;
+        sc.type_k = i < 0 ? o->kvx.tk : (enum kvq_type)i;
+        sc.type_v = i < 0 ? o->kvx.tv : (enum kvq_type)i;
         sc.recent_f16 = kv_window_for_pair(o->kvx.recent_f16, sc.type_k, sc.type_v);
         struct kvq_seq_plan pl;
         if (kvq_seq_plan_of(m, &sc, &pl) != KVQ_OK)
@@ -406,7 +375,7 @@ static int print_plan(const struct opts *o, const kvq_model *m)
         any_buffers |= pl.fixed_bytes > 0;
         double bits = kv_bits_at(&pl, c, (size_t)c->max_ctx); /* f16 window/sink buffers included */
         char bt[32] = "unlimited", ratio[32] = "-";
-        if (o->kv_budget) {
+        if (o->kvx.budget) {
             snprintf(bt, sizeof bt, "%zu", pl.budget_tokens);
             if (f16.budget_tokens)
                 snprintf(ratio, sizeof ratio, "%.2fx", (double)pl.budget_tokens / (double)f16.budget_tokens);
@@ -458,7 +427,7 @@ static int run(struct opts *o, kvq_model *m, kvq_tokenizer *tok)
     struct kvq_seq_plan pl;
     if (kvq_seq_plan_of(m, &sc, &pl) == KVQ_OK && n_prompt > pl.max_tokens) {
         rc = cli_error(CMD, "the prompt has %zu tokens; the KV budget of %zu bytes holds only %zu tokens", n_prompt,
-                       o->kv_budget, pl.max_tokens);
+                       o->kvx.budget, pl.max_tokens);
         goto out;
     }
     if (o->dump) {
@@ -505,7 +474,7 @@ static int run(struct opts *o, kvq_model *m, kvq_tokenizer *tok)
         stop_reason = "context";
     if (st == KVQ_ERR_BUDGET)
         fprintf(stderr, "kvq run: stopped: the KV budget of %zu bytes is full after %zu tokens (%zu generated)\n",
-                o->kv_budget, kvq_seq_pos(s), n_out);
+                o->kvx.budget, kvq_seq_pos(s), n_out);
     else if (strcmp(stop_reason, "context") == 0)
         fprintf(stderr, "kvq run: stopped: the context of %zu tokens is full (%zu generated)\n", kvq_seq_max_ctx(s),
                 n_out);
