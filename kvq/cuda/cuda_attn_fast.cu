@@ -715,7 +715,7 @@ kvq_status launch_one(kvq_cu_fast_params *p, int n_batch, int n_splits, int max_
         /* At least one wave of blocks (a partial second wave costs a whole
          * block time); where each block still gets >= 64 units of 16 S tokens,
          * up to four waves, which balance the SMs better (measured, docs/cuda.md:
-         * batch 32 x 128K 2177 -> 2014 us); and at least 4 segments per warp
+         * batch 32 x 128K 2177 -> 2011 us); and at least 4 segments per warp
          * so the pipeline gets going. */
         const int capacity = n_sm * occupancy;
         const int one_wave = pairs >= capacity ? 1 : capacity / pairs;
