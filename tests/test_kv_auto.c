@@ -278,9 +278,9 @@ static void test_nll_metric(void)
     double e[8 * NC], e2[8 * NC], e3[8 * NC], base = 0, base2 = 0, again = 0;
     size_t cost[8 * NC], cost2[8 * NC];
     kvq_error err = {0};
-    CHECKF(kv_auto_score_nll(model, text, NLL_TOKENS, 0, nc_types, NC, NULL, &base, e, cost, &err) == KVQ_OK, "%s",
+    CHECKF(kv_auto_score_nll(model, text, NLL_TOKENS, 0, 0, nc_types, NC, NULL, &base, e, cost, &err) == KVQ_OK, "%s",
            err.msg);
-    CHECK_OK(kv_auto_nll(model, text, NLL_TOKENS, 0, NULL, &again, &err));
+    CHECK_OK(kv_auto_nll(model, text, NLL_TOKENS, 0, 0, NULL, &again, &err));
     CHECK(again == base);
     double ref = one_shot_nll(text, NLL_TOKENS);
     CHECK(base > 0.1 && base < 10);
@@ -295,14 +295,14 @@ static void test_nll_metric(void)
     }
     CHECK(sum22 > sum3j && sum3j > sum88);
     /* deterministic, costs as the planner's */
-    CHECK_OK(kv_auto_score_nll(model, text, NLL_TOKENS, 0, nc_types, NC, NULL, &base2, e2, cost2, &err));
+    CHECK_OK(kv_auto_score_nll(model, text, NLL_TOKENS, 0, 0, nc_types, NC, NULL, &base2, e2, cost2, &err));
     CHECK(base2 == base && memcmp(e, e2, sizeof(double) * (size_t)(L * NC)) == 0);
     CHECK(memcmp(cost, cost2, sizeof(size_t) * (size_t)(L * NC)) == 0);
     /* a mask measures only its cells, each bit-identical to the full table */
     unsigned char mask[8 * NC];
     for (int i = 0; i < L * NC; i++)
         mask[i] = (unsigned char)(i / NC == 1 && i % NC >= 2);
-    CHECK_OK(kv_auto_score_nll(model, text, NLL_TOKENS, 0, nc_types, NC, mask, NULL, e3, cost2, &err));
+    CHECK_OK(kv_auto_score_nll(model, text, NLL_TOKENS, 0, 0, nc_types, NC, mask, NULL, e3, cost2, &err));
     for (int i = 0; i < L * NC; i++)
         CHECK(mask[i] ? e3[i] == e[i] : isinf(e3[i]));
     /* the choice at the bytes of uniform tq3j/tq3 fits, is exact, and is no
@@ -349,6 +349,10 @@ static void test_cmd_ppl(void)
     /* bytes per token at 1024 tokens within 900000 bytes */
     double bytes = bits / 8.0 * 2.0 * c->n_layers * c->n_kv_heads * c->head_dim;
     CHECK(bytes * 1024 <= 900000);
+    /* every candidate is compressed: the default recent-token window is on, and
+     * bits_per_value counts its f16 buffers, so the check above includes them */
+    CHECK(cJSON_GetNumberValue(cJSON_GetObjectItem(j, "recent_f16")) == 1);
+    CHECK(cJSON_GetNumberValue(cJSON_GetObjectItem(j, "f16_buffer_bytes")) > 0);
     CHECK(cJSON_GetNumberValue(cJSON_GetObjectItem(j, "ppl")) > 1);
     cJSON_Delete(j);
     free(out);

@@ -165,7 +165,7 @@ kvq_status kv_auto_score(const kvq_model *m, const int32_t *ids, size_t n, const
  * calibration attends through the cache exactly as the evaluation does. */
 #define KV_AUTO_NLL_CHUNK 256
 
-kvq_status kv_auto_nll(const kvq_model *m, const int32_t *text, size_t n, uint64_t seed,
+kvq_status kv_auto_nll(const kvq_model *m, const int32_t *text, size_t n, uint64_t seed, int recent_f16,
                        const enum kvq_type *layer_types, double *mean_nll, kvq_error *err)
 {
     if (!m || !text || n < 2 || !mean_nll)
@@ -181,6 +181,7 @@ kvq_status kv_auto_nll(const kvq_model *m, const int32_t *text, size_t n, uint64
     sc.max_ctx = ctx;
     sc.max_chunk = KV_AUTO_NLL_CHUNK;
     sc.layer_types = layer_types;
+    sc.recent_f16 = recent_f16;
     kvq_seq *s = NULL;
     kvq_status st = kvq_seq_create(m, &sc, &s, err);
     struct ppl_result r;
@@ -198,7 +199,7 @@ kvq_status kv_auto_nll(const kvq_model *m, const int32_t *text, size_t n, uint64
     return KVQ_OK;
 }
 
-kvq_status kv_auto_score_nll(const kvq_model *m, const int32_t *text, size_t n, uint64_t seed,
+kvq_status kv_auto_score_nll(const kvq_model *m, const int32_t *text, size_t n, uint64_t seed, int recent_f16,
                              const enum kvq_type *cands, int n_cands, const unsigned char *measure,
                              double *base_nll, double *err_out, size_t *cost_out, kvq_error *err)
 {
@@ -210,7 +211,7 @@ kvq_status kv_auto_score_nll(const kvq_model *m, const int32_t *text, size_t n, 
     kvq_status st = fill_costs(m, cands, n_cands, cost_out, err);
     double base = 0;
     if (st == KVQ_OK)
-        st = kv_auto_nll(m, text, n, seed, NULL, &base, err);
+        st = kv_auto_nll(m, text, n, seed, recent_f16, NULL, &base, err);
     if (st != KVQ_OK)
         return st;
     if (base_nll)
@@ -229,7 +230,7 @@ kvq_status kv_auto_score_nll(const kvq_model *m, const int32_t *text, size_t n, 
             lt[2 * l] = cands[2 * j];
             lt[2 * l + 1] = cands[2 * j + 1];
             double v = 0;
-            if ((st = kv_auto_nll(m, text, n, seed, lt, &v, err)) != KVQ_OK)
+            if ((st = kv_auto_nll(m, text, n, seed, recent_f16, lt, &v, err)) != KVQ_OK)
                 return st;
             err_out[at] = v - base;
         }
@@ -396,6 +397,23 @@ int kv_auto_apply(const char *cmd, struct kv_opts *o, const kvq_model *m, const 
     }
     if (!nc)
         return cli_error(cmd, "--kv-auto: no candidate cache type supports head_dim %d", c->head_dim);
+    /* Every candidate is compressed, so the run's recent-token window is on
+     * unless --no-kv-recent-f16: the calibration uses the same setting, and
+     * the window's (and sinks') fixed f16 buffers come off the budget first. */
+    const int window = o->recent_f16 != 0;
+    size_t fixed = 0;
+    {
+        struct kvq_seq_config sc;
+        struct kvq_seq_plan pl;
+        kv_opts_seq_config(o, &sc);
+        sc.type_k = cands[0];
+        sc.type_v = cands[1];
+        sc.layer_types = NULL;
+        sc.recent_f16 = window;
+        if (kvq_seq_plan_of(m, &sc, &pl) == KVQ_OK)
+            fixed = pl.fixed_bytes;
+    }
+    const size_t budget = o->budget > fixed ? o->budget - fixed : 0;
     /* Refuse a budget no candidate fits before paying for the calibration. */
     size_t least = SIZE_MAX;
     for (int j = 0; j < nc; j++) {
@@ -403,7 +421,7 @@ int kv_auto_apply(const char *cmd, struct kv_opts *o, const kvq_model *m, const 
         if (fill_costs(m, cands + 2 * j, 1, one, NULL) == KVQ_OK && (size_t)L * one[0] < least)
             least = (size_t)L * one[0];
     }
-    if (least > o->budget / ctx)
+    if (least > budget / ctx)
         return cli_error(cmd, "--kv-auto: --kv-budget %zu bytes cannot hold %zu tokens with any candidate types",
                          o->budget, ctx);
     int32_t *ids = NULL;
@@ -420,7 +438,7 @@ int kv_auto_apply(const char *cmd, struct kv_opts *o, const kvq_model *m, const 
     /* read_calib put the BOS first; kv_auto_nll takes the text alone and adds its own */
     size_t lead = c->bos_id >= 0 ? 1 : 0;
     if (errs && cost && nll)
-        st = kv_auto_score_nll(m, ids + lead, n - lead, o->seed, cands, nc, NULL, &base, errs, cost, &err);
+        st = kv_auto_score_nll(m, ids + lead, n - lead, o->seed, window, cands, nc, NULL, &base, errs, cost, &err);
     else if (errs && cost)
         st = kv_auto_score(m, ids, n, cands, nc, o->seed, KV_AUTO_QUERIES, (enum kv_auto_metric)o->auto_metric,
                            errs, cost, &err);
@@ -429,7 +447,7 @@ int kv_auto_apply(const char *cmd, struct kv_opts *o, const kvq_model *m, const 
         rc = err.msg[0] ? cli_error(cmd, "--kv-auto: %s", err.msg) : cli_status_error(cmd, st, "--kv-auto scoring");
         goto out;
     }
-    size_t cap = o->budget / ctx, total_cost = 0;
+    size_t cap = budget / ctx, total_cost = 0;
     double total_err = 0;
     for (;;) {
         st = kv_auto_choose(L, nc, cost, errs, cap, choice, &total_err, &total_cost);
@@ -473,7 +491,7 @@ int kv_auto_apply(const char *cmd, struct kv_opts *o, const kvq_model *m, const 
     double joint = NAN;
     if (nll) {
         double v = 0;
-        if (kv_auto_nll(m, ids + lead, n - lead, o->seed, o->layer_types, &v, &err) == KVQ_OK)
+        if (kv_auto_nll(m, ids + lead, n - lead, o->seed, window, o->layer_types, &v, &err) == KVQ_OK)
             joint = v - base;
     }
     if (!quiet) {

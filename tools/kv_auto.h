@@ -76,10 +76,12 @@ kvq_status kv_auto_score(const kvq_model *m, const int32_t *ids, size_t n, const
  * layer_types[2l] (K) and [2l+1] (V), or f32 everywhere when layer_types is
  * NULL, through the same path as `kvq ppl`: one window (several when n
  * exceeds the model's context), forwarded in chunks of 256 whose queries
- * attend over the encoded cache; seed as --seed.
+ * attend over the encoded cache; seed as --seed; recent_f16 as
+ * kvq_seq_config.recent_f16 (the run's window, so that the calibration
+ * charges what the run will see).
  * @return KVQ_OK; KVQ_ERR_INVALID_ARG (n < 2); sequence or forward errors,
  * with one line in err. */
-kvq_status kv_auto_nll(const kvq_model *m, const int32_t *text, size_t n, uint64_t seed,
+kvq_status kv_auto_nll(const kvq_model *m, const int32_t *text, size_t n, uint64_t seed, int recent_f16,
                        const enum kvq_type *layer_types, double *mean_nll, kvq_error *err);
 
 /* The nll metric: err_out[l][j] = the calibration's mean NLL with layer l's
@@ -89,7 +91,7 @@ kvq_status kv_auto_nll(const kvq_model *m, const int32_t *text, size_t n, uint64
  * them). cost_out as kv_auto_score. One kv_auto_nll per measured cell plus
  * one for the base. @return as kv_auto_nll; KVQ_ERR_UNSUPPORTED (more than
  * KV_OPTS_MAX_LAYERS layers). */
-kvq_status kv_auto_score_nll(const kvq_model *m, const int32_t *text, size_t n, uint64_t seed,
+kvq_status kv_auto_score_nll(const kvq_model *m, const int32_t *text, size_t n, uint64_t seed, int recent_f16,
                              const enum kvq_type *cands, int n_cands, const unsigned char *measure,
                              double *base_nll, double *err_out, size_t *cost_out, kvq_error *err);
 
