@@ -398,8 +398,9 @@ int kv_auto_apply(const char *cmd, struct kv_opts *o, const kvq_model *m, const 
     if (!nc)
         return cli_error(cmd, "--kv-auto: no candidate cache type supports head_dim %d", c->head_dim);
     /* Every candidate is compressed, so the run's recent-token window is on
-     * unless --no-kv-recent-f16: the calibration uses the same setting, and
-     * the window's (and sinks') fixed f16 buffers come off the budget first. */
+     * unless --no-kv-recent-f16: the nll calibration uses the same setting
+     * (the attention metrics score the packed rows alone), and the window's
+     * (and sinks') fixed f16 buffers come off the budget first. */
     const int window = o->recent_f16 != 0;
     size_t fixed = 0;
     {

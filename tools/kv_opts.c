@@ -136,7 +136,7 @@ int kv_opts_flag(const char *a, struct kv_opts *o)
         return 1;
     }
     if (strcmp(a, "--kv-recent-f16") == 0 || strcmp(a, "--no-kv-recent-f16") == 0) {
-        o->recent_f16 = a[2] != 'n';
+        o->recent_f16 = strcmp(a, "--kv-recent-f16") == 0;
         return 1;
     }
     if (strcmp(a, "--kv-auto") == 0) {
