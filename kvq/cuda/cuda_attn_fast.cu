@@ -354,6 +354,9 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
             /* 1. scores S[16 tokens][hi/lo query columns] = K Q^T: decode, then a
              * code and a sign MMA chain (see the note above the kernel) */
             float sc[4] = {0.f, 0.f, 0.f, 0.f}, ss[4] = {0.f, 0.f, 0.f, 0.f};
+            /* odd k-blocks into second accumulators: chains of 4 dependent MMAs
+             * instead of 8 */
+            float sc2[4] = {0.f, 0.f, 0.f, 0.f}, ss2[4] = {0.f, 0.f, 0.f, 0.f};
             {
                 /* selectors and shifted sign words of tokens g, g + 8 first; the
                  * lookups of k-block kb right before its MMAs (fewer live registers
@@ -377,13 +380,18 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
                     tq3_lookup4(ksel[0][kb >> 1] >> (16 * (kb & 1)), p.lut_k, &k0a, &k0b);
                     tq3_lookup4(ksel[1][kb >> 1] >> (16 * (kb & 1)), p.lut_k, &k1a, &k1b);
                     const uint2 bq = qb[kb * 32 + lane];
-                    mma16816(sc, make_uint4(k0a, k1a, k0b, k1b), bq.x, bq.y);
+                    mma16816((kb & 1) ? sc2 : sc, make_uint4(k0a, k1a, k0b, k1b), bq.x, bq.y);
                     if (L::qjl) {
                         const uint32_t m0 = 0x00010001u << (11 + 2 * (kb & 1)), m1 = m0 << 1;
                         const uint32_t s0 = sgn[0][kb >> 1], s1 = sgn[1][kb >> 1];
                         const uint2 bs = qb[256 + kb * 32 + lane];
-                        mma16816(ss, make_uint4(s0 & m0, s1 & m0, s0 & m1, s1 & m1), bs.x, bs.y);
+                        mma16816((kb & 1) ? ss2 : ss, make_uint4(s0 & m0, s1 & m0, s0 & m1, s1 & m1), bs.x, bs.y);
                     }
+                }
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    sc[i] += sc2[i];
+                    ss[i] += ss2[i];
                 }
             }
             /* u[2 r + c]: this lane's part (hi or lo query half) of token g + 8 r,
