@@ -33,38 +33,20 @@ static void usage(FILE *f)
             "  --prompt-file F      prompt from a file (one trailing newline is dropped)\n"
             "  --prompt-ids IDS     prompt as token ids, e.g. 1,450,3791 (no BOS added)\n"
             "  --max-tokens N       tokens to generate (default 64; 0 = prefill only)\n"
-            "  --cache-type-k T     key cache type (default tq3j; see `kvq types`)\n"
-            "  --cache-type-v T     value cache type (default tq3)\n"
             "  --temp X             temperature (default 0 = greedy)\n"
             "  --top-k K            keep the K most likely tokens (default 0 = all)\n"
             "  --top-p P            nucleus sampling mass in (0, 1] (default 1)\n"
-            "  --seed S             sampler and cache-rotation seed (default 0)\n"
             "  --speculative N      n-gram speculative decoding with up to N drafts (0..%d)\n"
             "  --no-eos             do not stop at the end-of-sequence token\n"
             "  --json               print one JSON object instead of streaming text\n"
             "  --dump-qkv FILE      write post-RoPE q/k/v of all cached tokens (kvq eval format)\n"
-            "  --kv-budget SIZE     most bytes of KV-cache pages over all layers, e.g. 48MiB\n"
-            "                       (split evenly per layer; pages are allocated on demand)\n"
-            "  --layer-types K/V,.. per-layer cache types, one pair per layer (overrides the above)\n"
-            "  --v-norm-correct     store value norms so that decoded tq values keep the input norm\n"
-            "  --kv-recent-f16      also keep the tokens of the last, partly filled cache page in f16\n"
-            "                       (the default for compressed types: +0.7%% instead of +3.8%%\n"
-            "                       perplexity for tq3j/tq3 on the bundled model)\n"
-            "  --no-kv-recent-f16   no such window\n"
-            "  --kv-sink N          also keep the first N tokens in f16 for good (f16 buffers count\n"
-            "                       in --kv-budget)\n"
-            "  --kv-auto            choose per-layer K/V types that fit --kv-budget at the context\n"
-            "                       with the least attention error on a calibration text\n"
-            "  --kv-auto-ctx N      context --kv-auto plans for (default: the model's)\n"
-            "  --kv-auto-calib F    calibration text (default: <model>/reference/valid.txt)\n"
-            "  --kv-auto-metric M   per-layer error --kv-auto minimises: nll (default; ~2 min),\n"
-            "                       out_err (~1 s), ipv, kl\n"
             "  --plan               print bytes per token and the longest context fitting the\n"
-            "                       budget for every cache type, then exit (no prompt needed)\n\n"
-            "exit status: 0 done; 1 failure; 2 bad input (also: the prompt does not fit the\n"
-            "budget or context); 3 stopped early because the KV budget or the context ran\n"
-            "out (the text so far is printed, a message says why)\n",
+            "                       budget for every cache type, then exit (no prompt needed)\n",
             KVQ_MAX_DRAFT);
+    kv_opts_usage(f); /* the cache options, --seed included, as kv_opts_parse reads them */
+    fprintf(f, "\nexit status: 0 done; 1 failure; 2 bad input (also: the prompt does not fit the\n"
+               "budget or context); 3 stopped early because the KV budget or the context ran\n"
+               "out (the text so far is printed, a message says why)\n");
 }
 
 struct opts {
