@@ -6,9 +6,9 @@
 #   sh bench/run_cuda.sh BUILD OUTDIR [STAGES]
 #
 # BUILD holds tests/test_cuda and bench/bench_cuda (built with nvcc present);
-# STAGES is a comma list of test,bench,sdpa,ncu,sass,sanitize (default:
-# test,bench,sdpa,sanitize; ncu profiles one fused-kernel launch, sass dumps
-# the fused kernel's machine code).
+# STAGES is a comma list of test,bench,sdpa,ncu,ncu4,sass,sanitize (default:
+# test,bench,sdpa,sanitize; ncu profiles one fused-kernel launch, ncu4 one of
+# the V4 kernel, sass dumps the fused kernels' machine code).
 # KVQ_BENCH_QUICK=1 benchmarks a subset. Logs and JSON go to OUTDIR.
 build=${1:-build}
 out=${2:-$build/bench}
@@ -59,7 +59,7 @@ s = {(r["batch"], r["context"]): r for r in sdpa["results"]}
 print(f"device: {ours['device']}; copy {copy:.0f} GB/s (read+write)")
 print(f"{'batch':>5} {'ctx':>7} {'tq3j/tq3 us':>12} {'GB/s':>6} {'%copy':>6} {'tq3/tq3 us':>11} {'tq3 %copy':>9} "
       f"{'f16 us':>9} {'SDPA us':>9} {'tq3j vs SDPA':>13} {'tq3 vs SDPA':>12} {'tq3j vs f16':>12} "
-      f"{'tq3j v1 us':>11} {'v1/new':>7} {'tq3j v2 us':>11} {'v2/new':>7} {'tq3j v3 us':>11} {'v3/new':>7}")
+      f"{'tq3j v4 us':>11} {'v4/new':>7} {'tq3j v2 us':>11} {'v2/new':>7} {'tq3j v3 us':>11} {'v3/new':>7}")
 for (b, c) in sorted({(k[0], k[1]) for k in t}, key=lambda x: (x[1], x[0])):
     a = t.get((b, c, "tq3j/tq3")); q = t.get((b, c, "tq3/tq3")); f = t.get((b, c, "f16/f16"))
     p = s.get((b, c), {}).get("us")
@@ -68,7 +68,7 @@ for (b, c) in sorted({(k[0], k[1]) for k in t}, key=lambda x: (x[1], x[0])):
     print(f"{b:5d} {c:7d} {fmt(a and a['us']):>12} {fmt(a and a['gbps']):>6} {fmt(a and a['pct_copy']):>6} "
           f"{fmt(q and q['us']):>11} {fmt(q and q['pct_copy']):>9} {fmt(f and f['us']):>9} {fmt(p):>9} "
           f"{ratio(a and a['us'], p):>13} {ratio(q and q['us'], p):>12} {ratio(a and a['us'], f and f['us']):>12} "
-          f"{fmt(a and a.get('us_v1')):>11} {ratio(a and a['us'], a and a.get('us_v1')):>7} "
+          f"{fmt(a and a.get('us_v4')):>11} {ratio(a and a['us'], a and a.get('us_v4')):>7} "
           f"{fmt(a and a.get('us_v2')):>11} {ratio(a and a['us'], a and a.get('us_v2')):>7} "
           f"{fmt(a and a.get('us_v3_plain')):>11} {ratio(a and a['us'], a and a.get('us_v3_plain')):>7}")
 EOF
@@ -86,12 +86,23 @@ if has ncu; then
     done
 fi
 
+if has ncu4; then
+    say "== ncu: one V4 (integer scores) launch, tq3j/tq3, batch 32, 32K"
+    KVQ_BENCH_PROFILE=1 KVQ_BENCH_REPS=1 KVQ_BENCH_JSON_DIR=/tmp timeout 200 ncu --kernel-name-base mangled \
+        -k regex:"fast_kernelILi0ELi0ELi4ELi2ELi2E" --launch-skip 2 --launch-count 1 --section SpeedOfLight \
+        --section Occupancy --section WarpStateStats --section SchedulerStats --section InstructionStats \
+        --section ComputeWorkloadAnalysis --print-details all "$build/bench/bench_cuda" >"$out/ncu_v4.txt" 2>&1
+    say "ncu exit $?"
+    grep -E "Duration|DRAM Throughput|Executed Ipc A|Issue Slots Busy|Registers Per|Achieved Occupancy|Stall|Warp Cycles Per Issued|Pipe Utilization|Issued Warp" "$out/ncu_v4.txt" | head -40 | tee -a "$log"
+fi
+
 if has sass; then
-    # tq3j/tq3, G <= 4, 32-token stages: V2 (b0) and V3, the default (b1)
-    for tr in 0 1; do
-        k="fast_kernelILi0ELi0ELi4ELi2ELb${tr}E"
-        cuobjdump -sass "$build/tests/test_cuda" 2>/dev/null | awk -v k="$k" '/Function : /{p = index($0, k) > 0} p' >"$out/sass$tr.txt"
-        say "sass ($k): $(grep -c '/\*[0-9a-f]*\*/' "$out/sass$tr.txt") instructions; HMMA $(grep -c HMMA "$out/sass$tr.txt"), PRMT $(grep -c PRMT "$out/sass$tr.txt"), LDS $(grep -c 'LDS' "$out/sass$tr.txt"), SHFL $(grep -c SHFL "$out/sass$tr.txt")"
+    # tq3j/tq3, G <= 4, 32-token stages: V2 (mode 0), V3, the default (1), V4 (2)
+    for m in 0 1 2; do
+        k="fast_kernelILi0ELi0ELi4ELi2ELi${m}E"
+        cuobjdump -sass "$build/tests/test_cuda" 2>/dev/null | awk -v k="$k" '/Function : /{p = index($0, k) > 0} p' >"$out/sass$m.txt"
+        f="$out/sass$m.txt"
+        say "sass ($k): $(grep -c '/\*[0-9a-f]*\*/' "$f") instructions; HMMA $(grep -c HMMA "$f"), IMMA $(grep -c IMMA "$f"), PRMT $(grep -c PRMT "$f"), LOP3 $(grep -c LOP3 "$f"), SHF $(grep -c 'SHF\.' "$f"), IMAD $(grep -c IMAD "$f"), LDS $(grep -c 'LDS' "$f"), SHFL $(grep -c SHFL "$f")"
     done
 fi
 

@@ -344,19 +344,20 @@ static double gpu_vs(kvq_cuda_cache *g, int n_seqs, const int *seqs, const float
     return worst;
 }
 
-/* Four calls queued back to back, no synchronisation in between (the
- * overlapped v3, then v3 with other splits, then the default kernel twice
- * with different splits, the last of them overlapped with the first one
- * queued before it): they share the query-block and split-partial buffers,
- * which must not race. */
+/* Five calls queued back to back, no synchronisation in between (the
+ * overlapped v3, then v3 with other splits, the overlapped v4, then the
+ * default kernel twice with different splits, the last of them overlapped
+ * with the one queued before it): they share the query-block and
+ * split-partial buffers, which must not race. */
 static void back_to_back(kvq_cuda_cache *g, int n_seqs, const int *seqs, const float *qd, int Hq, float scale,
                          const float *ref, const char *what)
 {
     const int d = kvq_cuda_cache_config_of(g)->cache.head_dim, H = kvq_cuda_cache_config_of(g)->cache.n_kv_heads;
     const size_t n = (size_t)n_seqs * Hq * d;
-    enum { N_CALLS = 4 };
+    enum { N_CALLS = 5 };
     const struct kvq_cuda_attn_opts o[N_CALLS] = {{KVQ_CUDA_KERNEL_FAST_V3, 0, 1},
                                                   {KVQ_CUDA_KERNEL_FAST_V3, 4, 1},
+                                                  {KVQ_CUDA_KERNEL_FAST_V4, 0, 1},
                                                   {KVQ_CUDA_KERNEL_FAST, 7, 0},
                                                   {KVQ_CUDA_KERNEL_FAST, 0, 0}};
     float *od = NULL, *out = malloc(N_CALLS * n * sizeof(float));
@@ -416,7 +417,7 @@ static void attn_case_run(const struct attn_case *ac, uint64_t seed)
     snprintf(what, sizeof what, "K %s V %s d=%d G=%d P=%d ref kernel", tname(ac->tk), tname(ac->tv), d, G,
              ac->page_tokens);
     double e_ref = gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_REF, 0, 0, what);
-    double e_fast = -1.0, e_v3 = -1.0;
+    double e_fast = -1.0, e_v3 = -1.0, e_v4 = -1.0;
     if (kvq_cuda_fast_supported(g, Hq)) {
         snprintf(what, sizeof what, "K %s V %s d=%d G=%d P=%d fused kernel", tname(ac->tk), tname(ac->tv), d, G,
                  ac->page_tokens);
@@ -444,13 +445,21 @@ static void attn_case_run(const struct attn_case *ac, uint64_t seed)
         if (!small_mode())
             gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST_V3, 0, 1, what);
         gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST_V3, 4, 1, what);
+        /* integer key scores (where G <= 4 and K is tq), plain and overlapped */
+        snprintf(what, sizeof what, "K %s V %s d=%d G=%d P=%d fused kernel v4", tname(ac->tk), tname(ac->tv), d, G,
+                 ac->page_tokens);
+        e_v4 = gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST_V4, 0, 0, what);
+        for (int s = 1; s <= 7 && !small_mode(); s += 3)
+            gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST_V4, s, 0, what);
+        gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST_V4, 4, 1, what);
         back_to_back(g, nb, seqs, qd, Hq, scale, ref, what);
     } else {
         CHECK_STATUS(kvq_cuda_cache_attend(g, nb, seqs, qd, Hq, scale, qd, &(struct kvq_cuda_attn_opts){KVQ_CUDA_KERNEL_FAST, 0, 0}),
                      KVQ_ERR_UNSUPPORTED);
     }
-    printf("  K %-5s V %-5s d=%3d G=%d P=%2d rot=%-8s  max rel err: ref kernel %.2e, fused %.2e, fused v3 %.2e\n",
-           tname(ac->tk), tname(ac->tv), d, G, ac->page_tokens, kvq_rot_kind_name(ac->rot), e_ref, e_fast, e_v3);
+    printf("  K %-5s V %-5s d=%3d G=%d P=%2d rot=%-8s  max rel err: ref kernel %.2e, fused %.2e, v3 %.2e, v4 %.2e\n",
+           tname(ac->tk), tname(ac->tv), d, G, ac->page_tokens, kvq_rot_kind_name(ac->rot), e_ref, e_fast, e_v3,
+           e_v4);
 done:
     for (int i = 0; i < 5; i++)
         kvq_cache_free(cpu[i]);
@@ -545,8 +554,10 @@ static void fixture_file(const char *path, enum kvq_type tk, enum kvq_type tv)
         double e2 = gpu_vs(g, 3, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST, 0, 0, what);
         snprintf(what, sizeof what, "%s layer %d K %s V %s fused kernel v3 overlapped", path, layer, tname(tk), tname(tv));
         double e3 = gpu_vs(g, 3, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST_V3, 0, 1, what);
-        printf("  %s layer %d K %s V %s: max rel err ref kernel %.2e, fused %.2e, fused v3 %.2e\n", path, layer,
-               tname(tk), tname(tv), e1, e2, e3);
+        snprintf(what, sizeof what, "%s layer %d K %s V %s fused kernel v4 overlapped", path, layer, tname(tk), tname(tv));
+        double e4 = gpu_vs(g, 3, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST_V4, 0, 1, what);
+        printf("  %s layer %d K %s V %s: max rel err ref kernel %.2e, fused %.2e, v3 %.2e, v4 %.2e\n", path, layer,
+               tname(tk), tname(tv), e1, e2, e3, e4);
         kvq_cuda_free(qd);
     next:
         kvq_cuda_free(kd);
@@ -630,8 +641,9 @@ static void test_attend_bad_args(void)
     CHECK(!kvq_cuda_fast_supported(g, 8));
     CHECK_STATUS(kvq_cuda_cache_attend(g, 1, &s0, qd, 8, 0.1f, qd + 8 * 128, &fast), KVQ_ERR_UNSUPPORTED);
     struct kvq_cuda_attn_opts v3 = {KVQ_CUDA_KERNEL_FAST_V3, 0, 1}, v2 = {KVQ_CUDA_KERNEL_FAST_V2, 0, 0},
-                              bad = {(enum kvq_cuda_kernel)6, 0, 0};
+                              v4 = {KVQ_CUDA_KERNEL_FAST_V4, 0, 1}, bad = {(enum kvq_cuda_kernel)7, 0, 0};
     CHECK_STATUS(kvq_cuda_cache_attend(g, 1, &s0, qd, 8, 0.1f, qd + 8 * 128, &v3), KVQ_ERR_UNSUPPORTED);
+    CHECK_STATUS(kvq_cuda_cache_attend(g, 1, &s0, qd, 8, 0.1f, qd + 8 * 128, &v4), KVQ_ERR_UNSUPPORTED);
     CHECK_STATUS(kvq_cuda_cache_attend(g, 1, &s0, qd, 8, 0.1f, qd + 8 * 128, &v2), KVQ_ERR_UNSUPPORTED);
     CHECK_STATUS(kvq_cuda_cache_attend(g, 1, &s0, qd, 8, 0.1f, qd + 8 * 128, &bad), KVQ_ERR_INVALID_ARG);
     CHECK_OK(kvq_cuda_cache_attend(g, 1, &s0, qd, 8, 0.1f, qd + 8 * 128, NULL)); /* AUTO -> reference */

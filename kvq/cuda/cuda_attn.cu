@@ -57,11 +57,65 @@ __host__ rot_arg rot_arg_of(bool present, const kvq_dev_rot &r, const float *den
     return a;
 }
 
+/* The V4 query block (kvq_cuda_hooks.cuh, "integer tensor cores"): s8 B
+ * fragments of mma.m16n8k32, column 2j + e of an n-tile = query j, e; per
+ * k-block and lane a uint4 {tile 0 b0, b1, tile 1 b0, b1}. Codes: the query
+ * in 24-bit fixed point, tile 0: (hq | 0), (mq | hq); tile 1: (lq | mq), 0.
+ * Signs (at byte 4096): the QJL query over sigma in 24-bit fixed point,
+ * divided by 2^p for sign bit p (>= 17 bits left), tile 0: hi, mid; tile 1:
+ * lo, 0. blockDim = 128: thread i builds items i, i + 128 of the codes and
+ * i of the signs; the per-query constants go to byte 8192. */
+__device__ void imma_fragments(const float (*qr)[128], const float (*sq)[128], const float *sig, const float *tsum,
+                               const float *qmax, int G, float inv_sk, uint8_t *blk)
+{
+    const int i = threadIdx.x;
+    uint4 *cf = reinterpret_cast<uint4 *>(blk);
+    uint4 *sf = reinterpret_cast<uint4 *>(blk + 4096);
+    for (int item = i; item < 256; item += 128) {
+        const int kb = item >> 5, ln = item & 31, g = ln >> 2, t = ln & 3, j = g >> 1, e = g & 1;
+        const float sc = qmax[j] > 0.0f ? 256.0f * (float)kFixMax / qmax[j] : 0.0f;
+        uint32_t r[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            int hq, mq, lq;
+            fix_split24(__float2int_rn(qr[j][islot_dim(kb, t, k)] * sc), &hq, &mq, &lq);
+            const int sh = 8 * k;
+            r[0] |= ((uint32_t)(e ? mq : hq) & 0xffu) << sh;
+            r[1] |= ((uint32_t)(e ? hq : 0) & 0xffu) << sh;
+            r[2] |= ((uint32_t)(e ? 0 : lq) & 0xffu) << sh;
+            r[3] |= ((uint32_t)(e ? 0 : mq) & 0xffu) << sh;
+        }
+        cf[item] = make_uint4(r[0], r[1], r[2], r[3]);
+    }
+    {
+        const int kb = i >> 5, ln = i & 31, g = ln >> 2, t = ln & 3, j = g >> 1, e = g & 1;
+        uint32_t r[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int a = 0; a < 2; a++)
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const int p = 2 * kb + a; /* bit position of sign 32 t + 8 k + p in its byte */
+                const float y = sq[j][32 * t + 8 * k + p] / sig[j] * (256.0f * (float)kFixMax / (float)(1 << p));
+                int hi, mid, lo;
+                fix_split24(__float2int_rn(y), &hi, &mid, &lo);
+                r[a] |= ((uint32_t)(e ? mid : hi) & 0xffu) << (8 * k);
+                r[2 + a] |= ((uint32_t)(e ? 0 : lo) & 0xffu) << (8 * k);
+            }
+        sf[i] = make_uint4(r[0], r[1], r[2], r[3]);
+    }
+    if (i < 8) {
+        float *cst = reinterpret_cast<float *>(blk + 8192);
+        cst[i] = i < G ? 2.0f * sig[i] / (256.0f * (float)kFixMax) : 0.0f;
+        cst[8 + i] = i < G ? -tsum[i] : 0.0f;
+        cst[16 + i] = i < G ? qmax[i] * inv_sk / (float)kFixMax : 0.0f;
+    }
+}
+
 /* PDL: let the fused kernel start right away (it loads its first pages, then
  * waits for this kernel before it reads the query block). */
 template <bool PDL>
 __global__ void prep_fast_kernel(const float *q, int Hq, int H, int G, float c, float inv_alpha_k, rot_arg rk,
-                                 rot_arg sk, int k_f16, uint8_t *qfrag)
+                                 rot_arg sk, int k_f16, int imma, float inv_sk, uint8_t *qfrag)
 {
     constexpr int D = 128;
     if constexpr (PDL)
@@ -69,7 +123,7 @@ __global__ void prep_fast_kernel(const float *q, int Hq, int H, int G, float c, 
     __shared__ float xs[8][D];
     __shared__ float qr[8][D];
     __shared__ float sq[8][D];
-    __shared__ float sig[8], tsum[8];
+    __shared__ float sig[8], tsum[8], qmax[8];
     const int i = threadIdx.x, h = blockIdx.x, b = blockIdx.y;
     const int warp = i >> 5, lane = i & 31;
     const float *qb = q + ((size_t)b * Hq + (size_t)h * G) * D;
@@ -82,10 +136,12 @@ __global__ void prep_fast_kernel(const float *q, int Hq, int H, int G, float c, 
                 v[k] = qi < G ? qb[(size_t)qi * D + 32 * k + lane] : 0.0f;
             if (rk.mode == ROT_WARP)
                 rot128_apply(rk.fast, v, lane);
+            float xm = 0.0f;
 #pragma unroll
             for (int k = 0; k < 4; k++) {
                 v[k] *= c;
                 qr[qi][32 * k + lane] = v[k];
+                xm = fmaxf(xm, fabsf(v[k]));
                 w[k] = sk.mode == ROT_WARP ? v[k] : 0.0f;
             }
             if (sk.mode == ROT_WARP)
@@ -99,11 +155,13 @@ __global__ void prep_fast_kernel(const float *q, int Hq, int H, int G, float c, 
             }
             for (int o = 16; o; o >>= 1) {
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+                xm = fmaxf(xm, __shfl_xor_sync(0xffffffffu, xm, o));
                 sum += __shfl_xor_sync(0xffffffffu, sum, o);
             }
             if (lane == 0) {
                 sig[qi] = mx > 0.0f ? mx : 1.0f;
                 tsum[qi] = sum;
+                qmax[qi] = xm;
             }
         }
     } else {
@@ -141,22 +199,30 @@ __global__ void prep_fast_kernel(const float *q, int Hq, int H, int G, float c, 
             sq[qi][i] = acc[qi];
         __syncthreads();
         for (int qi = warp; qi < 8; qi += 4) {
-            float mx = 0.0f, sum = 0.0f;
+            float mx = 0.0f, sum = 0.0f, xm = 0.0f;
             for (int j = lane; j < D; j += 32) {
                 mx = fmaxf(mx, fabsf(sq[qi][j]));
+                xm = fmaxf(xm, fabsf(qr[qi][j]));
                 sum += sq[qi][j];
             }
             for (int o = 16; o; o >>= 1) {
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+                xm = fmaxf(xm, __shfl_xor_sync(0xffffffffu, xm, o));
                 sum += __shfl_xor_sync(0xffffffffu, sum, o);
             }
             if (lane == 0) {
                 sig[qi] = mx > 0.0f ? mx : 1.0f;
                 tsum[qi] = sum;
+                qmax[qi] = xm;
             }
         }
     }
     __syncthreads();
+    uint8_t *blk = qfrag + ((size_t)b * H + h) * KVQ_CU_QFRAG_BYTES;
+    if (imma) {
+        imma_fragments(qr, sq, sig, tsum, qmax, G, inv_sk, blk);
+        return;
+    }
     /* Thread i works out slot i's head dimensions once and stores every
      * query's slot values (xs and qr are free again); the fragments below then
      * read them by slot, without redoing the slot arithmetic per fragment
@@ -178,7 +244,6 @@ __global__ void prep_fast_kernel(const float *q, int Hq, int H, int G, float c, 
         }
     }
     __syncthreads();
-    uint8_t *blk = qfrag + ((size_t)b * H + h) * KVQ_CU_QFRAG_BYTES;
     uint4 *qa = reinterpret_cast<uint4 *>(blk);
     uint4 *sa = qa + 256;
     for (int item = i; item < 256; item += D) {
@@ -450,6 +515,8 @@ kvq_status kvq_cu_attn_init(kvq_cuda_cache *c)
     KVQ_CU_TRY(cudaMalloc(&c->part_d, c->part_entries * G * (size_t)(d + 2) * sizeof(float)));
     c->alpha_k = c->dk.type == KVQ_TYPE_TQ3 || c->dk.type == KVQ_TYPE_TQ3J ? codebook_alpha(c->dk.centroids, 8) : 1.0f;
     c->alpha_v = c->dv.type == KVQ_TYPE_TQ3 || c->dv.type == KVQ_TYPE_TQ3J ? codebook_alpha(c->dv.centroids, 8) : 1.0f;
+    c->int_scale_k = c->dk.type == KVQ_TYPE_TQ3 || c->dk.type == KVQ_TYPE_TQ3J ? codebook_int_scale(c->dk.centroids, 8)
+                                                                                : 1.0f;
     return KVQ_OK;
 }
 
@@ -485,11 +552,16 @@ static kvq_status attend_chunk(kvq_cuda_cache *c, int nb, const int *seqs, const
         p.H = H;
         p.G = G;
         p.variant = variant;
-        /* PDL only where the fused kernel waits for the prep kernel itself (TR variant) */
-        p.pdl = overlap && variant == 2 && c->cc_major >= 9 && G <= 4 && c->dk.type != KVQ_TYPE_F16;
+        /* the TR and IM kernels (variants 2 and 3 with tq keys, G <= 4) wait for
+         * the prep kernel themselves, so only they can overlap it */
+        const int scored = (variant == 2 || variant == 3) && G <= 4 && c->dk.type != KVQ_TYPE_F16;
+        const int imma = scored && variant == 3;
+        p.pdl = overlap && scored && c->cc_major >= 9;
         p.kappa = c->dk.kappa;
-        if (c->dk.type != KVQ_TYPE_F16)
+        if (c->dk.type != KVQ_TYPE_F16) {
             p.lut_k = tq3_lut_make(c->dk.centroids, c->alpha_k);
+            p.ilut_k = tq3_ilut_make(c->dk.centroids, c->int_scale_k);
+        }
         if (c->dv.type != KVQ_TYPE_F16)
             p.lut_v = tq3_lut_make(c->dv.centroids, c->alpha_v);
         for (int i = 0; i < nb; i++) {
@@ -499,11 +571,13 @@ static kvq_status attend_chunk(kvq_cuda_cache *c, int nb, const int *seqs, const
         if (p.pdl)
             prep_fast_kernel<true><<<dim3((unsigned)H, (unsigned)nb), 128, 0, c->stream>>>(
                 q, Hq, H, G, scale * kLog2e, 1.0f / c->alpha_k, rot_arg_of(c->dk.rotated, c->dk.R, c->rk_dense),
-                rot_arg_of(c->dk.qjl, c->dk.S, c->sk_dense), c->dk.type == KVQ_TYPE_F16, c->qfrag_d);
+                rot_arg_of(c->dk.qjl, c->dk.S, c->sk_dense), c->dk.type == KVQ_TYPE_F16, imma, 1.0f / c->int_scale_k,
+                c->qfrag_d);
         else
             prep_fast_kernel<false><<<dim3((unsigned)H, (unsigned)nb), 128, 0, c->stream>>>(
                 q, Hq, H, G, scale * kLog2e, 1.0f / c->alpha_k, rot_arg_of(c->dk.rotated, c->dk.R, c->rk_dense),
-                rot_arg_of(c->dk.qjl, c->dk.S, c->sk_dense), c->dk.type == KVQ_TYPE_F16, c->qfrag_d);
+                rot_arg_of(c->dk.qjl, c->dk.S, c->sk_dense), c->dk.type == KVQ_TYPE_F16, imma, 1.0f / c->int_scale_k,
+                c->qfrag_d);
         KVQ_CU_TRY(cudaGetLastError());
         const int max_splits = (int)(c->part_entries / ((size_t)nb * H));
         kvq_status st = kvq_cu_fast_launch(&p, fast_ktype(c->dk.type), fast_vtype(c->dv.type), nb, n_splits,
@@ -562,7 +636,7 @@ kvq_status kvq_cuda_cache_attend(kvq_cuda_cache *c, int n_seqs, const int *seqs,
             return KVQ_ERR_INVALID_ARG;
     const enum kvq_cuda_kernel kern = opts ? opts->kernel : KVQ_CUDA_KERNEL_AUTO;
     const int fast_ok = kvq_cuda_fast_supported(c, n_q_heads);
-    if (kern < KVQ_CUDA_KERNEL_AUTO || kern > KVQ_CUDA_KERNEL_FAST_V2)
+    if (kern < KVQ_CUDA_KERNEL_AUTO || kern > KVQ_CUDA_KERNEL_FAST_V4)
         return KVQ_ERR_INVALID_ARG;
     if (kern != KVQ_CUDA_KERNEL_AUTO && kern != KVQ_CUDA_KERNEL_REF && !fast_ok)
         return KVQ_ERR_UNSUPPORTED;
@@ -571,7 +645,10 @@ kvq_status kvq_cuda_cache_attend(kvq_cuda_cache *c, int n_seqs, const int *seqs,
     /* the default is V3 with overlapped launches (docs/cuda.md, fourth pass) */
     const int is_default = kern == KVQ_CUDA_KERNEL_AUTO || kern == KVQ_CUDA_KERNEL_FAST;
     const int overlap = is_default ? 1 : opts ? opts->overlap : 0;
-    const int variant = kern == KVQ_CUDA_KERNEL_FAST_V1 ? 1 : kern == KVQ_CUDA_KERNEL_FAST_V2 ? 0 : 2;
+    const int variant = kern == KVQ_CUDA_KERNEL_FAST_V1   ? 1
+                        : kern == KVQ_CUDA_KERNEL_FAST_V2 ? 0
+                        : kern == KVQ_CUDA_KERNEL_FAST_V4 ? 3
+                                                          : 2;
     const size_t row = (size_t)n_q_heads * c->cfg.cache.head_dim;
     const int cap = batch_cap(c);
     for (int off = 0; off < n_seqs; off += cap) {

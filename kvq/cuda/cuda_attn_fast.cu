@@ -126,7 +126,7 @@ template <int KT, int VT, int S>
 constexpr size_t smem_bytes()
 {
     using L = stage_layout<KT, VT, S>;
-    return (size_t)NW * L::nst * L::bytes + (L::vf16 ? 0 : NW * 4096) + 4096 + (L::qjl ? 4096 : 0) + 64 +
+    return (size_t)NW * L::nst * L::bytes + (L::vf16 ? 0 : NW * 4096) + 4096 + (L::qjl ? 4096 : 0) + 128 +
            NW * L::nst * 8;
 }
 
@@ -210,6 +210,122 @@ __device__ __forceinline__ float2 half2_bits_to_float2(uint32_t u)
     return __half22float2(h);
 }
 
+/* How a kernel scores: M_ST, queries as the MMA's A operand (first and second
+ * passes); M_TR, transposed f16 scores (below); M_IM, integer key scores
+ * (im_segment). */
+enum { M_ST = 0, M_TR = 1, M_IM = 2 };
+
+/* {f16 hi, f16 lo} of x in one register (hi in the low half). */
+__device__ __forceinline__ uint32_t hilo_f16x2(float x)
+{
+    const __half hx = __float2half_rn(x);
+    const __half lx = __float2half_rn(x - __half2float(hx));
+    return (uint32_t)__half_as_ushort(hx) | ((uint32_t)__half_as_ushort(lx) << 16);
+}
+
+/* IM (fifth pass, KVQ_CUDA_KERNEL_FAST_V4; tq keys, GP == 4): scores and
+ * online softmax of one 16-token segment with the keys on integer tensor
+ * cores (kvq_cuda_hooks.cuh, "integer tensor cores"; the prep kernel's
+ * imma_fragments writes the query side). Per k-block of 4 codes per lane,
+ * 4 PRMT give the hk/lk A fragment of tokens g and g + 8, and two s8 MMAs
+ * (n-tiles 0 and 1) take it; the signs are 8 u8 MMAs on masked sign words.
+ * Lane (g, t) then holds every term of query t for tokens g and g + 8, so
+ * the scores need no exchange between lanes, and the weights as {hi, lo}
+ * f16 pairs of query t are already row g of the [token][column] matrices
+ * whose transposes (movmatrix) are the value MMA's B fragments; the value
+ * accumulator's columns are (hi, lo) of queries 0..3. */
+template <class L>
+__device__ __forceinline__ void im_segment(const kvq_cu_fast_params &p, const uint8_t *st, int jk, int js, int jn,
+                                           int seg, int len, int lane, const uint4 *qa, const float *qc,
+                                           float &m_run, float &l_run, float (&acc)[8][4], uint32_t &pb0,
+                                           uint32_t &pb1)
+{
+    const int g = lane >> 2, t = lane & 3;
+    int32_t ca[4], cb[4], sa[4], sb[4]; /* n-tiles 0, 1 of the codes and of the signs */
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        ca[i] = cb[i] = sa[i] = sb[i] = (int32_t)kImmaBias;
+    {
+        uint32_t ksel[2][4], sw[2] = {0u, 0u};
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+            const int row = g + 8 * nt;
+            const uint32_t *w = reinterpret_cast<const uint32_t *>(st + L::k_codes + jk + row * 48 + t * 12);
+            tq3_select32(w[0], w[1], w[2], ksel[nt]);
+            if (L::qjl)
+                sw[nt] = *reinterpret_cast<const uint32_t *>(st + L::k_signs + js + row * 16 + t * 4);
+        }
+        const tq3_ilut &T = p.ilut_k;
+#pragma unroll
+        for (int kb = 0; kb < 8; kb++) {
+            const uint32_t s0 = ksel[0][kb >> 1] >> (16 * (kb & 1)), s1 = ksel[1][kb >> 1] >> (16 * (kb & 1));
+            const uint4 a = make_uint4(prmt(T.hi0, T.hi1, s0), prmt(T.hi0, T.hi1, s1), prmt(T.lo0, T.lo1, s0),
+                                       prmt(T.lo0, T.lo1, s1));
+            const uint4 bq = qa[kb * 32 + lane];
+            mma16832_s8(ca, a, bq.x, bq.y);
+            mma16832_s8(cb, a, bq.z, bq.w);
+        }
+        if (L::qjl) {
+#pragma unroll
+            for (int kb = 0; kb < 4; kb++) {
+                const uint32_t m0 = 0x01010101u << (2 * kb), m1 = m0 << 1;
+                const uint4 a = make_uint4(sw[0] & m0, sw[1] & m0, sw[0] & m1, sw[1] & m1);
+                const uint4 bs = qa[256 + kb * 32 + lane];
+                mma16832_s8<true>(sa, a, bs.x, bs.y);
+                mma16832_s8<true>(sb, a, bs.z, bs.w);
+            }
+        }
+    }
+    const uint16_t *nkp = reinterpret_cast<const uint16_t *>(st + L::k_norm + jn);
+    const uint16_t *rnp = reinterpret_cast<const uint16_t *>(st + L::k_rnorm + jn);
+    const float fc = qc[16 + t];
+    float s[2]; /* query t, tokens g and g + 8 */
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int tk = g + 8 * r;
+        /* sum Q C / 256 = (A 256 + B) 256 + C, then times 1 / (S_q S_k) */
+        float x = fmaf(fmaf(imma_val(ca[2 * r]), 256.0f, imma_val(ca[2 * r + 1])), 256.0f, imma_val(cb[2 * r]));
+        x *= fc;
+        if (L::qjl) {
+            /* 2 P = ((A 256 + B) 256 + C) 2 sigma / (256 kFixMax) */
+            const float ps = fmaf(fmaf(imma_val(sa[2 * r]), 256.0f, imma_val(sa[2 * r + 1])), 256.0f, imma_val(sb[2 * r]));
+            const float rk = __half2float(__ushort_as_half(rnp[tk])) * p.kappa;
+            x = fmaf(rk, fmaf(ps, qc[t], qc[8 + t]), x);
+        }
+        s[r] = x * __half2float(__ushort_as_half(nkp[tk]));
+        if (seg * 16 + 16 > len && seg * 16 + tk >= len) /* the last, partial segment */
+            s[r] = -INFINITY;
+    }
+
+    /* online softmax (log2 domain); the max is reduced over the token lanes
+     * (xor 4, 8, 16) only when some score beats the running one */
+    float mx = fmaxf(s[0], s[1]);
+    if (__any_sync(0xffffffffu, mx > m_run)) {
+#pragma unroll
+        for (int o = 4; o < 32; o <<= 1)
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        const float m_new = fmaxf(m_run, mx);
+        const float al = m_new > m_run ? ex2(m_run - m_new) : 1.0f;
+        l_run *= al;
+#pragma unroll
+        for (int mb = 0; mb < 8; mb++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                acc[mb][i] *= al;
+        m_run = m_new;
+    }
+    const float mu = m_run == -INFINITY ? 0.0f : m_run;
+    float pw0 = ex2(s[0] - mu), pw1 = ex2(s[1] - mu);
+    l_run += pw0 + pw1;
+    if (!L::vf16) {
+        const uint16_t *nvp = reinterpret_cast<const uint16_t *>(st + L::v_norm + jn);
+        pw0 *= __half2float(__ushort_as_half(nvp[g]));
+        pw1 *= __half2float(__ushort_as_half(nvp[g + 8]));
+    }
+    pb0 = movm_trans(hilo_f16x2(pw0));
+    pb1 = movm_trans(hilo_f16x2(pw1));
+}
+
 /* TR (third pass, the default since the fourth; tq keys and GP == 4 only): the
  * scores come out as S = K Q^T, the decoded keys being the A operand (16
  * tokens x 16 slots; tq3_decode32's pairs of tokens g and g + 8 are exactly
@@ -228,10 +344,12 @@ __device__ __forceinline__ float2 half2_bits_to_float2(uint32_t u)
  * which one movmatrix each turns into the value MMA's B fragments. The
  * running max is reduced over the lanes only when some score beats it (a
  * vote), which after the first segments is rare. */
-template <int KT, int VT, int GP, int S, bool TR = false>
+template <int KT, int VT, int GP, int S, int MODE = M_ST>
 __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __grid_constant__ kvq_cu_fast_params p)
 {
-    static_assert(!TR || (GP == 4 && KT != KVQ_CU_KT_F16), "transposed scores: tq keys, <= 4 queries per KV head");
+    constexpr bool TR = MODE == M_TR, IM = MODE == M_IM;
+    static_assert(MODE == M_ST || (GP == 4 && KT != KVQ_CU_KT_F16),
+                  "transposed and integer scores: tq keys, <= 4 queries per KV head");
     using L = stage_layout<KT, VT, S>;
     constexpr int NST = L::nst;
     constexpr int NT = GP / 4; /* n-tiles of the value MMA: hi/lo columns */
@@ -241,7 +359,7 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
     uint4 *qa = reinterpret_cast<uint4 *>(vtiles + (L::vf16 ? 0 : NW * 4096));
     uint4 *sa = qa + 256;
     float *qc = reinterpret_cast<float *>(reinterpret_cast<uint8_t *>(qa) + 4096 + (L::qjl ? 4096 : 0));
-    uint64_t *bars = reinterpret_cast<uint64_t *>(qc + 16);
+    uint64_t *bars = reinterpret_cast<uint64_t *>(qc + 32);
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
@@ -258,11 +376,11 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
     mbar_fence_init();
     __syncthreads();
     /* query fragments of this (entry, head) into shared memory: before the
-     * first page loads, except for TR, which issues those first and only then
-     * waits for the prep kernel (programmatic dependent launch) */
+     * first page loads, except for TR and IM, which issue those first and only
+     * then wait for the prep kernel (programmatic dependent launch) */
     auto load_queries = [&]() {
         const uint4 *src = reinterpret_cast<const uint4 *>(p.qfrag + ((size_t)b * p.H + h) * KVQ_CU_QFRAG_BYTES);
-        const int n16 = L::qjl ? 512 : 256;
+        const int n16 = IM ? (L::qjl ? 256 + 128 : 256) : L::qjl ? 512 : 256;
         if constexpr (TR) {
             /* B fragments (2 words per lane and k-block) from the A fragments:
              * column n < 4 is row n (hi) of lane (n, t), column n >= 4 row
@@ -277,10 +395,10 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
             for (int i = tid; i < n16; i += NW * 32)
                 qa[i] = src[i];
         }
-        if (tid < 16)
+        if (tid < 24)
             qc[tid] = reinterpret_cast<const float *>(src + 512)[tid];
     };
-    if constexpr (!TR) {
+    if constexpr (MODE == M_ST) {
         load_queries();
         __syncthreads();
     }
@@ -317,13 +435,13 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
 
     /* TR: this lane's two queries are 2 (t & 1) and 2 (t & 1) + 1 */
     const int qx = TR ? 2 * (t & 1) : g & 7;
-    if constexpr (TR) {
+    if constexpr (MODE != M_ST) {
         kvq_cu_pdl_wait(); /* the prep kernel has written the query block */
         load_queries();
         __syncthreads();
     }
-    const float sig2 = L::qjl && !TR ? qc[qx] : 0.0f;
-    const float tneg = L::qjl && !TR ? qc[8 + qx] : 0.0f;
+    const float sig2 = L::qjl && MODE == M_ST ? qc[qx] : 0.0f;
+    const float tneg = L::qjl && MODE == M_ST ? qc[8 + qx] : 0.0f;
     const float kappa = p.kappa;
 
     float m_run = -INFINITY, l_run = 0.0f;
@@ -350,7 +468,9 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
         const uint8_t *st = st0;
 
         uint32_t pb0[NT], pb1[NT];
-        if constexpr (TR) {
+        if constexpr (IM) {
+            im_segment<L>(p, st, jk, js, jn, seg, len, lane, qa, qc, m_run, l_run, acc[0], pb0[0], pb1[0]);
+        } else if constexpr (TR) {
             /* 1. scores S[16 tokens][hi/lo query columns] = K Q^T: decode, then a
              * code and a sign MMA chain (see the note above the kernel) */
             float sc[4] = {0.f, 0.f, 0.f, 0.f}, ss[4] = {0.f, 0.f, 0.f, 0.f};
@@ -627,12 +747,22 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
         }
     }
 
-    if constexpr (TR)
+    if constexpr (MODE != M_ST)
         kvq_cu_pdl_trigger(); /* the merge kernel may start (it waits for this one to finish) */
 
     /* merge: warp state -> own stage area (all its copies have landed) */
     float *ws = reinterpret_cast<float *>(my_stages);
-    if constexpr (TR) {
+    if constexpr (IM) {
+        /* lane (g, t): tokens g, g + 8 of query t */
+        float la = l_run;
+#pragma unroll
+        for (int o = 4; o < 32; o <<= 1)
+            la += __shfl_xor_sync(0xffffffffu, la, o);
+        if (g == 0) {
+            ws[t] = m_run;
+            ws[8 + t] = la;
+        }
+    } else if constexpr (TR) {
         /* lane (g, t): token g + 8 (t >> 1) of queries qx, qx + 1 */
         float la = l_run, lb = l_runb;
 #pragma unroll
@@ -660,7 +790,10 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int slot = mb * 16 + g + 8 * (i >> 1);
-            if (GP == 4) {
+            if (IM) { /* columns 2t, 2t + 1: hi and lo weights of query t */
+                if ((i & 1) == 0)
+                    wo[t * D + slot] = acc[0][mb][i] + acc[0][mb][i + 1];
+            } else if (GP == 4) {
                 const float o = acc[0][mb][i];
                 const float other = __shfl_xor_sync(0xffffffffu, o, 2);
                 if (t < 2)
@@ -700,13 +833,13 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
     }
 }
 
-template <int KT, int VT, int GP, int S, bool TR = false>
+template <int KT, int VT, int GP, int S, int MODE = M_ST>
 kvq_status launch_one(kvq_cu_fast_params *p, int n_batch, int n_splits, int max_splits, int n_sm,
                       cudaStream_t stream)
 {
     static int configured = 0, occupancy = 1;
     const size_t smem = smem_bytes<KT, VT, S>();
-    auto kern = fast_kernel<KT, VT, GP, S, TR>;
+    auto kern = fast_kernel<KT, VT, GP, S, MODE>;
     if (!configured) {
         KVQ_CU_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         int occ = 0;
@@ -744,7 +877,7 @@ kvq_status launch_one(kvq_cu_fast_params *p, int n_batch, int n_splits, int max_
         n_splits = 1;
     p->n_splits = n_splits;
     dim3 grid((unsigned)n_splits, (unsigned)p->H, (unsigned)n_batch);
-    if (TR && p->pdl) {
+    if (MODE != M_ST && p->pdl) {
         p->pdl_used = 1;
         KVQ_CU_TRY(kvq_cu_launch(true, kern, grid, dim3(NW * 32), smem, stream, *p));
     } else {
@@ -752,6 +885,23 @@ kvq_status launch_one(kvq_cu_fast_params *p, int n_batch, int n_splits, int max_
     }
     KVQ_CU_TRY(cudaGetLastError());
     return KVQ_OK;
+}
+
+/* The TR / IM kernels for tq keys: 32-token stages with tq3 values on pages
+ * of a multiple of 32 tokens, else 16-token stages. */
+template <int MODE>
+kvq_status launch_scored(kvq_cu_fast_params *p, int kt, int vt, bool s2, int n_batch, int n_splits, int max_splits,
+                         int n_sm, cudaStream_t stream)
+{
+    constexpr int J = KVQ_CU_KT_TQ3J, K3 = KVQ_CU_KT_TQ3, V3 = KVQ_CU_VT_TQ3, VF = KVQ_CU_VT_F16;
+    if (vt == V3 && s2)
+        return kt == J ? launch_one<J, V3, 4, 2, MODE>(p, n_batch, n_splits, max_splits, n_sm, stream)
+                       : launch_one<K3, V3, 4, 2, MODE>(p, n_batch, n_splits, max_splits, n_sm, stream);
+    if (vt == V3)
+        return kt == J ? launch_one<J, V3, 4, 1, MODE>(p, n_batch, n_splits, max_splits, n_sm, stream)
+                       : launch_one<K3, V3, 4, 1, MODE>(p, n_batch, n_splits, max_splits, n_sm, stream);
+    return kt == J ? launch_one<J, VF, 4, 1, MODE>(p, n_batch, n_splits, max_splits, n_sm, stream)
+                   : launch_one<K3, VF, 4, 1, MODE>(p, n_batch, n_splits, max_splits, n_sm, stream);
 }
 
 } /* namespace */
@@ -762,22 +912,12 @@ kvq_status kvq_cu_fast_launch(kvq_cu_fast_params *p, int kt, int vt, int n_batch
     const int gp = p->G <= 4 ? 4 : 8;
     /* 32-token stages where a 32-token slice never crosses a page */
     const bool s2 = p->variant != 1 && p->pg.page_tokens % 32 == 0;
-    /* transposed scores (tq keys, <= 4 queries per KV head; the default);
-     * elsewhere variant 2 runs the second-pass kernel */
-    if (p->variant == 2 && gp == 4) {
-#define KVQ_CU_CASE_TR(KT, VT)                                                                               \
-    if (kt == KT && vt == VT)                                                                                \
-        return s2 ? launch_one<KT, VT, 4, 2, true>(p, n_batch, n_splits, max_splits, n_sm, stream)          \
-                  : launch_one<KT, VT, 4, 1, true>(p, n_batch, n_splits, max_splits, n_sm, stream);
-        KVQ_CU_CASE_TR(KVQ_CU_KT_TQ3J, KVQ_CU_VT_TQ3)
-        KVQ_CU_CASE_TR(KVQ_CU_KT_TQ3, KVQ_CU_VT_TQ3)
-#undef KVQ_CU_CASE_TR
-        if (kt != KVQ_CU_KT_F16 && vt == KVQ_CU_VT_F16)
-            return kt == KVQ_CU_KT_TQ3J
-                       ? launch_one<KVQ_CU_KT_TQ3J, KVQ_CU_VT_F16, 4, 1, true>(p, n_batch, n_splits, max_splits, n_sm,
-                                                                             stream)
-                       : launch_one<KVQ_CU_KT_TQ3, KVQ_CU_VT_F16, 4, 1, true>(p, n_batch, n_splits, max_splits, n_sm,
-                                                                            stream);
+    /* transposed (variant 2, the default) or integer (variant 3) scores for
+     * tq keys and <= 4 queries per KV head; elsewhere the second-pass kernel */
+    if ((p->variant == 2 || p->variant == 3) && gp == 4 && kt != KVQ_CU_KT_F16) {
+        if (p->variant == 3)
+            return launch_scored<M_IM>(p, kt, vt, s2, n_batch, n_splits, max_splits, n_sm, stream);
+        return launch_scored<M_TR>(p, kt, vt, s2, n_batch, n_splits, max_splits, n_sm, stream);
     }
 #define KVQ_CU_CASE2(KT, VT)                                                                                 \
     if (kt == KT && vt == VT && s2)                                                                          \

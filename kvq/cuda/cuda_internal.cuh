@@ -101,6 +101,7 @@ struct kvq_cuda_cache {
     float *part_d;           /* split partials: [entries][G][d + 2] */
     size_t part_entries;
     float alpha_k, alpha_v;  /* codebook scales of the fused kernel's f16 tables */
+    float int_scale_k;       /* fixed-point scale of the V4 kernel's K table (1 for f16 K) */
     int n_sm;
     int cc_major;            /* compute capability (programmatic dependent launch needs 9) */
 };
@@ -131,9 +132,11 @@ enum { KVQ_CU_KT_TQ3J = 0, KVQ_CU_KT_TQ3 = 1, KVQ_CU_KT_F16 = 2 };
 enum { KVQ_CU_VT_TQ3 = 0, KVQ_CU_VT_F16 = 1 };
 
 /* Per (batch entry, KV head) query block written by the prep kernel:
- * A fragments of the code scores and of the QJL sign sums, then per query
- * 2 sigma and -T (see cuda_attn_fast.cu). */
-#define KVQ_CU_QFRAG_BYTES (4096 + 4096 + 64)
+ * fragments of the code scores and of the QJL sign sums (f16 A fragments,
+ * 4096 + 4096 bytes; V4: s8 B fragments, 4096 + 2048 bytes), then per query
+ * 2 sigma (V4: 2 sigma / (256 kFixMax)), -T and (V4) the code scale
+ * 1 / (S_q S_k) at byte 8192 (see cuda_attn_fast.cu). */
+#define KVQ_CU_QFRAG_BYTES (4096 + 4096 + 128)
 
 struct kvq_cu_fast_params {
     struct kvq_dev_pages pg;
@@ -142,12 +145,14 @@ struct kvq_cu_fast_params {
     int n_splits, H, G;
     int variant;          /* 0: second pass (KVQ_CUDA_KERNEL_FAST_V2); 1: first version
                              (KVQ_CUDA_KERNEL_FAST_V1); 2: transposed scores where they apply
-                             (KVQ_CUDA_KERNEL_FAST_V3, the default), else as 0 */
+                             (KVQ_CUDA_KERNEL_FAST_V3, the default), else as 0; 3: integer
+                             key MMAs where they apply (KVQ_CUDA_KERNEL_FAST_V4), else as 2 */
     float kappa;          /* K codec's qjl_kappa_f */
     kvq_cu::tq3_lut lut_k, lut_v;
+    kvq_cu::tq3_ilut ilut_k; /* variant 3: the K centroids in 16-bit fixed point */
     int seq[KVQ_CU_MAX_BATCH];
     int len[KVQ_CU_MAX_BATCH];
-    int pdl;              /* in: programmatic dependent launch allowed (sm_90+, variant 2) */
+    int pdl;              /* in: programmatic dependent launch allowed (sm_90+, variants 2, 3) */
     int pdl_used;         /* out: the fused kernel was launched that way (it waits for the prep
                              kernel itself), so the merge kernel may be too */
 };

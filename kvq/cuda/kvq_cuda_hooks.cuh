@@ -298,6 +298,132 @@ __device__ __forceinline__ void tq3_select32(uint32_t w0, uint32_t w1, uint32_t 
     sel[3] = s3;
 }
 
+/* ---- integer tensor cores for the key side (KVQ_CUDA_KERNEL_FAST_V4) ---
+ *
+ * The f16 decode above needs one PRMT per code: a lookup gives 4 bytes,
+ * and an f16 is 2. With keys in 16-bit fixed point, C = round(S c) =
+ * 256 hk + lk (s8 each), one PRMT into a hi-byte table and one into a
+ * lo-byte table give 4 codes' hk and lk, which are exactly an s8 MMA
+ * operand: half a PRMT per code. mma.m16n8k32 (s8, s32 accumulate) then
+ * takes hk and lk of 4 codes in its k-slots 4t.. and 16 + 4t.. (a0/a1 and
+ * a2/a3 of tokens g and g + 8). The query side is 24-bit fixed point,
+ * Q = 65536 hq + 256 mq + lq, placed in two n-tiles per query so that
+ * column A = (hq | 0), B = (mq | hq), C = (lq | mq) (k-slots hk | lk) give
+ * sum Q C = 256 (65536 A + 256 B + C) up to the lq lk term (2^-24).
+ * QJL signs need no table at all: sw & (0x01010101 << p) puts sign bits
+ * 8i + p in byte i, worth 2^p as a u8; the query side, again 24-bit in two
+ * n-tiles (hi, mid | lo), is divided by that (>= 17 bits remain).
+ * The accumulators start at the bit pattern of 1.5 * 2^23, so a result
+ * below 2^22 in magnitude reads as that float plus the integer, with no
+ * conversion instruction. tests/cuda/emulate_v4.py models all of this. */
+
+/* Largest fixed-point magnitude: keeps hk/hq within s8 after the split. */
+constexpr int kFixMax = 32000;
+constexpr uint32_t kImmaBias = 0x4B400000u; /* bits of 1.5 * 2^23 */
+constexpr float kImmaBiasF = 12582912.0f;
+
+struct tq3_ilut {
+    uint32_t hi0, hi1, lo0, lo1; /* hk of C_0..3, C_4..7; lk likewise */
+};
+
+/* The scale S in [kFixMax / 2, kFixMax] / max|c| for which round(S c_i)
+ * is relatively nearest S c_i (d = 128, 3 bits: 2.5e-6, against 2.6e-5
+ * for the f16 tables). Host only, once per cache. */
+static inline float codebook_int_scale(const float *c, int levels)
+{
+    float cm = 0.0f;
+    for (int i = 0; i < levels; i++)
+        cm = fabsf(c[i]) > cm ? fabsf(c[i]) : cm;
+    if (cm == 0.0f)
+        return 1.0f;
+    float best_s = (float)kFixMax / cm;
+    double best = 1e30;
+    for (int k = 0; k <= (1 << 17); k++) {
+        const float s = (float)kFixMax / cm * (0.5f + 0.5f * (float)k / (float)(1 << 17));
+        double worst = 0.0;
+        for (int i = 0; i < levels && worst < best; i++) {
+            const double v = (double)c[i] * (double)s;
+            if (v == 0.0)
+                continue;
+            const double e = fabs(nearbyint(v) - v) / fabs(v);
+            worst = e > worst ? e : worst;
+        }
+        if (worst < best) {
+            best = worst;
+            best_s = s;
+        }
+    }
+    return best_s;
+}
+
+/* v = 256 hi + lo with hi, lo in s8, for |v| <= kFixMax. */
+__host__ __device__ static inline void fix_split16(int v, int *hi, int *lo)
+{
+    *hi = (v + 128) >> 8;
+    *lo = v - 256 * *hi;
+}
+
+/* v = 65536 hi + 256 mid + lo, all s8, for |v| <= 256 kFixMax. */
+__host__ __device__ static inline void fix_split24(int v, int *hi, int *mid, int *lo)
+{
+    *hi = (v + 32896) >> 16; /* remainder in [-32896, 32639]: mid and lo fit s8 */
+    fix_split16(v - 65536 * *hi, mid, lo);
+}
+
+static inline tq3_ilut tq3_ilut_make(const float c[8], float S)
+{
+    tq3_ilut t = {0, 0, 0, 0};
+    for (int i = 0; i < 8; i++) {
+        int hi, lo;
+        fix_split16((int)nearbyintf(c[i] * S), &hi, &lo);
+        const int sh = 8 * (i & 3);
+        if (i < 4) {
+            t.hi0 |= ((uint32_t)hi & 0xffu) << sh;
+            t.lo0 |= ((uint32_t)lo & 0xffu) << sh;
+        } else {
+            t.hi1 |= ((uint32_t)hi & 0xffu) << sh;
+            t.lo1 |= ((uint32_t)lo & 0xffu) << sh;
+        }
+    }
+    return t;
+}
+
+/* Head dimension of code k-block kb (0..7), lane t, byte i: tq3_select32's
+ * selector kb / 2, half kb % 2, nibble i. */
+__host__ __device__ static inline int islot_dim(int kb, int t, int i)
+{
+    return 32 * t + tq3_pair(4 * kb + i);
+}
+
+/* D += A B, m16n8k32, s8 x s8 (U8 = false) or u8 x s8 -> s32. Fragments:
+ * a = {A[g][4t..], A[g+8][4t..], A[g][16+4t..], A[g+8][16+4t..]},
+ * b = {B[4t..][g], B[16+4t..][g]}, 4 bytes per register, c as mma16816. */
+template <bool U8 = false>
+__device__ __forceinline__ void mma16832_s8(int32_t c[4], uint4 a, uint32_t b0, uint32_t b1)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if constexpr (U8)
+        asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};\n"
+            : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+            : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
+    else
+        asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};\n"
+            : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+            : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
+#else
+    (void)c, (void)a, (void)b0, (void)b1;
+    __trap();
+#endif
+}
+
+/* The integer an accumulator started at kImmaBias holds, as a float. */
+__device__ __forceinline__ float imma_val(int32_t acc)
+{
+    return __int_as_float(acc) - kImmaBiasF;
+}
+
 /* ---- QJL sign words -> masked f16 pairs ------------------------------ */
 
 /* sw: 32 sign bits (dims 32t + i at bit i). out[r] holds bit r in its low
