@@ -642,13 +642,13 @@ kvq_status kvq_cuda_cache_attend(kvq_cuda_cache *c, int n_seqs, const int *seqs,
         return KVQ_ERR_UNSUPPORTED;
     const int use_fast = kern != KVQ_CUDA_KERNEL_REF && fast_ok;
     const int n_splits = opts ? opts->n_splits : 0;
-    /* the default is V3 with overlapped launches (docs/cuda.md, fourth pass) */
+    /* the default is V4 with overlapped launches (docs/cuda.md, fifth pass) */
     const int is_default = kern == KVQ_CUDA_KERNEL_AUTO || kern == KVQ_CUDA_KERNEL_FAST;
     const int overlap = is_default ? 1 : opts ? opts->overlap : 0;
     const int variant = kern == KVQ_CUDA_KERNEL_FAST_V1   ? 1
                         : kern == KVQ_CUDA_KERNEL_FAST_V2 ? 0
-                        : kern == KVQ_CUDA_KERNEL_FAST_V4 ? 3
-                                                          : 2;
+                        : kern == KVQ_CUDA_KERNEL_FAST_V3 ? 2
+                                                          : 3;
     const size_t row = (size_t)n_q_heads * c->cfg.cache.head_dim;
     const int cap = batch_cap(c);
     for (int off = 0; off < n_seqs; off += cap) {

@@ -173,19 +173,20 @@ enum kvq_cuda_kernel {
     /* Versions of the fused kernel, kept selectable so that tests check them
      * and benchmarks time them against each other (docs/cuda.md): */
     KVQ_CUDA_KERNEL_FAST_V1 = 3, /* first version: 16-token stages */
-    KVQ_CUDA_KERNEL_FAST_V3 = 4, /* transposed scores for tq keys and n_q_heads / n_kv_heads <= 4
+    KVQ_CUDA_KERNEL_FAST_V3 = 4, /* transposed f16 scores for tq keys and n_q_heads / n_kv_heads <= 4
                                     (half the score MMAs), elsewhere as V2; opts.overlap chooses
-                                    overlapped launches. AUTO and FAST run this with overlap. */
+                                    overlapped launches (the default before V4) */
     KVQ_CUDA_KERNEL_FAST_V2 = 5, /* second pass: 32-token stages (the default before V3) */
     KVQ_CUDA_KERNEL_FAST_V4 = 6  /* V3 with the key scores on integer tensor cores (16-bit fixed-point
                                     centroids, 24-bit queries) for tq keys and n_q_heads / n_kv_heads
-                                    <= 4, elsewhere as V2; opts.overlap as for V3 */
+                                    <= 4, elsewhere as V2; opts.overlap as for V3. AUTO and FAST run
+                                    this with overlap. */
 };
 
 struct kvq_cuda_attn_opts {
     enum kvq_cuda_kernel kernel;
     int n_splits; /* sequence splits per (sequence, KV head); 0 = chosen to fill the GPU */
-    int overlap;  /* KVQ_CUDA_KERNEL_FAST_V3 and _V4 only (AUTO and FAST always overlap): 1 launches the
+    int overlap;  /* KVQ_CUDA_KERNEL_FAST_V4 and _V3 only (AUTO and FAST always overlap): 1 launches the
                      call's three kernels (query prep, fused, split merge) with programmatic
                      dependent launch on sm_90 or newer, so that each one's start (and the fused
                      kernel's first page loads) overlaps the previous one's end; 0: plain launches */
