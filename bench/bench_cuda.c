@@ -22,7 +22,8 @@
  *      KVQ_BENCH_PROFILE=1|2|3 (only tq3j/tq3, tq3/tq3 or f16/f16, at batch
  *      KVQ_BENCH_BATCH (32) and context KVQ_BENCH_CTX (32768): for ncu),
  *      KVQ_BENCH_MAXCTX (cap on the context), KVQ_BENCH_JSON_DIR,
- *      KVQ_BENCH_SPLITS (force the split count; 0 = the library's choice).
+ *      KVQ_BENCH_SPLITS (force the split count; 0 = the library's choice),
+ *      KVQ_BENCH_COMPARE=0 (time only the default, not the earlier versions).
  * Without a GPU it prints one line and exits 0.
  */
 #include <math.h>
@@ -143,6 +144,7 @@ int main(void)
     const int quick = env_int("KVQ_BENCH_QUICK", 0) || profile;
     const int maxctx = env_int("KVQ_BENCH_MAXCTX", 131072);
     const int reps = env_int("KVQ_BENCH_REPS", 20);
+    const int compare = env_int("KVQ_BENCH_COMPARE", 1);
     const int all_batches[3] = {1, 8, 32}, quick_batches[2] = {1, 32};
     const int all_ctx[5] = {131072, 65536, 32768, 16384, 4096}, quick_ctx[2] = {32768, 4096};
     const int prof_batch[1] = {env_int("KVQ_BENCH_BATCH", 32)}, prof_ctx[1] = {env_int("KVQ_BENCH_CTX", 32768)};
@@ -194,13 +196,14 @@ int main(void)
                 r->tv = types[ti][1];
                 r->us = time_attend(c, tm, r->batch, qd, od, reps, KVQ_CUDA_KERNEL_AUTO, 0);
                 /* the other versions in the same run, on the same data */
-                r->us_v3o = types[ti][0] != KVQ_TYPE_F16
+                const int older = compare && types[ti][0] != KVQ_TYPE_F16;
+                r->us_v3o = older
                                 ? time_attend(c, tm, r->batch, qd, od, reps, KVQ_CUDA_KERNEL_FAST_V3, 1)
                                 : 0.0;
-                r->us_v2 = types[ti][0] != KVQ_TYPE_F16
+                r->us_v2 = older
                                ? time_attend(c, tm, r->batch, qd, od, reps, KVQ_CUDA_KERNEL_FAST_V2, 0)
                                : 0.0;
-                r->us_v3 = types[ti][0] != KVQ_TYPE_F16
+                r->us_v3 = older
                                ? time_attend(c, tm, r->batch, qd, od, reps, KVQ_CUDA_KERNEL_FAST_V3, 0)
                                : 0.0;
                 r->bytes = (double)r->batch * ctx * H * row;
