@@ -15,6 +15,10 @@
  *
  * Each timing: L2 flushed (256 MB memset) before every launch, device events
  * around the attend call only, 3 warm-ups, median of KVQ_BENCH_REPS (20).
+ * "graph us" times the same default call recorded once into a CUDA graph
+ * and replayed (kvq_cuda_graph_*): the device-side time without the host's
+ * cost of issuing three launches, which a decode loop run from a graph does
+ * not pay.
  * GB/s counts the cache bytes the call must read (K and V rows of every
  * attended token; queries and outputs are negligible).
  *
@@ -23,7 +27,8 @@
  *      KVQ_BENCH_BATCH (32) and context KVQ_BENCH_CTX (32768): for ncu),
  *      KVQ_BENCH_MAXCTX (cap on the context), KVQ_BENCH_JSON_DIR,
  *      KVQ_BENCH_SPLITS (force the split count; 0 = the library's choice),
- *      KVQ_BENCH_COMPARE=0 (time only the default, not the earlier versions).
+ *      KVQ_BENCH_COMPARE=0 (time only the default, not the earlier versions),
+ *      KVQ_BENCH_GRAPH=0 (no CUDA-graph timing).
  * Without a GPU it prints one line and exits 0.
  */
 #include <math.h>
@@ -44,6 +49,7 @@ struct result {
     enum kvq_type tk, tv;
     double us, gbps, pct;
     double us_v3o; /* KVQ_CUDA_KERNEL_FAST_V3 with opts.overlap = 1, same data (0: not timed) */
+    double us_graph; /* the default call replayed from a CUDA graph (0: not timed) */
     double us_v2;  /* KVQ_CUDA_KERNEL_FAST_V2, same data (0: not timed) */
     double us_v3;  /* KVQ_CUDA_KERNEL_FAST_V3 with opts.overlap = 0, same data (0: not timed) */
     double bytes;
@@ -132,6 +138,35 @@ static double time_attend(kvq_cuda_cache *c, kvq_cuda_timer *tm, int batch, cons
     return bench_median(t, reps) * 1e3;
 }
 
+/* The default call recorded once into a CUDA graph, then replayed: same
+ * flush and event bracketing as time_attend. */
+static double time_graph(kvq_cuda_cache *c, kvq_cuda_timer *tm, int batch, const float *qd, float *od, int reps)
+{
+    int seqs[MAXB];
+    for (int i = 0; i < batch; i++)
+        seqs[i] = i;
+    const float scale = 1.0f / sqrtf((float)D);
+    const struct kvq_cuda_attn_opts opts = {KVQ_CUDA_KERNEL_AUTO, env_int("KVQ_BENCH_SPLITS", 0), 0};
+    kvq_cuda_graph *g = NULL;
+    TRY(kvq_cuda_graph_begin(c));
+    TRY(kvq_cuda_cache_attend(c, batch, seqs, qd, H * G, scale, od, &opts));
+    TRY(kvq_cuda_graph_end(c, &g));
+    double t[64];
+    if (reps > 64)
+        reps = 64;
+    for (int i = 0; i < reps + 3; i++) {
+        double ms;
+        TRY(kvq_cuda_memset(flush_buf, i & 0xff, flush_bytes));
+        TRY(kvq_cuda_timer_start(tm));
+        TRY(kvq_cuda_graph_launch(g));
+        TRY(kvq_cuda_timer_stop(tm, &ms));
+        if (i >= 3)
+            t[i - 3] = ms;
+    }
+    kvq_cuda_graph_free(g);
+    return bench_median(t, reps) * 1e3;
+}
+
 int main(void)
 {
     if (kvq_cuda_device_count() == 0) {
@@ -145,6 +180,7 @@ int main(void)
     const int maxctx = env_int("KVQ_BENCH_MAXCTX", 131072);
     const int reps = env_int("KVQ_BENCH_REPS", 20);
     const int compare = env_int("KVQ_BENCH_COMPARE", 1);
+    const int graph = env_int("KVQ_BENCH_GRAPH", 1);
     const int all_batches[3] = {1, 8, 32}, quick_batches[2] = {1, 32};
     const int all_ctx[5] = {131072, 65536, 32768, 16384, 4096}, quick_ctx[2] = {32768, 4096};
     const int prof_batch[1] = {env_int("KVQ_BENCH_BATCH", 32)}, prof_ctx[1] = {env_int("KVQ_BENCH_CTX", 32768)};
@@ -195,6 +231,7 @@ int main(void)
                 r->tk = types[ti][0];
                 r->tv = types[ti][1];
                 r->us = time_attend(c, tm, r->batch, qd, od, reps, KVQ_CUDA_KERNEL_AUTO, 0);
+                r->us_graph = graph ? time_graph(c, tm, r->batch, qd, od, reps) : 0.0;
                 /* the other versions in the same run, on the same data */
                 const int older = compare && types[ti][0] != KVQ_TYPE_F16;
                 r->us_v3o = older
@@ -214,8 +251,8 @@ int main(void)
         kvq_cuda_cache_free(c);
     }
 
-    printf("%5s %7s %-10s %10s %9s %8s %10s %10s %8s %10s %8s %10s %8s\n", "batch", "context", "K/V", "us", "GB/s",
-           "%copy", "vs f16", "v3o us", "v3o/new", "v2 us", "v2/new", "v3 us", "v3/new");
+    printf("%5s %7s %-10s %10s %9s %8s %10s %10s %10s %8s %10s %8s %10s %8s\n", "batch", "context", "K/V", "us",
+           "GB/s", "%copy", "vs f16", "graph us", "v3o us", "v3o/new", "v2 us", "v2/new", "v3 us", "v3/new");
     for (int i = 0; i < nres; i++) {
         const struct result *r = &res[i];
         double f16us = 0.0;
@@ -224,8 +261,8 @@ int main(void)
                 f16us = res[j].us;
         char kv[32];
         snprintf(kv, sizeof kv, "%s/%s", kvq_type_traits(r->tk)->name, kvq_type_traits(r->tv)->name);
-        printf("%5d %7d %-10s %10.1f %9.0f %7.1f%% %9.2fx %10.1f %7.2fx %10.1f %7.2fx %10.1f %7.2fx\n", r->batch,
-               r->ctx, kv, r->us, r->gbps, r->pct, f16us > 0.0 ? f16us / r->us : 0.0, r->us_v3o,
+        printf("%5d %7d %-10s %10.1f %9.0f %7.1f%% %9.2fx %10.1f %10.1f %7.2fx %10.1f %7.2fx %10.1f %7.2fx\n",
+               r->batch, r->ctx, kv, r->us, r->gbps, r->pct, f16us > 0.0 ? f16us / r->us : 0.0, r->us_graph, r->us_v3o,
                r->us_v3o > 0.0 ? r->us_v3o / r->us : 0.0, r->us_v2, r->us_v2 > 0.0 ? r->us_v2 / r->us : 0.0, r->us_v3,
                r->us_v3 > 0.0 ? r->us_v3 / r->us : 0.0);
     }
@@ -243,9 +280,9 @@ int main(void)
             fprintf(f,
                     "    {\"batch\": %d, \"context\": %d, \"type_k\": \"%s\", \"type_v\": \"%s\", \"us\": %.2f, "
                     "\"bytes\": %.0f, \"gbps\": %.1f, \"pct_copy\": %.1f, \"us_v3_overlap\": %.2f, \"us_v2\": %.2f, "
-                    "\"us_v3_plain\": %.2f}%s\n",
+                    "\"us_v3_plain\": %.2f, \"us_graph\": %.2f}%s\n",
                     r->batch, r->ctx, kvq_type_traits(r->tk)->name, kvq_type_traits(r->tv)->name, r->us, r->bytes,
-                    r->gbps, r->pct, r->us_v3o, r->us_v2, r->us_v3, i + 1 < nres ? "," : "");
+                    r->gbps, r->pct, r->us_v3o, r->us_v2, r->us_v3, r->us_graph, i + 1 < nres ? "," : "");
         }
         fprintf(f, "  ]\n}\n");
         fclose(f);

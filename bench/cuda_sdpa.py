@@ -11,7 +11,10 @@ Two formulations, both with the FlashAttention backend forced:
   grouped : q viewed as [B, 8, 4, d] (the 4 query heads of a KV head as 4
             query rows), k/v [B, 8, L, d] - the same arithmetic, and how
             FlashAttention itself runs GQA decode.
-The faster of the two is the baseline. Writes JSON to --out.
+The faster of the two is the baseline. Each is also timed replayed from a
+CUDA graph (torch.cuda.CUDAGraph, captured once): the device-side time
+without the host's dispatch cost, the counterpart of bench_cuda's
+"graph us". Writes JSON to --out.
 """
 import argparse
 import json
@@ -41,6 +44,19 @@ def time_fn(fn, flush, reps):
     return statistics.median(times) * 1e3  # us
 
 
+def graph_of(fn):
+    """fn captured into a CUDA graph (after a warm-up on a side stream)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s), sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]), torch.cuda.graph(g):
+        fn()
+    return g
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--batches", default="1,8,32")
@@ -56,7 +72,7 @@ def main():
     scale = 1.0 / math.sqrt(D)
     results = []
     print(f"device: {dev}, torch {torch.__version__}")
-    print(f"{'batch':>5} {'context':>7} {'gqa us':>10} {'grouped us':>11} {'best us':>9} {'GB/s':>7}")
+    print(f"{'batch':>5} {'context':>7} {'gqa us':>10} {'grouped us':>11} {'best us':>9} {'GB/s':>7} {'graph us':>9}")
     for ctx in [int(c) for c in args.contexts.split(",")]:
         for b in [int(x) for x in args.batches.split(",")]:
             torch.manual_seed(0)
@@ -74,8 +90,12 @@ def main():
                         fn()
                         torch.cuda.synchronize()
                         row[name + "_us"] = time_fn(fn, flush, args.reps)
+                    g = graph_of(fn)
+                    row[name + "_graph_us"] = time_fn(g.replay, flush, args.reps)
+                    del g
                 except Exception as e:  # a backend refusing a shape is a result too
-                    row[name + "_us"] = None
+                    row.setdefault(name + "_us", None)
+                    row[name + "_graph_us"] = None
                     row[name + "_error"] = str(e).splitlines()[0][:200]
             # check both formulations compute the same thing
             with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
@@ -88,12 +108,14 @@ def main():
             ok = [row[n + "_us"] for n in ("gqa", "grouped") if row.get(n + "_us")]
             best = min(ok) if ok else None
             row["us"] = best
+            okg = [row[n + "_graph_us"] for n in ("gqa", "grouped") if row.get(n + "_graph_us")]
+            row["graph_us"] = min(okg) if okg else None
             row["bytes"] = 2 * b * HKV * ctx * D * 2
             row["gbps"] = row["bytes"] / (best * 1e-6) / 1e9 if best else None
             results.append(row)
             fmt = lambda x: f"{x:.1f}" if x else "-"
             print(f"{b:5d} {ctx:7d} {fmt(row['gqa_us']):>10} {fmt(row['grouped_us']):>11} {fmt(best):>9} "
-                  f"{row['gbps'] or 0:7.0f}")
+                  f"{row['gbps'] or 0:7.0f} {fmt(row['graph_us']):>9}")
             del k, v, q, qg
             torch.cuda.empty_cache()
     with open(args.out, "w") as f:

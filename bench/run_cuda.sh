@@ -59,15 +59,18 @@ s = {(r["batch"], r["context"]): r for r in sdpa["results"]}
 print(f"device: {ours['device']}; copy {copy:.0f} GB/s (read+write)")
 print(f"{'batch':>5} {'ctx':>7} {'tq3j/tq3 us':>12} {'GB/s':>6} {'%copy':>6} {'tq3/tq3 us':>11} {'tq3 %copy':>9} "
       f"{'f16 us':>9} {'SDPA us':>9} {'tq3j vs SDPA':>13} {'tq3 vs SDPA':>12} {'tq3j vs f16':>12} "
+      f"{'tq3j graph':>10} {'SDPA graph':>10} {'graph ratio':>11} "
       f"{'tq3j v3o us':>11} {'v3o/new':>7} {'tq3j v2 us':>11} {'v2/new':>7} {'tq3j v3 us':>11} {'v3/new':>7}")
 for (b, c) in sorted({(k[0], k[1]) for k in t}, key=lambda x: (x[1], x[0])):
     a = t.get((b, c, "tq3j/tq3")); q = t.get((b, c, "tq3/tq3")); f = t.get((b, c, "f16/f16"))
     p = s.get((b, c), {}).get("us")
+    pg = s.get((b, c), {}).get("graph_us")
     fmt = lambda x: f"{x:.1f}" if x else "-"
     ratio = lambda x, y: f"{y / x:.2f}x" if x and y else "-"
     print(f"{b:5d} {c:7d} {fmt(a and a['us']):>12} {fmt(a and a['gbps']):>6} {fmt(a and a['pct_copy']):>6} "
           f"{fmt(q and q['us']):>11} {fmt(q and q['pct_copy']):>9} {fmt(f and f['us']):>9} {fmt(p):>9} "
           f"{ratio(a and a['us'], p):>13} {ratio(q and q['us'], p):>12} {ratio(a and a['us'], f and f['us']):>12} "
+          f"{fmt(a and a.get('us_graph')):>10} {fmt(pg):>10} {ratio(a and a.get('us_graph'), pg):>11} "
           f"{fmt(a and a.get('us_v3_overlap')):>11} {ratio(a and a['us'], a and a.get('us_v3_overlap')):>7} "
           f"{fmt(a and a.get('us_v2')):>11} {ratio(a and a['us'], a and a.get('us_v2')):>7} "
           f"{fmt(a and a.get('us_v3_plain')):>11} {ratio(a and a['us'], a and a.get('us_v3_plain')):>7}")

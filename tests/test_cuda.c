@@ -380,6 +380,46 @@ static void back_to_back(kvq_cuda_cache *g, int n_seqs, const int *seqs, const f
     free(out);
 }
 
+/* The default attend call recorded into a CUDA graph and replayed twice:
+ * the same bits as the eager call, and nothing runs at capture time. */
+static void graph_replay(kvq_cuda_cache *g, int n_seqs, const int *seqs, const float *qd, int Hq, float scale,
+                         const char *what)
+{
+    const int d = kvq_cuda_cache_config_of(g)->cache.head_dim;
+    const size_t n = (size_t)n_seqs * Hq * d;
+    float *od = NULL, *eager = malloc(n * sizeof(float)), *replay = malloc(n * sizeof(float));
+    CHECK_OK(kvq_cuda_malloc((void **)&od, n * sizeof(float)));
+    CHECK_OK(kvq_cuda_cache_attend(g, n_seqs, seqs, qd, Hq, scale, od, NULL));
+    CHECK_OK(kvq_cuda_synchronize());
+    CHECK_OK(kvq_cuda_memcpy_d2h(eager, od, n * sizeof(float)));
+    CHECK_OK(kvq_cuda_memset(od, 0xff, n * sizeof(float)));
+    CHECK_OK(kvq_cuda_synchronize());
+    kvq_cuda_graph *gr = NULL;
+    CHECK_OK(kvq_cuda_graph_begin(g));
+    CHECK_STATUS(kvq_cuda_graph_begin(g), KVQ_ERR_INVALID_ARG); /* already capturing */
+    CHECK_OK(kvq_cuda_cache_attend(g, n_seqs, seqs, qd, Hq, scale, od, NULL));
+    CHECK_OK(kvq_cuda_graph_end(g, &gr));
+    kvq_cuda_graph *none = NULL;
+    CHECK_STATUS(kvq_cuda_graph_end(g, &none), KVQ_ERR_INVALID_ARG); /* not capturing */
+    CHECK(none == NULL);
+    CHECK_OK(kvq_cuda_synchronize());
+    CHECK_OK(kvq_cuda_memcpy_d2h(replay, od, n * sizeof(float)));
+    CHECKF(memcmp(replay, eager, n * sizeof(float)) != 0, "%s: the capture ran the call", what);
+    for (int k = 0; k < 2; k++) {
+        CHECK_OK(kvq_cuda_memset(od, 0xff, n * sizeof(float)));
+        CHECK_OK(kvq_cuda_graph_launch(gr));
+        CHECK_OK(kvq_cuda_synchronize());
+        CHECK_OK(kvq_cuda_memcpy_d2h(replay, od, n * sizeof(float)));
+        CHECKF(memcmp(replay, eager, n * sizeof(float)) == 0, "%s: graph replay %d differs from the eager call", what,
+               k);
+    }
+    kvq_cuda_graph_free(gr);
+    kvq_cuda_graph_free(NULL);
+    kvq_cuda_free(od);
+    free(eager);
+    free(replay);
+}
+
 static void attn_case_run(const struct attn_case *ac, uint64_t seed)
 {
     const int H = 2, d = ac->d, G = ac->G, Hq = H * G;
@@ -453,6 +493,7 @@ static void attn_case_run(const struct attn_case *ac, uint64_t seed)
             gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST_V4, s, 0, what);
         gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST_V4, 4, 1, what);
         back_to_back(g, nb, seqs, qd, Hq, scale, ref, what);
+        graph_replay(g, nb, seqs, qd, Hq, scale, what);
     } else {
         CHECK_STATUS(kvq_cuda_cache_attend(g, nb, seqs, qd, Hq, scale, qd, &(struct kvq_cuda_attn_opts){KVQ_CUDA_KERNEL_FAST, 0, 0}),
                      KVQ_ERR_UNSUPPORTED);

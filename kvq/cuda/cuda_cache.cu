@@ -146,6 +146,14 @@ void kvq_cuda_cache_free(kvq_cuda_cache *c)
 {
     if (!c)
         return;
+    if (c->capture_stream) { /* a capture left open: discard it */
+        cudaGraph_t graph = NULL;
+        (void)cudaStreamEndCapture(c->capture_stream, &graph);
+        if (graph)
+            (void)cudaGraphDestroy(graph);
+        (void)cudaStreamDestroy(c->capture_stream);
+        (void)cudaGetLastError();
+    }
     kvq_cu_attn_free(c);
     cudaFree(c->pool);
     cudaFree(c->ptab_d);

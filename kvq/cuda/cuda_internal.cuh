@@ -71,6 +71,7 @@ struct kvq_cuda_cache {
     const kvq_codec *ck, *cv;
     struct kvq_dev_codec dk, dv;
     cudaStream_t stream;
+    cudaStream_t capture_stream, saved_stream; /* kvq_cuda_graph_begin .. _end (cuda_graph.cu) */
 
     /* pages */
     uint8_t *pool;

@@ -97,6 +97,31 @@ kvq_status kvq_cuda_timer_stop(kvq_cuda_timer *t, double *ms)
     return KVQ_ERR_NO_DEVICE;
 }
 
+kvq_status kvq_cuda_graph_begin(kvq_cuda_cache *c)
+{
+    (void)c;
+    return KVQ_ERR_NO_DEVICE;
+}
+
+kvq_status kvq_cuda_graph_end(kvq_cuda_cache *c, kvq_cuda_graph **out)
+{
+    (void)c;
+    if (out)
+        *out = NULL;
+    return KVQ_ERR_NO_DEVICE;
+}
+
+kvq_status kvq_cuda_graph_launch(kvq_cuda_graph *g)
+{
+    (void)g;
+    return KVQ_ERR_NO_DEVICE;
+}
+
+void kvq_cuda_graph_free(kvq_cuda_graph *g)
+{
+    (void)g;
+}
+
 void kvq_cuda_cache_config_default(struct kvq_cuda_cache_config *cfg, int n_kv_heads, int head_dim,
                                    size_t max_tokens, int max_seqs)
 {

@@ -122,6 +122,24 @@ const struct kvq_page_layout *kvq_cuda_cache_layout(const kvq_cuda_cache *c);
 /** Issues later work on stream (a cudaStream_t; NULL = default stream). */
 void kvq_cuda_cache_set_stream(kvq_cuda_cache *c, void *stream);
 
+/* CUDA-graph capture, for fixed-shape replay and for timing the device side
+ * without the host's launch cost: the work c issues between begin and end
+ * (attend calls; no synchronising call such as append) is recorded instead
+ * of run, and kvq_cuda_graph_launch replays it on the default stream with
+ * the arguments of the recorded calls, including the sequence lengths and
+ * split counts at capture time. */
+typedef struct kvq_cuda_graph kvq_cuda_graph;
+/** @return KVQ_OK; KVQ_ERR_INVALID_ARG (c NULL or already capturing); KVQ_ERR_DEVICE. */
+kvq_status kvq_cuda_graph_begin(kvq_cuda_cache *c);
+/** Ends the capture (c issues on its own stream again) and instantiates it.
+ *  @return KVQ_OK and *out; KVQ_ERR_INVALID_ARG (not capturing);
+ *  KVQ_ERR_DEVICE (a recorded call was not capturable); KVQ_ERR_NOMEM. */
+kvq_status kvq_cuda_graph_end(kvq_cuda_cache *c, kvq_cuda_graph **out);
+/** Queues one replay on the default stream. @return KVQ_OK or KVQ_ERR_DEVICE. */
+kvq_status kvq_cuda_graph_launch(kvq_cuda_graph *g);
+/** Frees g; accepts NULL. */
+void kvq_cuda_graph_free(kvq_cuda_graph *g);
+
 /** Tokens held by seq (0 for an invalid seq). */
 size_t kvq_cuda_cache_len(const kvq_cuda_cache *c, int seq);
 
