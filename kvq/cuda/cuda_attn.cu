@@ -128,14 +128,28 @@ __global__ void prep_fast_kernel(const float *q, int Hq, int H, int G, float c, 
     const int warp = i >> 5, lane = i & 31;
     const float *qb = q + ((size_t)b * Hq + (size_t)h * G) * D;
     if (rk.mode != ROT_DENSE && sk.mode != ROT_DENSE) {
-        /* each warp: queries warp and warp + 4, entirely in registers */
-        for (int qi = warp; qi < 8; qi += 4) {
+        /* each warp: queries warp and warp + 4, entirely in registers; every
+         * global input (both queries, both sign tables) is loaded first, so
+         * that at batch 1, after an L2 flush, the block waits for DRAM once */
+        float sgr[kRot128Pre][4], sgs[kRot128Pre][4], qv[2][4];
+#pragma unroll
+        for (int u = 0; u < 2; u++)
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                qv[u][k] = warp + 4 * u < G ? qb[(size_t)(warp + 4 * u) * D + 32 * k + lane] : 0.0f;
+        if (rk.mode == ROT_WARP)
+            rot128_load_signs(rk.fast, sgr, lane);
+        if (sk.mode == ROT_WARP)
+            rot128_load_signs(sk.fast, sgs, lane);
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            const int qi = warp + 4 * u;
             float v[4], w[4];
 #pragma unroll
             for (int k = 0; k < 4; k++)
-                v[k] = qi < G ? qb[(size_t)qi * D + 32 * k + lane] : 0.0f;
-            if (rk.mode == ROT_WARP)
-                rot128_apply(rk.fast, v, lane);
+                v[k] = qv[u][k];
+            if (rk.mode == ROT_WARP && qi < G) /* padding queries stay zero */
+                rot128_apply_pre(rk.fast, sgr, v, lane);
             float xm = 0.0f;
 #pragma unroll
             for (int k = 0; k < 4; k++) {
@@ -144,8 +158,8 @@ __global__ void prep_fast_kernel(const float *q, int Hq, int H, int G, float c, 
                 xm = fmaxf(xm, fabsf(v[k]));
                 w[k] = sk.mode == ROT_WARP ? v[k] : 0.0f;
             }
-            if (sk.mode == ROT_WARP)
-                rot128_apply(sk.fast, w, lane);
+            if (sk.mode == ROT_WARP && qi < G)
+                rot128_apply_pre(sk.fast, sgs, w, lane);
             float mx = 0.0f, sum = 0.0f;
 #pragma unroll
             for (int k = 0; k < 4; k++) {
@@ -289,6 +303,11 @@ template <bool PDL> /* launched early: wait for the fused kernel's partials */
 __global__ void finalize_kernel(const float *part, int n_splits, int Hq, int H, int G, int v_f16, rot_arg rv,
                                 float inv_alpha_v, float *out)
 {
+    /* the output rotation's signs do not depend on the fused kernel: load
+     * them before waiting for it, off the critical path */
+    float sg[kRot128Pre][4];
+    if (rv.mode == ROT_WARP && threadIdx.x < 32)
+        rot128_load_signs(rv.fast, sg, threadIdx.x);
     if constexpr (PDL)
         kvq_cu_pdl_wait();
     constexpr int D = 128;
@@ -335,7 +354,7 @@ __global__ void finalize_kernel(const float *part, int n_splits, int Hq, int H, 
 #pragma unroll
         for (int k = 0; k < 4; k++)
             v[k] = od[32 * k + i];
-        rot128_apply_t(rv.fast, v, i);
+        rot128_apply_t_pre(rv.fast, sg, v, i);
 #pragma unroll
         for (int k = 0; k < 4; k++)
             od[32 * k + i] = v[k];

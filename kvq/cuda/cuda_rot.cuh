@@ -118,16 +118,17 @@ static __device__ __forceinline__ void rot128_load_signs(const kvq_dev_rot &R, f
     for (int r = 0; r < kRot128Pre; r++)
 #pragma unroll
         for (int k = 0; k < 4; k++)
-            sg[r][k] = r < R.rounds ? R.signs[r * 128 + 32 * k + lane] : 1.0f;
+            sg[r][k] = r < R.rounds && R.kind != KVQ_ROT_IDENTITY ? R.signs[r * 128 + 32 * k + lane] : 1.0f;
 }
 
-/* y = R x for d = 128 (HADAMARD with m == 1, or IDENTITY). */
-static __device__ __forceinline__ void rot128_apply(const kvq_dev_rot &R, float v[4], int lane)
+/* y = R x for d = 128 (HADAMARD with m == 1, or IDENTITY), sg from
+ * rot128_load_signs: callers at batch 1 load them before their other
+ * inputs arrive, so the tables' DRAM latency overlaps. */
+static __device__ __forceinline__ void rot128_apply_pre(const kvq_dev_rot &R, const float sg[kRot128Pre][4],
+                                                        float v[4], int lane)
 {
     if (R.kind == KVQ_ROT_IDENTITY)
         return;
-    float sg[kRot128Pre][4];
-    rot128_load_signs(R, sg, lane);
 #pragma unroll
     for (int r = 0; r < kRot128Pre; r++) {
         if (r >= R.rounds)
@@ -151,13 +152,20 @@ static __device__ __forceinline__ void rot128_apply(const kvq_dev_rot &R, float 
     }
 }
 
-/* x = R^T y for d = 128. */
-static __device__ __forceinline__ void rot128_apply_t(const kvq_dev_rot &R, float v[4], int lane)
+/* y = R x for d = 128, loading the signs itself. */
+static __device__ __forceinline__ void rot128_apply(const kvq_dev_rot &R, float v[4], int lane)
+{
+    float sg[kRot128Pre][4];
+    rot128_load_signs(R, sg, lane);
+    rot128_apply_pre(R, sg, v, lane);
+}
+
+/* x = R^T y for d = 128, sg as for rot128_apply_pre. */
+static __device__ __forceinline__ void rot128_apply_t_pre(const kvq_dev_rot &R, const float sg[kRot128Pre][4],
+                                                          float v[4], int lane)
 {
     if (R.kind == KVQ_ROT_IDENTITY)
         return;
-    float sg[kRot128Pre][4];
-    rot128_load_signs(R, sg, lane);
     for (int r = R.rounds - 1; r >= kRot128Pre; r--) {
         fwht128_reg(v, lane);
 #pragma unroll
@@ -173,6 +181,14 @@ static __device__ __forceinline__ void rot128_apply_t(const kvq_dev_rot &R, floa
         for (int k = 0; k < 4; k++)
             v[k] = __fmul_rn(__fmul_rn(v[k], R.scale), sg[r][k]);
     }
+}
+
+/* x = R^T y for d = 128, loading the signs itself. */
+static __device__ __forceinline__ void rot128_apply_t(const kvq_dev_rot &R, float v[4], int lane)
+{
+    float sg[kRot128Pre][4];
+    rot128_load_signs(R, sg, lane);
+    rot128_apply_t_pre(R, sg, v, lane);
 }
 
 } /* namespace kvq_cu */
