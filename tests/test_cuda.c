@@ -655,6 +655,61 @@ done:
     free(k), free(v), free(q);
 }
 
+/* A NaN or Inf in one query head reaches that head's output on every
+ * kernel (the fixed-point conversion of V4 must not turn it into zeros),
+ * and leaves the other heads of its KV group as they were. */
+static void test_attend_nonfinite_query(void)
+{
+    REQUIRE_GPU();
+    const int H = 2, d = 128, G = 4, Hq = H * G;
+    const size_t N = 200;
+    const enum kvq_type kt[2] = {KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3};
+    for (int ti = 0; ti < 2; ti++)
+        for (int bad = 0; bad < 2; bad++) {
+            struct kvq_cache_config cc = cache_cfg(kt[ti], KVQ_TYPE_TQ3, H, d, N, 64, 11, KVQ_ROT_HADAMARD);
+            float *k = random_rows(N * H, d, 81, 4.0), *v = random_rows(N * H, d, 82, 1.0);
+            float *q = random_rows((size_t)Hq, d, 83, 2.0), ref[8 * 128], out[8 * 128];
+            kvq_cache *cpu = NULL;
+            CHECK_OK(kvq_cache_create(&cc, &cpu));
+            kvq_cuda_cache *g = gpu_cache(&cc, 1, 8);
+            float *kd = to_dev(k, N * H * d), *vd = to_dev(v, N * H * d), *od = NULL;
+            CHECK_OK(kvq_cuda_malloc((void **)&od, sizeof out));
+            const int hbad = 5, seq0 = 0; /* KV head 1, its second query */
+            if (!cpu || !g || !kd || !vd || !od)
+                goto next;
+            CHECK_OK(kvq_cache_append(cpu, N, k, v));
+            CHECK_OK(kvq_cuda_cache_append(g, 0, N, kd, vd));
+            cpu_attend(cpu, N, q, H, G, d, 0.1f, ref);
+            q[hbad * d + 17] = bad ? INFINITY : NAN;
+            float *qd = to_dev(q, (size_t)Hq * d);
+            const enum kvq_cuda_kernel kinds[4] = {KVQ_CUDA_KERNEL_AUTO, KVQ_CUDA_KERNEL_REF, KVQ_CUDA_KERNEL_FAST_V3,
+                                                   KVQ_CUDA_KERNEL_FAST_V2};
+            for (int ki = 0; ki < 4; ki++) {
+                const struct kvq_cuda_attn_opts o = {kinds[ki], 0, 0};
+                CHECK_OK(kvq_cuda_cache_attend(g, 1, &seq0, qd, Hq, 0.1f, od, &o));
+                CHECK_OK(kvq_cuda_synchronize());
+                CHECK_OK(kvq_cuda_memcpy_d2h(out, od, sizeof out));
+                int finite = 0;
+                for (int i = 0; i < d; i++)
+                    finite += isfinite(out[hbad * d + i]) != 0;
+                CHECKF(finite == 0, "K %s, %s query, kernel %d: %d of %d outputs of the head are finite",
+                       tname(kt[ti]), bad ? "Inf" : "NaN", (int)kinds[ki], finite, d);
+                for (int h = 0; h < Hq; h++)
+                    if (h != hbad) {
+                        const double e = rel_err(out + h * d, ref + h * d, (size_t)d);
+                        CHECKF(e <= TOL, "K %s, kernel %d: head %d next to a non-finite query: error %.3g",
+                               tname(kt[ti]), (int)kinds[ki], h, e);
+                    }
+            }
+            kvq_cuda_free(qd);
+        next:
+            kvq_cuda_free(kd), kvq_cuda_free(vd), kvq_cuda_free(od);
+            kvq_cuda_cache_free(g);
+            kvq_cache_free(cpu);
+            free(k), free(v), free(q);
+        }
+}
+
 static void test_attend_bad_args(void)
 {
     REQUIRE_GPU();
@@ -760,6 +815,7 @@ int main(void)
     RUN(test_encode_bit_exact);
     RUN(test_truncate_reappend);
     RUN(test_attend_bad_args);
+    RUN(test_attend_nonfinite_query);
     RUN(test_attend_random);
     RUN(test_attend_fixture);
     return TEST_END("test_cuda");

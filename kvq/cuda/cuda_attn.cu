@@ -57,6 +57,12 @@ __host__ rot_arg rot_arg_of(bool present, const kvq_dev_rot &r, const float *den
     return a;
 }
 
+/* max(a, b), NaN if either is NaN (fmaxf drops NaNs). */
+__device__ __forceinline__ float nan_max(float a, float b)
+{
+    return a > b || a != a ? a : b;
+}
+
 /* The V4 query block (kvq_cuda_hooks.cuh, "integer tensor cores"): s8 B
  * fragments of mma.m16n8k32, column 2j + e of an n-tile = query j, e; per
  * k-block and lane a uint4 {tile 0 b0, b1, tile 1 b0, b1}. Codes: the query
@@ -107,7 +113,9 @@ __device__ void imma_fragments(const float (*qr)[128], const float (*sq)[128], c
         float *cst = reinterpret_cast<float *>(blk + 8192);
         cst[i] = i < G ? 2.0f * sig[i] / (256.0f * (float)kFixMax) : 0.0f;
         cst[8 + i] = i < G ? -tsum[i] : 0.0f;
-        cst[16 + i] = i < G ? qmax[i] * inv_sk / (float)kFixMax : 0.0f;
+        /* a NaN or Inf query element would otherwise vanish in the fixed-point
+         * conversion; a NaN scale makes it reach the output, as on the other paths */
+        cst[16 + i] = i >= G ? 0.0f : isfinite(qmax[i]) ? qmax[i] * inv_sk / (float)kFixMax : NAN;
     }
 }
 
@@ -155,7 +163,7 @@ __global__ void prep_fast_kernel(const float *q, int Hq, int H, int G, float c, 
             for (int k = 0; k < 4; k++) {
                 v[k] *= c;
                 qr[qi][32 * k + lane] = v[k];
-                xm = fmaxf(xm, fabsf(v[k]));
+                xm = nan_max(xm, fabsf(v[k]));
                 w[k] = sk.mode == ROT_WARP ? v[k] : 0.0f;
             }
             if (sk.mode == ROT_WARP && qi < G)
@@ -169,7 +177,7 @@ __global__ void prep_fast_kernel(const float *q, int Hq, int H, int G, float c, 
             }
             for (int o = 16; o; o >>= 1) {
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-                xm = fmaxf(xm, __shfl_xor_sync(0xffffffffu, xm, o));
+                xm = nan_max(xm, __shfl_xor_sync(0xffffffffu, xm, o));
                 sum += __shfl_xor_sync(0xffffffffu, sum, o);
             }
             if (lane == 0) {
@@ -216,12 +224,12 @@ __global__ void prep_fast_kernel(const float *q, int Hq, int H, int G, float c, 
             float mx = 0.0f, sum = 0.0f, xm = 0.0f;
             for (int j = lane; j < D; j += 32) {
                 mx = fmaxf(mx, fabsf(sq[qi][j]));
-                xm = fmaxf(xm, fabsf(qr[qi][j]));
+                xm = nan_max(xm, fabsf(qr[qi][j]));
                 sum += sq[qi][j];
             }
             for (int o = 16; o; o >>= 1) {
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-                xm = fmaxf(xm, __shfl_xor_sync(0xffffffffu, xm, o));
+                xm = nan_max(xm, __shfl_xor_sync(0xffffffffu, xm, o));
                 sum += __shfl_xor_sync(0xffffffffu, sum, o);
             }
             if (lane == 0) {
