@@ -115,42 +115,23 @@ static void fill(kvq_cuda_cache *c, int ctx)
     kvq_cuda_free(v);
 }
 
+/* One attend call over sequences 0..batch-1, timed reps times after 3
+ * warm-ups. graph = 1 records the call once into a CUDA graph and times its
+ * replays instead (kvq_cuda_graph_*), with the same flush and bracketing. */
 static double time_attend(kvq_cuda_cache *c, kvq_cuda_timer *tm, int batch, const float *qd, float *od, int reps,
-                          enum kvq_cuda_kernel kern, int overlap)
+                          enum kvq_cuda_kernel kern, int overlap, int graph)
 {
     const struct kvq_cuda_attn_opts opts = {kern, env_int("KVQ_BENCH_SPLITS", 0), overlap};
     int seqs[MAXB];
     for (int i = 0; i < batch; i++)
         seqs[i] = i;
     const float scale = 1.0f / sqrtf((float)D);
-    double t[64];
-    if (reps > 64)
-        reps = 64;
-    for (int i = 0; i < reps + 3; i++) {
-        double ms;
-        TRY(kvq_cuda_memset(flush_buf, i & 0xff, flush_bytes));
-        TRY(kvq_cuda_timer_start(tm));
-        TRY(kvq_cuda_cache_attend(c, batch, seqs, qd, H * G, scale, od, &opts));
-        TRY(kvq_cuda_timer_stop(tm, &ms));
-        if (i >= 3)
-            t[i - 3] = ms;
-    }
-    return bench_median(t, reps) * 1e3;
-}
-
-/* The default call recorded once into a CUDA graph, then replayed: same
- * flush and event bracketing as time_attend. */
-static double time_graph(kvq_cuda_cache *c, kvq_cuda_timer *tm, int batch, const float *qd, float *od, int reps)
-{
-    int seqs[MAXB];
-    for (int i = 0; i < batch; i++)
-        seqs[i] = i;
-    const float scale = 1.0f / sqrtf((float)D);
-    const struct kvq_cuda_attn_opts opts = {KVQ_CUDA_KERNEL_AUTO, env_int("KVQ_BENCH_SPLITS", 0), 0};
     kvq_cuda_graph *g = NULL;
-    TRY(kvq_cuda_graph_begin(c));
-    TRY(kvq_cuda_cache_attend(c, batch, seqs, qd, H * G, scale, od, &opts));
-    TRY(kvq_cuda_graph_end(c, &g));
+    if (graph) {
+        TRY(kvq_cuda_graph_begin(c));
+        TRY(kvq_cuda_cache_attend(c, batch, seqs, qd, H * G, scale, od, &opts));
+        TRY(kvq_cuda_graph_end(c, &g));
+    }
     double t[64];
     if (reps > 64)
         reps = 64;
@@ -158,7 +139,7 @@ static double time_graph(kvq_cuda_cache *c, kvq_cuda_timer *tm, int batch, const
         double ms;
         TRY(kvq_cuda_memset(flush_buf, i & 0xff, flush_bytes));
         TRY(kvq_cuda_timer_start(tm));
-        TRY(kvq_cuda_graph_launch(g));
+        TRY(g ? kvq_cuda_graph_launch(g) : kvq_cuda_cache_attend(c, batch, seqs, qd, H * G, scale, od, &opts));
         TRY(kvq_cuda_timer_stop(tm, &ms));
         if (i >= 3)
             t[i - 3] = ms;
@@ -230,18 +211,18 @@ int main(void)
                 r->ctx = ctx;
                 r->tk = types[ti][0];
                 r->tv = types[ti][1];
-                r->us = time_attend(c, tm, r->batch, qd, od, reps, KVQ_CUDA_KERNEL_AUTO, 0);
-                r->us_graph = graph ? time_graph(c, tm, r->batch, qd, od, reps) : 0.0;
+                r->us = time_attend(c, tm, r->batch, qd, od, reps, KVQ_CUDA_KERNEL_AUTO, 0, 0);
+                r->us_graph = graph ? time_attend(c, tm, r->batch, qd, od, reps, KVQ_CUDA_KERNEL_AUTO, 0, 1) : 0.0;
                 /* the other versions in the same run, on the same data */
                 const int older = compare && types[ti][0] != KVQ_TYPE_F16;
                 r->us_v3o = older
-                                ? time_attend(c, tm, r->batch, qd, od, reps, KVQ_CUDA_KERNEL_FAST_V3, 1)
+                                ? time_attend(c, tm, r->batch, qd, od, reps, KVQ_CUDA_KERNEL_FAST_V3, 1, 0)
                                 : 0.0;
                 r->us_v2 = older
-                               ? time_attend(c, tm, r->batch, qd, od, reps, KVQ_CUDA_KERNEL_FAST_V2, 0)
+                               ? time_attend(c, tm, r->batch, qd, od, reps, KVQ_CUDA_KERNEL_FAST_V2, 0, 0)
                                : 0.0;
                 r->us_v3 = older
-                               ? time_attend(c, tm, r->batch, qd, od, reps, KVQ_CUDA_KERNEL_FAST_V3, 0)
+                               ? time_attend(c, tm, r->batch, qd, od, reps, KVQ_CUDA_KERNEL_FAST_V3, 0, 0)
                                : 0.0;
                 r->bytes = (double)r->batch * ctx * H * row;
                 r->gbps = r->bytes / (r->us * 1e-6) / 1e9;

@@ -157,7 +157,7 @@ __global__ void prep_fast_kernel(const float *q, int Hq, int H, int G, float c, 
             for (int k = 0; k < 4; k++)
                 v[k] = qv[u][k];
             if (rk.mode == ROT_WARP && qi < G) /* padding queries stay zero */
-                rot128_apply_pre(rk.fast, sgr, v, lane);
+                rot128_apply(rk.fast, sgr, v, lane);
             float xm = 0.0f;
 #pragma unroll
             for (int k = 0; k < 4; k++) {
@@ -167,7 +167,7 @@ __global__ void prep_fast_kernel(const float *q, int Hq, int H, int G, float c, 
                 w[k] = sk.mode == ROT_WARP ? v[k] : 0.0f;
             }
             if (sk.mode == ROT_WARP && qi < G)
-                rot128_apply_pre(sk.fast, sgs, w, lane);
+                rot128_apply(sk.fast, sgs, w, lane);
             float mx = 0.0f, sum = 0.0f;
 #pragma unroll
             for (int k = 0; k < 4; k++) {
@@ -362,7 +362,7 @@ __global__ void finalize_kernel(const float *part, int n_splits, int Hq, int H, 
 #pragma unroll
         for (int k = 0; k < 4; k++)
             v[k] = od[32 * k + i];
-        rot128_apply_t_pre(rv.fast, sg, v, i);
+        rot128_apply_t(rv.fast, sg, v, i);
 #pragma unroll
         for (int k = 0; k < 4; k++)
             od[32 * k + i] = v[k];
@@ -595,16 +595,11 @@ static kvq_status attend_chunk(kvq_cuda_cache *c, int nb, const int *seqs, const
             p.seq[i] = seqs[i];
             p.len[i] = (int)c->len[seqs[i]];
         }
-        if (p.pdl)
-            prep_fast_kernel<true><<<dim3((unsigned)H, (unsigned)nb), 128, 0, c->stream>>>(
-                q, Hq, H, G, scale * kLog2e, 1.0f / c->alpha_k, rot_arg_of(c->dk.rotated, c->dk.R, c->rk_dense),
-                rot_arg_of(c->dk.qjl, c->dk.S, c->sk_dense), c->dk.type == KVQ_TYPE_F16, imma, 1.0f / c->int_scale_k,
-                c->qfrag_d);
-        else
-            prep_fast_kernel<false><<<dim3((unsigned)H, (unsigned)nb), 128, 0, c->stream>>>(
-                q, Hq, H, G, scale * kLog2e, 1.0f / c->alpha_k, rot_arg_of(c->dk.rotated, c->dk.R, c->rk_dense),
-                rot_arg_of(c->dk.qjl, c->dk.S, c->sk_dense), c->dk.type == KVQ_TYPE_F16, imma, 1.0f / c->int_scale_k,
-                c->qfrag_d);
+        auto prep = p.pdl ? prep_fast_kernel<true> : prep_fast_kernel<false>;
+        prep<<<dim3((unsigned)H, (unsigned)nb), 128, 0, c->stream>>>(
+            q, Hq, H, G, scale * kLog2e, 1.0f / c->alpha_k, rot_arg_of(c->dk.rotated, c->dk.R, c->rk_dense),
+            rot_arg_of(c->dk.qjl, c->dk.S, c->sk_dense), c->dk.type == KVQ_TYPE_F16, imma, 1.0f / c->int_scale_k,
+            c->qfrag_d);
         KVQ_CU_TRY(cudaGetLastError());
         const int max_splits = (int)(c->part_entries / ((size_t)nb * H));
         kvq_status st = kvq_cu_fast_launch(&p, fast_ktype(c->dk.type), fast_vtype(c->dv.type), nb, n_splits,

@@ -326,7 +326,7 @@ __device__ __forceinline__ void im_segment(const kvq_cu_fast_params &p, const ui
     pb1 = movm_trans(hilo_f16x2(pw1));
 }
 
-/* TR (third pass, the default since the fourth; tq keys and GP == 4 only): the
+/* TR (third pass, the default in the fourth; tq keys and GP == 4 only): the
  * scores come out as S = K Q^T, the decoded keys being the A operand (16
  * tokens x 16 slots; tq3_decode32's pairs of tokens g and g + 8 are exactly
  * its fragment) and the queries the B operand (8 columns: hi parts of
@@ -912,7 +912,7 @@ kvq_status kvq_cu_fast_launch(kvq_cu_fast_params *p, int kt, int vt, int n_batch
     const int gp = p->G <= 4 ? 4 : 8;
     /* 32-token stages where a 32-token slice never crosses a page */
     const bool s2 = p->variant != 1 && p->pg.page_tokens % 32 == 0;
-    /* transposed (variant 2, the default) or integer (variant 3) scores for
+    /* transposed (variant 2) or integer (variant 3, the default) scores for
      * tq keys and <= 4 queries per KV head; elsewhere the second-pass kernel */
     if ((p->variant == 2 || p->variant == 3) && gp == 4 && kt != KVQ_CU_KT_F16) {
         if (p->variant == 3)

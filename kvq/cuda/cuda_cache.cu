@@ -148,10 +148,9 @@ void kvq_cuda_cache_free(kvq_cuda_cache *c)
         return;
     if (c->capture_stream) { /* a capture left open: discard it */
         cudaGraph_t graph = NULL;
-        (void)cudaStreamEndCapture(c->capture_stream, &graph);
+        (void)kvq_cu_capture_end(c, &graph);
         if (graph)
             (void)cudaGraphDestroy(graph);
-        (void)cudaStreamDestroy(c->capture_stream);
         (void)cudaGetLastError();
     }
     kvq_cu_attn_free(c);

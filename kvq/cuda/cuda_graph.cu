@@ -31,6 +31,16 @@ kvq_status kvq_cuda_graph_begin(kvq_cuda_cache *c)
     return KVQ_OK;
 }
 
+cudaError_t kvq_cu_capture_end(kvq_cuda_cache *c, cudaGraph_t *graph)
+{
+    *graph = NULL;
+    const cudaError_t e = cudaStreamEndCapture(c->capture_stream, graph);
+    (void)cudaStreamDestroy(c->capture_stream);
+    c->stream = c->saved_stream;
+    c->capture_stream = NULL;
+    return e;
+}
+
 kvq_status kvq_cuda_graph_end(kvq_cuda_cache *c, kvq_cuda_graph **out)
 {
     if (out)
@@ -38,10 +48,7 @@ kvq_status kvq_cuda_graph_end(kvq_cuda_cache *c, kvq_cuda_graph **out)
     if (!c || !c->capture_stream)
         return KVQ_ERR_INVALID_ARG;
     cudaGraph_t graph = NULL;
-    const cudaError_t e = cudaStreamEndCapture(c->capture_stream, &graph);
-    (void)cudaStreamDestroy(c->capture_stream);
-    c->stream = c->saved_stream;
-    c->capture_stream = NULL;
+    const cudaError_t e = kvq_cu_capture_end(c, &graph);
     if (e != cudaSuccess || !graph) {
         if (graph)
             (void)cudaGraphDestroy(graph);

@@ -123,6 +123,10 @@ kvq_status kvq_cu_check_rows(const kvq_cuda_cache *c, size_t n_tokens, const flo
 kvq_status kvq_cu_encode_rows(const kvq_cuda_cache *c, size_t n_tokens, const float *k, const float *v,
                               const int32_t *tok_page_d, const int32_t *tok_slot_d);
 
+/* Ends c's open capture (cuda_graph.cu): c issues on its own stream again;
+ * *graph is the captured graph or NULL. */
+cudaError_t kvq_cu_capture_end(kvq_cuda_cache *c, cudaGraph_t *graph);
+
 /* Attention workspace (cuda_attn.cu): sizes and slot tables. */
 kvq_status kvq_cu_attn_init(kvq_cuda_cache *c);
 void kvq_cu_attn_free(kvq_cuda_cache *c);
@@ -146,8 +150,8 @@ struct kvq_cu_fast_params {
     int n_splits, H, G;
     int variant;          /* 0: second pass (KVQ_CUDA_KERNEL_FAST_V2); 1: first version
                              (KVQ_CUDA_KERNEL_FAST_V1); 2: transposed scores where they apply
-                             (KVQ_CUDA_KERNEL_FAST_V3, the default), else as 0; 3: integer
-                             key MMAs where they apply (KVQ_CUDA_KERNEL_FAST_V4), else as 2 */
+                             (KVQ_CUDA_KERNEL_FAST_V3), else as 0; 3: integer key MMAs where
+                             they apply (KVQ_CUDA_KERNEL_FAST_V4, the default), else as 0 */
     float kappa;          /* K codec's qjl_kappa_f */
     kvq_cu::tq3_lut lut_k, lut_v;
     kvq_cu::tq3_ilut ilut_k; /* variant 3: the K centroids in 16-bit fixed point */

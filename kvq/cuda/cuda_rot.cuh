@@ -3,9 +3,10 @@
  * contract in rotation_internal.h):
  *  - warp_rotate: any dim, in shared memory (the encoder, which must match
  *    the CPU bit for bit);
- *  - rot128_apply / rot128_apply_t: d = 128 in registers with shuffles (the
- *    attention's query preparation and output rotation: at batch 1 a dense
- *    d x d product run by a handful of blocks was a latency chain of ~10 us).
+ *  - rot128_load_signs, then rot128_apply / rot128_apply_t: d = 128 in
+ *    registers with shuffles (the attention's query preparation and output
+ *    rotation: at batch 1 a dense d x d product run by a handful of blocks
+ *    was a latency chain of ~10 us).
  * Every float operation is an explicit _rn intrinsic, so no compiler flag
  * can contract or reorder them. Private to kvq/cuda.
  */
@@ -124,8 +125,8 @@ static __device__ __forceinline__ void rot128_load_signs(const kvq_dev_rot &R, f
 /* y = R x for d = 128 (HADAMARD with m == 1, or IDENTITY), sg from
  * rot128_load_signs: callers at batch 1 load them before their other
  * inputs arrive, so the tables' DRAM latency overlaps. */
-static __device__ __forceinline__ void rot128_apply_pre(const kvq_dev_rot &R, const float sg[kRot128Pre][4],
-                                                        float v[4], int lane)
+static __device__ __forceinline__ void rot128_apply(const kvq_dev_rot &R, const float sg[kRot128Pre][4], float v[4],
+                                                    int lane)
 {
     if (R.kind == KVQ_ROT_IDENTITY)
         return;
@@ -152,17 +153,9 @@ static __device__ __forceinline__ void rot128_apply_pre(const kvq_dev_rot &R, co
     }
 }
 
-/* y = R x for d = 128, loading the signs itself. */
-static __device__ __forceinline__ void rot128_apply(const kvq_dev_rot &R, float v[4], int lane)
-{
-    float sg[kRot128Pre][4];
-    rot128_load_signs(R, sg, lane);
-    rot128_apply_pre(R, sg, v, lane);
-}
-
-/* x = R^T y for d = 128, sg as for rot128_apply_pre. */
-static __device__ __forceinline__ void rot128_apply_t_pre(const kvq_dev_rot &R, const float sg[kRot128Pre][4],
-                                                          float v[4], int lane)
+/* x = R^T y for d = 128, sg as for rot128_apply. */
+static __device__ __forceinline__ void rot128_apply_t(const kvq_dev_rot &R, const float sg[kRot128Pre][4], float v[4],
+                                                      int lane)
 {
     if (R.kind == KVQ_ROT_IDENTITY)
         return;
@@ -181,14 +174,6 @@ static __device__ __forceinline__ void rot128_apply_t_pre(const kvq_dev_rot &R, 
         for (int k = 0; k < 4; k++)
             v[k] = __fmul_rn(__fmul_rn(v[k], R.scale), sg[r][k]);
     }
-}
-
-/* x = R^T y for d = 128, loading the signs itself. */
-static __device__ __forceinline__ void rot128_apply_t(const kvq_dev_rot &R, float v[4], int lane)
-{
-    float sg[kRot128Pre][4];
-    rot128_load_signs(R, sg, lane);
-    rot128_apply_t_pre(R, sg, v, lane);
 }
 
 } /* namespace kvq_cu */
