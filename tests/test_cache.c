@@ -202,6 +202,55 @@ static void check_roundtrip(enum kvq_type tk, enum kvq_type tv, int d)
     kvq_cache_free(c);
 }
 
+/* The CUDA cache's device order of 3-bit codes (kvq_layout.h), checked
+ * against words built straight from its definition: code 8k + i in nibble i
+ * of word k, bit k of code 24 + i in that nibble's bit 3. */
+static void test_dev_code_order(void)
+{
+    const int dims[] = {32, 80, 128, 256};
+    kvq_rng rng;
+    kvq_rng_init(&rng, 77);
+    for (size_t di = 0; di < sizeof dims / sizeof *dims; di++) {
+        const int d = dims[di], nb = d * 3 / 8;
+        for (int rep = 0; rep < 20; rep++) {
+            unsigned code[256];
+            uint8_t stream[96] = {0}, row[96];
+            for (int j = 0; j < d; j++) {
+                code[j] = (unsigned)(kvq_rng_next(&rng) % 8u);
+                for (int b = 0; b < 3; b++)
+                    stream[(3 * j + b) / 8] |= (uint8_t)(((code[j] >> b) & 1u) << ((3 * j + b) % 8));
+            }
+            memcpy(row, stream, (size_t)nb);
+            kvq_dev_order_row(row, d, 1);
+            for (int g = 0; g + 32 <= d; g += 32)
+                for (int k = 0; k < 3; k++) {
+                    uint32_t want = 0, got = 0;
+                    for (int i = 0; i < 8; i++)
+                        want |= (code[g + 8 * k + i] | ((code[g + 24 + i] >> k) & 1u) << 3) << (4 * i);
+                    for (int y = 0; y < 4; y++)
+                        got |= (uint32_t)row[(g / 32) * 12 + 4 * k + y] << (8 * y);
+                    CHECKF(got == want, "d=%d group %d word %d: %08x, want %08x", d, g / 32, k, got, want);
+                }
+            /* a trailing part-group keeps the stream order */
+            for (int i = 3 * (d & ~31) / 8; i < nb; i++)
+                CHECK(row[i] == stream[i]);
+            for (int j = 0; j < d; j++)
+                CHECK(kvq_dev_code_get(row, d, j) == code[j]);
+            kvq_dev_order_row(row, d, 0);
+            CHECK(memcmp(row, stream, (size_t)nb) == 0);
+        }
+        for (int j = 0; j < d; j++)
+            for (int b = 0; b < 3; b++) {
+                int bit = -1;
+                const uint32_t pos = kvq_dev_bitpos(d, j, b);
+                CHECK(pos < 3u * (uint32_t)d);
+                CHECK(kvq_dev_bitsrc(d, pos, &bit) == j && bit == b);
+            }
+    }
+    CHECK(kvq_dev_order(KVQ_TYPE_TQ3) && kvq_dev_order(KVQ_TYPE_TQ3J));
+    CHECK(!kvq_dev_order(KVQ_TYPE_TQ4) && !kvq_dev_order(KVQ_TYPE_TQ2J) && !kvq_dev_order(KVQ_TYPE_F16));
+}
+
 static void test_roundtrip_types(void)
 {
     const enum kvq_type pairs[][2] = {
@@ -408,6 +457,7 @@ int main(void)
 {
     RUN(test_config_and_bad_args);
     RUN(test_layout);
+    RUN(test_dev_code_order);
     RUN(test_roundtrip_types);
     RUN(test_pages_stable_reset_truncate);
     RUN(test_all_or_nothing);

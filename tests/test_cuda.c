@@ -646,6 +646,17 @@ static void test_truncate_reappend(void)
     CHECK_OK(kvq_cache_append(cpu, 100, k + 150 * H * d, v + 150 * H * d));
     CHECK_OK(kvq_cuda_cache_append(g, 0, 100, kd + 150 * H * d, vd + 150 * H * d));
     CHECK(compare_rows(cpu, g, 0, 170) == 0);
+    /* a page read back (host order) and written again reaches the device in
+     * its device order: the rows and the attention below still match */
+    const size_t pb = kvq_cache_layout(cpu)->page_bytes;
+    uint8_t *page = malloc(2 * pb);
+    CHECK_OK(kvq_cuda_cache_read_page(g, 0, 1, page));
+    CHECK(memcmp(page, kvq_cache_page(cpu, 1), pb) == 0);
+    CHECK_OK(kvq_cuda_cache_write_page(g, 0, 1, page));
+    CHECK_OK(kvq_cuda_cache_read_page(g, 0, 1, page + pb));
+    CHECK(memcmp(page, page + pb, pb) == 0);
+    free(page);
+    CHECK(compare_rows(cpu, g, 0, 170) == 0);
     cpu_attend(cpu, 170, q, H, G, d, 1.0f / sqrtf((float)d), ref);
     gpu_vs(g, 1, &seq0, qd, Hq, 1.0f / sqrtf((float)d), ref, KVQ_CUDA_KERNEL_FAST, 0, 0, "after truncate");
 done:

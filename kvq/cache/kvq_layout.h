@@ -185,6 +185,87 @@ KVQ_HD static inline int kvq_page_layout_init(struct kvq_page_layout *pl, int n_
     return 0;
 }
 
+/* ---- device order of 3-bit codes (the CUDA cache only) -----------------
+ *
+ * Host pages keep the stream order of kvq_codec.h (code j at bits 3j..3j+2).
+ * GPU kernels turn codes into byte-permute selectors, which take one code
+ * per 4-bit nibble; from the stream order that costs ~31 instructions per 32
+ * codes, from the order below 13 (docs/cuda.md, sixth pass). So the CUDA
+ * cache stores 3-bit codes (tq3, tq3j) in groups of 32 codes = 12 bytes =
+ * three little-endian u32 words w0..w2:
+ *
+ *   code 8k + i (k < 3, i < 8): bits 4i .. 4i+2 of wk
+ *   code 24 + i:                bit k of the code in bit 4i + 3 of wk
+ *
+ * A trailing group of fewer than 32 codes (d % 32 != 0) keeps the stream
+ * order. Same bytes per row; kvq_cuda_cache_read_page / write_page / upload
+ * convert, so pages leave and enter the GPU in the host order. */
+#define KVQ_DEV_GROUP_CODES 32
+#define KVQ_DEV_GROUP_BYTES 12
+KVQ_STATIC_ASSERT(KVQ_TQ_CODE_BYTES(KVQ_DEV_GROUP_CODES, 3) == KVQ_DEV_GROUP_BYTES, "32 3-bit codes are 12 bytes");
+
+/* Whether the CUDA cache stores rows of type t in device order. */
+KVQ_HD static inline int kvq_dev_order(int t)
+{
+    return kvq_layout_tq_bits(t) == 3;
+}
+
+/* Bit position, within a row of d 3-bit codes in device order, of bit b of
+ * code j. */
+KVQ_HD static inline uint32_t kvq_dev_bitpos(int d, int j, int b)
+{
+    if (j >= (d & ~31))
+        return (uint32_t)(3 * j + b);
+    const int c = j & 31, base = 96 * (j >> 5);
+    return (uint32_t)(base + (c < 24 ? 32 * (c >> 3) + 4 * (c & 7) + b : 32 * b + 4 * (c - 24) + 3));
+}
+
+/* The inverse: which code's bit (*bit) sits at bit position pos of a row of
+ * d 3-bit codes in device order. @return the code index. */
+KVQ_HD static inline int kvq_dev_bitsrc(int d, uint32_t pos, int *bit)
+{
+    if (pos >= 3u * (uint32_t)(d & ~31)) {
+        *bit = (int)(pos % 3u);
+        return (int)(pos / 3u);
+    }
+    const int base = 32 * (int)(pos / 96u), r = (int)(pos % 96u);
+    const int k = r >> 5, i = (r >> 2) & 7, nb = r & 3;
+    *bit = nb < 3 ? nb : k;
+    return base + (nb < 3 ? 8 * k + i : 24 + i);
+}
+
+/* Code j of a row of d 3-bit codes in device order. */
+KVQ_HD static inline unsigned kvq_dev_code_get(const uint8_t *codes, int d, int j)
+{
+    unsigned v = 0;
+    for (int b = 0; b < 3; b++) {
+        const uint32_t pos = kvq_dev_bitpos(d, j, b);
+        v |= (unsigned)((codes[pos >> 3] >> (pos & 7)) & 1u) << b;
+    }
+    return v;
+}
+
+/* Rewrites one row of d 3-bit codes (3d/8 bytes) in place: stream order to
+ * device order when to_device, else back. The two are exact inverses. */
+KVQ_HD static inline void kvq_dev_order_row(uint8_t *codes, int d, int to_device)
+{
+    for (int g = 0; g + 32 <= d; g += 32) {
+        uint8_t *p = codes + 12 * (g >> 5), src[12], dst[12];
+        for (int i = 0; i < 12; i++) {
+            src[i] = p[i];
+            dst[i] = 0;
+        }
+        for (int j = 0; j < 32; j++)
+            for (int b = 0; b < 3; b++) {
+                const uint32_t sp = (uint32_t)(3 * j + b), dp = kvq_dev_bitpos(32, j, b);
+                const uint32_t from = to_device ? sp : dp, to = to_device ? dp : sp;
+                dst[to >> 3] |= (uint8_t)(((src[from >> 3] >> (from & 7)) & 1u) << (to & 7));
+            }
+        for (int i = 0; i < 12; i++)
+            p[i] = dst[i];
+    }
+}
+
 /* Row view of token `slot` (0 <= slot < page_tokens) inside a head chunk. */
 KVQ_HD static inline struct kvq_row kvq_head_row(const struct kvq_head_layout *hl, uint8_t *chunk, uint32_t slot)
 {

@@ -445,7 +445,7 @@ __global__ void ref_kernel(const __grid_constant__ ref_params p)
         if (p.ck.rotated) {
             float a = 0.0f, z = 0.0f;
             for (int j = lane; j < d; j += 32)
-                a = fmaf(qv[j], p.ck.centroids[code_get(kcodes, p.ck.bits, j)], a);
+                a = fmaf(qv[j], p.ck.centroids[code_get(kcodes, p.ck.bits, d, j)], a);
             if (p.ck.qjl) {
                 const uint8_t *sg = kc + pg.k.signs_off + (size_t)slot * pg.k.signs_stride;
                 for (int j = lane; j < d; j += 32)
@@ -470,7 +470,7 @@ __global__ void ref_kernel(const __grid_constant__ ref_params p)
         const uint8_t *vcodes = vc + pg.v.codes_off + (size_t)slot * pg.v.codes_stride;
         const float nv = p.cv.rotated ? f16_at(vc + pg.v.norm_off, (int)slot) : 1.0f;
         for (int j = lane; j < d; j += 32) {
-            const float val = p.cv.rotated ? nv * p.cv.centroids[code_get(vcodes, p.cv.bits, j)]
+            const float val = p.cv.rotated ? nv * p.cv.centroids[code_get(vcodes, p.cv.bits, d, j)]
                                            : baseline_elem(p.cv.type, vcodes, j);
             my[j] = fmaf(pw, val, my[j] * alpha);
         }

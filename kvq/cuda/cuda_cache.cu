@@ -477,26 +477,68 @@ kvq_status kvq_cuda_cache_append_batch(kvq_cuda_cache *c, int n_seqs, const int 
 
 /* ---- page copies ----------------------------------------------------- */
 
+/* Rewrites the 3-bit code rows of a host copy of a page between the stream
+ * order and the device order (kvq_layout.h). */
+static void page_code_order(uint8_t *page, const struct kvq_page_layout *L, int to_device)
+{
+    const struct kvq_head_layout *hls[2] = {&L->k, &L->v};
+    const uint64_t offs[2] = {L->k_off, L->v_off};
+    for (int kv = 0; kv < 2; kv++) {
+        const struct kvq_head_layout *hl = hls[kv];
+        if (!kvq_dev_order((int)hl->type))
+            continue;
+        for (uint32_t h = 0; h < L->n_kv_heads; h++)
+            for (uint32_t t = 0; t < hl->page_tokens; t++)
+                kvq_dev_order_row(page + offs[kv] + (size_t)h * hl->bytes + hl->codes_off + (size_t)t * hl->codes_stride,
+                                  (int)hl->dim, to_device);
+    }
+}
+
+static kvq_status page_index(const kvq_cuda_cache *c, int seq, size_t i, int32_t *page)
+{
+    if (seq < 0 || seq >= c->cfg.max_seqs || i >= c->n_pages[seq])
+        return KVQ_ERR_INVALID_ARG;
+    *page = c->ptab_h[(size_t)seq * c->max_pages_per_seq + i];
+    return KVQ_OK;
+}
+
 kvq_status kvq_cuda_cache_read_page(const kvq_cuda_cache *c, int seq, size_t i, void *host)
 {
-    if (!c || !host || seq < 0 || seq >= c->cfg.max_seqs || i >= c->n_pages[seq])
+    int32_t page;
+    if (!c || !host || page_index(c, seq, i, &page) != KVQ_OK)
         return KVQ_ERR_INVALID_ARG;
-    const int32_t page = c->ptab_h[(size_t)seq * c->max_pages_per_seq + i];
     KVQ_CU_TRY(cudaStreamSynchronize(c->stream));
     KVQ_CU_TRY(cudaMemcpy(host, c->pool + (size_t)page * c->layout.page_bytes, c->layout.page_bytes,
                           cudaMemcpyDeviceToHost));
+    page_code_order((uint8_t *)host, &c->layout, 0);
+    return KVQ_OK;
+}
+
+/* Copies a page already in device order (host memory) to page i of seq. */
+static kvq_status write_page_dev_order(kvq_cuda_cache *c, int seq, size_t i, const uint8_t *page_dev_order)
+{
+    int32_t page;
+    if (page_index(c, seq, i, &page) != KVQ_OK)
+        return KVQ_ERR_INVALID_ARG;
+    KVQ_CU_TRY(cudaStreamSynchronize(c->stream));
+    KVQ_CU_TRY(cudaMemcpy(c->pool + (size_t)page * c->layout.page_bytes, page_dev_order, c->layout.page_bytes,
+                          cudaMemcpyHostToDevice));
     return KVQ_OK;
 }
 
 kvq_status kvq_cuda_cache_write_page(kvq_cuda_cache *c, int seq, size_t i, const void *host)
 {
-    if (!c || !host || seq < 0 || seq >= c->cfg.max_seqs || i >= c->n_pages[seq])
+    int32_t page;
+    if (!c || !host || page_index(c, seq, i, &page) != KVQ_OK)
         return KVQ_ERR_INVALID_ARG;
-    const int32_t page = c->ptab_h[(size_t)seq * c->max_pages_per_seq + i];
-    KVQ_CU_TRY(cudaStreamSynchronize(c->stream));
-    KVQ_CU_TRY(cudaMemcpy(c->pool + (size_t)page * c->layout.page_bytes, host, c->layout.page_bytes,
-                          cudaMemcpyHostToDevice));
-    return KVQ_OK;
+    uint8_t *staging = (uint8_t *)malloc(c->layout.page_bytes);
+    if (!staging)
+        return KVQ_ERR_NOMEM;
+    memcpy(staging, host, c->layout.page_bytes);
+    page_code_order(staging, &c->layout, 1);
+    const kvq_status st = write_page_dev_order(c, seq, i, staging);
+    free(staging);
+    return st;
 }
 
 /* Zeroes the slots [used, P) of every section of one head chunk. */
@@ -551,7 +593,8 @@ kvq_status kvq_cuda_cache_upload(kvq_cuda_cache *c, int seq, const kvq_cache *ho
                 zero_tail(staging + c->layout.k_off + (size_t)h * c->layout.k.bytes, &c->layout.k, used);
                 zero_tail(staging + c->layout.v_off + (size_t)h * c->layout.v.bytes, &c->layout.v, used);
             }
-        st = kvq_cuda_cache_write_page(c, seq, i, staging);
+        page_code_order(staging, &c->layout, 1);
+        st = write_page_dev_order(c, seq, i, staging);
     }
     free(staging);
     if (st == KVQ_OK)

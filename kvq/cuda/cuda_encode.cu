@@ -179,11 +179,14 @@ __global__ void encode_kernel(int64_t n_rows, const float *k, const float *v, kv
                 sgn[j] = !(z[j] < 0.0f);
             __syncwarp();
         }
+        const bool dev_order = kvq_dev_order(cd.type); /* 3-bit codes: kvq_layout.h's device order */
         for (int b = lane; b < code_bytes; b += 32) {
             unsigned byte = 0;
             for (int i = 0; i < 8; i++) {
-                int pos = 8 * b + i;
-                byte |= ((unsigned)(idx[pos / cd.bits] >> (pos % cd.bits)) & 1u) << i;
+                const int pos = 8 * b + i;
+                int bit = pos % cd.bits;
+                const int j = dev_order ? kvq_dev_bitsrc(d, (uint32_t)pos, &bit) : pos / cd.bits;
+                byte |= ((unsigned)(idx[j] >> bit) & 1u) << i;
             }
             codes[b] = (uint8_t)byte;
         }

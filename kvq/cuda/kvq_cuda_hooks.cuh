@@ -16,10 +16,11 @@
  * in the same slot order (kvq_cu::slot tables below), and a dot product does
  * not care about the order of its terms.
  *
- * Codes (tq3, 3 bits, stream order of kvq_codec.h): the 96 bits of a lane's
- * 32 codes become nibble selectors, and PRMT looks the f16 centroid bytes up
- * in a 16-byte table held in 4 registers (tq3_decode32): ~2 instructions per
- * code, no memory traffic.
+ * Codes (tq3, 3 bits, the device order of kvq_layout.h): the 96 bits of a
+ * lane's 32 codes are nearly nibble selectors already (a mask, and 6
+ * instructions for the 8 codes spread over the nibbles' spare bits), and
+ * PRMT looks the f16 centroid bytes up in a 16-byte table held in 4
+ * registers (tq3_decode32): ~1.4 instructions per code, no memory traffic.
  *
  * QJL signs: sum_j (S q')_j s~_j = 2 P - T with P = sum over sign bit 1 of
  * (S q')_j and T = sum_j (S q')_j. P is an MMA whose B operand is the sign
@@ -45,23 +46,12 @@ namespace kvq_cu {
 
 /* ---- slot orders (host and device) ----------------------------------- */
 
-/* tq3_decode32 returns 16 f16 pairs; pair p holds codes (kTq3Pair[2p],
- * kTq3Pair[2p + 1]) of the 32 it was given (low half first). */
-static constexpr unsigned char kTq3Pair[32] = {0,  1,  2,  4,  5,  6,  8,  9,  10, 11, 12,
-                                               14, 15, 16, 18, 19, 20, 21, 22, 24, 25, 26,
-                                               28, 29, 3,  13, 23, 7,  17, 27, 30, 31};
+/* tq3_decode32 returns 16 f16 pairs; pair p holds codes 2p (low half) and
+ * 2p + 1 of the 32 it was given. */
 
 /* qjl_bits32: pair r holds signs (r, r + 16); the bit sits at position
  * 11 + (r & 3) of each half, worth kQjlBitValue[r & 3] as an f16. */
 static constexpr float kQjlBitValue[4] = {1.0f / 8192.0f, 1.0f / 2048.0f, 1.0f / 128.0f, 2.0f};
-
-/* kTq3Pair[i] without a memory table (device code cannot index a host
- * array): 12 five-bit entries per 64-bit constant. */
-__host__ __device__ static inline int tq3_pair(int i)
-{
-    const uint64_t w = i < 12 ? 0x7316a4a0c520820ull : i < 24 ? 0xef359c5ab49ca0full : 0xffb713dda3ull;
-    return (int)((w >> (5 * (i % 12))) & 31u);
-}
 
 /* MMA slot s (0..127) of a K fragment: k-block kb = s / 16, w = s % 16 ->
  * lane t = (w % 8) / 2, pair p = 2 kb + w / 8, half e = w % 2. */
@@ -83,7 +73,7 @@ __host__ __device__ static inline int kslot_dim(bool f16, int s)
         const int i = p / 4, ch = 2 * t + (i & 1) + 8 * (i >> 1);
         return 8 * ch + 2 * (p % 4) + e;
     }
-    return 32 * t + tq3_pair(2 * p + e);
+    return 32 * t + 2 * p + e;
 }
 
 /* Head dimension of QJL-sign slot s, and 1 / the f16 value its bit carries. */
@@ -96,13 +86,12 @@ __host__ __device__ static inline int sslot_dim(int s, float *inv_bitval)
     return 32 * t + p + 16 * e;
 }
 
-/* Head dimension of value-tile column s (vtile_store32 order; f16: itself). */
+/* Head dimension of value-tile column s (vtile_store32 order): itself, for
+ * f16 rows and for tq3 codes in device order alike. */
 __host__ __device__ static inline int vslot_dim(bool f16, int s)
 {
-    if (f16)
-        return s;
-    const int t = s / 32, p = (s % 32) / 2, e = s % 2;
-    return 32 * t + tq3_pair(2 * p + e);
+    (void)f16;
+    return s;
 }
 
 /* ---- small wrappers -------------------------------------------------- */
@@ -239,16 +228,6 @@ static inline float codebook_alpha(const float *c, int levels)
     return best_a;
 }
 
-/* Nibble selectors of a 30-bit window starting at code c:
- * nibbles = codes c, c+1, c+2, c+4, c+5, c+6, c+8, c+9. */
-__device__ __forceinline__ uint32_t tq3_window_sel(uint32_t w)
-{
-    uint32_t s = w & 0x07007007u;
-    s |= (w << 1) & 0x70070070u;
-    s |= (w << 2) & 0x00700700u;
-    return s;
-}
-
 /* Two pairs from the low 16 bits of sel (4 nibbles = 4 codes). */
 __device__ __forceinline__ void tq3_lookup4(uint32_t sel, const tq3_lut &T, uint32_t *p0, uint32_t *p1)
 {
@@ -258,44 +237,31 @@ __device__ __forceinline__ void tq3_lookup4(uint32_t sel, const tq3_lut &T, uint
     *p1 = prmt(lo, hi, 0x7362);
 }
 
-/* 32 codes of 3 bits (w0..w2: 96 stream bits, code j at bit 3j) -> 16 f16x2
- * centroid pairs in kTq3Pair order. */
+/* The selectors of 32 codes in device order (w0..w2: one 12-byte group,
+ * kvq_layout.h): sel[k] nibble i = code 8k + i. Lookup i (0..7) of codes
+ * 4i..4i+3 takes sel[i / 2] >> (16 * (i & 1)), so that a caller can
+ * interleave the lookups with the MMAs that consume them. */
+__device__ __forceinline__ void tq3_select32(uint32_t w0, uint32_t w1, uint32_t w2, uint32_t sel[4])
+{
+    sel[0] = w0 & 0x77777777u;
+    sel[1] = w1 & 0x77777777u;
+    sel[2] = w2 & 0x77777777u;
+    uint32_t s3 = (w0 >> 3) & 0x11111111u;
+    s3 |= (w1 >> 2) & 0x22222222u;
+    s3 |= (w2 >> 1) & 0x44444444u;
+    sel[3] = s3;
+}
+
+/* 32 codes in device order -> 16 f16x2 centroid pairs, pair p = codes 2p,
+ * 2p + 1. */
 __device__ __forceinline__ void tq3_decode32(uint32_t w0, uint32_t w1, uint32_t w2, const tq3_lut &T,
                                              uint32_t out[16])
 {
-    uint32_t s0 = tq3_window_sel(w0);
-    uint32_t s1 = tq3_window_sel(__funnelshift_r(w0, w1, 30));
-    uint32_t s2 = tq3_window_sel(__funnelshift_r(w1, w2, 28));
-    /* the codes the windows skip: 3, 13, 23, 7, 17, 27, 30, 31 */
-    uint32_t s3 = (w0 >> 9) & 0x00007007u;
-    s3 |= (w1 >> 3) & 0x00070070u;
-    s3 |= (w2 << 3) & 0x00700700u;
-    s3 |= (w2 >> 2) & 0x07000000u;
-    s3 |= (w2 >> 1) & 0x70000000u;
-    tq3_lookup4(s0, T, &out[0], &out[1]);
-    tq3_lookup4(s0 >> 16, T, &out[2], &out[3]);
-    tq3_lookup4(s1, T, &out[4], &out[5]);
-    tq3_lookup4(s1 >> 16, T, &out[6], &out[7]);
-    tq3_lookup4(s2, T, &out[8], &out[9]);
-    tq3_lookup4(s2 >> 16, T, &out[10], &out[11]);
-    tq3_lookup4(s3, T, &out[12], &out[13]);
-    tq3_lookup4(s3 >> 16, T, &out[14], &out[15]);
-}
-
-/* tq3_decode32 in two steps, so that a caller can interleave the lookups
- * with the MMAs that consume them: the four selector words first, then
- * lookup i (0..7) = pairs 2i, 2i + 1 = tq3_lookup4(sel[i / 2] >> (16 * (i & 1))). */
-__device__ __forceinline__ void tq3_select32(uint32_t w0, uint32_t w1, uint32_t w2, uint32_t sel[4])
-{
-    sel[0] = tq3_window_sel(w0);
-    sel[1] = tq3_window_sel(__funnelshift_r(w0, w1, 30));
-    sel[2] = tq3_window_sel(__funnelshift_r(w1, w2, 28));
-    uint32_t s3 = (w0 >> 9) & 0x00007007u;
-    s3 |= (w1 >> 3) & 0x00070070u;
-    s3 |= (w2 << 3) & 0x00700700u;
-    s3 |= (w2 >> 2) & 0x07000000u;
-    s3 |= (w2 >> 1) & 0x70000000u;
-    sel[3] = s3;
+    uint32_t sel[4];
+    tq3_select32(w0, w1, w2, sel);
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        tq3_lookup4(sel[i / 2] >> (16 * (i & 1)), T, &out[2 * i], &out[2 * i + 1]);
 }
 
 /* ---- integer tensor cores for the key side (KVQ_CUDA_KERNEL_FAST_V4) ---
@@ -392,7 +358,7 @@ static inline tq3_ilut tq3_ilut_make(const float c[8], float S)
  * selector kb / 2, half kb % 2, nibble i. */
 __host__ __device__ static inline int islot_dim(int kb, int t, int i)
 {
-    return 32 * t + tq3_pair(4 * kb + i);
+    return 32 * t + 4 * kb + i;
 }
 
 /* D += A B, m16n8k32, s8 x s8 (U8 = false) or u8 x s8 -> s32. Fragments:
@@ -515,9 +481,12 @@ __device__ __forceinline__ void accum_values16_rows(float acc[][8][4], const uin
 
 /* ---- scalar helpers (any type, any dim): used by the reference kernel - */
 
-/* Code j of a packed code stream of `bits` bits per code. */
-__device__ __forceinline__ unsigned code_get(const uint8_t *codes, int bits, int j)
+/* Code j of a row of d codes of `bits` bits as the CUDA cache stores it
+ * (3 bits: device order, kvq_layout.h; else stream order). */
+__device__ __forceinline__ unsigned code_get(const uint8_t *codes, int bits, int d, int j)
 {
+    if (bits == 3)
+        return kvq_dev_code_get(codes, d, j);
     unsigned pos = (unsigned)(bits * j), v = 0;
     for (int b = 0; b < bits; b++, pos++)
         v |= (unsigned)((codes[pos >> 3] >> (pos & 7)) & 1u) << b;

@@ -10,7 +10,8 @@ What it models, lane by lane, for one 16-token segment of tq3j keys:
   k-slots (hk of 4 codes | lk of the same codes) give sum Q C / 256 =
   65536 A + 256 B + C up to the lq lk term; the QJL query likewise in 24 bits,
   divided by the value its sign bit carries (tiles: hi, mid | lo, zero);
-- the kernel side: the code selectors (tq3_select32, ported bit for bit),
+- the kernel side: the codes in the device order of kvq_layout.h (built here
+  from its definition), the code selectors (tq3_select32, ported bit for bit),
   one PRMT per 4 codes into the hi-byte table and one into the lo-byte table
   (the key's 16-bit fixed-point centroid C = 256 hk + lk), the sign bytes
   masked in place (sw & 0x01010101 << p, worth 2^p as a u8);
@@ -32,8 +33,6 @@ import random
 
 C3 = [-0.18839718597012406, -0.11813976699678064, -0.066585608047421557, -0.02160431064215225,
                0.02160431064215225, 0.066585608047421557, 0.11813976699678064, 0.18839718597012406]
-TQ3_PAIR = [0, 1, 2, 4, 5, 6, 8, 9, 10, 11, 12, 14, 15, 16, 18, 19, 20, 21, 22, 24, 25, 26, 28, 29,
-            3, 13, 23, 7, 17, 27, 30, 31]
 MAGIC = 0x4B400000            # bit pattern of 1.5 * 2^23
 MAGIC_F = 12582912.0
 CMAX = 32000                  # |fixed-point value| <= CMAX keeps the high byte in s8
@@ -77,19 +76,11 @@ def int_scale(c):
 
 
 def sel32(w0, w1, w2):
-    """tq3_select32: four selector words, nibbles = codes in TQ3_PAIR order."""
-    def win(w):
-        s = w & 0x07007007
-        s |= (w << 1) & 0x70070070
-        s |= (w << 2) & 0x00700700
-        return s & M32
-    fs = lambda lo, hi, n: ((lo >> n) | (hi << (32 - n))) & M32
-    s3 = (w0 >> 9) & 0x00007007
-    s3 |= (w1 >> 3) & 0x00070070
-    s3 |= (w2 << 3) & 0x00700700
-    s3 |= (w2 >> 2) & 0x07000000
-    s3 |= (w2 >> 1) & 0x70000000
-    return [win(w0), win(fs(w0, w1, 30)), win(fs(w1, w2, 28)), s3 & M32]
+    """tq3_select32: four selector words, nibble i of word k = code 8k + i."""
+    s3 = (w0 >> 3) & 0x11111111
+    s3 |= (w1 >> 2) & 0x22222222
+    s3 |= (w2 >> 1) & 0x44444444
+    return [w0 & 0x77777777, w1 & 0x77777777, w2 & 0x77777777, s3]
 
 
 def prmt(a, b, sel):
@@ -137,7 +128,7 @@ def imma(C, A, B, a_signed=True):
 
 def kslot_dim(kb, t, i):
     """Code k-block kb (0..7), lane t, byte i (hi slot 4t+i, lo slot 16+4t+i)."""
-    return 32 * t + TQ3_PAIR[4 * kb + i]
+    return 32 * t + 4 * kb + i
 
 
 def sslot(kb, t, e, i):
@@ -195,7 +186,7 @@ def run(seed, G=4, qjl=True, peaky=False, mutate=None):
                 for i in range(4):
                     d = kslot_dim(kb, t, i)
                     if mutate == 'kslot':
-                        d = 32 * t + TQ3_PAIR[4 * kb + (i ^ 1)]
+                        d = 32 * t + 4 * kb + (i ^ 1)
                     hq, mq, lq = split24(Qi[j][d]) if j < G else (0, 0, 0)
                     lo_, hi_ = [(hq, 0), (mq, hq), (lq, mq), (0, 0)][2 * tile + part]
                     b0.append(lo_)
@@ -220,12 +211,12 @@ def run(seed, G=4, qjl=True, peaky=False, mutate=None):
                     regs.append(pack4(v))
                 Bs[kb, l, tile] = tuple(regs)
 
-    # kernel: stream words of each token row (code j at bit 3j), sign words
+    # kernel: device-order words of each token row (kvq_layout.h: code 8k + i
+    # in nibble i of word k, bit k of code 24 + i in bit 3 of that nibble)
     def words(tok, t):
-        bits = 0
-        for k in range(32):
-            bits |= int(codes[tok][32 * t + k]) << (3 * k)
-        return bits & M32, (bits >> 32) & M32, (bits >> 64) & M32
+        c = codes[tok][32 * t:32 * t + 32]
+        return tuple(sum((c[8 * k + i] | ((c[24 + i] >> k) & 1) << 3) << (4 * i) for i in range(8))
+                     for k in range(3))
 
     def sword(tok, t):
         return sum(int(signs[tok][32 * t + i]) << i for i in range(32))
