@@ -126,7 +126,7 @@ template <int KT, int VT, int S>
 constexpr size_t smem_bytes()
 {
     using L = stage_layout<KT, VT, S>;
-    return (size_t)NW * L::nst * L::bytes + (L::vf16 ? 0 : NW * 4096) + 4096 + (L::qjl ? 4096 : 0) + 128 +
+    return (size_t)NW * L::nst * L::bytes + 4096 + (L::qjl ? 4096 : 0) + 128 +
            NW * L::nst * 8;
 }
 
@@ -355,8 +355,7 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
     constexpr int NT = GP / 4; /* n-tiles of the value MMA: hi/lo columns */
     extern __shared__ __align__(128) uint8_t smem[];
     uint8_t *stages = smem;
-    uint8_t *vtiles = stages + NW * NST * L::bytes;
-    uint4 *qa = reinterpret_cast<uint4 *>(vtiles + (L::vf16 ? 0 : NW * 4096));
+    uint4 *qa = reinterpret_cast<uint4 *>(stages + NW * NST * L::bytes);
     uint4 *sa = qa + 256;
     float *qc = reinterpret_cast<float *>(reinterpret_cast<uint8_t *>(qa) + 4096 + (L::qjl ? 4096 : 0));
     uint64_t *bars = reinterpret_cast<uint64_t *>(qc + 32);
@@ -405,7 +404,6 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
 
     uint8_t *my_stages = stages + warp * NST * L::bytes;
     uint64_t *my_bars = bars + warp * NST;
-    uint8_t *vtile = vtiles + warp * 4096;
     const int first = s0 + warp;
     const int nmine = first < s1 ? (s1 - first + NW - 1) / NW : 0;
 
@@ -725,16 +723,8 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
         if (L::vf16) {
             accum_values16_rows<NT>(acc, st + L::v_base, FROW, lane, pb0, pb1);
         } else {
-            uint32_t vr[16];
-#pragma unroll
-            for (int nt = 0; nt < 2; nt++) {
-                const int row = g + 8 * nt;
-                const uint32_t *w = reinterpret_cast<const uint32_t *>(st + L::v_base + jk + row * 48 + t * 12);
-                tq3_decode32(w[0], w[1], w[2], p.lut_v, vr);
-                vtile_store32(vtile, row, t, vr);
-            }
-            __syncwarp();
-            accum_values16<NT>(acc, vtile, lane, pb0, pb1);
+            const uint32_t *w0 = reinterpret_cast<const uint32_t *>(st + L::v_base + jk + g * 48 + t * 12);
+            accum_values_tq3<NT>(acc, w0, w0 + 8 * 12, p.lut_v, pb0, pb1);
         }
         __syncwarp();
       }

@@ -28,9 +28,10 @@
  * power of two 2^-13, 2^-11, 2^-7 or 2, so the query side is pre-divided by
  * that value (qjl_bits32, 20 instructions for 32 signs).
  *
- * Values: decoded to f16 in a swizzled 16 x 128 shared-memory tile and fed
- * to the MMA with ldmatrix.trans; the softmax weights (times the row norm)
- * are the other operand, again split into hi + lo f16.
+ * Values: O^T += V^T P^T. Each lookup's two f16 pairs (2 dims x tokens g
+ * and g + 8) become, through movmatrix, the A fragment of one m-block of
+ * V^T (accum_values_tq3); the softmax weights (times the row norm) are the
+ * B operand, again split into hi + lo f16. f16 rows go through ldmatrix.trans.
  */
 #ifndef KVQ_CUDA_HOOKS_CUH
 #define KVQ_CUDA_HOOKS_CUH
@@ -86,12 +87,16 @@ __host__ __device__ static inline int sslot_dim(int s, float *inv_bitval)
     return 32 * t + p + 16 * e;
 }
 
-/* Head dimension of value-tile column s (vtile_store32 order): itself, for
- * f16 rows and for tq3 codes in device order alike. */
+/* Head dimension of value slot s (row s % 16 of m-block s / 16 of O^T):
+ * itself for f16 rows; for tq3 codes the order accum_values_tq3 gives,
+ * rows r < 8 holding pair 2 mb and rows r >= 8 pair 2 mb + 1 of lane
+ * t = (r % 8) / 2's slice. */
 __host__ __device__ static inline int vslot_dim(bool f16, int s)
 {
-    (void)f16;
-    return s;
+    if (f16)
+        return s;
+    const int mb = s >> 4, r = s & 15;
+    return 32 * ((r & 7) >> 1) + 4 * mb + 2 * (r >> 3) + (r & 1);
 }
 
 /* ---- small wrappers -------------------------------------------------- */
@@ -421,39 +426,24 @@ __device__ __forceinline__ void score_tile8(float acc[4], const uint32_t kb_regs
 
 /* ---- values ----------------------------------------------------------- */
 
-/* The f16 value tile of 16 tokens x 128 slots (4 KB): 16-byte chunk c of row
- * r lives at chunk c ^ (r & 7) ^ ((c >> 3) << 1), which keeps both the
- * decoders' 16-byte stores and ldmatrix's row reads free of bank conflicts. */
-__device__ __forceinline__ uint32_t vtile_off(int row, int chunk)
-{
-    int pc = chunk ^ (row & 7) ^ ((chunk >> 3) << 1);
-    return (uint32_t)(row * 256 + pc * 16);
-}
-
-/* Lane (g, t) stores 16 decoded pairs of token `row` into slots 32t .. 32t+31. */
-__device__ __forceinline__ void vtile_store32(uint8_t *tile, int row, int t, const uint32_t v[16])
-{
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        uint4 q = make_uint4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
-        *reinterpret_cast<uint4 *>(tile + vtile_off(row, 4 * t + i)) = q;
-    }
-}
-
-/* O^T[slot rows of m-block mb][cols] += V^T P^T for 16 tokens, V from the
- * swizzled tile (ldmatrix.trans), P as B fragments pb0/pb1. */
+/* O^T += V^T P^T for 16 tq3 tokens straight from registers: lane (g, t)
+ * decodes its 32 codes of tokens g and g + 8 (w0, w1: their device-order
+ * words), and movmatrix turns the pairs of one lookup into the A fragment
+ * of one m-block (rows: value slots in vslot_dim order, columns: tokens),
+ * so there is no shared-memory tile and no ldmatrix. */
 template <int NT>
-__device__ __forceinline__ void accum_values16(float acc[][8][4], const uint8_t *tile, int lane, const uint32_t pb0[NT],
-                                               const uint32_t pb1[NT])
+__device__ __forceinline__ void accum_values_tq3(float acc[][8][4], const uint32_t *w0, const uint32_t *w1,
+                                                 const tq3_lut &T, const uint32_t pb0[NT], const uint32_t pb1[NT])
 {
-    const int row = (lane & 7) + ((lane >> 4) & 1) * 8;
-    const int hi = (lane >> 3) & 1;
-    const uint32_t base = smem_u32(tile);
+    uint32_t s0[4], s1[4];
+    tq3_select32(w0[0], w0[1], w0[2], s0);
+    tq3_select32(w1[0], w1[1], w1[2], s1);
 #pragma unroll
     for (int mb = 0; mb < 8; mb++) {
-        uint32_t a[4];
-        ldsm_x4_trans(base + vtile_off(row, 2 * mb + hi), a);
-        uint4 av = make_uint4(a[0], a[1], a[2], a[3]);
+        uint32_t p0, p1, q0, q1;
+        tq3_lookup4(s0[mb >> 1] >> (16 * (mb & 1)), T, &p0, &p1);
+        tq3_lookup4(s1[mb >> 1] >> (16 * (mb & 1)), T, &q0, &q1);
+        const uint4 av = make_uint4(movm_trans(p0), movm_trans(p1), movm_trans(q0), movm_trans(q1));
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
             mma16816(acc[nt][mb], av, pb0[nt], pb1[nt]);
