@@ -223,6 +223,13 @@ __device__ __forceinline__ uint32_t hilo_f16x2(float x)
     return (uint32_t)__half_as_ushort(hx) | ((uint32_t)__half_as_ushort(lx) << 16);
 }
 
+/* The query fragments of the first kImKeep code k-blocks stay in registers
+ * for the whole kernel instead of being read from shared memory per segment:
+ * the shared-memory pipe is among the busiest (ncu: 76% of L1 wavefronts),
+ * and two (8 registers, 121 in all) gained 2.4-2.9% at batch 32; four gained
+ * the same, eight nothing (sixth pass in docs/cuda.md). */
+constexpr int kImKeep = 2;
+
 /* IM (fifth pass, KVQ_CUDA_KERNEL_FAST_V4; tq keys, GP == 4): scores and
  * online softmax of one 16-token segment with the keys on integer tensor
  * cores (kvq_cuda_hooks.cuh, "integer tensor cores"; the prep kernel's
@@ -236,7 +243,8 @@ __device__ __forceinline__ uint32_t hilo_f16x2(float x)
  * accumulator's columns are (hi, lo) of queries 0..3. */
 template <class L>
 __device__ __forceinline__ void im_segment(const kvq_cu_fast_params &p, const uint8_t *st, int jk, int js, int jn,
-                                           int seg, int len, int lane, const uint4 *qa, const float *qc,
+                                           int seg, int len, int lane, const uint4 *qa,
+                                           const uint4 (&qkeep)[kImKeep], const float *qc,
                                            float &m_run, float &l_run, float (&acc)[8][4], uint32_t &pb0,
                                            uint32_t &pb1)
 {
@@ -261,7 +269,7 @@ __device__ __forceinline__ void im_segment(const kvq_cu_fast_params &p, const ui
             const uint32_t s0 = ksel[0][kb >> 1] >> (16 * (kb & 1)), s1 = ksel[1][kb >> 1] >> (16 * (kb & 1));
             const uint4 a = make_uint4(prmt(T.hi0, T.hi1, s0), prmt(T.hi0, T.hi1, s1), prmt(T.lo0, T.lo1, s0),
                                        prmt(T.lo0, T.lo1, s1));
-            const uint4 bq = qa[kb * 32 + lane];
+            const uint4 bq = kb < kImKeep ? qkeep[kb] : qa[kb * 32 + lane];
             mma16832_s8(ca, a, bq.x, bq.y);
             mma16832_s8(cb, a, bq.z, bq.w);
         }
@@ -441,6 +449,10 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
     const float sig2 = L::qjl && MODE == M_ST ? qc[qx] : 0.0f;
     const float tneg = L::qjl && MODE == M_ST ? qc[8 + qx] : 0.0f;
     const float kappa = p.kappa;
+    uint4 qkeep[kImKeep]; /* IM: the first query fragments stay in registers */
+#pragma unroll
+    for (int i = 0; i < kImKeep; i++)
+        qkeep[i] = IM ? qa[i * 32 + lane] : make_uint4(0u, 0u, 0u, 0u);
 
     float m_run = -INFINITY, l_run = 0.0f;
     float m_runb = -INFINITY, l_runb = 0.0f; /* TR: the second query */
@@ -467,7 +479,7 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
 
         uint32_t pb0[NT], pb1[NT];
         if constexpr (IM) {
-            im_segment<L>(p, st, jk, js, jn, seg, len, lane, qa, qc, m_run, l_run, acc[0], pb0[0], pb1[0]);
+            im_segment<L>(p, st, jk, js, jn, seg, len, lane, qa, qkeep, qc, m_run, l_run, acc[0], pb0[0], pb1[0]);
         } else if constexpr (TR) {
             /* 1. scores S[16 tokens][hi/lo query columns] = K Q^T: decode, then a
              * code and a sign MMA chain (see the note above the kernel) */
