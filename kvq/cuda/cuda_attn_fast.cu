@@ -18,8 +18,10 @@
  *  2. turns scores into softmax weights with an online softmax kept per
  *     query row (the running max only rescales the accumulators when some
  *     lane's max grew);
- *  3. decodes the 16 values into a swizzled f16 tile and accumulates
- *     O^T += V^T (p * n_v)^T with 8 MMAs (16 for 5-8 query heads).
+ *  3. decodes the 16 values into f16 pairs that movmatrix turns into the A
+ *     fragments of V^T (accum_values_tq3; f16 values: ldmatrix.trans from
+ *     the stage) and accumulates O^T += V^T (p * n_v)^T with 8 MMAs (16 for
+ *     5-8 query heads).
  * The queries enter pre-rotated, pre-scaled by scale * log2(e) and split
  * into f16 hi + lo rows (prep kernel); the block merges its warps and writes
  * an unnormalised partial (O, m, l) that the finalize kernel combines across
