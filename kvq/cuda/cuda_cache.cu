@@ -487,10 +487,11 @@ static void page_code_order(uint8_t *page, const struct kvq_page_layout *L, int 
         const struct kvq_head_layout *hl = hls[kv];
         if (!kvq_dev_order((int)hl->type))
             continue;
-        for (uint32_t h = 0; h < L->n_kv_heads; h++)
+        for (uint32_t h = 0; h < L->n_kv_heads; h++) {
+            uint8_t *codes = page + offs[kv] + (size_t)h * hl->bytes + hl->codes_off;
             for (uint32_t t = 0; t < hl->page_tokens; t++)
-                kvq_dev_order_row(page + offs[kv] + (size_t)h * hl->bytes + hl->codes_off + (size_t)t * hl->codes_stride,
-                                  (int)hl->dim, to_device);
+                kvq_dev_order_row(codes + (size_t)t * hl->codes_stride, (int)hl->dim, to_device);
+        }
     }
 }
 
