@@ -128,7 +128,7 @@ $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(LIB_A)
 
 tests: $(TEST_BIN) $(KVQ)
 test: tests
-	@sh tests/run.sh $(BUILD) $(TEST_BIN)
+	@sh tests/run.sh $(BUILD) $(TEST_BIN) tests/cuda/test_emulate_v4.sh
 
 benches: $(BENCH_BIN) $(KVQ)
 bench: benches

@@ -22,7 +22,8 @@ It asserts that every score is within 2e-6 of nk |q| |k| of the float64
 score of the dequantised key (the f16 kernels' centroid rounding alone gives
 5.2e-6 on these data), and that deliberate mapping mutations fail.
 
-    python3 tests/cuda/emulate_v4.py        (pure Python, ~5 s)
+    python3 tests/cuda/emulate_v4.py        (pure Python, ~5 s; `make test`
+                                             runs it through test_emulate_v4.sh)
 
 A model, not the kernel: tests/test_cuda.c on a GPU is the real check."""
 import math
