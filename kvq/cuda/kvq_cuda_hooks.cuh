@@ -28,9 +28,9 @@
  * power of two 2^-13, 2^-11, 2^-7 or 2, so the query side is pre-divided by
  * that value (qjl_bits32, 20 instructions for 32 signs).
  *
- * Values: O^T += V^T P^T. Each lookup's two f16 pairs (2 dims x tokens g
- * and g + 8) become, through movmatrix, the A fragment of one m-block of
- * V^T (accum_values_tq3); the softmax weights (times the row norm) are the
+ * Values: O^T += V^T P^T. One lookup gives two f16 pairs (4 dims of token
+ * g); with the same lookup for token g + 8, four movmatrix make the A
+ * fragment of one m-block of V^T (accum_values_tq3); the softmax weights (times the row norm) are the
  * B operand, again split into hi + lo f16. f16 rows go through ldmatrix.trans.
  */
 #ifndef KVQ_CUDA_HOOKS_CUH
