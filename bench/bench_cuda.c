@@ -22,6 +22,13 @@
  * GB/s counts the cache bytes the call must read (K and V rows of every
  * attended token; queries and outputs are negligible).
  *
+ * Appends (encode on the GPU, per cache type): a prefill of 8192 tokens
+ * into one sequence, and one decode step (one token into each of 1, 8, 32
+ * sequences that already hold a token, kvq_cuda_cache_append_batch) with
+ * the input check on (the default: one host synchronisation per call) and
+ * off. Host wall time from the call until the device is idle, median of 11
+ * after 2 warm-ups.
+ *
  * Env: KVQ_BENCH_QUICK=1 (batch 1 and 32, contexts 4K and 32K),
  *      KVQ_BENCH_PROFILE=1|2|3 (only tq3j/tq3, tq3/tq3 or f16/f16, at batch
  *      KVQ_BENCH_BATCH (32) and context KVQ_BENCH_CTX (32768): for ncu),
@@ -115,6 +122,76 @@ static void fill(kvq_cuda_cache *c, int ctx)
     kvq_cuda_free(v);
 }
 
+/* Median wall time (us) of `reps` append calls (2 warm-ups before): a
+ * prefill of n tokens into an empty sequence 0 when batch == 0, else one
+ * token into each of sequences 0..batch-1 holding one token already (the
+ * steady state of a decode loop: the page exists, nothing is allocated). */
+static double time_append(kvq_cuda_cache *c, int batch, size_t n, const float *k, const float *v, int reps)
+{
+    int seqs[MAXB];
+    for (int i = 0; i < MAXB; i++)
+        seqs[i] = i;
+    double t[16];
+    if (reps > 16)
+        reps = 16;
+    for (int s = 0; s < MAXB; s++)
+        TRY(kvq_cuda_cache_truncate(c, s, 0));
+    if (batch > 0)
+        TRY(kvq_cuda_cache_append_batch(c, batch, seqs, k, v));
+    for (int i = 0; i < reps + 2; i++) {
+        for (int s = 0; s < MAXB; s++)
+            TRY(kvq_cuda_cache_truncate(c, s, batch > 0 && s < batch ? 1 : 0));
+        TRY(kvq_cuda_synchronize());
+        const double t0 = bench_clock_s(CLOCK_MONOTONIC);
+        TRY(batch == 0 ? kvq_cuda_cache_append(c, 0, n, k, v) : kvq_cuda_cache_append_batch(c, batch, seqs, k, v));
+        TRY(kvq_cuda_synchronize());
+        if (i >= 2)
+            t[i - 2] = (bench_clock_s(CLOCK_MONOTONIC) - t0) * 1e6;
+    }
+    return bench_median(t, reps);
+}
+
+/* Append timings of one cache type (see the file comment), printed as one
+ * line and kept for the JSON. */
+struct append_result {
+    enum kvq_type tk, tv;
+    double prefill_us, step_us[3], step_nocheck_us[3]; /* steps at batch 1, 8, 32 */
+};
+
+static void bench_append(enum kvq_type tk, enum kvq_type tv, struct append_result *r)
+{
+    const size_t n = 8192;
+    float *k = NULL, *v = NULL;
+    TRY(kvq_cuda_malloc((void **)&k, n * H * D * sizeof(float)));
+    TRY(kvq_cuda_malloc((void **)&v, n * H * D * sizeof(float)));
+    TRY(kvq_cuda_fill_normal(k, n * H * D, 77, 1.0f));
+    TRY(kvq_cuda_fill_normal(v, n * H * D, 78, 1.0f));
+    const int bs[3] = {1, 8, 32};
+    r->tk = tk;
+    r->tv = tv;
+    for (int check = 1; check >= 0; check--) {
+        struct kvq_cuda_cache_config cfg;
+        kvq_cuda_cache_config_default(&cfg, H, D, n, MAXB);
+        cfg.cache.type_k = tk;
+        cfg.cache.type_v = tv;
+        cfg.check_input = check;
+        kvq_cuda_cache *c = NULL;
+        TRY(kvq_cuda_cache_create(&cfg, &c));
+        if (check)
+            r->prefill_us = time_append(c, 0, n, k, v, 11);
+        for (int i = 0; i < 3; i++)
+            (check ? r->step_us : r->step_nocheck_us)[i] = time_append(c, bs[i], 1, k, v, 11);
+        kvq_cuda_cache_free(c);
+    }
+    kvq_cuda_free(k);
+    kvq_cuda_free(v);
+    printf("append %s/%s: prefill %zu tokens %.1f us (%.2f M tokens/s); decode step at batch 1/8/32: %.1f / %.1f / "
+           "%.1f us (input check off: %.1f / %.1f / %.1f)\n",
+           kvq_type_traits(tk)->name, kvq_type_traits(tv)->name, n, r->prefill_us, (double)n / r->prefill_us,
+           r->step_us[0], r->step_us[1], r->step_us[2], r->step_nocheck_us[0], r->step_nocheck_us[1],
+           r->step_nocheck_us[2]);
+}
+
 /* One attend call over sequences 0..batch-1, timed reps times after 3
  * warm-ups. graph = 1 records the call once into a CUDA graph and times its
  * replays instead (kvq_cuda_graph_*), with the same flush and bracketing. */
@@ -186,6 +263,8 @@ int main(void)
 
     struct result res[64];
     int nres = 0;
+    struct append_result app[3];
+    int napp = 0;
     int top = 0;
     for (int i = 0; i < nctx; i++)
         top = ctxs[i] <= maxctx && ctxs[i] > top ? ctxs[i] : top;
@@ -230,7 +309,10 @@ int main(void)
             }
         }
         kvq_cuda_cache_free(c);
+        if (!profile)
+            bench_append(types[ti][0], types[ti][1], &app[napp++]);
     }
+    printf("\n");
 
     printf("%5s %7s %-10s %10s %9s %8s %10s %10s %10s %8s %10s %8s %10s %8s\n", "batch", "context", "K/V", "us",
            "GB/s", "%copy", "vs f16", "graph us", "v3o us", "v3o/new", "v2 us", "v2/new", "v3 us", "v3/new");
@@ -264,6 +346,17 @@ int main(void)
                     "\"us_v3_plain\": %.2f, \"us_graph\": %.2f}%s\n",
                     r->batch, r->ctx, kvq_type_traits(r->tk)->name, kvq_type_traits(r->tv)->name, r->us, r->bytes,
                     r->gbps, r->pct, r->us_v3o, r->us_v2, r->us_v3, r->us_graph, i + 1 < nres ? "," : "");
+        }
+        fprintf(f, "  ],\n  \"append\": [\n");
+        for (int i = 0; i < napp; i++) {
+            const struct append_result *a = &app[i];
+            fprintf(f,
+                    "    {\"type_k\": \"%s\", \"type_v\": \"%s\", \"prefill_tokens\": 8192, \"prefill_us\": %.1f, "
+                    "\"step_us\": [%.1f, %.1f, %.1f], \"step_nocheck_us\": [%.1f, %.1f, %.1f], "
+                    "\"step_batches\": [1, 8, 32]}%s\n",
+                    kvq_type_traits(a->tk)->name, kvq_type_traits(a->tv)->name, a->prefill_us, a->step_us[0],
+                    a->step_us[1], a->step_us[2], a->step_nocheck_us[0], a->step_nocheck_us[1],
+                    a->step_nocheck_us[2], i + 1 < napp ? "," : "");
         }
         fprintf(f, "  ]\n}\n");
         fclose(f);
