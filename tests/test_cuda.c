@@ -263,6 +263,19 @@ static void test_encode_errors(void)
     CHECK_STATUS(kvq_cuda_cache_append(g, 0, 5, bd, xd), KVQ_ERR_RANGE);
     CHECK(kvq_cuda_cache_len(g, 0) == 0);
     CHECK(kvq_cuda_cache_free_pages(g) == 5);
+    /* nor are the refused call's good rows written where they would have
+     * gone into a page the sequence already holds (slots past its end): the
+     * encoder reads the check's verdict on the device */
+    const size_t pb = kvq_cuda_cache_layout(g)->page_bytes;
+    uint8_t *pages = malloc(2 * pb);
+    CHECK_OK(kvq_cuda_cache_append(g, 0, 3, xd, xd));
+    CHECK_OK(kvq_cuda_cache_read_page(g, 0, 0, pages));
+    CHECK_STATUS(kvq_cuda_cache_append(g, 0, 5, bd, xd), KVQ_ERR_RANGE);
+    CHECK_OK(kvq_cuda_cache_read_page(g, 0, 0, pages + pb));
+    CHECK(memcmp(pages, pages + pb, pb) == 0);
+    CHECK(kvq_cuda_cache_len(g, 0) == 3 && kvq_cuda_cache_free_pages(g) == 4);
+    CHECK_OK(kvq_cuda_cache_truncate(g, 0, 0));
+    free(pages);
     kvq_cuda_free(bd);
     free(bad);
     /* limits: context (64 tokens) and pool (5 pages of 16) */

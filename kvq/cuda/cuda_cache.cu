@@ -158,14 +158,12 @@ void kvq_cuda_cache_free(kvq_cuda_cache *c)
     cudaFree(c->ptab_d);
     cudaFree(c->tables_d);
     cudaFree(c->flag_d);
-    cudaFree(c->tok_page_d);
-    cudaFree(c->tok_slot_d);
+    cudaFree(c->tok_d);
     free(c->ptab_h);
     free(c->len);
     free(c->n_pages);
     free(c->free_list);
-    free(c->tok_page_h);
-    free(c->tok_slot_h);
+    free(c->tok_h);
     kvq_cache_free(c->twin);
     free(c);
 }
@@ -177,20 +175,14 @@ static kvq_status tok_reserve(kvq_cuda_cache *c, size_t n)
     size_t cap = c->tok_cap ? c->tok_cap : 256;
     while (cap < n)
         cap *= 2;
-    int32_t *hp = (int32_t *)realloc(c->tok_page_h, cap * sizeof(int32_t));
-    if (hp)
-        c->tok_page_h = hp;
-    int32_t *hs = (int32_t *)realloc(c->tok_slot_h, cap * sizeof(int32_t));
-    if (hs)
-        c->tok_slot_h = hs;
-    if (!hp || !hs)
+    int32_t *h = (int32_t *)realloc(c->tok_h, 2 * cap * sizeof(int32_t));
+    if (!h)
         return KVQ_ERR_NOMEM;
-    cudaFree(c->tok_page_d);
-    cudaFree(c->tok_slot_d);
-    c->tok_page_d = c->tok_slot_d = NULL;
+    c->tok_h = h;
+    cudaFree(c->tok_d);
+    c->tok_d = NULL;
     c->tok_cap = 0;
-    KVQ_CU_TRY(cudaMalloc(&c->tok_page_d, cap * sizeof(int32_t)));
-    KVQ_CU_TRY(cudaMalloc(&c->tok_slot_d, cap * sizeof(int32_t)));
+    KVQ_CU_TRY(cudaMalloc(&c->tok_d, 2 * cap * sizeof(int32_t)));
     c->tok_cap = cap;
     return KVQ_OK;
 }
@@ -369,32 +361,28 @@ kvq_status kvq_cuda_cache_truncate(kvq_cuda_cache *c, int seq, size_t n)
 
 /* ---- append ---------------------------------------------------------- */
 
-static kvq_status check_input(kvq_cuda_cache *c, size_t n_tokens, const float *k, const float *v)
+/* Encodes n tokens whose pages and slots the caller put in tok_h ([0, n)
+ * and [n, 2n)). With the input check on, the check kernel's verdict goes
+ * to the encode kernel on the device (a refused input writes nothing), and
+ * the one host synchronisation of the call comes after both.
+ * @return KVQ_OK; KVQ_ERR_NONFINITE / KVQ_ERR_RANGE (nothing written). */
+static kvq_status encode_mapped(kvq_cuda_cache *c, size_t n, const float *k, const float *v)
 {
-    if (!c->cfg.check_input)
-        return KVQ_OK;
-    int flag = 0;
-    KVQ_CU_TRY(cudaMemsetAsync(c->flag_d, 0, sizeof(int), c->stream));
-    kvq_status st = kvq_cu_check_rows(c, n_tokens, k, v, c->flag_d);
-    if (st != KVQ_OK)
+    const int check = c->cfg.check_input;
+    if (check) {
+        KVQ_CU_TRY(cudaMemsetAsync(c->flag_d, 0, sizeof(int), c->stream));
+        const kvq_status st = kvq_cu_check_rows(c, n, k, v, c->flag_d);
+        if (st != KVQ_OK)
+            return st;
+    }
+    KVQ_CU_TRY(cudaMemcpyAsync(c->tok_d, c->tok_h, 2 * n * sizeof(int32_t), cudaMemcpyHostToDevice, c->stream));
+    const kvq_status st = kvq_cu_encode_rows(c, n, k, v, c->tok_d, c->tok_d + n, check ? c->flag_d : NULL);
+    if (st != KVQ_OK || !check)
         return st;
+    int flag = 0;
     KVQ_CU_TRY(cudaMemcpyAsync(&flag, c->flag_d, sizeof(int), cudaMemcpyDeviceToHost, c->stream));
     KVQ_CU_TRY(cudaStreamSynchronize(c->stream));
-    if (flag & 1)
-        return KVQ_ERR_NONFINITE;
-    if (flag & 2)
-        return KVQ_ERR_RANGE;
-    return KVQ_OK;
-}
-
-/* Encodes tokens whose page/slot the caller put in tok_page_h / tok_slot_h. */
-static kvq_status encode_mapped(kvq_cuda_cache *c, size_t n_tokens, const float *k, const float *v)
-{
-    KVQ_CU_TRY(cudaMemcpyAsync(c->tok_page_d, c->tok_page_h, n_tokens * sizeof(int32_t), cudaMemcpyHostToDevice,
-                               c->stream));
-    KVQ_CU_TRY(cudaMemcpyAsync(c->tok_slot_d, c->tok_slot_h, n_tokens * sizeof(int32_t), cudaMemcpyHostToDevice,
-                               c->stream));
-    return kvq_cu_encode_rows(c, n_tokens, k, v, c->tok_page_d, c->tok_slot_d);
+    return (flag & 1) ? KVQ_ERR_NONFINITE : (flag & 2) ? KVQ_ERR_RANGE : KVQ_OK;
 }
 
 kvq_status kvq_cuda_cache_append(kvq_cuda_cache *c, int seq, size_t n_tokens, const float *k_dev,
@@ -414,19 +402,19 @@ kvq_status kvq_cuda_cache_append(kvq_cuda_cache *c, int seq, size_t n_tokens, co
         return KVQ_ERR_BUDGET;
     kvq_status st = tok_reserve(c, n_tokens);
     if (st == KVQ_OK)
-        st = check_input(c, n_tokens, k_dev, v_dev);
-    if (st == KVQ_OK)
         st = grow_pages(c, seq, len + n_tokens);
-    if (st != KVQ_OK)
-        return st;
-    const int32_t *tab = table_of(c, seq);
-    for (size_t i = 0; i < n_tokens; i++) {
-        c->tok_page_h[i] = tab[(len + i) / P];
-        c->tok_slot_h[i] = (int32_t)((len + i) % P);
+    if (st == KVQ_OK) {
+        const int32_t *tab = table_of(c, seq);
+        for (size_t i = 0; i < n_tokens; i++) {
+            c->tok_h[i] = tab[(len + i) / P];
+            c->tok_h[n_tokens + i] = (int32_t)((len + i) % P);
+        }
+        st = encode_mapped(c, n_tokens, k_dev, v_dev);
     }
-    st = encode_mapped(c, n_tokens, k_dev, v_dev);
-    if (st != KVQ_OK)
+    if (st != KVQ_OK) {
+        shrink_pages(c, seq, len); /* all or nothing: the pages taken go back */
         return st;
+    }
     c->len[seq] = len + n_tokens;
     return KVQ_OK;
 }
@@ -456,20 +444,21 @@ kvq_status kvq_cuda_cache_append_batch(kvq_cuda_cache *c, int n_seqs, const int 
     if (new_pages > c->n_free)
         return KVQ_ERR_BUDGET;
     kvq_status st = tok_reserve(c, (size_t)n_seqs);
-    if (st == KVQ_OK)
-        st = check_input(c, (size_t)n_seqs, k_dev, v_dev);
     for (int i = 0; i < n_seqs && st == KVQ_OK; i++)
         st = grow_pages(c, seqs[i], c->len[seqs[i]] + 1);
-    if (st != KVQ_OK)
-        return st;
-    for (int i = 0; i < n_seqs; i++) {
-        size_t pos = c->len[seqs[i]];
-        c->tok_page_h[i] = table_of(c, seqs[i])[pos / P];
-        c->tok_slot_h[i] = (int32_t)(pos % P);
+    if (st == KVQ_OK) {
+        for (int i = 0; i < n_seqs; i++) {
+            size_t pos = c->len[seqs[i]];
+            c->tok_h[i] = table_of(c, seqs[i])[pos / P];
+            c->tok_h[n_seqs + i] = (int32_t)(pos % P);
+        }
+        st = encode_mapped(c, (size_t)n_seqs, k_dev, v_dev);
     }
-    st = encode_mapped(c, (size_t)n_seqs, k_dev, v_dev);
-    if (st != KVQ_OK)
+    if (st != KVQ_OK) {
+        for (int i = 0; i < n_seqs; i++) /* all or nothing: the pages taken go back */
+            shrink_pages(c, seqs[i], c->len[seqs[i]]);
         return st;
+    }
     for (int i = 0; i < n_seqs; i++)
         c->len[seqs[i]]++;
     return KVQ_OK;

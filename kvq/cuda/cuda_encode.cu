@@ -105,8 +105,10 @@ __device__ void store_u16(uint8_t *p, uint16_t v)
 }
 
 __global__ void encode_kernel(int64_t n_rows, const float *k, const float *v, kvq_dev_codec ck, kvq_dev_codec cv,
-                              kvq_dev_pages pg, const int32_t *tok_page, const int32_t *tok_slot)
+                              kvq_dev_pages pg, const int32_t *tok_page, const int32_t *tok_slot, const int *flag)
 {
+    if (flag && *flag) /* the input check refused a row: write nothing */
+        return;
     extern __shared__ float smem_f[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int dmax = ck.dim;
@@ -227,14 +229,14 @@ kvq_status kvq_cu_check_rows(const kvq_cuda_cache *c, size_t n_tokens, const flo
 }
 
 kvq_status kvq_cu_encode_rows(const kvq_cuda_cache *c, size_t n_tokens, const float *k, const float *v,
-                              const int32_t *tok_page_d, const int32_t *tok_slot_d)
+                              const int32_t *tok_page_d, const int32_t *tok_slot_d, const int *flag_d)
 {
     const int64_t n_rows = (int64_t)n_tokens * c->cfg.cache.n_kv_heads * 2;
     if (n_rows == 0)
         return KVQ_OK;
     const size_t smem = (size_t)kWarps * c->dk.dim * (2 * sizeof(float) + 2);
     encode_kernel<<<grid_for(n_rows), kWarps * 32, smem, c->stream>>>(n_rows, k, v, c->dk, c->dv, kvq_cu_pages_of(c),
-                                                                        tok_page_d, tok_slot_d);
+                                                                        tok_page_d, tok_slot_d, flag_d);
     KVQ_CU_TRY(cudaGetLastError());
     return KVQ_OK;
 }

@@ -91,9 +91,7 @@ struct kvq_cuda_cache {
 
     /* encode scratch */
     int *flag_d;             /* input check result */
-    int32_t *tok_page_d;     /* per appended token: page index */
-    int32_t *tok_slot_d;     /* per appended token: slot in the page */
-    int32_t *tok_page_h, *tok_slot_h;
+    int32_t *tok_d, *tok_h;  /* per appended token of a call of n: page index [0, n), slot in the page [n, 2n) */
     size_t tok_cap;
 
     /* attention workspace */
@@ -117,11 +115,13 @@ kvq_status kvq_cu_codec_upload(const kvq_codec *c, float *tables, struct kvq_dev
 
 /* Encode kernels (cuda_encode.cu). Rows are (token, head, K|V):
  * x rows [n_tokens][n_kv_heads][dim]; token i goes to page tok_page[i],
- * slot tok_slot[i]. check: ORs 1 (non-finite) / 2 (range) into *flag. */
+ * slot tok_slot[i]. check: ORs 1 (non-finite) / 2 (range) into *flag; the
+ * encoder writes nothing when flag is set and *flag != 0 (the same stream
+ * orders the two, so the input check costs no host round trip before it). */
 kvq_status kvq_cu_check_rows(const kvq_cuda_cache *c, size_t n_tokens, const float *k, const float *v,
                              int *flag_d);
 kvq_status kvq_cu_encode_rows(const kvq_cuda_cache *c, size_t n_tokens, const float *k, const float *v,
-                              const int32_t *tok_page_d, const int32_t *tok_slot_d);
+                              const int32_t *tok_page_d, const int32_t *tok_slot_d, const int *flag_d);
 
 /* Ends c's open capture (cuda_graph.cu): c issues on its own stream again;
  * *graph is the captured graph or NULL. */
