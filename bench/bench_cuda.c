@@ -50,6 +50,8 @@
 #define G 4
 #define D 128
 #define MAXB 32
+#define APPEND_PREFILL 8192                      /* tokens of the timed prefill */
+static const int append_batches[3] = {1, 8, 32}; /* sequences of a timed decode step */
 
 struct result {
     int batch, ctx;
@@ -160,13 +162,12 @@ struct append_result {
 
 static void bench_append(enum kvq_type tk, enum kvq_type tv, struct append_result *r)
 {
-    const size_t n = 8192;
+    const size_t n = APPEND_PREFILL;
     float *k = NULL, *v = NULL;
     TRY(kvq_cuda_malloc((void **)&k, n * H * D * sizeof(float)));
     TRY(kvq_cuda_malloc((void **)&v, n * H * D * sizeof(float)));
     TRY(kvq_cuda_fill_normal(k, n * H * D, 77, 1.0f));
     TRY(kvq_cuda_fill_normal(v, n * H * D, 78, 1.0f));
-    const int bs[3] = {1, 8, 32};
     r->tk = tk;
     r->tv = tv;
     for (int check = 1; check >= 0; check--) {
@@ -180,16 +181,16 @@ static void bench_append(enum kvq_type tk, enum kvq_type tv, struct append_resul
         if (check)
             r->prefill_us = time_append(c, 0, n, k, v, 11);
         for (int i = 0; i < 3; i++)
-            (check ? r->step_us : r->step_nocheck_us)[i] = time_append(c, bs[i], 1, k, v, 11);
+            (check ? r->step_us : r->step_nocheck_us)[i] = time_append(c, append_batches[i], 1, k, v, 11);
         kvq_cuda_cache_free(c);
     }
     kvq_cuda_free(k);
     kvq_cuda_free(v);
-    printf("append %s/%s: prefill %zu tokens %.1f us (%.2f M tokens/s); decode step at batch 1/8/32: %.1f / %.1f / "
+    printf("append %s/%s: prefill %zu tokens %.1f us (%.2f M tokens/s); decode step at batch %d/%d/%d: %.1f / %.1f / "
            "%.1f us (input check off: %.1f / %.1f / %.1f)\n",
            kvq_type_traits(tk)->name, kvq_type_traits(tv)->name, n, r->prefill_us, (double)n / r->prefill_us,
-           r->step_us[0], r->step_us[1], r->step_us[2], r->step_nocheck_us[0], r->step_nocheck_us[1],
-           r->step_nocheck_us[2]);
+           append_batches[0], append_batches[1], append_batches[2], r->step_us[0], r->step_us[1], r->step_us[2],
+           r->step_nocheck_us[0], r->step_nocheck_us[1], r->step_nocheck_us[2]);
 }
 
 /* One attend call over sequences 0..batch-1, timed reps times after 3
@@ -351,12 +352,14 @@ int main(void)
         for (int i = 0; i < napp; i++) {
             const struct append_result *a = &app[i];
             fprintf(f,
-                    "    {\"type_k\": \"%s\", \"type_v\": \"%s\", \"prefill_tokens\": 8192, \"prefill_us\": %.1f, "
+                    "    {\"type_k\": \"%s\", \"type_v\": \"%s\", \"prefill_tokens\": %d, \"prefill_us\": %.1f, "
                     "\"step_us\": [%.1f, %.1f, %.1f], \"step_nocheck_us\": [%.1f, %.1f, %.1f], "
-                    "\"step_batches\": [1, 8, 32]}%s\n",
-                    kvq_type_traits(a->tk)->name, kvq_type_traits(a->tv)->name, a->prefill_us, a->step_us[0],
+                    "\"step_batches\": [%d, %d, %d]}%s\n",
+                    kvq_type_traits(a->tk)->name, kvq_type_traits(a->tv)->name, APPEND_PREFILL, a->prefill_us,
+                    a->step_us[0],
                     a->step_us[1], a->step_us[2], a->step_nocheck_us[0], a->step_nocheck_us[1],
-                    a->step_nocheck_us[2], i + 1 < napp ? "," : "");
+                    a->step_nocheck_us[2], append_batches[0], append_batches[1], append_batches[2],
+                    i + 1 < napp ? "," : "");
         }
         fprintf(f, "  ]\n}\n");
         fclose(f);

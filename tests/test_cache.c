@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "codec_internal.h" /* kvq_code_set: the stream order */
 #include "kvq_cache.h"
 #include "rng_internal.h"
 #include "test.h"
@@ -217,8 +218,7 @@ static void test_dev_code_order(void)
             uint8_t stream[96] = {0}, row[96];
             for (int j = 0; j < d; j++) {
                 code[j] = (unsigned)(kvq_rng_next(&rng) % 8u);
-                for (int b = 0; b < 3; b++)
-                    stream[(3 * j + b) / 8] |= (uint8_t)(((code[j] >> b) & 1u) << ((3 * j + b) % 8));
+                kvq_code_set(stream, 3, j, code[j]);
             }
             memcpy(row, stream, (size_t)nb);
             kvq_dev_order_row(row, d, 1);

@@ -504,12 +504,9 @@ kvq_status kvq_cuda_cache_read_page(const kvq_cuda_cache *c, int seq, size_t i, 
     return KVQ_OK;
 }
 
-/* Copies a page already in device order (host memory) to page i of seq. */
-static kvq_status write_page_dev_order(kvq_cuda_cache *c, int seq, size_t i, const uint8_t *page_dev_order)
+/* Copies a page already in device order (host memory) to pool page `page`. */
+static kvq_status write_page_dev_order(kvq_cuda_cache *c, int32_t page, const uint8_t *page_dev_order)
 {
-    int32_t page;
-    if (page_index(c, seq, i, &page) != KVQ_OK)
-        return KVQ_ERR_INVALID_ARG;
     KVQ_CU_TRY(cudaStreamSynchronize(c->stream));
     KVQ_CU_TRY(cudaMemcpy(c->pool + (size_t)page * c->layout.page_bytes, page_dev_order, c->layout.page_bytes,
                           cudaMemcpyHostToDevice));
@@ -526,7 +523,7 @@ kvq_status kvq_cuda_cache_write_page(kvq_cuda_cache *c, int seq, size_t i, const
         return KVQ_ERR_NOMEM;
     memcpy(staging, host, c->layout.page_bytes);
     page_code_order(staging, &c->layout, 1);
-    const kvq_status st = write_page_dev_order(c, seq, i, staging);
+    const kvq_status st = write_page_dev_order(c, page, staging);
     free(staging);
     return st;
 }
@@ -584,7 +581,7 @@ kvq_status kvq_cuda_cache_upload(kvq_cuda_cache *c, int seq, const kvq_cache *ho
                 zero_tail(staging + c->layout.v_off + (size_t)h * c->layout.v.bytes, &c->layout.v, used);
             }
         page_code_order(staging, &c->layout, 1);
-        st = write_page_dev_order(c, seq, i, staging);
+        st = write_page_dev_order(c, table_of(c, seq)[i], staging);
     }
     free(staging);
     if (st == KVQ_OK)

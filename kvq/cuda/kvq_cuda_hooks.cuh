@@ -30,8 +30,9 @@
  *
  * Values: O^T += V^T P^T. One lookup gives two f16 pairs (4 dims of token
  * g); with the same lookup for token g + 8, four movmatrix make the A
- * fragment of one m-block of V^T (accum_values_tq3); the softmax weights (times the row norm) are the
- * B operand, again split into hi + lo f16. f16 rows go through ldmatrix.trans.
+ * fragment of one m-block of V^T (accum_values_tq3); the softmax weights
+ * (times the row norm) are the B operand, again split into hi + lo f16.
+ * f16 rows go through ldmatrix.trans.
  */
 #ifndef KVQ_CUDA_HOOKS_CUH
 #define KVQ_CUDA_HOOKS_CUH
