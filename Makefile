@@ -11,6 +11,8 @@
 # Missing Debian packages are installed by mk/deps.sh when run as root;
 # otherwise the build stops with the apt-get line to run.
 # Several builds may share the tree: BUILD=dir keeps their outputs apart.
+# MEASURE=-D... builds a measurement variant of the CUDA kernels (in its own
+# BUILD; docs/cuda.md names the switches).
 
 BUILD   ?= build
 PREFIX  ?= /usr/local
@@ -29,7 +31,7 @@ INCDIRS  := kvq $(addprefix kvq/,$(MODULES)) kvq/cuda codebooks decoder tools te
 WARN     := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wvla -Wformat=2 -Wundef
 CFLAGS   ?= -O2 -g
 ALL_CFLAGS = -std=c11 -D_DEFAULT_SOURCE -D_POSIX_C_SOURCE=200809L -fPIC $(WARN) \
-             $(if $(filter 1,$(WERROR)),-Werror) $(addprefix -I,$(INCDIRS)) -MMD -MP $(CFLAGS)
+             $(if $(filter 1,$(WERROR)),-Werror) $(addprefix -I,$(INCDIRS)) -MMD -MP $(CFLAGS) $(MEASURE)
 SIMD_FLAGS := -mavx2 -mfma -mf16c
 LDLIBS   := -lfftw3f -lopenblas -lcjson -lm -lpthread
 
@@ -62,6 +64,7 @@ CUDART     := $(firstword $(wildcard $(CUDA_HOME)/lib64/libcudart_static.a \
 ifneq ($(strip $(CUDART)),)
 NVCC_FLAGS ?= -O3 -std=c++17 -lineinfo -Xcompiler -fPIC -gencode=arch=compute_90a,code=sm_90a \
               -gencode=arch=compute_80,code=compute_80 $(addprefix -I,$(INCDIRS))
+NVCC_FLAGS += $(MEASURE)
 LIB_OBJ    += $(CUDA_SRC:%.cu=$(BUILD)/obj/%.o)
 ALL_CFLAGS += -DKVQ_HAVE_CUDA=1
 LDLIBS     += $(CUDART) -ldl -lrt -lstdc++

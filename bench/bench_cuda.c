@@ -30,12 +30,15 @@
  * after 2 warm-ups.
  *
  * Env: KVQ_BENCH_QUICK=1 (batch 1 and 32, contexts 4K and 32K),
- *      KVQ_BENCH_PROFILE=1|2|3 (only tq3j/tq3, tq3/tq3 or f16/f16, at batch
- *      KVQ_BENCH_BATCH (32) and context KVQ_BENCH_CTX (32768): for ncu),
+ *      KVQ_BENCH_PROFILE=1|2|3 (only tq3j/tq3, tq3/tq3 or f16/f16, at the
+ *      batches KVQ_BENCH_BATCH (32) and contexts KVQ_BENCH_CTX (32768),
+ *      each a comma-separated list of up to 5: for ncu and A/B runs),
  *      KVQ_BENCH_MAXCTX (cap on the context), KVQ_BENCH_JSON_DIR,
  *      KVQ_BENCH_SPLITS (force the split count; 0 = the library's choice),
  *      KVQ_BENCH_COMPARE=0 (time only the default, not the earlier versions),
- *      KVQ_BENCH_GRAPH=0 (no CUDA-graph timing).
+ *      KVQ_BENCH_GRAPH=0 (no CUDA-graph timing),
+ *      KVQ_BENCH_TIMELINE=dir (a MEASURE=-DKVQ_CU_MEASURE_TIMELINE build:
+ *      per-block times of each shape's last call, for bench/cuda_timeline.py).
  * Without a GPU it prints one line and exits 0.
  */
 #include <math.h>
@@ -68,6 +71,25 @@ static int env_int(const char *name, int dflt)
 {
     const char *s = getenv(name);
     return s && *s ? atoi(s) : dflt;
+}
+
+/* A comma-separated list of up to max positive ints (e.g. "1,8,32"), in the
+ * order given; dflt alone when unset. @return the count. */
+static int env_list(const char *name, int dflt, int *out, int max)
+{
+    const char *s = getenv(name);
+    int n = 0;
+    while (s && *s && n < max) {
+        char *end = NULL;
+        const long v = strtol(s, &end, 10);
+        if (end == s || v <= 0 || v > (1L << 30))
+            break;
+        out[n++] = (int)v;
+        s = *end == ',' ? end + 1 : end;
+    }
+    if (n == 0)
+        out[n++] = dflt;
+    return n;
 }
 
 #define TRY(expr)                                                                     \
@@ -226,6 +248,32 @@ static double time_attend(kvq_cuda_cache *c, kvq_cuda_timer *tm, int batch, cons
     return bench_median(t, reps) * 1e3;
 }
 
+#ifdef KVQ_CU_MEASURE_TIMELINE
+/* Measurement build (docs/cuda.md): the per-block times of the last fused
+ * launch into $KVQ_BENCH_TIMELINE/timeline_<batch>_<context>.txt, one block
+ * per line, for bench/cuda_timeline.py. */
+size_t kvq_cu_timeline_read(unsigned long long *dst, size_t max_blocks);
+
+static void write_timeline(int batch, int ctx)
+{
+    const char *dir = getenv("KVQ_BENCH_TIMELINE");
+    static unsigned long long rec[65536 * 4];
+    if (!dir || !*dir)
+        return;
+    const size_t n = kvq_cu_timeline_read(rec, 65536);
+    char path[1024];
+    snprintf(path, sizeof path, "%s/timeline_%d_%d.txt", dir, batch, ctx);
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        fprintf(stderr, "bench_cuda: cannot write %s\n", path);
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        fprintf(f, "%llu %llu %llu %llu\n", rec[4 * i], rec[4 * i + 1], rec[4 * i + 2], rec[4 * i + 3]);
+    fclose(f);
+}
+#endif
+
 int main(void)
 {
     if (kvq_cuda_device_count() == 0) {
@@ -242,9 +290,24 @@ int main(void)
     const int graph = env_int("KVQ_BENCH_GRAPH", 1);
     const int all_batches[3] = {1, 8, 32}, quick_batches[2] = {1, 32};
     const int all_ctx[5] = {131072, 65536, 32768, 16384, 4096}, quick_ctx[2] = {32768, 4096};
-    const int prof_batch[1] = {env_int("KVQ_BENCH_BATCH", 32)}, prof_ctx[1] = {env_int("KVQ_BENCH_CTX", 32768)};
-    const int *batches = profile ? prof_batch : quick ? quick_batches : all_batches, nbatch = profile ? 1 : quick ? 2 : 3;
-    const int *ctxs = profile ? prof_ctx : quick ? quick_ctx : all_ctx, nctx = profile ? 1 : quick ? 2 : 5;
+    int prof_batch[5], prof_ctx[5];
+    const int nprof_batch = env_list("KVQ_BENCH_BATCH", 32, prof_batch, 5);
+    const int nprof_ctx = env_list("KVQ_BENCH_CTX", 32768, prof_ctx, 5);
+    const int *batches = profile ? prof_batch : quick ? quick_batches : all_batches;
+    const int nbatch = profile ? nprof_batch : quick ? 2 : 3;
+    for (int i = 0; i < nbatch; i++)
+        if (batches[i] > MAXB) {
+            fprintf(stderr, "bench_cuda: KVQ_BENCH_BATCH: at most %d sequences\n", MAXB);
+            return 1;
+        }
+    /* longest first: each context is the previous one truncated */
+    for (int i = 1; i < nprof_ctx; i++)
+        for (int j = i; j > 0 && prof_ctx[j] > prof_ctx[j - 1]; j--) {
+            const int x = prof_ctx[j];
+            prof_ctx[j] = prof_ctx[j - 1];
+            prof_ctx[j - 1] = x;
+        }
+    const int *ctxs = profile ? prof_ctx : quick ? quick_ctx : all_ctx, nctx = profile ? nprof_ctx : quick ? 2 : 5;
     const int t0 = profile ? profile - 1 : 0, ntypes = profile ? profile : 3;
     const enum kvq_type types[3][2] = {
         {KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3}, {KVQ_TYPE_TQ3, KVQ_TYPE_TQ3}, {KVQ_TYPE_F16, KVQ_TYPE_F16}};
@@ -292,6 +355,9 @@ int main(void)
                 r->tk = types[ti][0];
                 r->tv = types[ti][1];
                 r->us = time_attend(c, tm, r->batch, qd, od, reps, KVQ_CUDA_KERNEL_AUTO, 0, 0);
+#ifdef KVQ_CU_MEASURE_TIMELINE
+                write_timeline(r->batch, ctx); /* the last timed call's fused launch */
+#endif
                 r->us_graph = graph ? time_attend(c, tm, r->batch, qd, od, reps, KVQ_CUDA_KERNEL_AUTO, 0, 1) : 0.0;
                 /* the other versions in the same run, on the same data */
                 const int older = compare && types[ti][0] != KVQ_TYPE_F16;

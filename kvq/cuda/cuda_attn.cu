@@ -538,7 +538,11 @@ kvq_status kvq_cu_attn_init(kvq_cuda_cache *c)
     if (d != 128)
         return KVQ_OK; /* the fused kernel's buffers are for d = 128 only */
     KVQ_CU_TRY(cudaMalloc(&c->qfrag_d, nb * H * KVQ_CU_QFRAG_BYTES));
-    c->part_entries = nb * H * 4 > 2048 ? nb * H * 4 : 2048;
+    /* room for up to eight waves of 4 blocks per SM plus one split per pair
+     * (the split rule in kvq_cu_fast_launch takes four), and at least 4
+     * splits per pair */
+    const size_t waves = (size_t)32 * (size_t)c->n_sm + nb * H;
+    c->part_entries = nb * H * 4 > waves ? nb * H * 4 : waves;
     KVQ_CU_TRY(cudaMalloc(&c->part_d, c->part_entries * G * (size_t)(d + 2) * sizeof(float)));
     c->alpha_k = c->dk.type == KVQ_TYPE_TQ3 || c->dk.type == KVQ_TYPE_TQ3J ? codebook_alpha(c->dk.centroids, 8) : 1.0f;
     c->alpha_v = c->dv.type == KVQ_TYPE_TQ3 || c->dv.type == KVQ_TYPE_TQ3J ? codebook_alpha(c->dv.centroids, 8) : 1.0f;
@@ -601,7 +605,8 @@ static kvq_status attend_chunk(kvq_cuda_cache *c, int nb, const int *seqs, const
             rot_arg_of(c->dk.qjl, c->dk.S, c->sk_dense), c->dk.type == KVQ_TYPE_F16, imma, 1.0f / c->int_scale_k,
             c->qfrag_d);
         KVQ_CU_TRY(cudaGetLastError());
-        const int max_splits = (int)(c->part_entries / ((size_t)nb * H));
+        int max_splits = (int)(c->part_entries / ((size_t)nb * H));
+        max_splits = max_splits < KVQ_CU_MAX_SPLITS ? max_splits : KVQ_CU_MAX_SPLITS;
         kvq_status st = kvq_cu_fast_launch(&p, fast_ktype(c->dk.type), fast_vtype(c->dv.type), nb, n_splits,
                                            max_splits, c->n_sm, c->stream);
         if (st != KVQ_OK)

@@ -1,9 +1,10 @@
 /* cuda_attn_fast.cu - fused decode attention over packed pages, tensor cores.
  *
- * Grid (split, KV head, batch entry); 4 warps per block. The tokens of a
+ * Grid (KV head, batch entry, split); 4 warps per block. The tokens of a
  * (sequence, KV head) are cut into 16-token segments (a segment never
  * crosses a page: page_tokens % 16 == 0) and the segments into n_splits
- * contiguous ranges, one per block (flash-decoding). Inside a block each warp
+ * contiguous ranges, one per block (flash-decoding), shorter towards the
+ * last splits when there is more than one wave of blocks (set_split_bounds). Inside a block each warp
  * owns every 4th segment and runs its own pipeline: NST stage buffers in
  * shared memory, filled by the bulk copy engine (cp.async.bulk, one copy per
  * page section, completing on an mbarrier), so the warp never waits on a
@@ -88,6 +89,32 @@ __device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t b
 }
 
 } /* namespace kvq_cu */
+
+#ifdef KVQ_CU_MEASURE_TIMELINE
+/* Measurement build only (make MEASURE=-DKVQ_CU_MEASURE_TIMELINE): every
+ * block of the last fused launch records when it started, when its warp 0
+ * had its first stage, when its warps had merged and when it ended
+ * (%globaltimer, ns, low 56 bits) with its SM in the top 8 bits of the last;
+ * bench_cuda writes them out (KVQ_BENCH_TIMELINE), bench/cuda_timeline.py
+ * sums them up. */
+__device__ unsigned long long tl_rec[KVQ_CU_TIMELINE_MAX * 4];
+__device__ unsigned long long tl_n;
+__device__ __forceinline__ unsigned long long tl_now()
+{
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+extern "C" size_t kvq_cu_timeline_read(unsigned long long *dst, size_t max_blocks)
+{
+    unsigned long long n = 0;
+    if (cudaDeviceSynchronize() != cudaSuccess || cudaMemcpyFromSymbol(&n, tl_n, sizeof n) != cudaSuccess)
+        return 0;
+    n = n < max_blocks ? n : max_blocks;
+    n = n < KVQ_CU_TIMELINE_MAX ? n : KVQ_CU_TIMELINE_MAX;
+    return cudaMemcpyFromSymbol(dst, tl_rec, n * 4 * sizeof *dst) == cudaSuccess ? (size_t)n : 0;
+}
+#endif
 
 namespace {
 
@@ -371,12 +398,15 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
     uint64_t *bars = reinterpret_cast<uint64_t *>(qc + 32);
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int h = blockIdx.x, b = blockIdx.y, split = blockIdx.z;
+#ifdef KVQ_CU_MEASURE_TIMELINE
+    const unsigned long long tl_t0 = tl_now();
+    unsigned long long tl_t1 = 0;
+#endif
     const int len = p.len[b];
     const int nseg = (len + 16 * S - 1) / (16 * S); /* stage units of S segments */
-    const int per = (nseg + p.n_splits - 1) / p.n_splits;
-    const int s0 = split * per;
-    const int s1 = min(nseg, s0 + per);
+    const int s0 = (int)(((uint64_t)nseg * p.split_at[split]) >> 16);
+    const int s1 = (int)(((uint64_t)nseg * p.split_at[split + 1]) >> 16);
 
     /* barriers first, on their own: nothing else touches them until the
      * block barrier below has ordered their initialisation */
@@ -470,6 +500,11 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
     for (int k = 0; k < nmine; k++) {
         uint8_t *const st0 = my_stages + (k % NST) * L::bytes;
         mbar_wait(&my_bars[k % NST], (uint32_t)((k / NST) & 1));
+#ifdef KVQ_CU_MEASURE_TIMELINE
+        if (k == 0 && warp == 0)
+            tl_t1 = tl_now();
+#endif
+#ifndef KVQ_CU_MEASURE_LOADONLY /* measurement build: the copies alone, no output (docs/cuda.md) */
 #pragma unroll
       for (int j = 0; j < S; j++) {
         const int seg = (first + k * NW) * S + j;
@@ -742,6 +777,9 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
         }
         __syncwarp();
       }
+#else
+        __syncwarp();
+#endif
         if (issued < nmine) {
             seg_issue<KT, VT, S>(p, cd, iss_page, iss_slot, st0, &my_bars[k % NST], lane);
             issued++;
@@ -807,6 +845,9 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
             }
         }
     __syncthreads();
+#ifdef KVQ_CU_MEASURE_TIMELINE
+    const unsigned long long tl_t2 = tl_now();
+#endif
 
     const int G = p.G;
     float *part = p.part + (((size_t)b * p.H + h) * p.n_splits + split) * (size_t)G * (D + 2);
@@ -835,6 +876,45 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
             part[G * D + G + q] = l;
         }
     }
+#ifdef KVQ_CU_MEASURE_TIMELINE
+    if (tid == 0) {
+        unsigned smid;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+        const unsigned long long lin = ((unsigned long long)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+        if (lin < KVQ_CU_TIMELINE_MAX) {
+            tl_rec[4 * lin] = tl_t0;
+            tl_rec[4 * lin + 1] = tl_t1;
+            tl_rec[4 * lin + 2] = tl_t2;
+            tl_rec[4 * lin + 3] = (tl_now() << 8 >> 8) | ((unsigned long long)smid << 56);
+        }
+        if (lin == 0)
+            tl_n = (unsigned long long)gridDim.x * gridDim.y * gridDim.z;
+    }
+#endif
+}
+
+#ifndef KVQ_CU_TAPER
+#define KVQ_CU_TAPER 0.5
+#endif
+#ifndef KVQ_CU_WAVES
+#define KVQ_CU_WAVES 4
+#endif
+/* Split boundaries (kvq_cu_fast_params.split_at). With more blocks than fit
+ * at once, the splits shrink linearly from 1 + KVQ_CU_TAPER to
+ * 1 - KVQ_CU_TAPER times the mean, in the order the blocks start: the blocks
+ * a slot runs last are then the short ones, and the slots finish closer
+ * together (with equal splits the slots' last blocks start up to one block
+ * time apart, and the call waits for the last; docs/cuda.md, seventh pass). */
+void set_split_bounds(kvq_cu_fast_params *p, int n, bool taper)
+{
+    const double a = taper && n > 1 ? KVQ_CU_TAPER : 0.0;
+    double sum = 0.0;
+    p->split_at[0] = 0;
+    for (int s = 0; s < n; s++) {
+        sum += 1.0 + (n > 1 ? a * (1.0 - 2.0 * s / (n - 1)) : 0.0);
+        p->split_at[s + 1] = (uint32_t)(65536.0 * sum / n + 0.5);
+    }
+    p->split_at[n] = 65536u;
 }
 
 template <int KT, int VT, int GP, int S, int MODE = M_ST>
@@ -859,14 +939,15 @@ kvq_status launch_one(kvq_cu_fast_params *p, int n_batch, int n_splits, int max_
     if (n_splits <= 0) {
         /* At least one wave of blocks (a partial second wave costs a whole
          * block time); where each block still gets >= 64 units of 16 S tokens,
-         * up to four waves, which balance the SMs better (measured, docs/cuda.md:
-         * batch 32 x 128K 2177 -> 2011 us); and at least 4 segments per warp
-         * so the pipeline gets going. */
+         * up to KVQ_CU_WAVES (4) waves, which balance the SMs better (measured,
+         * docs/cuda.md: batch 32 x 128K 2177 -> 2011 us; 6 and 8 gained nothing
+         * in the seventh pass); and at least 4 segments per warp so the
+         * pipeline gets going. */
         const int capacity = n_sm * occupancy;
         const int one_wave = pairs >= capacity ? 1 : capacity / pairs;
-        const int four_waves = (4 * capacity + pairs - 1) / pairs;
+        const int waves = (KVQ_CU_WAVES * capacity + pairs - 1) / pairs;
         const int by_size = nseg / 64;
-        n_splits = four_waves < by_size ? four_waves : by_size;
+        n_splits = waves < by_size ? waves : by_size;
         if (n_splits < one_wave)
             n_splits = one_wave;
         const int by_work = nseg / (NW * 4 / S);
@@ -880,7 +961,9 @@ kvq_status launch_one(kvq_cu_fast_params *p, int n_batch, int n_splits, int max_
     if (n_splits < 1)
         n_splits = 1;
     p->n_splits = n_splits;
-    dim3 grid((unsigned)n_splits, (unsigned)p->H, (unsigned)n_batch);
+    set_split_bounds(p, n_splits, (long)pairs * n_splits > (long)n_sm * occupancy);
+    /* split-major, so that blocks start in split order: the larger splits first */
+    dim3 grid((unsigned)p->H, (unsigned)n_batch, (unsigned)n_splits);
     if (MODE != M_ST && p->pdl) {
         p->pdl_used = 1;
         KVQ_CU_TRY(kvq_cu_launch(true, kern, grid, dim3(NW * 32), smem, stream, *p));

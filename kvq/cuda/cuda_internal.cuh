@@ -31,6 +31,17 @@ kvq_status kvq_cuda_require_device(void);
  * kernel parameters (no host->device copy per call, graph-capturable). */
 #define KVQ_CU_MAX_BATCH 128
 
+/* Most splits of one (sequence, KV head) in the fused kernel: the split
+ * boundaries travel as kernel parameters too (kvq_cu_fast_params.split_at). */
+#define KVQ_CU_MAX_SPLITS 256
+
+#ifdef KVQ_CU_MEASURE_TIMELINE
+/* Measurement build only: per-block times of the last fused launch, 4 words
+ * per block (cuda_attn_fast.cu). @return blocks copied to dst. */
+#define KVQ_CU_TIMELINE_MAX 65536
+extern "C" size_t kvq_cu_timeline_read(unsigned long long *dst, size_t max_blocks);
+#endif
+
 /* One rotation as device tables, enough to reproduce kvq_rotation_apply bit
  * for bit for HADAMARD and IDENTITY (rotation_internal.h's contract). */
 struct kvq_dev_rot {
@@ -157,6 +168,10 @@ struct kvq_cu_fast_params {
     kvq_cu::tq3_ilut ilut_k; /* variant 3: the K centroids in 16-bit fixed point */
     int seq[KVQ_CU_MAX_BATCH];
     int len[KVQ_CU_MAX_BATCH];
+    /* split s of a sequence of n stage units covers units
+     * [n * split_at[s] >> 16, n * split_at[s + 1] >> 16); split_at[0] = 0,
+     * split_at[n_splits] = 65536 (set by kvq_cu_fast_launch) */
+    uint32_t split_at[KVQ_CU_MAX_SPLITS + 1];
     int pdl;              /* in: programmatic dependent launch allowed (sm_90+, variants 2, 3) */
     int pdl_used;         /* out: the fused kernel was launched that way (it waits for the prep
                              kernel itself), so the merge kernel may be too */
