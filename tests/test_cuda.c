@@ -505,6 +505,14 @@ static void attn_case_run(const struct attn_case *ac, uint64_t seed)
         for (int s = 1; s <= 7 && !small_mode(); s += 3)
             gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST_V4, s, 0, what);
         gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST_V4, 4, 1, what);
+        /* up to 128 splits (94 on 32-token stages): more than one wave of
+         * blocks on a GPU of up to 230 SMs, where V4 reads a query block
+         * made by the prep kernel instead of preparing its own queries, and the
+         * split lengths taper */
+        if (!small_mode()) {
+            gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST_V4, 128, 0, what);
+            gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST_V4, 128, 1, what);
+        }
         back_to_back(g, nb, seqs, qd, Hq, scale, ref, what);
         graph_replay(g, nb, seqs, qd, Hq, scale, what);
     } else {

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "cuda_internal.cuh"
+#include "cuda_prep.cuh"
 #include "cuda_rot.cuh"
 
 namespace {
@@ -35,92 +36,11 @@ __device__ float dense_row(const float *Mc, const float *x, int d, int i)
 }
 
 /* Fused-kernel query block of (entry b, KV head h); blockDim = 128 = d.
- * All (up to 8) queries of the head go through the dense rotations in one
- * pass over the matrix: 8 independent FMA chains per thread. */
-/* How a rotation is applied: not at all, by the warp transform (HADAMARD,
- * IDENTITY: O(d log d)) or through its dense matrix (other kinds). */
-enum { ROT_NONE = 0, ROT_WARP = 1, ROT_DENSE = 2 };
-
-struct rot_arg {
-    int mode;
-    kvq_dev_rot fast;
-    const float *dense; /* column-major for queries, row-major for outputs */
-};
-
-/* ROT_WARP here means the d = 128 register transform (rot128_*). */
-__host__ rot_arg rot_arg_of(bool present, const kvq_dev_rot &r, const float *dense)
-{
-    rot_arg a;
-    a.mode = !present ? ROT_NONE : rot128_ok(r) ? ROT_WARP : ROT_DENSE;
-    a.fast = r;
-    a.dense = dense;
-    return a;
-}
-
-/* max(a, b), NaN if either is NaN (fmaxf drops NaNs). */
-__device__ __forceinline__ float nan_max(float a, float b)
-{
-    return a > b || a != a ? a : b;
-}
-
-/* The V4 query block (kvq_cuda_hooks.cuh, "integer tensor cores"): s8 B
- * fragments of mma.m16n8k32, column 2j + e of an n-tile = query j, e; per
- * k-block and lane a uint4 {tile 0 b0, b1, tile 1 b0, b1}. Codes: the query
- * in 24-bit fixed point, tile 0: (hq | 0), (mq | hq); tile 1: (lq | mq), 0.
- * Signs (at byte 4096): the QJL query over sigma in 24-bit fixed point,
- * divided by 2^p for sign bit p (>= 17 bits left), tile 0: hi, mid; tile 1:
- * lo, 0. blockDim = 128: thread i builds items i, i + 128 of the codes and
- * i of the signs; the per-query constants go to byte 8192. */
-__device__ void imma_fragments(const float (*qr)[128], const float (*sq)[128], const float *sig, const float *tsum,
-                               const float *qmax, int G, float inv_sk, uint8_t *blk)
-{
-    const int i = threadIdx.x;
-    uint4 *cf = reinterpret_cast<uint4 *>(blk);
-    uint4 *sf = reinterpret_cast<uint4 *>(blk + 4096);
-    for (int item = i; item < 256; item += 128) {
-        const int kb = item >> 5, ln = item & 31, g = ln >> 2, t = ln & 3, j = g >> 1, e = g & 1;
-        const float sc = qmax[j] > 0.0f ? 256.0f * (float)kFixMax / qmax[j] : 0.0f;
-        uint32_t r[4] = {0, 0, 0, 0};
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            int hq, mq, lq;
-            fix_split24(__float2int_rn(qr[j][islot_dim(kb, t, k)] * sc), &hq, &mq, &lq);
-            const int sh = 8 * k;
-            r[0] |= ((uint32_t)(e ? mq : hq) & 0xffu) << sh;
-            r[1] |= ((uint32_t)(e ? hq : 0) & 0xffu) << sh;
-            r[2] |= ((uint32_t)(e ? 0 : lq) & 0xffu) << sh;
-            r[3] |= ((uint32_t)(e ? 0 : mq) & 0xffu) << sh;
-        }
-        cf[item] = make_uint4(r[0], r[1], r[2], r[3]);
-    }
-    {
-        const int kb = i >> 5, ln = i & 31, g = ln >> 2, t = ln & 3, j = g >> 1, e = g & 1;
-        uint32_t r[4] = {0, 0, 0, 0};
-#pragma unroll
-        for (int a = 0; a < 2; a++)
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const int p = 2 * kb + a; /* bit position of sign 32 t + 8 k + p in its byte */
-                const float y = sq[j][32 * t + 8 * k + p] / sig[j] * (256.0f * (float)kFixMax / (float)(1 << p));
-                int hi, mid, lo;
-                fix_split24(__float2int_rn(y), &hi, &mid, &lo);
-                r[a] |= ((uint32_t)(e ? mid : hi) & 0xffu) << (8 * k);
-                r[2 + a] |= ((uint32_t)(e ? 0 : lo) & 0xffu) << (8 * k);
-            }
-        sf[i] = make_uint4(r[0], r[1], r[2], r[3]);
-    }
-    if (i < 8) {
-        float *cst = reinterpret_cast<float *>(blk + 8192);
-        cst[i] = i < G ? 2.0f * sig[i] / (256.0f * (float)kFixMax) : 0.0f;
-        cst[8 + i] = i < G ? -tsum[i] : 0.0f;
-        /* a NaN or Inf query element would otherwise vanish in the fixed-point
-         * conversion; a NaN scale makes it reach the output, as on the other paths */
-        cst[16 + i] = i >= G ? 0.0f : isfinite(qmax[i]) ? qmax[i] * inv_sk / (float)kFixMax : NAN;
-    }
-}
-
-/* PDL: let the fused kernel start right away (it loads its first pages, then
- * waits for this kernel before it reads the query block). */
+ * Warp rotations run in registers (cuda_prep.cuh); dense ones take all (up
+ * to 8) queries of the head through the matrix in one pass: 8 independent
+ * FMA chains per thread. PDL: let the fused kernel start right away (it
+ * loads its first pages, then waits for this kernel before it reads the
+ * query block). */
 template <bool PDL>
 __global__ void prep_fast_kernel(const float *q, int Hq, int H, int G, float c, float inv_alpha_k, rot_arg rk,
                                  rot_arg sk, int k_f16, int imma, float inv_sk, uint8_t *qfrag)
@@ -152,39 +72,7 @@ __global__ void prep_fast_kernel(const float *q, int Hq, int H, int G, float c, 
 #pragma unroll
         for (int u = 0; u < 2; u++) {
             const int qi = warp + 4 * u;
-            float v[4], w[4];
-#pragma unroll
-            for (int k = 0; k < 4; k++)
-                v[k] = qv[u][k];
-            if (rk.mode == ROT_WARP && qi < G) /* padding queries stay zero */
-                rot128_apply(rk.fast, sgr, v, lane);
-            float xm = 0.0f;
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                v[k] *= c;
-                qr[qi][32 * k + lane] = v[k];
-                xm = nan_max(xm, fabsf(v[k]));
-                w[k] = sk.mode == ROT_WARP ? v[k] : 0.0f;
-            }
-            if (sk.mode == ROT_WARP && qi < G)
-                rot128_apply(sk.fast, sgs, w, lane);
-            float mx = 0.0f, sum = 0.0f;
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                sq[qi][32 * k + lane] = w[k];
-                mx = fmaxf(mx, fabsf(w[k]));
-                sum += w[k];
-            }
-            for (int o = 16; o; o >>= 1) {
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-                xm = nan_max(xm, __shfl_xor_sync(0xffffffffu, xm, o));
-                sum += __shfl_xor_sync(0xffffffffu, sum, o);
-            }
-            if (lane == 0) {
-                sig[qi] = mx > 0.0f ? mx : 1.0f;
-                tsum[qi] = sum;
-                qmax[qi] = xm;
-            }
+            prep_query128(qv[u], qi < G, c, rk, sgr, sk, sgs, qr[qi], sq[qi], &sig[qi], &tsum[qi], &qmax[qi], lane);
         }
     } else {
         /* other rotation kinds: dense d x d products, thread i owns dimension i */
@@ -242,7 +130,7 @@ __global__ void prep_fast_kernel(const float *q, int Hq, int H, int G, float c, 
     __syncthreads();
     uint8_t *blk = qfrag + ((size_t)b * H + h) * KVQ_CU_QFRAG_BYTES;
     if (imma) {
-        imma_fragments(qr, sq, sig, tsum, qmax, G, inv_sk, blk);
+        imma_fragments(qr, sq, sig, tsum, qmax, G, inv_sk, blk, blk + 4096, reinterpret_cast<float *>(blk + 8192));
         return;
     }
     /* Thread i works out slot i's head dimensions once and stores every
@@ -288,6 +176,30 @@ __global__ void prep_fast_kernel(const float *q, int Hq, int H, int G, float c, 
         cst[i] = i < G ? 2.0f * sig[i] : 0.0f;
         cst[8 + i] = i < G ? -tsum[i] : 0.0f;
     }
+}
+
+/* A prep kernel launch, left to kvq_cu_fast_launch (kvq_cu_fast_params.prep):
+ * only it knows whether the V4 kernel prepares its queries itself. */
+struct prep_call {
+    const float *q;
+    int Hq, H, G, nb;
+    float c, inv_alpha_k;
+    rot_arg rk, sk;
+    int k_f16, imma;
+    float inv_sk;
+    uint8_t *qfrag;
+    bool pdl;
+    cudaStream_t stream;
+};
+
+kvq_status launch_prep(void *ctx)
+{
+    const prep_call &a = *static_cast<const prep_call *>(ctx);
+    auto prep = a.pdl ? prep_fast_kernel<true> : prep_fast_kernel<false>;
+    prep<<<dim3((unsigned)a.H, (unsigned)a.nb), 128, 0, a.stream>>>(a.q, a.Hq, a.H, a.G, a.c, a.inv_alpha_k, a.rk,
+                                                                     a.sk, a.k_f16, a.imma, a.inv_sk, a.qfrag);
+    KVQ_CU_TRY(cudaGetLastError());
+    return KVQ_OK;
 }
 
 __device__ float block_reduce128(float v, float *red, bool is_max)
@@ -599,12 +511,33 @@ static kvq_status attend_chunk(kvq_cuda_cache *c, int nb, const int *seqs, const
             p.seq[i] = seqs[i];
             p.len[i] = (int)c->len[seqs[i]];
         }
-        auto prep = p.pdl ? prep_fast_kernel<true> : prep_fast_kernel<false>;
-        prep<<<dim3((unsigned)H, (unsigned)nb), 128, 0, c->stream>>>(
-            q, Hq, H, G, scale * kLog2e, 1.0f / c->alpha_k, rot_arg_of(c->dk.rotated, c->dk.R, c->rk_dense),
-            rot_arg_of(c->dk.qjl, c->dk.S, c->sk_dense), c->dk.type == KVQ_TYPE_F16, imma, 1.0f / c->int_scale_k,
-            c->qfrag_d);
-        KVQ_CU_TRY(cudaGetLastError());
+        prep_call pc;
+        pc.q = q;
+        pc.Hq = Hq;
+        pc.H = H;
+        pc.G = G;
+        pc.nb = nb;
+        pc.c = scale * kLog2e;
+        pc.inv_alpha_k = 1.0f / c->alpha_k;
+        pc.rk = rot_arg_of(c->dk.rotated, c->dk.R, c->rk_dense);
+        pc.sk = rot_arg_of(c->dk.qjl, c->dk.S, c->sk_dense);
+        pc.k_f16 = c->dk.type == KVQ_TYPE_F16;
+        pc.imma = imma;
+        pc.inv_sk = 1.0f / c->int_scale_k;
+        pc.qfrag = c->qfrag_d;
+        pc.pdl = p.pdl;
+        pc.stream = c->stream;
+        p.prep = launch_prep;
+        p.prep_ctx = &pc;
+        if (imma && pc.rk.mode != ROT_DENSE && pc.sk.mode != ROT_DENSE) {
+            /* V4 may prepare its queries itself (kvq_cu_fast_launch decides) */
+            p.q = q;
+            p.Hq = Hq;
+            p.qscale = pc.c;
+            p.inv_sk = pc.inv_sk;
+            p.rk = pc.rk;
+            p.sk = pc.sk;
+        }
         int max_splits = (int)(c->part_entries / ((size_t)nb * H));
         max_splits = max_splits < KVQ_CU_MAX_SPLITS ? max_splits : KVQ_CU_MAX_SPLITS;
         kvq_status st = kvq_cu_fast_launch(&p, fast_ktype(c->dk.type), fast_vtype(c->dv.type), nb, n_splits,

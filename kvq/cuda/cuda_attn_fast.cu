@@ -29,6 +29,7 @@
  * splits and rotates back.
  */
 #include "cuda_internal.cuh"
+#include "cuda_prep.cuh"
 
 namespace kvq_cu {
 /* ---- mbarrier + bulk copy (sm_90), with a plain-copy fallback ------------
@@ -92,12 +93,13 @@ __device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t b
 
 #ifdef KVQ_CU_MEASURE_TIMELINE
 /* Measurement build only (make MEASURE=-DKVQ_CU_MEASURE_TIMELINE): every
- * block of the last fused launch records when it started, when its warp 0
- * had its first stage, when its warps had merged and when it ended
- * (%globaltimer, ns, low 56 bits) with its SM in the top 8 bits of the last;
+ * block of the last fused launch records when it started, when it had its
+ * queries (after waiting for the prep kernel), when its warp 0 had its first
+ * stage, when its warps had merged and when it ended (%globaltimer, ns, low
+ * 56 bits) with its SM in the top 8 bits of the last;
  * bench_cuda writes them out (KVQ_BENCH_TIMELINE), bench/cuda_timeline.py
  * sums them up. */
-__device__ unsigned long long tl_rec[KVQ_CU_TIMELINE_MAX * 4];
+__device__ unsigned long long tl_rec[KVQ_CU_TIMELINE_MAX * KVQ_CU_TIMELINE_WORDS];
 __device__ unsigned long long tl_n;
 __device__ __forceinline__ unsigned long long tl_now()
 {
@@ -112,7 +114,7 @@ extern "C" size_t kvq_cu_timeline_read(unsigned long long *dst, size_t max_block
         return 0;
     n = n < max_blocks ? n : max_blocks;
     n = n < KVQ_CU_TIMELINE_MAX ? n : KVQ_CU_TIMELINE_MAX;
-    return cudaMemcpyFromSymbol(dst, tl_rec, n * 4 * sizeof *dst) == cudaSuccess ? (size_t)n : 0;
+    return cudaMemcpyFromSymbol(dst, tl_rec, n * KVQ_CU_TIMELINE_WORDS * sizeof *dst) == cudaSuccess ? (size_t)n : 0;
 }
 #endif
 
@@ -259,6 +261,10 @@ __device__ __forceinline__ uint32_t hilo_f16x2(float x)
  * the same, eight nothing (sixth pass in docs/cuda.md). */
 constexpr int kImKeep = 2;
 
+/* IM with in-kernel query prep: c R q and S c R q of 4 queries, then sigma,
+ * T and max |c R q| of each (floats, after the barriers). */
+constexpr size_t kPrepScratch = (2 * NW * 128 + 3 * NW) * sizeof(float);
+
 /* IM (fifth pass, KVQ_CUDA_KERNEL_FAST_V4; tq keys, GP == 4): scores and
  * online softmax of one 16-token segment with the keys on integer tensor
  * cores (kvq_cuda_hooks.cuh, "integer tensor cores"; the prep kernel's
@@ -381,12 +387,13 @@ __device__ __forceinline__ void im_segment(const kvq_cu_fast_params &p, const ui
  * which one movmatrix each turns into the value MMA's B fragments. The
  * running max is reduced over the lanes only when some score beats it (a
  * vote), which after the first segments is rare. */
-template <int KT, int VT, int GP, int S, int MODE = M_ST>
+template <int KT, int VT, int GP, int S, int MODE = M_ST, bool PREP = false>
 __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __grid_constant__ kvq_cu_fast_params p)
 {
     constexpr bool TR = MODE == M_TR, IM = MODE == M_IM;
     static_assert(MODE == M_ST || (GP == 4 && KT != KVQ_CU_KT_F16),
                   "transposed and integer scores: tq keys, <= 4 queries per KV head");
+    static_assert(!PREP || MODE == M_IM, "in-kernel query prep: V4 only");
     using L = stage_layout<KT, VT, S>;
     constexpr int NST = L::nst;
     constexpr int NT = GP / 4; /* n-tiles of the value MMA: hi/lo columns */
@@ -401,7 +408,7 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
     const int h = blockIdx.x, b = blockIdx.y, split = blockIdx.z;
 #ifdef KVQ_CU_MEASURE_TIMELINE
     const unsigned long long tl_t0 = tl_now();
-    unsigned long long tl_t1 = 0;
+    unsigned long long tl_tq = 0, tl_t1 = 0;
 #endif
     const int len = p.len[b];
     const int nseg = (len + 16 * S - 1) / (16 * S); /* stage units of S segments */
@@ -413,6 +420,22 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
     if (tid < NW * NST)
         mbar_init(&bars[tid]);
     mbar_fence_init();
+    /* PREP: warp w prepares query w itself from p.q (G <= 4 = NW). Its
+     * global inputs are requested before the first pages, so that they do not
+     * queue behind them. */
+    float pq[4] = {0.f, 0.f, 0.f, 0.f}, sgr[kRot128Pre][4], sgs[kRot128Pre][4];
+    if constexpr (PREP) {
+        if (warp < p.G) {
+            const float *qrow = p.q + ((size_t)b * p.Hq + (size_t)h * p.G + warp) * D;
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                pq[k] = qrow[32 * k + lane];
+        }
+        if (p.rk.mode == ROT_WARP)
+            rot128_load_signs(p.rk.fast, sgr, lane);
+        if (p.sk.mode == ROT_WARP)
+            rot128_load_signs(p.sk.fast, sgs, lane);
+    }
     __syncthreads();
     /* query fragments of this (entry, head) into shared memory: before the
      * first page loads, except for TR and IM, which issue those first and only
@@ -474,10 +497,26 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
     /* TR: this lane's two queries are 2 (t & 1) and 2 (t & 1) + 1 */
     const int qx = TR ? 2 * (t & 1) : g & 7;
     if constexpr (MODE != M_ST) {
-        kvq_cu_pdl_wait(); /* the prep kernel has written the query block */
-        load_queries();
+        if constexpr (PREP) {
+            /* rows c R q and S c R q of the 4 queries, then the V4 block, as the
+             * prep kernel builds it (the same code: cuda_prep.cuh) */
+            float(*pr)[D] = reinterpret_cast<float(*)[D]>(bars + NW * NST);
+            float(*ps)[D] = pr + NW;
+            float *psig = &ps[NW][0], *ptsum = psig + NW, *pmax = ptsum + NW;
+            prep_query128(pq, warp < p.G, p.qscale, p.rk, sgr, p.sk, sgs, pr[warp], ps[warp], &psig[warp],
+                          &ptsum[warp], &pmax[warp], lane);
+            __syncthreads();
+            imma_fragments(pr, ps, psig, ptsum, pmax, p.G, p.inv_sk, reinterpret_cast<uint8_t *>(qa),
+                           L::qjl ? reinterpret_cast<uint8_t *>(sa) : nullptr, qc);
+        } else {
+            kvq_cu_pdl_wait(); /* the prep kernel has written the query block */
+            load_queries();
+        }
         __syncthreads();
     }
+#ifdef KVQ_CU_MEASURE_TIMELINE
+    tl_tq = tl_now();
+#endif
     const float sig2 = L::qjl && MODE == M_ST ? qc[qx] : 0.0f;
     const float tneg = L::qjl && MODE == M_ST ? qc[8 + qx] : 0.0f;
     const float kappa = p.kappa;
@@ -882,10 +921,12 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
         asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
         const unsigned long long lin = ((unsigned long long)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
         if (lin < KVQ_CU_TIMELINE_MAX) {
-            tl_rec[4 * lin] = tl_t0;
-            tl_rec[4 * lin + 1] = tl_t1;
-            tl_rec[4 * lin + 2] = tl_t2;
-            tl_rec[4 * lin + 3] = (tl_now() << 8 >> 8) | ((unsigned long long)smid << 56);
+            unsigned long long *r = tl_rec + KVQ_CU_TIMELINE_WORDS * lin;
+            r[0] = tl_t0;
+            r[1] = tl_tq;
+            r[2] = tl_t1;
+            r[3] = tl_t2;
+            r[4] = (tl_now() << 8 >> 8) | ((unsigned long long)smid << 56);
         }
         if (lin == 0)
             tl_n = (unsigned long long)gridDim.x * gridDim.y * gridDim.z;
@@ -921,7 +962,7 @@ template <int KT, int VT, int GP, int S, int MODE = M_ST>
 kvq_status launch_one(kvq_cu_fast_params *p, int n_batch, int n_splits, int max_splits, int n_sm,
                       cudaStream_t stream)
 {
-    static int configured = 0, occupancy = 1;
+    static int configured = 0, occupancy = 1, configured_prep = 0;
     const size_t smem = smem_bytes<KT, VT, S>();
     auto kern = fast_kernel<KT, VT, GP, S, MODE>;
     if (!configured) {
@@ -961,12 +1002,39 @@ kvq_status launch_one(kvq_cu_fast_params *p, int n_batch, int n_splits, int max_
     if (n_splits < 1)
         n_splits = 1;
     p->n_splits = n_splits;
-    set_split_bounds(p, n_splits, (long)pairs * n_splits > (long)n_sm * occupancy);
+    const bool one_wave = (long)pairs * n_splits <= (long)n_sm * occupancy;
+    set_split_bounds(p, n_splits, !one_wave);
+    /* V4 prepares its own queries only in a single wave: there it saves the
+     * wait for the prep kernel, while later waves would each pay the query
+     * latency under load (docs/cuda.md, seventh pass). A kernel of its own,
+     * since the prep's registers and shared memory (kPrepScratch after the
+     * barriers) cost the other launches ~3%. */
+    const bool prep_here = MODE == M_IM && one_wave && p->q;
+    if (!prep_here) {
+        p->q = nullptr;
+        if (p->prep) {
+            const kvq_status st = p->prep(p->prep_ctx);
+            if (st != KVQ_OK)
+                return st;
+        }
+    }
+    auto kern_prep = fast_kernel<KT, VT, GP, S, MODE, MODE == M_IM>;
+    if (prep_here && !configured_prep) {
+        KVQ_CU_TRY(cudaFuncSetAttribute(kern_prep, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)(smem + kPrepScratch)));
+        configured_prep = 1;
+    }
     /* split-major, so that blocks start in split order: the larger splits first */
     dim3 grid((unsigned)p->H, (unsigned)n_batch, (unsigned)n_splits);
     if (MODE != M_ST && p->pdl) {
-        p->pdl_used = 1;
-        KVQ_CU_TRY(kvq_cu_launch(true, kern, grid, dim3(NW * 32), smem, stream, *p));
+        p->pdl_used = 1; /* the merge kernel may overlap this one's end */
+        /* overlapping the kernel before only pays when that is the prep kernel */
+        if (prep_here)
+            KVQ_CU_TRY(kvq_cu_launch(false, kern_prep, grid, dim3(NW * 32), smem + kPrepScratch, stream, *p));
+        else
+            KVQ_CU_TRY(kvq_cu_launch(true, kern, grid, dim3(NW * 32), smem, stream, *p));
+    } else if (prep_here) {
+        kern_prep<<<grid, NW * 32, smem + kPrepScratch, stream>>>(*p);
     } else {
         kern<<<grid, NW * 32, smem, stream>>>(*p);
     }

@@ -36,9 +36,11 @@ kvq_status kvq_cuda_require_device(void);
 #define KVQ_CU_MAX_SPLITS 256
 
 #ifdef KVQ_CU_MEASURE_TIMELINE
-/* Measurement build only: per-block times of the last fused launch, 4 words
- * per block (cuda_attn_fast.cu). @return blocks copied to dst. */
+/* Measurement build only: per-block times of the last fused launch,
+ * KVQ_CU_TIMELINE_WORDS per block (cuda_attn_fast.cu). @return blocks copied
+ * to dst. */
 #define KVQ_CU_TIMELINE_MAX 65536
+#define KVQ_CU_TIMELINE_WORDS 5
 extern "C" size_t kvq_cu_timeline_read(unsigned long long *dst, size_t max_blocks);
 #endif
 
@@ -154,6 +156,18 @@ enum { KVQ_CU_VT_TQ3 = 0, KVQ_CU_VT_F16 = 1 };
  * 1 / (S_q S_k) at byte 8192 (see cuda_attn_fast.cu). */
 #define KVQ_CU_QFRAG_BYTES (4096 + 4096 + 128)
 
+namespace kvq_cu {
+/* How a rotation is applied: not at all, by the warp transform (HADAMARD,
+ * IDENTITY: O(d log d)) or through its dense matrix (other kinds). */
+enum { ROT_NONE = 0, ROT_WARP = 1, ROT_DENSE = 2 };
+
+struct rot_arg {
+    int mode;
+    kvq_dev_rot fast;
+    const float *dense; /* column-major for queries, row-major for outputs */
+};
+} /* namespace kvq_cu */
+
 struct kvq_cu_fast_params {
     struct kvq_dev_pages pg;
     const uint8_t *qfrag; /* [n_batch][H] blocks of KVQ_CU_QFRAG_BYTES */
@@ -172,6 +186,19 @@ struct kvq_cu_fast_params {
      * [n * split_at[s] >> 16, n * split_at[s + 1] >> 16); split_at[0] = 0,
      * split_at[n_splits] = 65536 (set by kvq_cu_fast_launch) */
     uint32_t split_at[KVQ_CU_MAX_SPLITS + 1];
+    /* host side: launches the prep kernel, which writes qfrag; called by
+     * kvq_cu_fast_launch before the fused kernel unless that prepares its
+     * queries itself */
+    kvq_status (*prep)(void *ctx);
+    void *prep_ctx;
+    /* V4 only, in: q set allows each block to prepare its own query block
+     * from the raw queries q [n_batch][Hq][128] (warp rotations only; see
+     * cuda_prep.cuh) instead of reading qfrag; kvq_cu_fast_launch keeps it
+     * for a launch of one wave of blocks and clears it otherwise */
+    const float *q;
+    int Hq;
+    float qscale, inv_sk; /* scale * log2(e); 1 / the K codebook's integer scale */
+    kvq_cu::rot_arg rk, sk;
     int pdl;              /* in: programmatic dependent launch allowed (sm_90+, variants 2, 3) */
     int pdl_used;         /* out: the fused kernel was launched that way (it waits for the prep
                              kernel itself), so the merge kernel may be too */
