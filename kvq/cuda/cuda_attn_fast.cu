@@ -465,6 +465,14 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
         __syncthreads();
     }
 
+    /* PREP: rows c R q and S c R q of the 4 queries, then the V4 block, as
+     * the prep kernel builds them (the same code: cuda_prep.cuh). Built after
+     * the first pages are requested: building them first and requesting the
+     * pages after cost 0.6-2 us at 4K (seventh pass). */
+    float(*pr)[D] = reinterpret_cast<float(*)[D]>(bars + NW * NST);
+    float(*ps)[D] = pr + NW;
+    float *psig = &ps[NW][0], *ptsum = psig + NW, *pmax = ptsum + NW;
+
     uint8_t *my_stages = stages + warp * NST * L::bytes;
     uint64_t *my_bars = bars + warp * NST;
     const int first = s0 + warp;
@@ -498,11 +506,6 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
     const int qx = TR ? 2 * (t & 1) : g & 7;
     if constexpr (MODE != M_ST) {
         if constexpr (PREP) {
-            /* rows c R q and S c R q of the 4 queries, then the V4 block, as the
-             * prep kernel builds it (the same code: cuda_prep.cuh) */
-            float(*pr)[D] = reinterpret_cast<float(*)[D]>(bars + NW * NST);
-            float(*ps)[D] = pr + NW;
-            float *psig = &ps[NW][0], *ptsum = psig + NW, *pmax = ptsum + NW;
             prep_query128(pq, warp < p.G, p.qscale, p.rk, sgr, p.sk, sgs, pr[warp], ps[warp], &psig[warp],
                           &ptsum[warp], &pmax[warp], lane);
             __syncthreads();
@@ -934,16 +937,18 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
 #endif
 }
 
+/* Both tuned on the H100 (docs/cuda.md, seventh pass: 0.7 and 3 waves
+ * against 0.5 and 4, 0-5% faster from 32K up, five A/B rounds). */
 #ifndef KVQ_CU_TAPER
-#define KVQ_CU_TAPER 0.5
+#define KVQ_CU_TAPER 0.7
 #endif
 #ifndef KVQ_CU_WAVES
-#define KVQ_CU_WAVES 4
+#define KVQ_CU_WAVES 3
 #endif
 /* Split boundaries (kvq_cu_fast_params.split_at). With more blocks than fit
  * at once, the splits shrink linearly from 1 + KVQ_CU_TAPER to
- * 1 - KVQ_CU_TAPER times the mean, in the order the blocks start: the blocks
- * a slot runs last are then the short ones, and the slots finish closer
+ * 1 - KVQ_CU_TAPER (1.7 to 0.3) times the mean, in the order the blocks
+ * start: the blocks a slot runs last are then the short ones, and the slots finish closer
  * together (with equal splits the slots' last blocks start up to one block
  * time apart, and the call waits for the last; docs/cuda.md, seventh pass). */
 void set_split_bounds(kvq_cu_fast_params *p, int n, bool taper)
@@ -980,10 +985,10 @@ kvq_status launch_one(kvq_cu_fast_params *p, int n_batch, int n_splits, int max_
     if (n_splits <= 0) {
         /* At least one wave of blocks (a partial second wave costs a whole
          * block time); where each block still gets >= 64 units of 16 S tokens,
-         * up to KVQ_CU_WAVES (4) waves, which balance the SMs better (measured,
-         * docs/cuda.md: batch 32 x 128K 2177 -> 2011 us; 6 and 8 gained nothing
-         * in the seventh pass); and at least 4 segments per warp so the
-         * pipeline gets going. */
+         * up to KVQ_CU_WAVES (3) waves, which balance the SMs better (measured,
+         * docs/cuda.md: batch 32 x 128K 2177 -> 2011 us with 4 before the
+         * splits tapered; with the taper 3 is a little better, 2, 6 and 8 are
+         * not); and at least 4 segments per warp so the pipeline gets going. */
         const int capacity = n_sm * occupancy;
         const int one_wave = pairs >= capacity ? 1 : capacity / pairs;
         const int waves = (KVQ_CU_WAVES * capacity + pairs - 1) / pairs;
