@@ -24,9 +24,10 @@
  *     the stage) and accumulates O^T += V^T (p * n_v)^T with 8 MMAs (16 for
  *     5-8 query heads).
  * The queries enter pre-rotated, pre-scaled by scale * log2(e) and split
- * into f16 hi + lo rows (prep kernel); the block merges its warps and writes
- * an unnormalised partial (O, m, l) that the finalize kernel combines across
- * splits and rotates back.
+ * into f16 hi + lo rows (V4: fixed-point fragments) by the prep kernel, or,
+ * for a V4 launch of one wave, by the block itself (PREP, cuda_prep.cuh);
+ * the block merges its warps and writes an unnormalised partial (O, m, l)
+ * that the finalize kernel combines across splits and rotates back.
  */
 #include "cuda_internal.cuh"
 #include "cuda_prep.cuh"
