@@ -203,6 +203,9 @@ struct kvq_cu_fast_params {
     int pdl_used;         /* out: the fused kernel was launched that way (it waits for the prep
                              kernel itself), so the merge kernel may be too */
 };
+/* passed by value as the fused kernel's one parameter: under the 4 KB that
+ * every driver and architecture takes */
+static_assert(sizeof(kvq_cu_fast_params) <= 4096, "fused-kernel parameters over 4 KB");
 
 /* Programmatic dependent launch (sm_90): a kernel launched with the
  * attribute may start once every block of the previous kernel in the stream
