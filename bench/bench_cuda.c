@@ -250,17 +250,17 @@ static double time_attend(kvq_cuda_cache *c, kvq_cuda_timer *tm, int batch, cons
 
 #ifdef KVQ_CU_MEASURE_TIMELINE
 /* Measurement build (docs/cuda.md): the per-block times of the last fused
- * launch (5 words per block, KVQ_CU_TIMELINE_WORDS) into $KVQ_BENCH_TIMELINE/timeline_<batch>_<context>.txt, one block
+ * launch (6 words per block, KVQ_CU_TIMELINE_WORDS) into $KVQ_BENCH_TIMELINE/timeline_<batch>_<context>.txt, one block
  * per line, for bench/cuda_timeline.py. */
 size_t kvq_cu_timeline_read(unsigned long long *dst, size_t max_blocks);
 
 static void write_timeline(int batch, int ctx)
 {
     const char *dir = getenv("KVQ_BENCH_TIMELINE");
-    static unsigned long long rec[65536 * 5];
+    static unsigned long long rec[65536 * 6];
     if (!dir || !*dir)
         return;
-    const size_t n = kvq_cu_timeline_read(rec, 65536);
+    const size_t n = kvq_cu_timeline_read(rec, 65536); /* 6 words per block */
     char path[1024];
     snprintf(path, sizeof path, "%s/timeline_%d_%d.txt", dir, batch, ctx);
     FILE *f = fopen(path, "w");
@@ -269,8 +269,8 @@ static void write_timeline(int batch, int ctx)
         return;
     }
     for (size_t i = 0; i < n; i++)
-        fprintf(f, "%llu %llu %llu %llu %llu\n", rec[5 * i], rec[5 * i + 1], rec[5 * i + 2], rec[5 * i + 3],
-                rec[5 * i + 4]);
+        fprintf(f, "%llu %llu %llu %llu %llu %llu\n", rec[6 * i], rec[6 * i + 1], rec[6 * i + 2], rec[6 * i + 3],
+                rec[6 * i + 4], rec[6 * i + 5]);
     fclose(f);
 }
 #endif

@@ -96,8 +96,9 @@ __device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t b
 /* Measurement build only (make MEASURE=-DKVQ_CU_MEASURE_TIMELINE): every
  * block of the last fused launch records when it started, when it had its
  * queries (after waiting for the prep kernel), when its warp 0 had its first
- * stage, when its warps had merged and when it ended (%globaltimer, ns, low
- * 56 bits) with its SM in the top 8 bits of the last;
+ * stage, when its first warp left the main loop, when its warps had merged
+ * and when it ended (%globaltimer, ns, low 56 bits) with its SM in the top
+ * 8 bits of the last;
  * bench_cuda writes them out (KVQ_BENCH_TIMELINE), bench/cuda_timeline.py
  * sums them up. */
 __device__ unsigned long long tl_rec[KVQ_CU_TIMELINE_MAX * KVQ_CU_TIMELINE_WORDS];
@@ -832,6 +833,11 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
         }
     }
 
+#ifdef KVQ_CU_MEASURE_TIMELINE
+    __shared__ unsigned long long tl_wend[NW];
+    if (lane == 0)
+        tl_wend[warp] = tl_now();
+#endif
     if constexpr (MODE != M_ST)
         kvq_cu_pdl_trigger(); /* the merge kernel may start (it waits for this one to finish) */
 
@@ -926,11 +932,15 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
         const unsigned long long lin = ((unsigned long long)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
         if (lin < KVQ_CU_TIMELINE_MAX) {
             unsigned long long *r = tl_rec + KVQ_CU_TIMELINE_WORDS * lin;
+            unsigned long long w0 = tl_wend[0];
+            for (int w = 1; w < NW; w++)
+                w0 = tl_wend[w] < w0 ? tl_wend[w] : w0;
             r[0] = tl_t0;
             r[1] = tl_tq;
             r[2] = tl_t1;
-            r[3] = tl_t2;
-            r[4] = (tl_now() << 8 >> 8) | ((unsigned long long)smid << 56);
+            r[3] = w0;
+            r[4] = tl_t2;
+            r[5] = (tl_now() << 8 >> 8) | ((unsigned long long)smid << 56);
         }
         if (lin == 0)
             tl_n = (unsigned long long)gridDim.x * gridDim.y * gridDim.z;

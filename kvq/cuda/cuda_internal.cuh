@@ -40,7 +40,7 @@ kvq_status kvq_cuda_require_device(void);
  * KVQ_CU_TIMELINE_WORDS per block (cuda_attn_fast.cu). @return blocks copied
  * to dst. */
 #define KVQ_CU_TIMELINE_MAX 65536
-#define KVQ_CU_TIMELINE_WORDS 5
+#define KVQ_CU_TIMELINE_WORDS 6
 extern "C" size_t kvq_cu_timeline_read(unsigned long long *dst, size_t max_blocks);
 #endif
 
