@@ -94,16 +94,22 @@ static struct kvq_cache_config cache_cfg(enum kvq_type tk, enum kvq_type tv, int
     return cfg;
 }
 
-static kvq_cuda_cache *gpu_cache(const struct kvq_cache_config *cc, int max_seqs, int max_q)
+static kvq_cuda_cache *gpu_cache_checked(const struct kvq_cache_config *cc, int max_seqs, int max_q, int check)
 {
     struct kvq_cuda_cache_config cfg;
     kvq_cuda_cache_config_default(&cfg, cc->n_kv_heads, cc->head_dim, cc->max_tokens, max_seqs);
     cfg.cache = *cc;
     cfg.max_q_per_kv = max_q;
+    cfg.check_input = check;
     kvq_cuda_cache *g = NULL;
     kvq_status st = kvq_cuda_cache_create(&cfg, &g);
     CHECKF(st == KVQ_OK, "kvq_cuda_cache_create: %s", kvq_status_str(st));
     return g;
+}
+
+static kvq_cuda_cache *gpu_cache(const struct kvq_cache_config *cc, int max_seqs, int max_q)
+{
+    return gpu_cache_checked(cc, max_seqs, max_q, 1);
 }
 
 static const char *tname(enum kvq_type t)
@@ -159,7 +165,9 @@ struct enc_case {
     enum kvq_rot_kind rot;
 };
 
-static void encode_case(const struct enc_case *ec, uint64_t seed)
+/* check = 0: the appends return without synchronising, so the 40 single
+ * steps below are queued back to back, each with its own page and slot. */
+static void encode_case(const struct enc_case *ec, uint64_t seed, int check)
 {
     const int H = 3;
     const size_t N = 204;
@@ -175,7 +183,7 @@ static void encode_case(const struct enc_case *ec, uint64_t seed)
     kvq_cache *cpu = NULL;
     CHECK_OK(kvq_cache_create(&cc, &cpu));
     CHECK_OK(kvq_cache_append(cpu, N, k, v));
-    kvq_cuda_cache *gpu = gpu_cache(&cc, 2, 8);
+    kvq_cuda_cache *gpu = gpu_cache_checked(&cc, 2, 8, check);
     float *kd = to_dev(k, N * H * ec->d), *vd = to_dev(v, N * H * ec->d);
     if (!cpu || !gpu || !kd || !vd)
         goto done;
@@ -203,8 +211,8 @@ static void encode_case(const struct enc_case *ec, uint64_t seed)
     CHECK(kvq_cuda_cache_len(gpu, 0) == 41);
     CHECK(kvq_cuda_cache_len(gpu, 1) == N);
     int bad1 = compare_rows(cpu, gpu, 1, N), bad0 = compare_rows(cpu, gpu, 0, 41);
-    CHECKF(bad1 == 0 && bad0 == 0, "K %s V %s d=%d P=%d rot=%s: %d + %d rows differ from the CPU encoder",
-           tname(ec->tk), tname(ec->tv), ec->d, ec->page_tokens, kvq_rot_kind_name(ec->rot), bad0, bad1);
+    CHECKF(bad1 == 0 && bad0 == 0, "K %s V %s d=%d P=%d rot=%s check=%d: %d + %d rows differ from the CPU encoder",
+           tname(ec->tk), tname(ec->tv), ec->d, ec->page_tokens, kvq_rot_kind_name(ec->rot), check, bad0, bad1);
 done:
     kvq_cuda_free(kd);
     kvq_cuda_free(vd);
@@ -229,7 +237,8 @@ static void test_encode_bit_exact(void)
         {KVQ_TYPE_TQ3J, KVQ_TYPE_F16, 128, 32, KVQ_ROT_HADAMARD},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        encode_case(&cases[i], 1000 + 17 * i);
+        encode_case(&cases[i], 1000 + 17 * i, 1);
+    encode_case(&cases[0], 999, 0); /* without the input check: no synchronisation per call */
 }
 
 static void test_encode_errors(void)
@@ -410,6 +419,11 @@ static void graph_replay(kvq_cuda_cache *g, int n_seqs, const int *seqs, const f
     kvq_cuda_graph *gr = NULL;
     CHECK_OK(kvq_cuda_graph_begin(g));
     CHECK_STATUS(kvq_cuda_graph_begin(g), KVQ_ERR_INVALID_ARG); /* already capturing */
+    /* append synchronises: refused while capturing, and nothing changes */
+    const size_t len0 = kvq_cuda_cache_len(g, seqs[0]);
+    CHECK_STATUS(kvq_cuda_cache_append(g, seqs[0], 1, qd, qd), KVQ_ERR_INVALID_ARG);
+    CHECK_STATUS(kvq_cuda_cache_append_batch(g, 1, seqs, qd, qd), KVQ_ERR_INVALID_ARG);
+    CHECK(kvq_cuda_cache_len(g, seqs[0]) == len0);
     CHECK_OK(kvq_cuda_cache_attend(g, n_seqs, seqs, qd, Hq, scale, od, NULL));
     CHECK_OK(kvq_cuda_graph_end(g, &gr));
     kvq_cuda_graph *none = NULL;

@@ -375,6 +375,9 @@ static kvq_status encode_mapped(kvq_cuda_cache *c, size_t n, const float *k, con
         if (st != KVQ_OK)
             return st;
     }
+    /* tok_h is pageable on purpose: the driver stages the copy before this
+     * returns, so the next call may rewrite tok_h at once (pinned memory with
+     * an event guard measured no faster, docs/cuda.md seventh pass) */
     KVQ_CU_TRY(cudaMemcpyAsync(c->tok_d, c->tok_h, 2 * n * sizeof(int32_t), cudaMemcpyHostToDevice, c->stream));
     const kvq_status st = kvq_cu_encode_rows(c, n, k, v, c->tok_d, c->tok_d + n, check ? c->flag_d : NULL);
     if (st != KVQ_OK || !check)
@@ -388,7 +391,7 @@ static kvq_status encode_mapped(kvq_cuda_cache *c, size_t n, const float *k, con
 kvq_status kvq_cuda_cache_append(kvq_cuda_cache *c, int seq, size_t n_tokens, const float *k_dev,
                                  const float *v_dev)
 {
-    if (!c || seq < 0 || seq >= c->cfg.max_seqs || (n_tokens && (!k_dev || !v_dev)))
+    if (!c || seq < 0 || seq >= c->cfg.max_seqs || (n_tokens && (!k_dev || !v_dev)) || c->capture_stream)
         return KVQ_ERR_INVALID_ARG;
     if (n_tokens == 0)
         return KVQ_OK;
@@ -422,7 +425,7 @@ kvq_status kvq_cuda_cache_append(kvq_cuda_cache *c, int seq, size_t n_tokens, co
 kvq_status kvq_cuda_cache_append_batch(kvq_cuda_cache *c, int n_seqs, const int *seqs, const float *k_dev,
                                        const float *v_dev)
 {
-    if (!c || n_seqs < 0 || (n_seqs && (!seqs || !k_dev || !v_dev)))
+    if (!c || n_seqs < 0 || (n_seqs && (!seqs || !k_dev || !v_dev)) || c->capture_stream)
         return KVQ_ERR_INVALID_ARG;
     if (n_seqs == 0)
         return KVQ_OK;

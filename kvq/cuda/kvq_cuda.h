@@ -159,7 +159,8 @@ kvq_status kvq_cuda_cache_truncate(kvq_cuda_cache *c, int seq, size_t n);
  *  All-or-nothing when check_input is set: every row is checked first.
  *  @return KVQ_OK; KVQ_ERR_NONFINITE / KVQ_ERR_RANGE (bad row, nothing
  *  written); KVQ_ERR_CONTEXT_FULL; KVQ_ERR_BUDGET (pool exhausted);
- *  KVQ_ERR_INVALID_ARG; KVQ_ERR_UNSUPPORTED; KVQ_ERR_DEVICE. */
+ *  KVQ_ERR_INVALID_ARG (also while a graph capture is open);
+ *  KVQ_ERR_UNSUPPORTED; KVQ_ERR_DEVICE. */
 kvq_status kvq_cuda_cache_append(kvq_cuda_cache *c, int seq, size_t n_tokens, const float *k_dev,
                                  const float *v_dev);
 
