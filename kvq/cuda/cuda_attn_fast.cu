@@ -4,8 +4,9 @@
  * (sequence, KV head) are cut into 16-token segments (a segment never
  * crosses a page: page_tokens % 16 == 0) and the segments into n_splits
  * contiguous ranges, one per block (flash-decoding), shorter towards the
- * last splits when there is more than one wave of blocks (set_split_bounds). Inside a block each warp
- * owns every 4th segment and runs its own pipeline: NST stage buffers in
+ * last splits when there is more than one wave of blocks (set_split_bounds).
+ * Inside a block each warp owns every 4th segment and runs its own
+ * pipeline: NST stage buffers in
  * shared memory, filled by the bulk copy engine (cp.async.bulk, one copy per
  * page section, completing on an mbarrier), so the warp never waits on a
  * load it issued itself and no block-wide barrier sits in the main loop.
@@ -966,9 +967,10 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
 /* Split boundaries (kvq_cu_fast_params.split_at). With more blocks than fit
  * at once, the splits shrink linearly from 1 + KVQ_CU_TAPER to
  * 1 - KVQ_CU_TAPER (1.7 to 0.3) times the mean, in the order the blocks
- * start: the blocks a slot runs last are then the short ones, and the slots finish closer
- * together (with equal splits the slots' last blocks start up to one block
- * time apart, and the call waits for the last; docs/cuda.md, seventh pass). */
+ * start: the blocks a slot runs last are then the short ones, and the slots
+ * finish closer together (with equal splits the slots' last blocks start up
+ * to one block time apart, and the call waits for the last; docs/cuda.md,
+ * seventh pass). */
 void set_split_bounds(kvq_cu_fast_params *p, int n, bool taper)
 {
     const double a = taper && n > 1 ? KVQ_CU_TAPER : 0.0;
