@@ -92,6 +92,12 @@ static int env_list(const char *name, int dflt, int *out, int max)
     return n;
 }
 
+static int cmp_desc(const void *a, const void *b)
+{
+    const int x = *(const int *)a, y = *(const int *)b;
+    return (x < y) - (x > y);
+}
+
 #define TRY(expr)                                                                     \
     do {                                                                              \
         kvq_status st_ = (expr);                                                      \
@@ -250,17 +256,19 @@ static double time_attend(kvq_cuda_cache *c, kvq_cuda_timer *tm, int batch, cons
 
 #ifdef KVQ_CU_MEASURE_TIMELINE
 /* Measurement build (docs/cuda.md): the per-block times of the last fused
- * launch (6 words per block, KVQ_CU_TIMELINE_WORDS) into $KVQ_BENCH_TIMELINE/timeline_<batch>_<context>.txt, one block
- * per line, for bench/cuda_timeline.py. */
+ * launch into $KVQ_BENCH_TIMELINE/timeline_<batch>_<context>.txt, one block
+ * per line, for bench/cuda_timeline.py. TL_WORDS and TL_MAX are
+ * KVQ_CU_TIMELINE_WORDS and _MAX of cuda_internal.cuh, a CUDA header. */
 size_t kvq_cu_timeline_read(unsigned long long *dst, size_t max_blocks);
+enum { TL_WORDS = 6, TL_MAX = 65536 };
 
 static void write_timeline(int batch, int ctx)
 {
     const char *dir = getenv("KVQ_BENCH_TIMELINE");
-    static unsigned long long rec[65536 * 6];
+    static unsigned long long rec[TL_MAX * TL_WORDS];
     if (!dir || !*dir)
         return;
-    const size_t n = kvq_cu_timeline_read(rec, 65536); /* 6 words per block */
+    const size_t n = kvq_cu_timeline_read(rec, TL_MAX);
     char path[1024];
     snprintf(path, sizeof path, "%s/timeline_%d_%d.txt", dir, batch, ctx);
     FILE *f = fopen(path, "w");
@@ -268,9 +276,8 @@ static void write_timeline(int batch, int ctx)
         fprintf(stderr, "bench_cuda: cannot write %s\n", path);
         return;
     }
-    for (size_t i = 0; i < n; i++)
-        fprintf(f, "%llu %llu %llu %llu %llu %llu\n", rec[6 * i], rec[6 * i + 1], rec[6 * i + 2], rec[6 * i + 3],
-                rec[6 * i + 4], rec[6 * i + 5]);
+    for (size_t i = 0; i < n * TL_WORDS; i++)
+        fprintf(f, "%llu%c", rec[i], (i + 1) % TL_WORDS ? ' ' : '\n');
     fclose(f);
 }
 #endif
@@ -301,13 +308,7 @@ int main(void)
             fprintf(stderr, "bench_cuda: KVQ_BENCH_BATCH: at most %d sequences\n", MAXB);
             return 1;
         }
-    /* longest first: each context is the previous one truncated */
-    for (int i = 1; i < nprof_ctx; i++)
-        for (int j = i; j > 0 && prof_ctx[j] > prof_ctx[j - 1]; j--) {
-            const int x = prof_ctx[j];
-            prof_ctx[j] = prof_ctx[j - 1];
-            prof_ctx[j - 1] = x;
-        }
+    qsort(prof_ctx, (size_t)nprof_ctx, sizeof prof_ctx[0], cmp_desc); /* each context is the previous one truncated */
     const int *ctxs = profile ? prof_ctx : quick ? quick_ctx : all_ctx, nctx = profile ? nprof_ctx : quick ? 2 : 5;
     const int t0 = profile ? profile - 1 : 0, ntypes = profile ? profile : 3;
     const enum kvq_type types[3][2] = {
@@ -423,8 +424,7 @@ int main(void)
                     "\"step_us\": [%.1f, %.1f, %.1f], \"step_nocheck_us\": [%.1f, %.1f, %.1f], "
                     "\"step_batches\": [%d, %d, %d]}%s\n",
                     kvq_type_traits(a->tk)->name, kvq_type_traits(a->tv)->name, APPEND_PREFILL, a->prefill_us,
-                    a->step_us[0],
-                    a->step_us[1], a->step_us[2], a->step_nocheck_us[0], a->step_nocheck_us[1],
+                    a->step_us[0], a->step_us[1], a->step_us[2], a->step_nocheck_us[0], a->step_nocheck_us[1],
                     a->step_nocheck_us[2], append_batches[0], append_batches[1], append_batches[2],
                     i + 1 < napp ? "," : "");
         }

@@ -451,8 +451,8 @@ kvq_status kvq_cu_attn_init(kvq_cuda_cache *c)
         return KVQ_OK; /* the fused kernel's buffers are for d = 128 only */
     KVQ_CU_TRY(cudaMalloc(&c->qfrag_d, nb * H * KVQ_CU_QFRAG_BYTES));
     /* room for up to eight waves of 4 blocks per SM plus one split per pair
-     * (the split rule in kvq_cu_fast_launch takes four), and at least 4
-     * splits per pair */
+     * (the split rule in kvq_cu_fast_launch takes KVQ_CU_WAVES = 3), and at
+     * least 4 splits per pair */
     const size_t waves = (size_t)32 * (size_t)c->n_sm + nb * H;
     c->part_entries = nb * H * 4 > waves ? nb * H * 4 : waves;
     KVQ_CU_TRY(cudaMalloc(&c->part_d, c->part_entries * G * (size_t)(d + 2) * sizeof(float)));

@@ -468,14 +468,6 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
         __syncthreads();
     }
 
-    /* PREP: rows c R q and S c R q of the 4 queries, then the V4 block, as
-     * the prep kernel builds them (the same code: cuda_prep.cuh). Built after
-     * the first pages are requested: building them before requesting any
-     * cost 0.6-2 us at 4K (seventh pass). */
-    float(*pr)[D] = reinterpret_cast<float(*)[D]>(bars + NW * NST);
-    float(*ps)[D] = pr + NW;
-    float *psig = &ps[NW][0], *ptsum = psig + NW, *pmax = ptsum + NW;
-
     uint8_t *my_stages = stages + warp * NST * L::bytes;
     uint64_t *my_bars = bars + warp * NST;
     const int first = s0 + warp;
@@ -515,6 +507,13 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
     const int qx = TR ? 2 * (t & 1) : g & 7;
     if constexpr (MODE != M_ST) {
         if constexpr (PREP) {
+            /* rows c R q and S c R q of the 4 queries, then the V4 block, as
+             * the prep kernel builds them (the same code: cuda_prep.cuh), after
+             * the first pages are requested: building them before requesting
+             * any cost 0.6-2 us at 4K (seventh pass) */
+            float(*pr)[D] = reinterpret_cast<float(*)[D]>(bars + NW * NST);
+            float(*ps)[D] = pr + NW;
+            float *psig = &ps[NW][0], *ptsum = psig + NW, *pmax = ptsum + NW;
             prep_query128(pq, warp < p.G, p.qscale, p.rk, sgr, p.sk, sgs, pr[warp], ps[warp], &psig[warp],
                           &ptsum[warp], &pmax[warp], lane);
             issue_upto(NST);
@@ -1051,17 +1050,14 @@ kvq_status launch_one(kvq_cu_fast_params *p, int n_batch, int n_splits, int max_
     }
     /* split-major, so that blocks start in split order: the larger splits first */
     dim3 grid((unsigned)p->H, (unsigned)n_batch, (unsigned)n_splits);
+    auto run = prep_here ? kern_prep : kern;
+    const size_t run_smem = prep_here ? smem + kPrepScratch : smem;
     if (MODE != M_ST && p->pdl) {
         p->pdl_used = 1; /* the merge kernel may overlap this one's end */
         /* overlapping the kernel before only pays when that is the prep kernel */
-        if (prep_here)
-            KVQ_CU_TRY(kvq_cu_launch(false, kern_prep, grid, dim3(NW * 32), smem + kPrepScratch, stream, *p));
-        else
-            KVQ_CU_TRY(kvq_cu_launch(true, kern, grid, dim3(NW * 32), smem, stream, *p));
-    } else if (prep_here) {
-        kern_prep<<<grid, NW * 32, smem + kPrepScratch, stream>>>(*p);
+        KVQ_CU_TRY(kvq_cu_launch(!prep_here, run, grid, dim3(NW * 32), run_smem, stream, *p));
     } else {
-        kern<<<grid, NW * 32, smem, stream>>>(*p);
+        run<<<grid, NW * 32, run_smem, stream>>>(*p);
     }
     KVQ_CU_TRY(cudaGetLastError());
     return KVQ_OK;
