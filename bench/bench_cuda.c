@@ -13,8 +13,15 @@
  * means the default (V4: integer key scores, overlapped launches) is faster.
  * (The first version, FAST_V1, is no longer timed: docs/cuda.md has it.)
  *
- * Each timing: L2 flushed (256 MB memset) before every launch, device events
- * around the attend call only, 3 warm-ups, median of KVQ_BENCH_REPS (20).
+ * Each timing: L2 flushed before every launch, device events around the
+ * attend call only, 3 warm-ups, median of KVQ_BENCH_REPS (20). The flush
+ * writes 256 MB (memset) and then reads them (kvq_cuda_touch), so the call
+ * starts with none of its data in L2 and no dirty line to write back;
+ * KVQ_BENCH_FLUSH=write skips the read, the method of the first seven passes
+ * (docs/cuda.md: the call then also pays for writing back up to the L2's
+ * size of the memset's lines). "read us" is a plain read of as many bytes
+ * as the call must read (kvq_cuda_touch on a separate buffer, same flush):
+ * what moving those bytes alone costs, launch included.
  * "graph us" times the same default call recorded once into a CUDA graph
  * and replayed (kvq_cuda_graph_*): the device-side time without the host's
  * cost of issuing three launches, which a decode loop run from a graph does
@@ -65,6 +72,7 @@ struct result {
     double us_v2;  /* KVQ_CUDA_KERNEL_FAST_V2, same data (0: not timed) */
     double us_v3;  /* KVQ_CUDA_KERNEL_FAST_V3 with opts.overlap = 0, same data (0: not timed) */
     double bytes;
+    double us_read; /* kvq_cuda_touch of `bytes` bytes, same flush (0: not timed) */
 };
 
 static int env_int(const char *name, int dflt)
@@ -109,6 +117,32 @@ static int cmp_desc(const void *a, const void *b)
 
 static void *flush_buf;
 static size_t flush_bytes = (size_t)256 << 20;
+static int flush_read = 1; /* KVQ_BENCH_FLUSH: read (default) or write */
+
+static void flush_l2(int i)
+{
+    TRY(kvq_cuda_memset(flush_buf, i & 0xff, flush_bytes));
+    if (flush_read)
+        TRY(kvq_cuda_touch(flush_buf, flush_bytes));
+}
+
+/* Median time of a plain read of bytes of buf, flushed like an attend call. */
+static double time_read(kvq_cuda_timer *tm, const void *buf, size_t bytes, int reps)
+{
+    double t[64];
+    if (reps > 64)
+        reps = 64;
+    for (int i = 0; i < reps + 3; i++) {
+        double ms;
+        flush_l2(i);
+        TRY(kvq_cuda_timer_start(tm));
+        TRY(kvq_cuda_touch(buf, bytes));
+        TRY(kvq_cuda_timer_stop(tm, &ms));
+        if (i >= 3)
+            t[i - 3] = ms;
+    }
+    return bench_median(t, reps) * 1e3;
+}
 
 static double copy_bandwidth(kvq_cuda_timer *tm)
 {
@@ -243,7 +277,7 @@ static double time_attend(kvq_cuda_cache *c, kvq_cuda_timer *tm, int batch, cons
         reps = 64;
     for (int i = 0; i < reps + 3; i++) {
         double ms;
-        TRY(kvq_cuda_memset(flush_buf, i & 0xff, flush_bytes));
+        flush_l2(i);
         TRY(kvq_cuda_timer_start(tm));
         TRY(g ? kvq_cuda_graph_launch(g) : kvq_cuda_cache_attend(c, batch, seqs, qd, H * G, scale, od, &opts));
         TRY(kvq_cuda_timer_stop(tm, &ms));
@@ -296,6 +330,12 @@ int main(void)
     const int reps = env_int("KVQ_BENCH_REPS", 20);
     const int compare = env_int("KVQ_BENCH_COMPARE", 1);
     const int graph = env_int("KVQ_BENCH_GRAPH", 1);
+    const char *flush_env = getenv("KVQ_BENCH_FLUSH");
+    if (flush_env && *flush_env && strcmp(flush_env, "read") != 0 && strcmp(flush_env, "write") != 0) {
+        fprintf(stderr, "bench_cuda: KVQ_BENCH_FLUSH: read or write\n");
+        return 1;
+    }
+    flush_read = !(flush_env && strcmp(flush_env, "write") == 0);
     const int all_batches[3] = {1, 8, 32}, quick_batches[2] = {1, 32};
     const int all_ctx[5] = {131072, 65536, 32768, 16384, 4096}, quick_ctx[2] = {32768, 4096};
     int prof_batch[5], prof_ctx[5];
@@ -319,7 +359,8 @@ int main(void)
     TRY(kvq_cuda_malloc(&flush_buf, flush_bytes));
     const double copy_gbps = copy_bandwidth(tm);
     printf("device: %s\n", dev);
-    printf("device-to-device copy: %.0f GB/s (read + write)\n\n", copy_gbps);
+    printf("device-to-device copy: %.0f GB/s (read + write)\n", copy_gbps);
+    printf("L2 flush before each timed call: 256 MB memset%s\n\n", flush_read ? ", then read" : " (KVQ_BENCH_FLUSH=write)");
 
     float *qd = NULL, *od = NULL;
     const size_t qn = (size_t)MAXB * H * G * D;
@@ -334,6 +375,16 @@ int main(void)
     int top = 0;
     for (int i = 0; i < nctx; i++)
         top = ctxs[i] <= maxctx && ctxs[i] > top ? ctxs[i] : top;
+    /* plain-read buffer: the bytes of the largest tq3j/tq3 call (f16 calls
+     * larger than that get no read time) */
+    int maxb = 0;
+    for (int i = 0; i < nbatch; i++)
+        maxb = batches[i] > maxb ? batches[i] : maxb;
+    const size_t read_cap = (size_t)maxb * (size_t)top * H *
+                            (kvq_type_row_bytes(KVQ_TYPE_TQ3J, D) + kvq_type_row_bytes(KVQ_TYPE_TQ3, D));
+    void *read_buf = NULL;
+    TRY(kvq_cuda_malloc(&read_buf, read_cap));
+    TRY(kvq_cuda_memset(read_buf, 0, read_cap));
     for (int ti = t0; ti < ntypes; ti++) {
         struct kvq_cuda_cache_config cfg;
         kvq_cuda_cache_config_default(&cfg, H, D, (size_t)top, MAXB);
@@ -373,6 +424,7 @@ int main(void)
                                ? time_attend(c, tm, r->batch, qd, od, reps, KVQ_CUDA_KERNEL_FAST_V3, 0, 0)
                                : 0.0;
                 r->bytes = (double)r->batch * ctx * H * row;
+                r->us_read = r->bytes <= (double)read_cap ? time_read(tm, read_buf, (size_t)r->bytes, reps) : 0.0;
                 r->gbps = r->bytes / (r->us * 1e-6) / 1e9;
                 r->pct = 100.0 * r->gbps / copy_gbps;
             }
@@ -383,8 +435,8 @@ int main(void)
     }
     printf("\n");
 
-    printf("%5s %7s %-10s %10s %9s %8s %10s %10s %10s %8s %10s %8s %10s %8s\n", "batch", "context", "K/V", "us",
-           "GB/s", "%copy", "vs f16", "graph us", "v3o us", "v3o/new", "v2 us", "v2/new", "v3 us", "v3/new");
+    printf("%5s %7s %-10s %10s %9s %8s %10s %10s %9s %10s %10s %8s %10s %8s %10s %8s\n", "batch", "context", "K/V",
+           "us", "GB/s", "%copy", "vs f16", "read us", "us/read", "graph us", "v3o us", "v3o/new", "v2 us", "v2/new", "v3 us", "v3/new");
     for (int i = 0; i < nres; i++) {
         const struct result *r = &res[i];
         double f16us = 0.0;
@@ -393,8 +445,10 @@ int main(void)
                 f16us = res[j].us;
         char kv[32];
         snprintf(kv, sizeof kv, "%s/%s", kvq_type_traits(r->tk)->name, kvq_type_traits(r->tv)->name);
-        printf("%5d %7d %-10s %10.1f %9.0f %7.1f%% %9.2fx %10.1f %10.1f %7.2fx %10.1f %7.2fx %10.1f %7.2fx\n",
-               r->batch, r->ctx, kv, r->us, r->gbps, r->pct, f16us > 0.0 ? f16us / r->us : 0.0, r->us_graph, r->us_v3o,
+        printf("%5d %7d %-10s %10.1f %9.0f %7.1f%% %9.2fx %10.1f %8.2fx %10.1f %10.1f %7.2fx %10.1f %7.2fx %10.1f "
+               "%7.2fx\n",
+               r->batch, r->ctx, kv, r->us, r->gbps, r->pct, f16us > 0.0 ? f16us / r->us : 0.0, r->us_read,
+               r->us_read > 0.0 ? r->us / r->us_read : 0.0, r->us_graph, r->us_v3o,
                r->us_v3o > 0.0 ? r->us_v3o / r->us : 0.0, r->us_v2, r->us_v2 > 0.0 ? r->us_v2 / r->us : 0.0, r->us_v3,
                r->us_v3 > 0.0 ? r->us_v3 / r->us : 0.0);
     }
@@ -405,6 +459,7 @@ int main(void)
     FILE *f = fopen(path, "w");
     if (f) {
         fprintf(f, "{\n  \"benchmark\": \"bench_cuda\",\n  \"device\": \"%s\",\n  \"copy_gbps\": %.1f,\n", dev, copy_gbps);
+        fprintf(f, "  \"flush\": \"%s\",\n", flush_read ? "read" : "write");
         fprintf(f, "  \"shape\": {\"q_heads\": %d, \"kv_heads\": %d, \"head_dim\": %d},\n  \"results\": [\n", H * G, H,
                 D);
         for (int i = 0; i < nres; i++) {
@@ -412,9 +467,9 @@ int main(void)
             fprintf(f,
                     "    {\"batch\": %d, \"context\": %d, \"type_k\": \"%s\", \"type_v\": \"%s\", \"us\": %.2f, "
                     "\"bytes\": %.0f, \"gbps\": %.1f, \"pct_copy\": %.1f, \"us_v3_overlap\": %.2f, \"us_v2\": %.2f, "
-                    "\"us_v3_plain\": %.2f, \"us_graph\": %.2f}%s\n",
+                    "\"us_v3_plain\": %.2f, \"us_graph\": %.2f, \"us_read\": %.2f}%s\n",
                     r->batch, r->ctx, kvq_type_traits(r->tk)->name, kvq_type_traits(r->tv)->name, r->us, r->bytes,
-                    r->gbps, r->pct, r->us_v3o, r->us_v2, r->us_v3, r->us_graph, i + 1 < nres ? "," : "");
+                    r->gbps, r->pct, r->us_v3o, r->us_v2, r->us_v3, r->us_graph, r->us_read, i + 1 < nres ? "," : "");
         }
         fprintf(f, "  ],\n  \"append\": [\n");
         for (int i = 0; i < napp; i++) {
@@ -435,6 +490,7 @@ int main(void)
     kvq_cuda_free(qd);
     kvq_cuda_free(od);
     kvq_cuda_free(flush_buf);
+    kvq_cuda_free(read_buf);
     kvq_cuda_timer_free(tm);
     return 0;
 }

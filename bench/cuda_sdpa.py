@@ -3,7 +3,9 @@
 
 Same shapes and method as bench/bench_cuda.c: one decode step (one query
 position) for 32 query heads over 8 KV heads, d = 128, batch 1/8/32,
-context 4K..128K; L2 flushed before every launch; CUDA events around the
+context 4K..128K; L2 flushed before every launch (256 MB written, then read
+back so no dirty line is left to the timed call; --flush write skips the
+read, as bench_cuda's KVQ_BENCH_FLUSH=write); CUDA events around the
 attention call; 3 warm-ups, median of --reps.
 
 Two formulations, both with the FlashAttention backend forced:
@@ -29,12 +31,14 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 HQ, HKV, D = 32, 8, 128
 
 
-def time_fn(fn, flush, reps):
+def time_fn(fn, flush, reps, read_back):
     start = torch.cuda.Event(enable_timing=True)
     stop = torch.cuda.Event(enable_timing=True)
     times = []
     for i in range(reps + 3):
         flush.fill_(i & 0xFF)
+        if read_back:
+            torch.amax(flush)
         start.record()
         fn()
         stop.record()
@@ -63,6 +67,7 @@ def main():
     ap.add_argument("--contexts", default="131072,65536,32768,16384,4096")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", default="cuda_sdpa.json")
+    ap.add_argument("--flush", choices=["read", "write"], default="read")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("cuda_sdpa: no CUDA device, nothing measured")
@@ -71,7 +76,7 @@ def main():
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     scale = 1.0 / math.sqrt(D)
     results = []
-    print(f"device: {dev}, torch {torch.__version__}")
+    print(f"device: {dev}, torch {torch.__version__}, L2 flush: {args.flush}")
     print(f"{'batch':>5} {'context':>7} {'gqa us':>10} {'grouped us':>11} {'best us':>9} {'GB/s':>7} {'graph us':>9}")
     for ctx in [int(c) for c in args.contexts.split(",")]:
         for b in [int(x) for x in args.batches.split(",")]:
@@ -89,9 +94,9 @@ def main():
                     with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
                         fn()
                         torch.cuda.synchronize()
-                        row[name + "_us"] = time_fn(fn, flush, args.reps)
+                        row[name + "_us"] = time_fn(fn, flush, args.reps, args.flush == "read")
                     g = graph_of(fn)
-                    row[name + "_graph_us"] = time_fn(g.replay, flush, args.reps)
+                    row[name + "_graph_us"] = time_fn(g.replay, flush, args.reps, args.flush == "read")
                     del g
                 except Exception as e:  # a backend refusing a shape is a result too
                     row.setdefault(name + "_us", None)
@@ -119,7 +124,8 @@ def main():
             del k, v, q, qg
             torch.cuda.empty_cache()
     with open(args.out, "w") as f:
-        json.dump({"benchmark": "cuda_sdpa", "device": dev, "torch": torch.__version__, "results": results}, f,
+        json.dump({"benchmark": "cuda_sdpa", "device": dev, "torch": torch.__version__, "flush": args.flush,
+                   "results": results}, f,
                   indent=1)
     return 0
 

@@ -109,6 +109,54 @@ kvq_status kvq_cuda_memset(void *dev, int byte, size_t bytes)
     return KVQ_OK;
 }
 
+namespace {
+
+/* 16-byte loads from every SM, folded into one word that is stored only
+ * when sink is set (never, from kvq_cuda_touch) so the loads cannot be
+ * dropped. The unaligned head and tail go byte by byte. */
+__global__ void touch_kernel(const unsigned char *p, size_t bytes, unsigned *sink)
+{
+    const size_t stride = (size_t)gridDim.x * blockDim.x, tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const size_t head = (16 - ((uintptr_t)p & 15)) & 15, lead = head < bytes ? head : bytes;
+    const size_t n16 = (bytes - lead) / 16;
+    const uint4 *v = (const uint4 *)(p + lead);
+    unsigned acc = 0;
+    /* four loads per thread in flight before their values are used */
+    for (size_t i = tid; i < n16; i += 4 * stride) {
+        uint4 r[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            r[k] = i + k * stride < n16 ? v[i + k * stride] : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            acc ^= r[k].x ^ r[k].y ^ r[k].z ^ r[k].w;
+    }
+    for (size_t i = tid; i < bytes - n16 * 16; i += stride)
+        acc ^= p[i < lead ? i : n16 * 16 + i];
+    if (sink)
+        sink[tid] = acc;
+}
+
+} /* namespace */
+
+kvq_status kvq_cuda_touch(const void *dev, size_t bytes)
+{
+    if (!dev && bytes)
+        return KVQ_ERR_INVALID_ARG;
+    if (kvq_cuda_require_device() != KVQ_OK)
+        return KVQ_ERR_NO_DEVICE;
+    if (bytes == 0)
+        return KVQ_OK;
+    int d = 0, n_sm = 0;
+    KVQ_CU_TRY(cudaGetDevice(&d));
+    KVQ_CU_TRY(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, d));
+    /* enough 16-byte loads in flight to saturate HBM, no more blocks than the data needs */
+    const size_t want = (bytes / 16 + 255) / 256, cap = (size_t)n_sm * 8;
+    touch_kernel<<<(unsigned)(want < 1 ? 1 : want < cap ? want : cap), 256>>>((const unsigned char *)dev, bytes, NULL);
+    KVQ_CU_TRY(cudaGetLastError());
+    return KVQ_OK;
+}
+
 kvq_status kvq_cuda_synchronize(void)
 {
     if (kvq_cuda_require_device() != KVQ_OK)

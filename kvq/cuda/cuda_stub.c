@@ -60,6 +60,12 @@ kvq_status kvq_cuda_memset(void *dev, int byte, size_t bytes)
     return KVQ_ERR_NO_DEVICE;
 }
 
+kvq_status kvq_cuda_touch(const void *dev, size_t bytes)
+{
+    (void)dev, (void)bytes;
+    return KVQ_ERR_NO_DEVICE;
+}
+
 kvq_status kvq_cuda_synchronize(void)
 {
     return KVQ_ERR_NO_DEVICE;

@@ -66,6 +66,13 @@ kvq_status kvq_cuda_memcpy_h2d(void *dev, const void *host, size_t bytes);
 kvq_status kvq_cuda_memcpy_d2h(void *host, const void *dev, size_t bytes);
 kvq_status kvq_cuda_memcpy_d2d(void *dst_dev, const void *src_dev, size_t bytes);
 kvq_status kvq_cuda_memset(void *dev, int byte, size_t bytes);
+/** Reads bytes of device memory and discards them, on the default stream.
+ *  Benchmarks run it over a buffer larger than the L2 cache to start a timed
+ *  call cold without leaving it dirty lines to write back (a memset flush
+ *  does), and over a buffer the size of a call's input for the time a plain
+ *  read of those bytes takes. @return KVQ_OK, KVQ_ERR_INVALID_ARG,
+ *  KVQ_ERR_NO_DEVICE or KVQ_ERR_DEVICE. */
+kvq_status kvq_cuda_touch(const void *dev, size_t bytes);
 /** Waits for all queued work on the device. @return KVQ_OK or KVQ_ERR_DEVICE
  *  (also reports an earlier asynchronous kernel failure). */
 kvq_status kvq_cuda_synchronize(void);
