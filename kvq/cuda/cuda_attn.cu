@@ -217,12 +217,19 @@ __device__ float block_reduce128(float v, float *red, bool is_max)
 }
 
 /* Merges the splits of one query (grid: query, KV head, entry) and rotates
- * back; blockDim = 128. Split weights go to shared memory first so the
- * O loop is a plain stream of independent loads. */
+ * back; blockDim = 128. Every partial this thread needs first (m and l of
+ * splits i and i + 128, O of the first kPre splits) is loaded before any of
+ * it is used: on the critical path after the fused kernel, each round of
+ * dependent L2 loads costs, and at batch 1 (~66 splits) the old order took
+ * seven. Split weights go to shared memory for the O sum, which adds the
+ * splits in order as before (same results to the bit). */
 template <bool PDL> /* launched early: wait for the fused kernel's partials */
-__global__ void finalize_kernel(const float *part, int n_splits, int Hq, int H, int G, int v_f16, rot_arg rv,
+__global__ void __launch_bounds__(128, 8) /* 8 blocks per SM: one wave up to 32 x 8 x 4 queries */
+finalize_kernel(const float *part, int n_splits, int Hq, int H, int G, int v_f16, rot_arg rv,
                                 float inv_alpha_v, float *out)
 {
+    static_assert(KVQ_CU_MAX_SPLITS <= 256, "finalize_kernel: two splits' m and l per thread");
+    constexpr int D = 128, kPre = 16;
     /* the output rotation's signs do not depend on the fused kernel: load
      * them before waiting for it, off the critical path */
     float sg[kRot128Pre][4];
@@ -230,40 +237,49 @@ __global__ void finalize_kernel(const float *part, int n_splits, int Hq, int H, 
         rot128_load_signs(rv.fast, sg, threadIdx.x);
     if constexpr (PDL)
         kvq_cu_pdl_wait();
-    constexpr int D = 128;
     extern __shared__ float wts[]; /* n_splits */
     __shared__ float od[D];
     __shared__ float red[4];
     const int i = threadIdx.x, qi = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const size_t stride = (size_t)G * (D + 2);
     const float *base = part + ((size_t)b * H + h) * n_splits * stride;
-    float M = -INFINITY;
-    for (int s = i; s < n_splits; s += D)
-        M = fmaxf(M, base[s * stride + G * D + qi]);
-    M = block_reduce128(M, red, true);
-    float L = 0.0f;
-    for (int s = i; s < n_splits; s += D) {
-        const float m = base[s * stride + G * D + qi];
-        const float w = m == -INFINITY ? 0.0f : exp2f(m - M);
-        wts[s] = w;
-        L += w * base[s * stride + G * D + G + qi];
-    }
-    L = block_reduce128(L, red, false);
-    /* 16 splits' loads in flight at a time (they are independent; only the
-     * sum is a chain): at batch 1 there are ~66 splits, and 4 at a time made
-     * this loop a chain of L2 round trips (13.6 us of 35 at 32K under ncu).
-     * Same order of summation as a plain loop. */
-    float o = 0.0f;
     const float *ob = base + qi * D + i;
-    int s = 0;
+    float m[2], l[2], x[kPre];
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        const int s = i + k * D;
+        m[k] = s < n_splits ? base[s * stride + G * D + qi] : -INFINITY;
+        l[k] = s < n_splits ? base[s * stride + G * D + G + qi] : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kPre; u++)
+        x[u] = u < n_splits ? ob[(size_t)u * stride] : 0.0f;
+    const float M = block_reduce128(fmaxf(m[0], m[1]), red, true);
+    float L = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        const int s = i + k * D;
+        const float w = m[k] == -INFINITY ? 0.0f : exp2f(m[k] - M);
+        if (s < n_splits)
+            wts[s] = w;
+        L += w * l[k];
+    }
+    L = block_reduce128(L, red, false); /* its barriers also publish wts */
+    float o = 0.0f;
+#pragma unroll
+    for (int u = 0; u < kPre; u++)
+        if (u < n_splits)
+            o = fmaf(x[u], wts[u], o);
+    /* more splits: 16 loads in flight at a time */
+    int s = kPre;
     for (; s + 16 <= n_splits; s += 16) {
-        float x[16];
+        float y[16];
 #pragma unroll
         for (int u = 0; u < 16; u++)
-            x[u] = ob[(size_t)(s + u) * stride];
+            y[u] = ob[(size_t)(s + u) * stride];
 #pragma unroll
         for (int u = 0; u < 16; u++)
-            o = fmaf(x[u], wts[s + u], o);
+            o = fmaf(y[u], wts[s + u], o);
     }
     for (; s < n_splits; s++)
         o = fmaf(ob[(size_t)s * stride], wts[s], o);
