@@ -296,7 +296,7 @@ static double time_attend(kvq_cuda_cache *c, kvq_cuda_timer *tm, int batch, cons
 size_t kvq_cu_timeline_read(unsigned long long *dst, size_t max_blocks);
 enum { TL_WORDS = 6, TL_MAX = 65536 };
 
-static void write_timeline(int batch, int ctx)
+static void write_timeline(const char *tag, int batch, int ctx)
 {
     const char *dir = getenv("KVQ_BENCH_TIMELINE");
     static unsigned long long rec[TL_MAX * TL_WORDS];
@@ -304,7 +304,7 @@ static void write_timeline(int batch, int ctx)
         return;
     const size_t n = kvq_cu_timeline_read(rec, TL_MAX);
     char path[1024];
-    snprintf(path, sizeof path, "%s/timeline_%d_%d.txt", dir, batch, ctx);
+    snprintf(path, sizeof path, "%s/timeline%s_%d_%d.txt", dir, tag, batch, ctx);
     FILE *f = fopen(path, "w");
     if (!f) {
         fprintf(stderr, "bench_cuda: cannot write %s\n", path);
@@ -409,9 +409,13 @@ int main(void)
                 r->tv = types[ti][1];
                 r->us = time_attend(c, tm, r->batch, qd, od, reps, KVQ_CUDA_KERNEL_AUTO, 0, 0);
 #ifdef KVQ_CU_MEASURE_TIMELINE
-                write_timeline(r->batch, ctx); /* the last timed call's fused launch */
+                write_timeline("", r->batch, ctx); /* the last timed call's fused launch */
 #endif
                 r->us_graph = graph ? time_attend(c, tm, r->batch, qd, od, reps, KVQ_CUDA_KERNEL_AUTO, 0, 1) : 0.0;
+#ifdef KVQ_CU_MEASURE_TIMELINE
+                if (graph)
+                    write_timeline("_graph", r->batch, ctx); /* the same, replayed from a graph */
+#endif
                 /* the other versions in the same run, on the same data */
                 const int older = compare && types[ti][0] != KVQ_TYPE_F16;
                 r->us_v3o = older
