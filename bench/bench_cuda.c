@@ -44,8 +44,10 @@
  *      KVQ_BENCH_SPLITS (force the split count; 0 = the library's choice),
  *      KVQ_BENCH_COMPARE=0 (time only the default, not the earlier versions),
  *      KVQ_BENCH_GRAPH=0 (no CUDA-graph timing),
+ *      KVQ_BENCH_FLUSH=read|write (the L2 flush above; read by default),
  *      KVQ_BENCH_TIMELINE=dir (a MEASURE=-DKVQ_CU_MEASURE_TIMELINE build:
- *      per-block times of each shape's last call, for bench/cuda_timeline.py).
+ *      per-block times of each shape's last call, and of its graph replay,
+ *      for bench/cuda_timeline.py).
  * Without a GPU it prints one line and exits 0.
  */
 #include <math.h>
