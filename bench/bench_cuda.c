@@ -128,8 +128,9 @@ static void flush_l2(int i)
         TRY(kvq_cuda_touch(flush_buf, flush_bytes));
 }
 
-/* Median time of a plain read of bytes of buf, flushed like an attend call. */
-static double time_read(kvq_cuda_timer *tm, const void *buf, size_t bytes, int reps)
+/* Median device time (us) of `call(arg)` over reps runs after 3 warm-ups,
+ * each run after flush_l2 and bracketed by the device-event timer. */
+static double time_flushed(kvq_cuda_timer *tm, int reps, kvq_status (*call)(void *), void *arg)
 {
     double t[64];
     if (reps > 64)
@@ -138,12 +139,30 @@ static double time_read(kvq_cuda_timer *tm, const void *buf, size_t bytes, int r
         double ms;
         flush_l2(i);
         TRY(kvq_cuda_timer_start(tm));
-        TRY(kvq_cuda_touch(buf, bytes));
+        TRY(call(arg));
         TRY(kvq_cuda_timer_stop(tm, &ms));
         if (i >= 3)
             t[i - 3] = ms;
     }
     return bench_median(t, reps) * 1e3;
+}
+
+struct read_call {
+    const void *buf;
+    size_t bytes;
+};
+
+static kvq_status read_once(void *arg)
+{
+    const struct read_call *r = arg;
+    return kvq_cuda_touch(r->buf, r->bytes);
+}
+
+/* Median time of a plain read of bytes of buf, flushed like an attend call. */
+static double time_read(kvq_cuda_timer *tm, const void *buf, size_t bytes, int reps)
+{
+    struct read_call r = {buf, bytes};
+    return time_flushed(tm, reps, read_once, &r);
 }
 
 static double copy_bandwidth(kvq_cuda_timer *tm)
@@ -257,6 +276,24 @@ static void bench_append(enum kvq_type tk, enum kvq_type tv, struct append_resul
            r->step_nocheck_us[0], r->step_nocheck_us[1], r->step_nocheck_us[2]);
 }
 
+struct attend_call {
+    kvq_cuda_cache *c;
+    kvq_cuda_graph *g; /* replayed instead of the call when set */
+    int batch;
+    const int *seqs;
+    const float *qd;
+    float *od;
+    float scale;
+    const struct kvq_cuda_attn_opts *opts;
+};
+
+static kvq_status attend_once(void *arg)
+{
+    const struct attend_call *a = arg;
+    return a->g ? kvq_cuda_graph_launch(a->g)
+                : kvq_cuda_cache_attend(a->c, a->batch, a->seqs, a->qd, H * G, a->scale, a->od, a->opts);
+}
+
 /* One attend call over sequences 0..batch-1, timed reps times after 3
  * warm-ups. graph = 1 records the call once into a CUDA graph and times its
  * replays instead (kvq_cuda_graph_*), with the same flush and bracketing. */
@@ -267,27 +304,15 @@ static double time_attend(kvq_cuda_cache *c, kvq_cuda_timer *tm, int batch, cons
     int seqs[MAXB];
     for (int i = 0; i < batch; i++)
         seqs[i] = i;
-    const float scale = 1.0f / sqrtf((float)D);
-    kvq_cuda_graph *g = NULL;
+    struct attend_call a = {c, NULL, batch, seqs, qd, od, 1.0f / sqrtf((float)D), &opts};
     if (graph) {
         TRY(kvq_cuda_graph_begin(c));
-        TRY(kvq_cuda_cache_attend(c, batch, seqs, qd, H * G, scale, od, &opts));
-        TRY(kvq_cuda_graph_end(c, &g));
+        TRY(attend_once(&a));
+        TRY(kvq_cuda_graph_end(c, &a.g));
     }
-    double t[64];
-    if (reps > 64)
-        reps = 64;
-    for (int i = 0; i < reps + 3; i++) {
-        double ms;
-        flush_l2(i);
-        TRY(kvq_cuda_timer_start(tm));
-        TRY(g ? kvq_cuda_graph_launch(g) : kvq_cuda_cache_attend(c, batch, seqs, qd, H * G, scale, od, &opts));
-        TRY(kvq_cuda_timer_stop(tm, &ms));
-        if (i >= 3)
-            t[i - 3] = ms;
-    }
-    kvq_cuda_graph_free(g);
-    return bench_median(t, reps) * 1e3;
+    const double us = time_flushed(tm, reps, attend_once, &a);
+    kvq_cuda_graph_free(a.g);
+    return us;
 }
 
 #ifdef KVQ_CU_MEASURE_TIMELINE
