@@ -79,6 +79,15 @@ __device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity)
 #endif
 }
 
+__device__ __forceinline__ void mbar_arrive(uint64_t *bar)
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+#else
+    (void)bar;
+#endif
+}
+
 __device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t bytes, uint64_t *bar)
 {
 #if __CUDA_ARCH__ >= 900
@@ -210,6 +219,15 @@ __device__ __forceinline__ void seg_issue(const kvq_cu_fast_params &p, const cop
 {
     using L = stage_layout<KT, VT, S>;
     const uint8_t *src = p.pg.pool + (uint64_t)page * p.pg.page_bytes + cd.off + slot0 * cd.stride;
+#ifdef KVQ_CU_MEASURE_COMPUTEONLY
+    /* measurement build: no copy; the stage barrier completes at once and
+     * the warp computes on the zeros its stages were given (docs/cuda.md) */
+    (void)src, (void)st, (void)(L::tx + L::txv);
+    if (lane == 0)
+        mbar_arrive(bar);
+    __syncwarp();
+    return;
+#endif
 #if __CUDA_ARCH__ >= 900
     if (lane == 0)
         mbar_expect_tx(bar, L::tx + L::txv);
@@ -488,6 +506,11 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
 
     uint8_t *my_stages = stages + warp * NST * L::bytes;
     uint64_t *my_bars = bars + warp * NST;
+#ifdef KVQ_CU_MEASURE_COMPUTEONLY
+    for (int i = lane; i < NST * L::bytes / 16; i += 32)
+        reinterpret_cast<uint4 *>(my_stages)[i] = make_uint4(0u, 0u, 0u, 0u);
+    __syncwarp();
+#endif
     const int first = s0 + warp;
     const int nmine = first < s1 ? (s1 - first + NW - 1) / NW : 0;
 
