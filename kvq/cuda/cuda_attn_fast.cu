@@ -79,15 +79,6 @@ __device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity)
 #endif
 }
 
-__device__ __forceinline__ void mbar_arrive(uint64_t *bar)
-{
-#if __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
-#else
-    (void)bar;
-#endif
-}
-
 __device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t bytes, uint64_t *bar)
 {
 #if __CUDA_ARCH__ >= 900
@@ -220,11 +211,12 @@ __device__ __forceinline__ void seg_issue(const kvq_cu_fast_params &p, const cop
     using L = stage_layout<KT, VT, S>;
     const uint8_t *src = p.pg.pool + (uint64_t)page * p.pg.page_bytes + cd.off + slot0 * cd.stride;
 #ifdef KVQ_CU_MEASURE_COMPUTEONLY
-    /* measurement build: no copy; the stage barrier completes at once and
-     * the warp computes on the zeros its stages were given (docs/cuda.md) */
-    (void)src, (void)st, (void)(L::tx + L::txv);
+    /* measurement build: no copy; the stage barrier completes at once (an
+     * arrival expecting no bytes) and the warp computes on the zeros its
+     * stages were given (docs/cuda.md) */
+    (void)src, (void)st;
     if (lane == 0)
-        mbar_arrive(bar);
+        mbar_expect_tx(bar, 0u);
     __syncwarp();
     return;
 #endif
