@@ -387,7 +387,8 @@ int main(void)
     const double copy_gbps = copy_bandwidth(tm);
     printf("device: %s\n", dev);
     printf("device-to-device copy: %.0f GB/s (read + write)\n", copy_gbps);
-    printf("L2 flush before each timed call: 256 MB memset%s\n\n", flush_read ? ", then read" : " (KVQ_BENCH_FLUSH=write)");
+    printf("L2 flush before each timed call: %zu MB memset%s\n\n", flush_bytes >> 20,
+           flush_read ? ", then read" : " (KVQ_BENCH_FLUSH=write)");
 
     float *qd = NULL, *od = NULL;
     const size_t qn = (size_t)MAXB * H * G * D;
