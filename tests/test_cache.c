@@ -251,6 +251,81 @@ static void test_dev_code_order(void)
     CHECK(!kvq_dev_order(KVQ_TYPE_TQ4) && !kvq_dev_order(KVQ_TYPE_TQ2J) && !kvq_dev_order(KVQ_TYPE_F16));
 }
 
+/* Marks the n bytes at p in the ownership map of a page; @return how many
+ * were already marked. */
+static size_t mark(uint8_t *owned, const uint8_t *page, const uint8_t *p, size_t n)
+{
+    size_t again = 0;
+    for (size_t i = 0; i < n; i++)
+        again += owned[(size_t)(p - page) + i]++ != 0;
+    return again;
+}
+
+/* The CUDA cache's device page layout (kvq_layout.h): the rows of all heads
+ * and tokens own every byte of a page exactly once, a group holds the K rows
+ * then the V rows of G consecutive tokens, sections stay 16-byte aligned, and
+ * at d = 128 a tq3j/tq3 group is the fused kernel's 32-token stage
+ * (cuda_attn_fast.cu, stage_layout: norm 0, rnorm 64, codes 128, signs 1664,
+ * V at 2176: norm, codes at +64; 3776 bytes). */
+static void test_dev_page_layout(void)
+{
+    const int types[][2] = {{KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3}, {KVQ_TYPE_TQ3, KVQ_TYPE_TQ3},
+                            {KVQ_TYPE_F16, KVQ_TYPE_TQ3}, {KVQ_TYPE_TQ4J, KVQ_TYPE_F32},
+                            {KVQ_TYPE_Q8_0, KVQ_TYPE_Q4_0}};
+    const int ptoks[] = {16, 48, 64, 256};
+    const int dims[] = {64, 128};
+    for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++)
+        for (size_t pi = 0; pi < sizeof ptoks / sizeof *ptoks; pi++)
+            for (size_t di = 0; di < sizeof dims / sizeof *dims; di++) {
+                const int H = 3, P = ptoks[pi], d = dims[di];
+                struct kvq_page_layout pl;
+                struct kvq_dev_layout dl;
+                if (kvq_page_layout_init(&pl, H, d, types[ti][0], types[ti][1], P) != 0 ||
+                    kvq_dev_layout_init(&dl, &pl) != 0) {
+                    CHECKF(0, "types %d/%d P=%d d=%d: no layout", types[ti][0], types[ti][1], P, d);
+                    continue;
+                }
+                CHECK(dl.group_tokens == (P % 32 == 0 ? 32u : 16u));
+                CHECK((size_t)H * dl.head_bytes == pl.page_bytes);
+                CHECK(dl.k.bytes % KVQ_PAGE_ALIGN == 0 && dl.v.bytes % KVQ_PAGE_ALIGN == 0);
+                uint8_t *page = calloc(pl.page_bytes, 1), *owned = calloc(pl.page_bytes, 1);
+                size_t again = 0;
+                for (int kv = 0; kv < 2; kv++) {
+                    const struct kvq_head_layout *hl = kv ? &pl.v : &pl.k;
+                    const struct kvq_row_fields f = kvq_layout_row_fields((int)hl->type, d);
+                    for (uint32_t h = 0; h < (uint32_t)H; h++)
+                        for (uint32_t t = 0; t < (uint32_t)P; t++) {
+                            const struct kvq_row r = kvq_dev_row(&dl, page, kv, h, t);
+                            const size_t group =
+                                (size_t)h * dl.head_bytes + (size_t)(t / dl.group_tokens) * dl.group_tokens * dl.row_bytes;
+                            CHECK((size_t)(r.codes - page) >= group + (kv ? dl.k.bytes : 0) &&
+                                  (size_t)(r.codes - page) < group + dl.k.bytes + (kv ? dl.v.bytes : 0));
+                            again += mark(owned, page, r.codes, f.codes);
+                            if (f.norm)
+                                again += mark(owned, page, (uint8_t *)r.norm, 2);
+                            if (f.rnorm)
+                                again += mark(owned, page, (uint8_t *)r.rnorm, 2);
+                            if (f.signs)
+                                again += mark(owned, page, r.signs, f.signs);
+                        }
+                }
+                size_t unowned = 0;
+                for (size_t i = 0; i < pl.page_bytes; i++)
+                    unowned += owned[i] == 0;
+                CHECKF(again == 0 && unowned == 0, "types %d/%d P=%d d=%d: %zu bytes twice, %zu of none",
+                       types[ti][0], types[ti][1], P, d, again, unowned);
+                free(page);
+                free(owned);
+            }
+    struct kvq_page_layout pl;
+    struct kvq_dev_layout dl;
+    memset(&dl, 0, sizeof dl);
+    CHECK(kvq_page_layout_init(&pl, 8, 128, KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, 64) == 0 && kvq_dev_layout_init(&dl, &pl) == 0);
+    CHECK(dl.k.norm_off == 0 && dl.k.rnorm_off == 64 && dl.k.codes_off == 128 && dl.k.signs_off == 1664);
+    CHECK(dl.k.bytes == 2176 && dl.v.norm_off == 0 && dl.v.codes_off == 64 && dl.v.bytes == 1600);
+    CHECK(dl.row_bytes == 118 && dl.head_bytes == 64u * 118);
+}
+
 static void test_roundtrip_types(void)
 {
     const enum kvq_type pairs[][2] = {
@@ -458,6 +533,7 @@ int main(void)
     RUN(test_config_and_bad_args);
     RUN(test_layout);
     RUN(test_dev_code_order);
+    RUN(test_dev_page_layout);
     RUN(test_roundtrip_types);
     RUN(test_pages_stable_reset_truncate);
     RUN(test_all_or_nothing);

@@ -277,4 +277,51 @@ KVQ_HD static inline struct kvq_row kvq_head_row(const struct kvq_head_layout *h
     return r;
 }
 
+/* ---- device page layout (the CUDA cache only) -------------------------
+ *
+ * The fused CUDA kernel moves 32 tokens (16 on pages of an odd multiple of
+ * 16) of one head's K and V into shared memory per pipeline stage. From host
+ * pages that takes one bulk copy per section, six for tq3j/tq3, and issuing
+ * them costs the kernel's loop ~110 instructions per stage. So the CUDA cache
+ * stores each head's tokens in groups of G instead, the K rows of a group
+ * followed by its V rows, each half laid out like a host chunk of G tokens:
+ *
+ *   page  = [head 0][head 1]...[head H-1]
+ *   head  = [group 0][group 1]...[group P/G - 1]
+ *   group = [K: norm[G] | rnorm[G] | codes[G][..] | signs[G][..]][V: likewise]
+ *
+ * and a stage is one contiguous copy (docs/cuda.md, tenth pass: 7-10% faster
+ * from 32K). G = 32 when page_tokens % 32 == 0, else 16, so every section
+ * still starts on a 16-byte boundary and a page has the same bytes as a host
+ * page. kvq_cuda_cache_read_page / write_page / upload convert. */
+struct kvq_dev_layout {
+    uint32_t group_tokens;       /* G */
+    uint32_t row_bytes;          /* K row + V row of one token */
+    uint32_t head_bytes;         /* page_tokens * row_bytes */
+    struct kvq_head_layout k, v; /* the halves of one group (page_tokens = G); V starts at k.bytes */
+};
+
+/** @return 0 on success, -1 when the host layout is invalid. */
+KVQ_HD static inline int kvq_dev_layout_init(struct kvq_dev_layout *dl, const struct kvq_page_layout *pl)
+{
+    const uint32_t P = pl->page_tokens, G = P % 32 == 0 ? 32u : 16u;
+    if (P % 16 != 0 || kvq_head_layout_init(&dl->k, (int)pl->k.type, (int)pl->dim, (int)G) ||
+        kvq_head_layout_init(&dl->v, (int)pl->v.type, (int)pl->dim, (int)G))
+        return -1;
+    dl->group_tokens = G;
+    dl->row_bytes = (dl->k.bytes + dl->v.bytes) / G;
+    dl->head_bytes = P * dl->row_bytes;
+    return 0;
+}
+
+/* Row view of token `slot` of head h, K (kv = 0) or V (kv = 1), inside a
+ * device page. */
+KVQ_HD static inline struct kvq_row kvq_dev_row(const struct kvq_dev_layout *dl, uint8_t *page, int kv, uint32_t h,
+                                                uint32_t slot)
+{
+    const uint32_t r = slot % dl->group_tokens;
+    uint8_t *half = page + (size_t)h * dl->head_bytes + (size_t)(slot - r) * dl->row_bytes + (kv ? dl->k.bytes : 0);
+    return kvq_head_row(kv ? &dl->v : &dl->k, half, r);
+}
+
 #endif /* KVQ_LAYOUT_H */

@@ -365,24 +365,24 @@ __global__ void ref_kernel(const __grid_constant__ ref_params p)
     for (int tok = warp; tok < len; tok += 4) {
         const int32_t page = pg.ptab[(size_t)seq * pg.max_pages_per_seq + (uint32_t)tok / pg.page_tokens];
         const uint32_t slot = (uint32_t)tok % pg.page_tokens;
-        const uint8_t *base = pg.pool + (uint64_t)page * pg.page_bytes;
-        const uint8_t *kc = base + pg.k_off + (uint64_t)h * pg.k.bytes;
-        const uint8_t *vc = base + pg.v_off + (uint64_t)h * pg.v.bytes;
-        const uint8_t *kcodes = kc + pg.k.codes_off + (size_t)slot * pg.k.codes_stride;
+        uint8_t *base = pg.pool + (uint64_t)page * pg.page_bytes;
+        const kvq_row kr = kvq_dev_row(&pg.dl, base, 0, (uint32_t)h, slot);
+        const kvq_row vr = kvq_dev_row(&pg.dl, base, 1, (uint32_t)h, slot);
+        const uint8_t *kcodes = kr.codes;
         float s;
         if (p.ck.rotated) {
             float a = 0.0f, z = 0.0f;
             for (int j = lane; j < d; j += 32)
                 a = fmaf(qv[j], p.ck.centroids[code_get(kcodes, p.ck.bits, d, j)], a);
             if (p.ck.qjl) {
-                const uint8_t *sg = kc + pg.k.signs_off + (size_t)slot * pg.k.signs_stride;
+                const uint8_t *sg = kr.signs;
                 for (int j = lane; j < d; j += 32)
                     z += ((sg[j >> 3] >> (j & 7)) & 1) ? qv[d + j] : -qv[d + j];
             }
             a = warp_sum(a);
             z = warp_sum(z);
-            const float n = f16_at(kc + pg.k.norm_off, (int)slot);
-            const float gam = p.ck.qjl ? f16_at(kc + pg.k.rnorm_off, (int)slot) * p.ck.kappa : 0.0f;
+            const float n = __half2float(__ushort_as_half(*kr.norm));
+            const float gam = p.ck.qjl ? __half2float(__ushort_as_half(*kr.rnorm)) * p.ck.kappa : 0.0f;
             s = n * fmaf(gam, z, a);
         } else {
             float a = 0.0f;
@@ -395,8 +395,8 @@ __global__ void ref_kernel(const __grid_constant__ ref_params p)
         const float pw = expf(s - m_new);
         l = l * alpha + pw;
         m = m_new;
-        const uint8_t *vcodes = vc + pg.v.codes_off + (size_t)slot * pg.v.codes_stride;
-        const float nv = p.cv.rotated ? f16_at(vc + pg.v.norm_off, (int)slot) : 1.0f;
+        const uint8_t *vcodes = vr.codes;
+        const float nv = p.cv.rotated ? __half2float(__ushort_as_half(*vr.norm)) : 1.0f;
         for (int j = lane; j < d; j += 32) {
             const float val = p.cv.rotated ? nv * p.cv.centroids[code_get(vcodes, p.cv.bits, d, j)]
                                            : baseline_elem(p.cv.type, vcodes, j);

@@ -7,9 +7,11 @@
  * last splits when there is more than one wave of blocks (set_split_bounds).
  * Inside a block each warp owns every 4th segment and runs its own
  * pipeline: NST stage buffers in
- * shared memory, filled by the bulk copy engine (cp.async.bulk, one copy per
- * page section, completing on an mbarrier), so the warp never waits on a
- * load it issued itself and no block-wide barrier sits in the main loop.
+ * shared memory, filled by the bulk copy engine (cp.async.bulk, completing
+ * on an mbarrier): one copy per stage where the stage is a group of the
+ * device page layout (kvq_layout.h; tq K and V), else one per section or
+ * f16 row. So the warp never waits on a load it issued itself and no
+ * block-wide barrier sits in the main loop.
  * For tq K and V on pages of a multiple of 32 tokens a stage holds S = 2
  * consecutive segments (one set of copies and one wait per 32 tokens, the
  * default); S = 1 is the first version (KVQ_CUDA_KERNEL_FAST_V1).
@@ -139,22 +141,41 @@ struct stage_layout {
     static constexpr bool kf16 = KT == KVQ_CU_KT_F16;
     static constexpr bool qjl = KT == KVQ_CU_KT_TQ3J;
     static constexpr bool vf16 = VT == KVQ_CU_VT_F16;
-    static constexpr int k_codes = 0;
-    static constexpr int k_signs = 768 * S;
-    static constexpr int k_norm = (qjl ? 1024 : 768) * S;
-    static constexpr int k_rnorm = k_norm + 32 * S;
+    /* tq sections in the order of a device page's group (kvq_layout.h), so
+     * that a stage of a whole group is one copy */
+    static constexpr int k_norm = 0;
+    static constexpr int k_rnorm = 32 * S;
+    static constexpr int k_codes = (qjl ? 64 : 32) * S;
+    static constexpr int k_signs = k_codes + 768 * S;
     static constexpr int k_bytes = kf16 ? 16 * FROW : (qjl ? 1088 : 800) * S;
     static constexpr int v_base = k_bytes;
-    static constexpr int v_norm = v_base + 768 * S;
+    static constexpr int v_norm = v_base;
+    static constexpr int v_codes = vf16 ? v_base : v_base + 32 * S;
     static constexpr int v_bytes = vf16 ? 16 * FROW : 800 * S;
     static constexpr int bytes = k_bytes + v_bytes;
-    static constexpr int nk = kf16 ? 16 : (qjl ? 4 : 2); /* bulk copies per segment */
+    static constexpr int nk = kf16 ? 16 : (qjl ? 4 : 2); /* bulk copies per segment, copied by section */
     static constexpr int nv = vf16 ? 16 : 2;
     static constexpr uint32_t tx = kf16 ? 16 * 256 : (qjl ? 1088 : 800) * S;
     static constexpr uint32_t txv = vf16 ? 16 * 256 : 800 * S;
     static constexpr int nst = (kf16 || vf16) ? 3 : 4 / S; /* stages per warp (same bytes for S = 2) */
     static_assert(S == 1 || !(kf16 || vf16), "2-segment stages are for tq K and V only");
+    static_assert(kf16 || vf16 || tx + txv == bytes, "a tq stage holds exactly the bytes of 16 S tokens");
 };
+
+/* Whether a stage of L is one group of the device layout dl, byte for byte,
+ * so that one copy fills it (host side: launch_one checks it before the
+ * kernel relies on it). */
+template <class L>
+bool stage_is_group(const kvq_dev_layout &dl, int S)
+{
+    const kvq_head_layout &k = dl.k, &v = dl.v;
+    return !(L::kf16 || L::vf16) && dl.group_tokens == 16u * (uint32_t)S && k.norm_off == (uint32_t)L::k_norm &&
+           k.codes_off == (uint32_t)L::k_codes && k.bytes == (uint32_t)L::k_bytes &&
+           (L::qjl ? k.rnorm_off == (uint32_t)L::k_rnorm && k.signs_off == (uint32_t)L::k_signs
+                   : k.signs_off == KVQ_NO_SECTION) &&
+           v.norm_off == (uint32_t)(L::v_norm - L::v_base) && v.codes_off == (uint32_t)(L::v_codes - L::v_base) &&
+           v.bytes == (uint32_t)L::v_bytes;
+}
 
 template <int KT, int VT, int S>
 constexpr size_t smem_bytes()
@@ -164,11 +185,13 @@ constexpr size_t smem_bytes()
            NW * L::nst * 8;
 }
 
-/* The one bulk copy lane i issues for every segment: a section of the K or V
- * chunk of a page, 16 tokens long. Lane-constant, so it is worked out once
- * per block instead of switching per segment; three registers. */
+/* The one bulk copy lane i issues for every stage. Where a stage is a whole
+ * group of the device layout (tq K and V, 16 S = G tokens), lane 0 copies it
+ * all at once; otherwise each lane copies one section (or f16 row) of the K
+ * or V half of a group, 16 S tokens long. Lane-constant, so it is worked out
+ * once per block; three registers. */
 struct copy_desc {
-    uint32_t off;       /* section start within a page (chunk of head h + section) */
+    uint32_t off;       /* from the page start: head h, half, section */
     uint32_t stride;    /* bytes per token in the section */
     uint32_t dst_bytes; /* stage offset << 16 | bytes (0 bytes: lane issues nothing) */
 };
@@ -177,18 +200,23 @@ template <int KT, int VT, int S>
 __device__ __forceinline__ copy_desc make_copy_desc(int i, const kvq_dev_pages &pg, int h)
 {
     using L = stage_layout<KT, VT, S>;
+    const kvq_dev_layout &dl = pg.dl;
     copy_desc c;
+    c.off = (uint32_t)h * dl.head_bytes;
+    if (!(L::kf16 || L::vf16) && dl.group_tokens == 16u * S) {
+        c.stride = dl.row_bytes;
+        c.dst_bytes = i == 0 ? (uint32_t)L::bytes : 0u;
+        return c;
+    }
     const bool isv = i >= L::nk;
-    const kvq_head_layout &hl = isv ? pg.v : pg.k;
-    const uint32_t chunk = isv ? (uint32_t)(pg.v_off + (uint64_t)h * pg.v.bytes)
-                               : (uint32_t)(pg.k_off + (uint64_t)h * pg.k.bytes);
+    const kvq_head_layout &hl = isv ? dl.v : dl.k;
     const int j = isv ? i - L::nk : i;
     const bool f16 = isv ? L::vf16 : L::kf16;
     uint32_t src, stride, dst, bytes;
     if (f16) { /* one 256-byte row per lane, into a padded row */
         src = hl.codes_off + (uint32_t)j * 256u, stride = 256, dst = (isv ? L::v_base : 0) + j * FROW, bytes = 256;
     } else if (j == 0) {
-        src = hl.codes_off, stride = 48, dst = isv ? L::v_base : L::k_codes, bytes = 768 * S;
+        src = hl.codes_off, stride = 48, dst = isv ? L::v_codes : L::k_codes, bytes = 768 * S;
     } else if (j == 1) {
         src = hl.norm_off, stride = 2, dst = isv ? L::v_norm : L::k_norm, bytes = 32 * S;
     } else if (j == 2) {
@@ -196,7 +224,7 @@ __device__ __forceinline__ copy_desc make_copy_desc(int i, const kvq_dev_pages &
     } else {
         src = hl.rnorm_off, stride = 2, dst = L::k_rnorm, bytes = 32 * S;
     }
-    c.off = chunk + src;
+    c.off += (isv ? dl.k.bytes : 0u) + src;
     c.stride = stride;
     c.dst_bytes = i < L::nk + L::nv ? (dst << 16) | bytes : 0u;
     return c;
@@ -209,7 +237,10 @@ __device__ __forceinline__ void seg_issue(const kvq_cu_fast_params &p, const cop
                                           uint32_t slot0, uint8_t *st, uint64_t *bar, int lane)
 {
     using L = stage_layout<KT, VT, S>;
-    const uint8_t *src = p.pg.pool + (uint64_t)page * p.pg.page_bytes + cd.off + slot0 * cd.stride;
+    /* token slot0 is token r of its group */
+    const uint32_t r = slot0 & (p.pg.dl.group_tokens - 1u);
+    const uint8_t *src = p.pg.pool + (uint64_t)page * p.pg.page_bytes + cd.off + (slot0 - r) * p.pg.dl.row_bytes +
+                         r * cd.stride;
 #ifdef KVQ_CU_MEASURE_COMPUTEONLY
     /* measurement build: no copy; the stage barrier completes at once (an
      * arrival expecting no bytes) and the warp computes on the zeros its
@@ -857,7 +888,7 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
         if (L::vf16) {
             accum_values16_rows<NT>(acc, st + L::v_base, FROW, lane, pb0, pb1);
         } else {
-            const uint32_t *w0 = reinterpret_cast<const uint32_t *>(st + L::v_base + jk + g * 48 + t * 12);
+            const uint32_t *w0 = reinterpret_cast<const uint32_t *>(st + L::v_codes + jk + g * 48 + t * 12);
             accum_values_tq3<NT>(acc, w0, w0 + 8 * 12, lut_v, pb0, pb1);
         }
         __syncwarp();
@@ -1021,6 +1052,10 @@ kvq_status launch_one(kvq_cu_fast_params *p, int n_batch, int n_splits, int max_
                       cudaStream_t stream)
 {
     static int configured = 0, occupancy = 1, configured_prep = 0;
+    using L = stage_layout<KT, VT, S>;
+    /* make_copy_desc fills a stage with one copy where the group size matches */
+    if (!(L::kf16 || L::vf16) && p->pg.dl.group_tokens == 16u * S && !stage_is_group<L>(p->pg.dl, S))
+        return KVQ_ERR_INTERNAL;
     const size_t smem = smem_bytes<KT, VT, S>();
     auto kern = fast_kernel<KT, VT, GP, S, MODE>;
     if (!configured) {

@@ -19,10 +19,7 @@ struct kvq_dev_pages kvq_cu_pages_of(const kvq_cuda_cache *c)
     p.max_pages_per_seq = (uint32_t)c->max_pages_per_seq;
     p.page_tokens = c->layout.page_tokens;
     p.n_kv_heads = c->layout.n_kv_heads;
-    p.k_off = c->layout.k_off;
-    p.v_off = c->layout.v_off;
-    p.k = c->layout.k;
-    p.v = c->layout.v;
+    p.dl = c->dev;
     return p;
 }
 
@@ -194,6 +191,8 @@ static kvq_status cache_init(kvq_cuda_cache *c)
     if (st != KVQ_OK)
         return st;
     c->layout = *kvq_cache_layout(c->twin);
+    if (kvq_dev_layout_init(&c->dev, &c->layout))
+        return KVQ_ERR_INVALID_ARG;
     c->ck = kvq_cache_codec_k(c->twin);
     c->cv = kvq_cache_codec_v(c->twin);
     const size_t P = c->layout.page_tokens;
@@ -469,20 +468,31 @@ kvq_status kvq_cuda_cache_append_batch(kvq_cuda_cache *c, int n_seqs, const int 
 
 /* ---- page copies ----------------------------------------------------- */
 
-/* Rewrites the 3-bit code rows of a host copy of a page between the stream
- * order and the device order (kvq_layout.h). */
-static void page_code_order(uint8_t *page, const struct kvq_page_layout *L, int to_device)
+/* Copies every row of a page between the host layout (host) and the device
+ * layout (dev), in the direction to_device says, turning 3-bit code rows
+ * between the stream order and the device order on the way (kvq_layout.h). */
+static void page_convert(const kvq_cuda_cache *c, uint8_t *host, uint8_t *dev, int to_device)
 {
-    const struct kvq_head_layout *hls[2] = {&L->k, &L->v};
-    const uint64_t offs[2] = {L->k_off, L->v_off};
+    const struct kvq_page_layout *L = &c->layout;
     for (int kv = 0; kv < 2; kv++) {
-        const struct kvq_head_layout *hl = hls[kv];
-        if (!kvq_dev_order((int)hl->type))
-            continue;
+        const struct kvq_head_layout *hl = kv ? &L->v : &L->k;
+        const struct kvq_row_fields f = kvq_layout_row_fields((int)hl->type, (int)hl->dim);
+        const int dev_order = kvq_dev_order((int)hl->type);
         for (uint32_t h = 0; h < L->n_kv_heads; h++) {
-            uint8_t *codes = page + offs[kv] + (size_t)h * hl->bytes + hl->codes_off;
-            for (uint32_t t = 0; t < hl->page_tokens; t++)
-                kvq_dev_order_row(codes + (size_t)t * hl->codes_stride, (int)hl->dim, to_device);
+            uint8_t *chunk = host + (kv ? L->v_off : L->k_off) + (size_t)h * hl->bytes;
+            for (uint32_t s = 0; s < L->page_tokens; s++) {
+                const struct kvq_row a = kvq_head_row(hl, chunk, s), b = kvq_dev_row(&c->dev, dev, kv, h, s);
+                const struct kvq_row *from = to_device ? &a : &b, *to = to_device ? &b : &a;
+                if (f.norm)
+                    *to->norm = *from->norm;
+                if (f.rnorm)
+                    *to->rnorm = *from->rnorm;
+                if (f.signs)
+                    memcpy(to->signs, from->signs, f.signs);
+                memcpy(to->codes, from->codes, f.codes);
+                if (dev_order)
+                    kvq_dev_order_row(to->codes, (int)hl->dim, to_device);
+            }
         }
     }
 }
@@ -500,15 +510,22 @@ kvq_status kvq_cuda_cache_read_page(const kvq_cuda_cache *c, int seq, size_t i, 
     int32_t page;
     if (!c || !host || page_index(c, seq, i, &page) != KVQ_OK)
         return KVQ_ERR_INVALID_ARG;
-    KVQ_CU_TRY(cudaStreamSynchronize(c->stream));
-    KVQ_CU_TRY(cudaMemcpy(host, c->pool + (size_t)page * c->layout.page_bytes, c->layout.page_bytes,
-                          cudaMemcpyDeviceToHost));
-    page_code_order((uint8_t *)host, &c->layout, 0);
-    return KVQ_OK;
+    uint8_t *staging = (uint8_t *)malloc(c->layout.page_bytes);
+    if (!staging)
+        return KVQ_ERR_NOMEM;
+    cudaError_t e = cudaStreamSynchronize(c->stream);
+    if (e == cudaSuccess)
+        e = cudaMemcpy(staging, c->pool + (size_t)page * c->layout.page_bytes, c->layout.page_bytes,
+                       cudaMemcpyDeviceToHost);
+    if (e == cudaSuccess)
+        page_convert(c, (uint8_t *)host, staging, 0);
+    free(staging);
+    return e == cudaSuccess ? KVQ_OK : kvq_cuda_status_of(e);
 }
 
-/* Copies a page already in device order (host memory) to pool page `page`. */
-static kvq_status write_page_dev_order(kvq_cuda_cache *c, int32_t page, const uint8_t *page_dev_order)
+/* Copies a page already in the device layout (host memory) to pool page
+ * `page`. */
+static kvq_status write_page_dev(kvq_cuda_cache *c, int32_t page, const uint8_t *page_dev_order)
 {
     KVQ_CU_TRY(cudaStreamSynchronize(c->stream));
     KVQ_CU_TRY(cudaMemcpy(c->pool + (size_t)page * c->layout.page_bytes, page_dev_order, c->layout.page_bytes,
@@ -524,9 +541,8 @@ kvq_status kvq_cuda_cache_write_page(kvq_cuda_cache *c, int seq, size_t i, const
     uint8_t *staging = (uint8_t *)malloc(c->layout.page_bytes);
     if (!staging)
         return KVQ_ERR_NOMEM;
-    memcpy(staging, host, c->layout.page_bytes);
-    page_code_order(staging, &c->layout, 1);
-    const kvq_status st = write_page_dev_order(c, page, staging);
+    page_convert(c, (uint8_t *)(uintptr_t)host, staging, 1);
+    const kvq_status st = write_page_dev(c, page, staging);
     free(staging);
     return st;
 }
@@ -571,9 +587,11 @@ kvq_status kvq_cuda_cache_upload(kvq_cuda_cache *c, int seq, const kvq_cache *ho
     kvq_status st = grow_pages(c, seq, n);
     if (st != KVQ_OK)
         return st;
-    uint8_t *staging = (uint8_t *)malloc(c->layout.page_bytes);
+    /* the host page with its unused slots zeroed, then the device page */
+    uint8_t *staging = (uint8_t *)malloc(2 * c->layout.page_bytes);
     if (!staging)
         return KVQ_ERR_NOMEM;
+    uint8_t *dev = staging + c->layout.page_bytes;
     const size_t pages = (n + P - 1) / P;
     for (size_t i = 0; i < pages && st == KVQ_OK; i++) {
         memcpy(staging, kvq_cache_page(host, i), c->layout.page_bytes);
@@ -583,8 +601,8 @@ kvq_status kvq_cuda_cache_upload(kvq_cuda_cache *c, int seq, const kvq_cache *ho
                 zero_tail(staging + c->layout.k_off + (size_t)h * c->layout.k.bytes, &c->layout.k, used);
                 zero_tail(staging + c->layout.v_off + (size_t)h * c->layout.v.bytes, &c->layout.v, used);
             }
-        page_code_order(staging, &c->layout, 1);
-        st = write_page_dev_order(c, table_of(c, seq)[i], staging);
+        page_convert(c, staging, dev, 1);
+        st = write_page_dev(c, table_of(c, seq)[i], dev);
     }
     free(staging);
     if (st == KVQ_OK)

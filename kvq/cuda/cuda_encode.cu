@@ -44,13 +44,12 @@ __device__ bool f16_overflows(float v)
 struct row_ref {
     const float *x;
     const kvq_dev_codec *cd;
-    uint8_t *chunk; /* head chunk of the page */
-    const kvq_head_layout *hl;
+    kvq_row row; /* where it goes (tok_page given) */
 };
 
 /* Locates row r = (token * H + head) * 2 + kv. */
 __device__ row_ref locate(int64_t r, const float *k, const float *v, const kvq_dev_codec &ck, const kvq_dev_codec &cv,
-                          const kvq_dev_pages &pg, const int32_t *tok_page)
+                          const kvq_dev_pages &pg, const int32_t *tok_page, const int32_t *tok_slot)
 {
     row_ref rr;
     int kv = (int)(r & 1);
@@ -60,11 +59,10 @@ __device__ row_ref locate(int64_t r, const float *k, const float *v, const kvq_d
     const kvq_dev_codec &cd = kv ? cv : ck;
     rr.cd = &cd;
     rr.x = (kv ? v : k) + th * cd.dim;
-    rr.hl = kv ? &pg.v : &pg.k;
-    rr.chunk = NULL;
+    rr.row = kvq_row{NULL, NULL, NULL, NULL};
     if (tok_page) {
         uint8_t *page = pg.pool + (uint64_t)tok_page[tok] * pg.page_bytes;
-        rr.chunk = page + (kv ? pg.v_off + (uint64_t)h * pg.v.bytes : pg.k_off + (uint64_t)h * pg.k.bytes);
+        rr.row = kvq_dev_row(&pg.dl, page, kv, (uint32_t)h, (uint32_t)tok_slot[tok]);
     }
     return rr;
 }
@@ -78,7 +76,7 @@ __global__ void check_kernel(int64_t n_rows, const float *k, const float *v, kvq
     const int dmax = ck.dim;
     float *buf = smem_f + warp * dmax;
     for (int64_t r = (int64_t)blockIdx.x * kWarps + warp; r < n_rows; r += (int64_t)gridDim.x * kWarps) {
-        row_ref rr = locate(r, k, v, ck, cv, pg, NULL);
+        row_ref rr = locate(r, k, v, ck, cv, pg, NULL, NULL);
         const int d = rr.cd->dim;
         bool bad = false, range = false;
         for (int j = lane; j < d; j += 32) {
@@ -118,12 +116,10 @@ __global__ void encode_kernel(int64_t n_rows, const float *k, const float *v, kv
     uint8_t *sgn = idx + dmax;
 
     for (int64_t r = (int64_t)blockIdx.x * kWarps + warp; r < n_rows; r += (int64_t)gridDim.x * kWarps) {
-        row_ref rr = locate(r, k, v, ck, cv, pg, tok_page);
+        row_ref rr = locate(r, k, v, ck, cv, pg, tok_page, tok_slot);
         const kvq_dev_codec &cd = *rr.cd;
-        const kvq_head_layout &hl = *rr.hl;
         const int d = cd.dim;
-        const uint32_t slot = (uint32_t)tok_slot[(r >> 1) / pg.n_kv_heads];
-        uint8_t *codes = rr.chunk + hl.codes_off + (size_t)slot * hl.codes_stride;
+        uint8_t *codes = rr.row.codes;
 
         if (cd.type == KVQ_TYPE_F32) {
             for (int j = lane; j < d; j += 32)
@@ -140,9 +136,9 @@ __global__ void encode_kernel(int64_t n_rows, const float *k, const float *v, kv
             buf0[j] = rr.x[j];
         __syncwarp();
         const float n = warp_norm(buf0, d, lane);
-        uint8_t *norm_p = rr.chunk + hl.norm_off + (size_t)slot * 2;
-        uint8_t *rnorm_p = cd.qjl ? rr.chunk + hl.rnorm_off + (size_t)slot * 2 : NULL;
-        uint8_t *signs = cd.qjl ? rr.chunk + hl.signs_off + (size_t)slot * hl.signs_stride : NULL;
+        uint8_t *norm_p = reinterpret_cast<uint8_t *>(rr.row.norm);
+        uint8_t *rnorm_p = cd.qjl ? reinterpret_cast<uint8_t *>(rr.row.rnorm) : NULL;
+        uint8_t *signs = cd.qjl ? rr.row.signs : NULL;
         const int code_bytes = d * cd.bits / 8;
         if (n == 0.0f) { /* the all-zero row */
             if (lane == 0) {

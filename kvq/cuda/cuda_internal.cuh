@@ -65,7 +65,8 @@ struct kvq_dev_codec {
     struct kvq_dev_rot R, S;
 };
 
-/* Where one (page, head) chunk lives and how it is laid out. */
+/* Where the pages live and how a page is laid out (kvq_layout.h, "device
+ * page layout"). */
 struct kvq_dev_pages {
     uint8_t *pool;
     uint64_t page_bytes;
@@ -73,13 +74,13 @@ struct kvq_dev_pages {
     uint32_t max_pages_per_seq;
     uint32_t page_tokens;
     uint32_t n_kv_heads;
-    uint64_t k_off, v_off;
-    struct kvq_head_layout k, v;
+    struct kvq_dev_layout dl;
 };
 
 struct kvq_cuda_cache {
     struct kvq_cuda_cache_config cfg;
-    struct kvq_page_layout layout;
+    struct kvq_page_layout layout; /* of host pages (page copies use it) */
+    struct kvq_dev_layout dev;     /* of the pool's pages */
     kvq_cache *twin; /* a page-less CPU cache with the same config: the codecs */
     const kvq_codec *ck, *cv;
     struct kvq_dev_codec dk, dv;

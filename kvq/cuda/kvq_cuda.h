@@ -179,19 +179,21 @@ kvq_status kvq_cuda_cache_append_batch(kvq_cuda_cache *c, int n_seqs, const int 
 
 /** Replaces the content of seq with the tokens of a CPU cache whose config
  *  matches (heads, dim, types, seeds, rotation, QJL kind, page_tokens):
- *  its pages are copied host -> device (3-bit codes rewritten into the
- *  device order of kvq_layout.h on the way, nothing else changed).
+ *  its pages are copied host -> device (rewritten into the device page
+ *  layout of kvq_layout.h on the way, nothing else changed).
  *  @return KVQ_OK; KVQ_ERR_INVALID_ARG (mismatch, too long); KVQ_ERR_BUDGET;
- *  KVQ_ERR_UNSUPPORTED (host uses recent_f16 / sink_tokens); KVQ_ERR_DEVICE. */
+ *  KVQ_ERR_NOMEM (host staging copy); KVQ_ERR_UNSUPPORTED (host uses
+ *  recent_f16 / sink_tokens); KVQ_ERR_DEVICE. */
 kvq_status kvq_cuda_cache_upload(kvq_cuda_cache *c, int seq, const kvq_cache *host);
 
 /** Copies page i of seq (tokens [i * page_tokens, ...)) to/from host memory
- *  of layout->page_bytes bytes, in the host page layout: the GPU keeps 3-bit
- *  codes in the device order of kvq_layout.h and these convert, so a page
- *  read back compares byte for byte with the CPU cache's. write_page() needs
- *  the page to exist (the sequence holds a token in it).
- *  @return KVQ_OK, KVQ_ERR_INVALID_ARG, KVQ_ERR_NOMEM (write_page's host
- *  staging copy) or KVQ_ERR_DEVICE. */
+ *  of layout->page_bytes bytes, in the host page layout: the GPU keeps pages
+ *  in the device page layout of kvq_layout.h (tokens in groups, 3-bit codes
+ *  in the device order) and these convert, so a page read back compares byte
+ *  for byte with the CPU cache's. write_page() needs the page to exist (the
+ *  sequence holds a token in it).
+ *  @return KVQ_OK, KVQ_ERR_INVALID_ARG, KVQ_ERR_NOMEM (the host staging copy
+ *  of the page) or KVQ_ERR_DEVICE. */
 kvq_status kvq_cuda_cache_read_page(const kvq_cuda_cache *c, int seq, size_t i, void *host);
 kvq_status kvq_cuda_cache_write_page(kvq_cuda_cache *c, int seq, size_t i, const void *host);
 
