@@ -16,6 +16,10 @@
  * in the same slot order (kvq_cu::slot tables below), and a dot product does
  * not care about the order of its terms.
  *
+ * Rows. The CUDA cache keeps its pages in the device page layout of
+ * kvq_layout.h (each head's tokens in groups of 32, K rows then V rows):
+ * kvq_dev_row() finds a token's norm, codes and signs there.
+ *
  * Codes (tq3, 3 bits, the device order of kvq_layout.h): the 96 bits of a
  * lane's 32 codes are nearly nibble selectors already (a mask, and 6
  * instructions for the 8 codes spread over the nibbles' spare bits), and
