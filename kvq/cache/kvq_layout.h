@@ -290,7 +290,7 @@ KVQ_HD static inline struct kvq_row kvq_head_row(const struct kvq_head_layout *h
  *   head  = [group 0][group 1]...[group P/G - 1]
  *   group = [K: norm[G] | rnorm[G] | codes[G][..] | signs[G][..]][V: likewise]
  *
- * and a stage is one contiguous copy (docs/cuda.md, tenth pass: 7-10% faster
+ * and a stage is one contiguous copy (docs/cuda.md, tenth pass: 3-6% faster
  * from 32K). G = 32 when page_tokens % 32 == 0, else 16, so every section
  * still starts on a 16-byte boundary and a page has the same bytes as a host
  * page. kvq_cuda_cache_read_page / write_page / upload convert. */

@@ -468,12 +468,14 @@ kvq_status kvq_cuda_cache_append_batch(kvq_cuda_cache *c, int n_seqs, const int 
 
 /* ---- page copies ----------------------------------------------------- */
 
-/* Copies every row of a page between the host layout (host) and the device
- * layout (dev), in the direction to_device says, turning 3-bit code rows
- * between the stream order and the device order on the way (kvq_layout.h). */
-static void page_convert(const kvq_cuda_cache *c, uint8_t *host, uint8_t *dev, int to_device)
+/* Copies every row of page src to page dst, from the host layout to the
+ * device layout (kvq_layout.h) when to_device, else back, turning 3-bit code
+ * rows between the stream order and the device order on the way. */
+static void page_convert(const kvq_cuda_cache *c, const uint8_t *src, uint8_t *dst, int to_device)
 {
     const struct kvq_page_layout *L = &c->layout;
+    /* the row views take writable pages; src is only read through them */
+    uint8_t *host = to_device ? (uint8_t *)(uintptr_t)src : dst, *dev = to_device ? dst : (uint8_t *)(uintptr_t)src;
     for (int kv = 0; kv < 2; kv++) {
         const struct kvq_head_layout *hl = kv ? &L->v : &L->k;
         const struct kvq_row_fields f = kvq_layout_row_fields((int)hl->type, (int)hl->dim);
@@ -518,17 +520,17 @@ kvq_status kvq_cuda_cache_read_page(const kvq_cuda_cache *c, int seq, size_t i, 
         e = cudaMemcpy(staging, c->pool + (size_t)page * c->layout.page_bytes, c->layout.page_bytes,
                        cudaMemcpyDeviceToHost);
     if (e == cudaSuccess)
-        page_convert(c, (uint8_t *)host, staging, 0);
+        page_convert(c, staging, (uint8_t *)host, 0);
     free(staging);
     return e == cudaSuccess ? KVQ_OK : kvq_cuda_status_of(e);
 }
 
 /* Copies a page already in the device layout (host memory) to pool page
  * `page`. */
-static kvq_status write_page_dev(kvq_cuda_cache *c, int32_t page, const uint8_t *page_dev_order)
+static kvq_status write_page_dev(kvq_cuda_cache *c, int32_t page, const uint8_t *page_dev)
 {
     KVQ_CU_TRY(cudaStreamSynchronize(c->stream));
-    KVQ_CU_TRY(cudaMemcpy(c->pool + (size_t)page * c->layout.page_bytes, page_dev_order, c->layout.page_bytes,
+    KVQ_CU_TRY(cudaMemcpy(c->pool + (size_t)page * c->layout.page_bytes, page_dev, c->layout.page_bytes,
                           cudaMemcpyHostToDevice));
     return KVQ_OK;
 }
@@ -541,7 +543,7 @@ kvq_status kvq_cuda_cache_write_page(kvq_cuda_cache *c, int seq, size_t i, const
     uint8_t *staging = (uint8_t *)malloc(c->layout.page_bytes);
     if (!staging)
         return KVQ_ERR_NOMEM;
-    page_convert(c, (uint8_t *)(uintptr_t)host, staging, 1);
+    page_convert(c, (const uint8_t *)host, staging, 1);
     const kvq_status st = write_page_dev(c, page, staging);
     free(staging);
     return st;
