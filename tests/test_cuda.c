@@ -645,6 +645,60 @@ static void fixture_file(const char *path, enum kvq_type tk, enum kvq_type tv)
     kvq_st_close(f);
 }
 
+/* A long context whose attention is a few sharp peaks over a flat tail of
+ * many tiny weights: 2^-17 of the peak times the value norm (~11) puts the
+ * tail's weights at the bottom of f16's normal range in the fused kernel's
+ * value MMA, and below it under the kernel's softmax headroom (2^-3), the
+ * case that headroom makes worse (docs/cuda.md, tenth pass). */
+static void test_attend_long_tail(void)
+{
+    REQUIRE_GPU();
+    const int H = 2, d = 128, G = 4, Hq = H * G;
+    const size_t n = small_mode() ? 8192 : 65536;
+    struct kvq_cache_config cc = cache_cfg(KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, H, d, n, 64, 0x7a11, KVQ_ROT_HADAMARD);
+    kvq_cuda_cache *g = gpu_cache(&cc, 1, G);
+    kvq_cache *cpu = NULL;
+    const float scale = 1.0f / sqrtf((float)d);
+    float *q = random_rows(Hq, d, 0x7a12, 1.0), *k = random_rows(n * H, d, 0x7a13, 1.0);
+    float *v = random_rows(n * H, d, 0x7a14, 1.0), *ref = malloc((size_t)Hq * d * sizeof(float));
+    for (size_t i = 0; i < n * H * d; i++)
+        k[i] *= 0.1f; /* a flat tail */
+    /* peaks for query 0 of each head, the last one late, so that the running
+     * max also grows near the end: score (log2) ~ 17 over the tail */
+    const size_t peaks[] = {1000, n / 2 + 17, n - 100};
+    for (size_t pi = 0; pi < sizeof peaks / sizeof *peaks; pi++)
+        for (int h = 0; h < H; h++) {
+            const float *qh = q + (size_t)h * G * d;
+            double qq = 0.0;
+            for (int j = 0; j < d; j++)
+                qq += (double)qh[j] * qh[j];
+            const double c = (17.0 + (double)pi) * 0.69314718 / (double)scale / qq;
+            for (int j = 0; j < d; j++)
+                k[(peaks[pi] * H + (size_t)h) * d + (size_t)j] = (float)(c * qh[j]);
+        }
+    float *qd = to_dev(q, (size_t)Hq * d);
+    if (!g || !qd || !ref)
+        goto done;
+    CHECK_OK(kvq_cache_create(&cc, &cpu));
+    CHECK_OK(kvq_cache_append(cpu, n, k, v));
+    CHECK_OK(kvq_cuda_cache_upload(g, 0, cpu));
+    cpu_attend(cpu, n, q, H, G, d, scale, ref);
+    const int seqs[1] = {0};
+    char what[96];
+    snprintf(what, sizeof what, "long tail, %zu tokens", n);
+    const double e_fast = gpu_vs(g, 1, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST, 0, 0, what);
+    const double e_ref = gpu_vs(g, 1, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_REF, 0, 0, what);
+    printf("  %s: max rel err ref kernel %.2e, fused %.2e\n", what, e_ref, e_fast);
+done:
+    kvq_cuda_free(qd);
+    kvq_cuda_cache_free(g);
+    kvq_cache_free(cpu);
+    free(q);
+    free(k);
+    free(v);
+    free(ref);
+}
+
 static void test_attend_fixture(void)
 {
     REQUIRE_GPU();
@@ -878,5 +932,6 @@ int main(void)
     RUN(test_attend_nonfinite_query);
     RUN(test_attend_random);
     RUN(test_attend_fixture);
+    RUN(test_attend_long_tail);
     return TEST_END("test_cuda");
 }

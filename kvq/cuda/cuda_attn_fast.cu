@@ -305,6 +305,17 @@ __device__ __forceinline__ uint32_t hilo_f16x2(float x)
  * the same, eight nothing (sixth pass in docs/cuda.md). */
 constexpr int kImKeep = 2;
 
+/* IM: how far (log2 units) the softmax reference stays above the largest
+ * score seen. Every score that passes the reference costs a rescale of the
+ * 32 accumulators (and a max reduction over the lanes); with headroom most
+ * new maxima stay under it. The price: every weight is up to 2^-kHeadroom
+ * smaller than with the exact max, i.e. that much nearer the f16 subnormal
+ * range in the value MMA (docs/cuda.md, tenth pass). */
+#ifndef KVQ_CU_HEADROOM
+#define KVQ_CU_HEADROOM 3.0f
+#endif
+constexpr float kHeadroom = KVQ_CU_HEADROOM;
+
 /* IM with in-kernel query prep: c R q and S c R q of 4 queries, then sigma,
  * T and max |c R q| of each (floats, after the barriers). */
 constexpr size_t kPrepScratch = (2 * NW * 128 + 3 * NW) * sizeof(float);
@@ -384,14 +395,17 @@ __device__ __forceinline__ void im_segment(const kvq_cu_fast_params &p, const ui
             s[r] = -INFINITY;
     }
 
-    /* online softmax (log2 domain); the max is reduced over the token lanes
-     * (xor 4, 8, 16) only when some score beats the running one */
+    /* online softmax (log2 domain). m_run is a reference kept kHeadroom
+     * above the largest score seen, so the weights stay <= 1 and the
+     * accumulators are rescaled only when a score passes the reference, not
+     * whenever the max grows; the max is then reduced over the token lanes
+     * (xor 4, 8, 16) */
     float mx = fmaxf(s[0], s[1]);
     if (__any_sync(0xffffffffu, mx > m_run)) {
 #pragma unroll
         for (int o = 4; o < 32; o <<= 1)
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-        const float m_new = fmaxf(m_run, mx);
+        const float m_new = fmaxf(m_run, mx + kHeadroom);
         const float al = m_new > m_run ? ex2(m_run - m_new) : 1.0f;
         l_run *= al;
 #pragma unroll
