@@ -158,19 +158,27 @@ struct stage_layout {
     static constexpr uint32_t tx = kf16 ? 16 * 256 : (qjl ? 1088 : 800) * S;
     static constexpr uint32_t txv = vf16 ? 16 * 256 : 800 * S;
     static constexpr int nst = (kf16 || vf16) ? 3 : 4 / S; /* stages per warp (same bytes for S = 2) */
+    static constexpr uint32_t tokens = 16u * S;             /* per stage */
     static_assert(S == 1 || !(kf16 || vf16), "2-segment stages are for tq K and V only");
     static_assert(kf16 || vf16 || tx + txv == bytes, "a tq stage holds exactly the bytes of 16 S tokens");
 };
 
-/* Whether a stage of L is one group of the device layout dl, byte for byte,
- * so that one copy fills it (host side: launch_one checks it before the
- * kernel relies on it). */
+/* Whether a stage of L is one group of the device layout dl, so that one
+ * copy fills it (make_copy_desc). */
 template <class L>
-bool stage_is_group(const kvq_dev_layout &dl, int S)
+__host__ __device__ __forceinline__ bool stage_is_group(const kvq_dev_layout &dl)
+{
+    return !(L::kf16 || L::vf16) && dl.group_tokens == L::tokens;
+}
+
+/* Whether that group has the stage's bytes in the stage's places (host
+ * side: launch_one checks it before the kernel relies on it). */
+template <class L>
+bool group_matches_stage(const kvq_dev_layout &dl)
 {
     const kvq_head_layout &k = dl.k, &v = dl.v;
-    return !(L::kf16 || L::vf16) && dl.group_tokens == 16u * (uint32_t)S && k.norm_off == (uint32_t)L::k_norm &&
-           k.codes_off == (uint32_t)L::k_codes && k.bytes == (uint32_t)L::k_bytes &&
+    return k.norm_off == (uint32_t)L::k_norm && k.codes_off == (uint32_t)L::k_codes &&
+           k.bytes == (uint32_t)L::k_bytes &&
            (L::qjl ? k.rnorm_off == (uint32_t)L::k_rnorm && k.signs_off == (uint32_t)L::k_signs
                    : k.signs_off == KVQ_NO_SECTION) &&
            v.norm_off == (uint32_t)(L::v_norm - L::v_base) && v.codes_off == (uint32_t)(L::v_codes - L::v_base) &&
@@ -203,7 +211,7 @@ __device__ __forceinline__ copy_desc make_copy_desc(int i, const kvq_dev_pages &
     const kvq_dev_layout &dl = pg.dl;
     copy_desc c;
     c.off = (uint32_t)h * dl.head_bytes;
-    if (!(L::kf16 || L::vf16) && dl.group_tokens == 16u * S) {
+    if (stage_is_group<L>(dl)) {
         c.stride = dl.row_bytes;
         c.dst_bytes = i == 0 ? (uint32_t)L::bytes : 0u;
         return c;
@@ -1068,7 +1076,7 @@ kvq_status launch_one(kvq_cu_fast_params *p, int n_batch, int n_splits, int max_
     static int configured = 0, occupancy = 1, configured_prep = 0;
     using L = stage_layout<KT, VT, S>;
     /* make_copy_desc fills a stage with one copy where the group size matches */
-    if (!(L::kf16 || L::vf16) && p->pg.dl.group_tokens == 16u * S && !stage_is_group<L>(p->pg.dl, S))
+    if (stage_is_group<L>(p->pg.dl) && !group_matches_stage<L>(p->pg.dl))
         return KVQ_ERR_INTERNAL;
     const size_t smem = smem_bytes<KT, VT, S>();
     auto kern = fast_kernel<KT, VT, GP, S, MODE>;
