@@ -381,8 +381,8 @@ __global__ void ref_kernel(const __grid_constant__ ref_params p)
             }
             a = warp_sum(a);
             z = warp_sum(z);
-            const float n = __half2float(__ushort_as_half(*kr.norm));
-            const float gam = p.ck.qjl ? __half2float(__ushort_as_half(*kr.rnorm)) * p.ck.kappa : 0.0f;
+            const float n = kvq_f16_to_f32(*kr.norm);
+            const float gam = p.ck.qjl ? kvq_f16_to_f32(*kr.rnorm) * p.ck.kappa : 0.0f;
             s = n * fmaf(gam, z, a);
         } else {
             float a = 0.0f;
@@ -396,7 +396,7 @@ __global__ void ref_kernel(const __grid_constant__ ref_params p)
         l = l * alpha + pw;
         m = m_new;
         const uint8_t *vcodes = vr.codes;
-        const float nv = p.cv.rotated ? __half2float(__ushort_as_half(*vr.norm)) : 1.0f;
+        const float nv = p.cv.rotated ? kvq_f16_to_f32(*vr.norm) : 1.0f;
         for (int j = lane; j < d; j += 32) {
             const float val = p.cv.rotated ? nv * p.cv.centroids[code_get(vcodes, p.cv.bits, d, j)]
                                            : baseline_elem(p.cv.type, vcodes, j);
