@@ -1,5 +1,5 @@
 #!/bin/sh
-# The SM clock each kernel actually ran at (docs/cuda.md, "What limits it"):
+# The SM clock each kernel actually ran at (docs/attention-cuda.md, "What limits it"):
 # ncu without clock control, four metrics (one pass, so no replay), on the
 # fused kernel of the normal bundle, of the arithmetic-alone and copies-alone
 # bundles (as for bench/cuda_floors.sh), on the plain read, and on PyTorch

@@ -1,5 +1,5 @@
 #!/bin/sh
-# The fused attention call next to its floors (docs/cuda.md, ninth pass):
+# The fused attention call next to its floors (docs/history/attention-cuda.md, ninth pass):
 # the arithmetic alone (a bundle built with MEASURE=-DKVQ_CU_MEASURE_COMPUTEONLY),
 # the copies alone (MEASURE=-DKVQ_CU_MEASURE_LOADONLY) and a plain read of the
 # same bytes (the normal bundle's us_read). The three bundles run in turn,
