@@ -26,16 +26,26 @@ ifeq ($(CI),true)
 WERROR ?= 1
 endif
 
+# Include paths draw the module boundaries: the public headers (include/kvq,
+# installed as they are) are visible everywhere; the library's internal
+# headers only to kvq/ and codebooks/; decoder/, eval/ and tools/ see their
+# own folder and the public API. Tests and benchmarks see everything.
 MODULES  := common codebook rotation codec cache attn
-INCDIRS  := kvq $(addprefix kvq/,$(MODULES)) kvq/cuda codebooks decoder tools tests
+PUB_INC  := include/kvq
+KVQ_INC  := $(PUB_INC) $(addprefix kvq/,$(MODULES)) kvq/cuda codebooks
+DEC_INC  := $(PUB_INC) decoder
+EVAL_INC := $(PUB_INC) eval
+TOOL_INC := $(PUB_INC) tools
+INCDIRS  := $(KVQ_INC) decoder eval tools tests
 WARN     := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wvla -Wformat=2 -Wundef
 CFLAGS   ?= -O2 -g
 ALL_CFLAGS = -std=c11 -D_DEFAULT_SOURCE -D_POSIX_C_SOURCE=200809L -fPIC $(WARN) \
-             $(if $(filter 1,$(WERROR)),-Werror) $(addprefix -I,$(INCDIRS)) -MMD -MP $(CFLAGS) $(MEASURE)
+             $(if $(filter 1,$(WERROR)),-Werror) $(addprefix -I,$(INCDIRS)) $(VIS) -MMD -MP $(CFLAGS) $(MEASURE)
 SIMD_FLAGS := -mavx2 -mfma -mf16c
 LDLIBS   := -lfftw3f -lopenblas -lcjson -lm -lpthread
 
-LIB_SRC   := $(sort $(wildcard kvq/*/*.c) $(wildcard codebooks/*.c) $(wildcard decoder/*.c))
+LIB_SRC   := $(sort $(wildcard kvq/*/*.c) $(wildcard codebooks/*.c) $(wildcard decoder/*.c decoder/*/*.c) \
+                   $(wildcard eval/*.c))
 TOOL_SRC  := $(sort $(wildcard tools/*.c))
 TEST_SRC  := $(sort $(wildcard tests/test_*.c))
 BENCH_SRC := $(sort $(wildcard bench/bench_*.c))
@@ -43,6 +53,14 @@ FUZZ_SRC  := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 CUDA_SRC  := $(sort $(wildcard kvq/cuda/*.cu))
 
 LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+
+# Library objects: their own include paths, and hidden symbols unless a
+# public header marks them KVQ_API (kvq_export.h).
+$(BUILD)/obj/kvq/%.o $(BUILD)/obj/codebooks/%.o: INCDIRS := $(KVQ_INC)
+$(BUILD)/obj/decoder/%.o: INCDIRS := $(DEC_INC)
+$(BUILD)/obj/eval/%.o: INCDIRS := $(EVAL_INC)
+$(BUILD)/obj/tools/%.o: INCDIRS := $(TOOL_INC)
+$(BUILD)/obj/kvq/%.o $(BUILD)/obj/codebooks/%.o $(BUILD)/obj/decoder/%.o $(BUILD)/obj/eval/%.o: VIS := -fvisibility=hidden
 TOOL_OBJ  := $(TOOL_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
@@ -62,8 +80,9 @@ CUDART     := $(firstword $(wildcard $(CUDA_HOME)/lib64/libcudart_static.a \
                 /usr/local/cuda/lib64/libcudart_static.a \
                 /usr/lib/x86_64-linux-gnu/libcudart_static.a))
 ifneq ($(strip $(CUDART)),)
-NVCC_FLAGS ?= -O3 -std=c++17 -lineinfo -Xcompiler -fPIC -gencode=arch=compute_90a,code=sm_90a \
-              -gencode=arch=compute_80,code=compute_80 $(addprefix -I,$(INCDIRS))
+NVCC_FLAGS ?= -O3 -std=c++17 -lineinfo -Xcompiler -fPIC -Xcompiler -fvisibility=hidden \
+              -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=compute_80 \
+              $(addprefix -I,$(KVQ_INC))
 NVCC_FLAGS += $(MEASURE)
 LIB_OBJ    += $(CUDA_SRC:%.cu=$(BUILD)/obj/%.o)
 ALL_CFLAGS += -DKVQ_HAVE_CUDA=1
@@ -109,7 +128,7 @@ $(LIB_A): $(LIB_OBJ)
 
 $(LIB_SO): $(LIB_OBJ)
 	@mkdir -p $(@D)
-	$(CC) -shared -o $@ $^ $(LDFLAGS) $(LDLIBS)
+	$(CC) -shared -Wl,--exclude-libs,ALL -o $@ $^ $(LDFLAGS) $(LDLIBS)
 
 $(PC): mk/kvq.pc.in Makefile
 	@mkdir -p $(@D)
@@ -131,7 +150,7 @@ $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(LIB_A)
 
 tests: $(TEST_BIN) $(KVQ)
 test: tests
-	@sh tests/run.sh $(BUILD) $(TEST_BIN) tests/cuda/test_emulate_v4.sh
+	@KVQ_BUILD=$(BUILD) sh tests/run.sh $(BUILD) $(TEST_BIN) tests/test_boundaries.sh tests/cuda/test_emulate_v4.sh
 
 benches: $(BENCH_BIN) $(KVQ)
 bench: benches
@@ -155,7 +174,7 @@ run: all
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/include/kvq $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin
-	install -m 644 kvq/kvq.h $(wildcard kvq/*/kvq_*.h) $(wildcard decoder/kvq_*.h) $(DESTDIR)$(PREFIX)/include/kvq/
+	install -m 644 $(wildcard include/kvq/*.h include/kvq/*.cuh) $(DESTDIR)$(PREFIX)/include/kvq/
 	install -m 644 $(LIB_A) $(DESTDIR)$(PREFIX)/lib/
 	install -m 755 $(LIB_SO) $(DESTDIR)$(PREFIX)/lib/
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' -e 's|@LIBS@|$(LDLIBS)|' mk/kvq.pc.in \

@@ -36,10 +36,10 @@
 #include <cblas.h>
 
 #include "attn_internal.h"
-#include "cpu_internal.h"
+#include "kvq_cpu.h"
 #include "kvq_attn.h"
 #include "kvq_half.h"
-#include "rng_internal.h"
+#include "kvq_rng.h"
 #include "bench_util.h"
 
 void openblas_set_num_threads(int num_threads);

@@ -17,8 +17,8 @@
 #include <time.h>
 
 #include "codec_internal.h"
-#include "cpu_internal.h"
-#include "rng_internal.h"
+#include "kvq_cpu.h"
+#include "kvq_rng.h"
 #include "bench_util.h"
 
 #define DIM 128

@@ -18,9 +18,9 @@
 
 #include <cblas.h>
 
-#include "cpu_internal.h"
+#include "kvq_cpu.h"
 #include "kvq_rotation.h"
-#include "rng_internal.h"
+#include "kvq_rng.h"
 #include "rotation_internal.h"
 #include "bench_util.h"
 

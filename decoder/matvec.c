@@ -4,7 +4,7 @@
 
 #include <stddef.h>
 
-#include "cpu_internal.h"
+#include "kvq_cpu.h"
 
 void kvq_matvec_ref(const float *x, int ldx, const float *w, float *y, int ldy, int M, int N, int K, int accumulate)
 {

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rng_internal.h"
+#include "kvq_rng.h"
 
 #define RADIX_BITS 11
 #define RADIX_SIZE (1u << RADIX_BITS)

@@ -7,7 +7,7 @@
 #include <time.h>
 
 #include "decoder_internal.h"
-#include "rng_internal.h"
+#include "kvq_rng.h"
 
 #define DEFAULT_CHUNK 256
 
@@ -23,12 +23,31 @@ void kvq_seq_config_default(struct kvq_seq_config *cfg)
     memset(cfg, 0, sizeof *cfg);
     cfg->type_k = KVQ_DEFAULT_TYPE_K;
     cfg->type_v = KVQ_DEFAULT_TYPE_V;
+    cfg->recent_f16 = KVQ_WINDOW_AUTO;
 }
 
 static void types_of(const struct kvq_seq_config *sc, int l, enum kvq_type *tk, enum kvq_type *tv)
 {
     *tk = sc->layer_types ? sc->layer_types[2 * l] : sc->type_k;
     *tv = sc->layer_types ? sc->layer_types[2 * l + 1] : sc->type_v;
+}
+
+static int compressed(enum kvq_type t)
+{
+    return t != KVQ_TYPE_F32 && t != KVQ_TYPE_F16;
+}
+
+int kvq_seq_window_for(const struct kvq_seq_config *cfg, int n_layers)
+{
+    if (!cfg || cfg->recent_f16 != KVQ_WINDOW_AUTO)
+        return cfg ? cfg->recent_f16 : 0;
+    for (int l = 0; l < (cfg->layer_types ? n_layers : 1); l++) {
+        enum kvq_type tk, tv;
+        types_of(cfg, l, &tk, &tv);
+        if (compressed(tk) || compressed(tv))
+            return 1;
+    }
+    return 0;
 }
 
 /* Bytes per token of layer l (all KV heads); 0 when a type does not fit. */
@@ -93,6 +112,9 @@ kvq_status kvq_seq_plan_of(const kvq_model *m, const struct kvq_seq_config *cfg,
         return KVQ_ERR_INVALID_ARG;
     const struct kvq_model_config *c = &m->cfg;
     memset(out, 0, sizeof *out);
+    struct kvq_seq_config resolved = *cfg;
+    resolved.recent_f16 = kvq_seq_window_for(cfg, c->n_layers);
+    cfg = &resolved;
     if (cfg->recent_f16 < 0 || cfg->recent_f16 > 1 || cfg->sink_tokens < 0 ||
         cfg->sink_tokens > KVQ_CACHE_MAX_SINK_TOKENS)
         return KVQ_ERR_INVALID_ARG;
@@ -155,8 +177,11 @@ kvq_status kvq_seq_create(const kvq_model *m, const struct kvq_seq_config *cfg, 
         return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "negative max_chunk or ngram");
     if (!sc.layer_types && (!kvq_type_traits(sc.type_k) || !kvq_type_traits(sc.type_v)))
         return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "unknown cache type");
-    if (sc.recent_f16 < 0 || sc.recent_f16 > 1)
-        return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "recent_f16 must be 0 or 1, not %d", sc.recent_f16);
+    if (sc.recent_f16 < KVQ_WINDOW_AUTO || sc.recent_f16 > 1)
+        return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "recent_f16 must be -1, 0 or 1, not %d", sc.recent_f16);
+    if (!sc.layer_types && (!kvq_type_traits(sc.type_k) || !kvq_type_traits(sc.type_v)))
+        return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "unknown cache type");
+    sc.recent_f16 = kvq_seq_window_for(&sc, c->n_layers);
     if (sc.sink_tokens < 0 || sc.sink_tokens > KVQ_CACHE_MAX_SINK_TOKENS)
         return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "sink_tokens %d is outside 0..%d", sc.sink_tokens,
                              KVQ_CACHE_MAX_SINK_TOKENS);

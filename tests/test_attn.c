@@ -8,9 +8,9 @@
 #include <string.h>
 
 #include "attn_internal.h"
-#include "cpu_internal.h"
+#include "kvq_cpu.h"
 #include "kvq_attn.h"
-#include "rng_internal.h"
+#include "kvq_rng.h"
 #include "test.h"
 
 #define H 2 /* KV heads in every test cache; tests use head 1 */

@@ -8,7 +8,7 @@
 
 #include "codec_internal.h" /* kvq_code_set: the stream order */
 #include "kvq_cache.h"
-#include "rng_internal.h"
+#include "kvq_rng.h"
 #include "test.h"
 
 /* n rows of d floats: N(0,1) with a few outlier channels, as real keys have. */

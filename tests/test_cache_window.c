@@ -15,12 +15,12 @@
 #include <string.h>
 
 #include "attn_internal.h"
-#include "cpu_internal.h"
+#include "kvq_cpu.h"
 #include "kvq_attn.h"
 #include "kvq_cache.h"
 #include "kvq_half.h"
 #include "kvq_model.h"
-#include "rng_internal.h"
+#include "kvq_rng.h"
 #include "test.h"
 
 static kvq_model *model;

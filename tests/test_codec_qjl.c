@@ -15,7 +15,7 @@
 
 #include "codec_internal.h"
 #include "kvq_half.h"
-#include "rng_internal.h"
+#include "kvq_rng.h"
 #include "test.h"
 #include "test_util.h"
 

@@ -5,9 +5,9 @@
 
 #include "codec_internal.h"
 #include "rotation_internal.h"
-#include "cpu_internal.h"
+#include "kvq_cpu.h"
 #include "kvq_half.h"
-#include "rng_internal.h"
+#include "kvq_rng.h"
 #include "test.h"
 #include "test_util.h"
 

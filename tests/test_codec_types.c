@@ -4,9 +4,9 @@
 #include <stdint.h>
 
 #include "codec_internal.h"
-#include "cpu_internal.h"
+#include "kvq_cpu.h"
 #include "kvq_half.h"
-#include "rng_internal.h"
+#include "kvq_rng.h"
 #include "test.h"
 #include "test_util.h"
 

@@ -20,7 +20,7 @@
 #include "kvq_cache.h"
 #include "kvq_cuda.h"
 #include "kvq_safetensors.h"
-#include "rng_internal.h"
+#include "kvq_rng.h"
 #include "test.h"
 
 #define TOL 1e-3

@@ -14,7 +14,7 @@
 
 #include "kvq_model.h"
 #include "kvq_safetensors.h"
-#include "rng_internal.h"
+#include "kvq_rng.h"
 #include "test.h"
 #include "test_util.h"
 

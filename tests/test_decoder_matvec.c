@@ -3,9 +3,9 @@
  * how many rows are computed with it), which speculative decoding relies on. */
 #include <stdint.h>
 
-#include "cpu_internal.h"
+#include "kvq_cpu.h"
 #include "matvec_internal.h"
-#include "rng_internal.h"
+#include "kvq_rng.h"
 #include "test.h"
 
 static void fill(float *v, size_t n, kvq_rng *r)

@@ -12,7 +12,7 @@
 #include "kv_auto.h"
 #include "kvq_model.h"
 #include "kvq_tokenizer.h"
-#include "rng_internal.h"
+#include "kvq_rng.h"
 #include "test.h"
 #include "test_util.h"
 

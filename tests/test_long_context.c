@@ -67,6 +67,7 @@ static kvq_seq *new_seq(enum kvq_type k, enum kvq_type v, size_t max_ctx, size_t
 {
     struct kvq_seq_config sc;
     kvq_seq_config_default(&sc);
+    sc.recent_f16 = 0; /* the plain paged cache; test_cache_window.c covers the window */
     sc.type_k = k;
     sc.type_v = v;
     sc.max_ctx = max_ctx;
@@ -260,6 +261,7 @@ static void test_budget_ratio(void)
     for (int t = 0; t < 2; t++) {
         struct kvq_seq_config sc;
         kvq_seq_config_default(&sc);
+        sc.recent_f16 = 0; /* the ratio of the packed rows alone */
         sc.type_k = types[t][0];
         sc.type_v = types[t][1];
         sc.kv_budget = budget;
@@ -405,6 +407,7 @@ static void test_layer_types(void)
     }
     struct kvq_seq_config sc;
     kvq_seq_config_default(&sc);
+    sc.recent_f16 = 0; /* the budget split of the packed rows alone */
     kvq_seq *s1 = NULL, *s2 = NULL;
     CHECK_OK(kvq_seq_create(model, &sc, &s1, NULL));
     sc.layer_types = uni;
@@ -514,6 +517,36 @@ static void test_v_norm_correct(void)
     free(key0);
 }
 
+/* The library's defaults are the kvq command's: the recent-token window is
+ * on for compressed types and off for f32/f16, unless set explicitly. */
+static void test_window_default(void)
+{
+    const struct kvq_model_config *c = kvq_model_config_of(model);
+    struct kvq_seq_config sc;
+    kvq_seq_config_default(&sc);
+    CHECK(sc.recent_f16 == KVQ_WINDOW_AUTO && sc.type_k == KVQ_TYPE_TQ3J && sc.type_v == KVQ_TYPE_TQ3);
+    CHECK(kvq_seq_window_for(&sc, c->n_layers) == 1);
+    kvq_seq *s = NULL;
+    CHECK_OK(kvq_seq_create(model, &sc, &s, NULL));
+    CHECK(s && kvq_cache_config_of(kvq_seq_cache(s, 0))->recent_f16 == 1);
+    kvq_seq_free(s);
+    sc.type_k = sc.type_v = KVQ_TYPE_F32;
+    CHECK(kvq_seq_window_for(&sc, c->n_layers) == 0);
+    s = NULL;
+    CHECK_OK(kvq_seq_create(model, &sc, &s, NULL));
+    CHECK(s && kvq_cache_config_of(kvq_seq_cache(s, 0))->recent_f16 == 0);
+    kvq_seq_free(s);
+    enum kvq_type mixed[2 * 64];
+    for (int l = 0; l < c->n_layers; l++)
+        mixed[2 * l] = mixed[2 * l + 1] = l == c->n_layers - 1 ? KVQ_TYPE_Q8_0 : KVQ_TYPE_F16;
+    sc.layer_types = mixed;
+    CHECK(kvq_seq_window_for(&sc, c->n_layers) == 1);
+    sc.recent_f16 = 0;
+    CHECK(kvq_seq_window_for(&sc, c->n_layers) == 0);
+    sc.recent_f16 = 2;
+    CHECK_STATUS(kvq_seq_create(model, &sc, &s, NULL), KVQ_ERR_INVALID_ARG);
+}
+
 int main(void)
 {
     snprintf(tmp, sizeof tmp, "/tmp/kvq_test_lc_XXXXXX");
@@ -539,6 +572,7 @@ int main(void)
     RUN(test_run_budget);
     RUN(test_layer_types);
     RUN(test_v_norm_correct);
+    RUN(test_window_default);
     free(out_text);
     free(err_text);
     cJSON_Delete(ref_json);

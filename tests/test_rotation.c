@@ -13,9 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu_internal.h"
+#include "kvq_cpu.h"
 #include "kvq_rotation.h"
-#include "rng_internal.h"
+#include "kvq_rng.h"
 #include "rotation_internal.h"
 #include "test.h"
 

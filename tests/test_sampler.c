@@ -9,7 +9,7 @@
 #include <stdint.h>
 
 #include "kvq_sampler.h"
-#include "rng_internal.h"
+#include "kvq_rng.h"
 #include "test.h"
 
 #define V_MAX 512

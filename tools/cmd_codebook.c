@@ -7,7 +7,6 @@
 #include <string.h>
 
 #include "cli.h"
-#include "codebook_internal.h"
 #include "kvq_codebook.h"
 
 static const int shipped_dims[] = KVQ_CODEBOOK_SHIPPED_DIMS;

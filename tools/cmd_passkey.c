@@ -19,7 +19,7 @@
 #include "kv_auto.h"
 #include "kv_opts.h"
 #include "passkey_prompt.h"
-#include "rng_internal.h"
+#include "kvq_rng.h"
 
 #define CMD "passkey"
 #define MAX_LENGTHS 32

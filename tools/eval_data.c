@@ -9,7 +9,7 @@
 #include "kvq_attn.h"
 #include "kvq_codec.h"
 #include "kvq_safetensors.h"
-#include "rng_internal.h"
+#include "kvq_rng.h"
 
 /* Tensors bigger than this are refused before any allocation: a corrupt
  * header should give an error, not an out-of-memory kill. */

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "attn_internal.h"
-#include "cpu_internal.h"
+#include "kvq_cpu.h"
 #include "kvq_half.h"
 
 static void *alloc64(size_t n_bytes)

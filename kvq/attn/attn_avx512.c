@@ -23,7 +23,7 @@
 #include <string.h>
 
 #include "attn_internal.h"
-#include "cpu_internal.h"
+#include "kvq_cpu.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 

@@ -26,7 +26,7 @@
 #include "codec_internal.h"
 #include "kvq_cache.h"
 #include "kvq_half.h"
-#include "rng_internal.h"
+#include "kvq_rng.h"
 
 struct kvq_cache {
     struct kvq_cache_config cfg;

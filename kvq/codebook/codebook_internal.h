@@ -20,11 +20,6 @@ typedef long double (*kvq_cb_integrand)(long double x, const void *ctx);
 long double kvq_cb_integrate(kvq_cb_integrand fn, const void *ctx, long double a, long double b,
                              long double rel_tol, int *ok);
 
-/* The shipped set (beta density only): the head dims in use by common
- * models, bit widths of the tqB cache types. */
-#define KVQ_CODEBOOK_SHIPPED_DIMS {64, 80, 96, 112, 128, 160, 192, 256}
-#define KVQ_CODEBOOK_SHIPPED_MAX_BITS 4
-
 /* One shipped table: KVQ_DIST_BETA, all 2^bits centroids (ascending) and the
  * mse, exactly as kvq_codebook_compute() produced them (printed with %.17g so
  * the doubles round-trip). Boundaries are rebuilt as midpoints on load. */

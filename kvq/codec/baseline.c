@@ -18,7 +18,7 @@
 #include <string.h>
 
 #include "codec_internal.h"
-#include "cpu_internal.h"
+#include "kvq_cpu.h"
 #include "kvq_half.h"
 
 /* ---- f32 ---- */

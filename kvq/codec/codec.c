@@ -23,8 +23,8 @@
 
 #include "codec_internal.h"
 #include "rotation_internal.h"
-#include "cpu_internal.h"
-#include "rng_internal.h"
+#include "kvq_cpu.h"
+#include "kvq_rng.h"
 
 void kvq_codec_config_default(struct kvq_codec_config *cfg, enum kvq_type type, int dim)
 {

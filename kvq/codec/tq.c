@@ -2,7 +2,7 @@
  * Both give identical bits (see codec_internal.h), so the choice only
  * changes speed; KVQ_FORCE_SCALAR=1 selects the references. */
 #include "codec_internal.h"
-#include "cpu_internal.h"
+#include "kvq_cpu.h"
 
 kvq_status kvq_tq_encode(const kvq_codec *c, const float *x, const struct kvq_row *dst)
 {

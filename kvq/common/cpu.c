@@ -1,7 +1,7 @@
-/* cpu.c - feature detection for the SIMD dispatch (see cpu_internal.h).
+/* cpu.c - feature detection for the SIMD dispatch (see kvq_cpu.h).
  * Uses cpuid directly: clang does not know every feature name that
  * __builtin_cpu_supports() takes in gcc ("f16c"), and the fuzz build is clang. */
-#include "cpu_internal.h"
+#include "kvq_cpu.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 
 #include "cuda_internal.cuh"
-#include "rng_internal.h"
+#include "kvq_rng.h"
 
 kvq_status kvq_cuda_status_of(cudaError_t e)
 {

@@ -7,8 +7,8 @@
 
 #include <cblas.h>
 
-#include "cpu_internal.h"
-#include "rng_internal.h"
+#include "kvq_cpu.h"
+#include "kvq_rng.h"
 #include "rotation_internal.h"
 
 static const char *const kind_names[KVQ_ROT_KIND_COUNT] = {

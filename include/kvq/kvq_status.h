@@ -10,6 +10,8 @@
 #ifndef KVQ_STATUS_H
 #define KVQ_STATUS_H
 
+#include "kvq_export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -35,7 +37,7 @@ typedef enum kvq_status kvq_status;
 
 /** @return a static, lowercase description of s ("invalid argument", ...);
  *  never NULL, also for out-of-range values. */
-const char *kvq_status_str(kvq_status s);
+KVQ_API const char *kvq_status_str(kvq_status s);
 
 /* Optional detail for callers that want more than the code. msg is always a
  * NUL-terminated single line (no trailing newline). */
@@ -47,7 +49,7 @@ typedef struct kvq_error {
 
 /** Fills err (if not NULL) with status and a printf-style message.
  *  @return status, so that `return kvq_error_set(err, KVQ_ERR_FORMAT, ...)` reads well. */
-kvq_status kvq_error_set(kvq_error *err, kvq_status status, const char *fmt, ...)
+KVQ_API kvq_status kvq_error_set(kvq_error *err, kvq_status status, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 3, 4)))
 #endif

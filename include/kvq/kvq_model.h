@@ -29,6 +29,8 @@
 #ifndef KVQ_MODEL_H
 #define KVQ_MODEL_H
 
+#include "kvq_export.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -73,14 +75,14 @@ struct kvq_model_config {
  *  the default, missing or non-positive dimensions, n_heads not a multiple of
  *  n_kv_heads, odd head_dim.
  *  @return KVQ_OK; KVQ_ERR_FORMAT; KVQ_ERR_UNSUPPORTED. */
-kvq_status kvq_model_config_parse(const char *json, size_t len, struct kvq_model_config *cfg, kvq_error *err);
+KVQ_API kvq_status kvq_model_config_parse(const char *json, size_t len, struct kvq_model_config *cfg, kvq_error *err);
 
 /** Reads and parses a config.json file. @return as above, or KVQ_ERR_IO. */
-kvq_status kvq_model_config_load(const char *path, struct kvq_model_config *cfg, kvq_error *err);
+KVQ_API kvq_status kvq_model_config_load(const char *path, struct kvq_model_config *cfg, kvq_error *err);
 
 /* Parameters per layer as the config implies them (attention with GQA +
  * SwiGLU MLP + norms + biases), and for the embedding and LM head. */
-size_t kvq_model_config_layer_params(const struct kvq_model_config *cfg);
+KVQ_API size_t kvq_model_config_layer_params(const struct kvq_model_config *cfg);
 
 /* ---- loaded model ---------------------------------------------------- */
 
@@ -90,7 +92,7 @@ struct kvq_model_load_opts {
     int lm_head_slice_rows;  /* plain HF dirs: vocabulary rows per LM-head slice (0 = 8192) */
     int verify_checksums;    /* sharded dirs: check every shard's FNV-1a (default 1) */
 };
-void kvq_model_load_opts_default(struct kvq_model_load_opts *o);
+KVQ_API void kvq_model_load_opts_default(struct kvq_model_load_opts *o);
 
 /** Loads a model directory: a `kvq shard` output (runtime_meta.json present:
  *  the manifest is validated before any weight is read) or a plain HF
@@ -100,13 +102,13 @@ void kvq_model_load_opts_default(struct kvq_model_load_opts *o);
  *  @return KVQ_OK and *out; KVQ_ERR_IO (missing file); KVQ_ERR_FORMAT
  *  (corrupt file or manifest, missing tensor, wrong shape or dtype);
  *  KVQ_ERR_UNSUPPORTED; KVQ_ERR_NOMEM. err gets one line. */
-kvq_status kvq_model_load(const char *dir, const struct kvq_model_load_opts *opts, kvq_model **out,
+KVQ_API kvq_status kvq_model_load(const char *dir, const struct kvq_model_load_opts *opts, kvq_model **out,
                           kvq_error *err);
 
 /** Frees m; accepts NULL. Every kvq_seq using m must be freed first. */
-void kvq_model_free(kvq_model *m);
+KVQ_API void kvq_model_free(kvq_model *m);
 
-const struct kvq_model_config *kvq_model_config_of(const kvq_model *m);
+KVQ_API const struct kvq_model_config *kvq_model_config_of(const kvq_model *m);
 
 struct kvq_model_info {
     int sharded;              /* 1: loaded from runtime_meta.json */
@@ -116,7 +118,7 @@ struct kvq_model_info {
     size_t weight_bytes;      /* f32 weights held in memory (embedding table excluded) */
     double load_seconds;      /* wall time of kvq_model_load */
 };
-void kvq_model_get_info(const kvq_model *m, struct kvq_model_info *info);
+KVQ_API void kvq_model_get_info(const kvq_model *m, struct kvq_model_info *info);
 
 /* ---- sequence state --------------------------------------------------- */
 
@@ -151,7 +153,10 @@ struct kvq_seq_config {
                              * partly filled page in f16 and attention reads them from
                              * there (kvq_cache_config.recent_f16). Forward then appends
                              * and attends one position at a time within a chunk, so a
-                             * prefill sees exactly what token-by-token generation sees. */
+                             * prefill sees exactly what token-by-token generation sees.
+                             * KVQ_WINDOW_AUTO (-1, the default, as in the kvq command):
+                             * on when some layer's K or V type is compressed (not f32
+                             * or f16), off otherwise (kvq_seq_window_for). */
     int sink_tokens;        /* 0..KVQ_CACHE_MAX_SINK_TOKENS: the first sink_tokens tokens
                              * are also kept in f16 and always read from there
                              * (kvq_cache_config.sink_tokens). The f16 buffers of both
@@ -159,16 +164,26 @@ struct kvq_seq_config {
                              * (first, in equal shares per layer; the rest is split as
                              * above). */
 };
-void kvq_seq_config_default(struct kvq_seq_config *cfg);
+/* kvq_seq_config.recent_f16: decided from the cache types. */
+#define KVQ_WINDOW_AUTO (-1)
+
+/** Fills cfg with the defaults the kvq command uses: tq3j keys, tq3 values,
+ *  seed 0, the model's context, recent_f16 = KVQ_WINDOW_AUTO (so the window
+ *  is on for compressed types), no sinks, no budget. */
+KVQ_API void kvq_seq_config_default(struct kvq_seq_config *cfg);
+
+/** @return the recent_f16 setting cfg resolves to (0 or 1) for a model of
+ *  n_layers layers: cfg->recent_f16 itself unless it is KVQ_WINDOW_AUTO. */
+KVQ_API int kvq_seq_window_for(const struct kvq_seq_config *cfg, int n_layers);
 
 /** Creates a sequence state for m: caches (whose pages grow on demand up to
  *  max_ctx), buffers, RoPE tables, workspace, n-gram table.
  *  @return KVQ_OK and *out; KVQ_ERR_INVALID_ARG / KVQ_ERR_UNSUPPORTED (cache
  *  type for this head_dim) / KVQ_ERR_NOMEM. */
-kvq_status kvq_seq_create(const kvq_model *m, const struct kvq_seq_config *cfg, kvq_seq **out, kvq_error *err);
+KVQ_API kvq_status kvq_seq_create(const kvq_model *m, const struct kvq_seq_config *cfg, kvq_seq **out, kvq_error *err);
 
 /** Frees s; accepts NULL. */
-void kvq_seq_free(kvq_seq *s);
+KVQ_API void kvq_seq_free(kvq_seq *s);
 
 /* What a cache configuration costs for a model, and how far a budget goes. */
 struct kvq_seq_plan {
@@ -189,18 +204,18 @@ struct kvq_seq_plan {
  *  enforce. @return KVQ_OK; KVQ_ERR_INVALID_ARG (NULL, unknown type, bad
  *  recent_f16 / sink_tokens);
  *  KVQ_ERR_UNSUPPORTED (type for this head_dim). */
-kvq_status kvq_seq_plan_of(const kvq_model *m, const struct kvq_seq_config *cfg, struct kvq_seq_plan *out);
+KVQ_API kvq_status kvq_seq_plan_of(const kvq_model *m, const struct kvq_seq_config *cfg, struct kvq_seq_plan *out);
 
 /** Back to an empty sequence: caches emptied (pages kept), position 0,
  *  n-gram table cleared, sampler RNG reseeded from the config seed,
  *  statistics zeroed. */
-void kvq_seq_reset(kvq_seq *s);
+KVQ_API void kvq_seq_reset(kvq_seq *s);
 
 /** Tokens in the cache (= the position of the next token). */
-size_t kvq_seq_pos(const kvq_seq *s);
+KVQ_API size_t kvq_seq_pos(const kvq_seq *s);
 
 /** Largest context of s. */
-size_t kvq_seq_max_ctx(const kvq_seq *s);
+KVQ_API size_t kvq_seq_max_ctx(const kvq_seq *s);
 
 /** Runs ids[0..n) at positions pos..pos+n-1 (in chunks of max_chunk),
  *  appending them to the caches. For the tokens [first_out, n) it writes
@@ -216,14 +231,14 @@ size_t kvq_seq_max_ctx(const kvq_seq *s);
  *  after that, e.g. non-finite activations, can cost the f16 copies of pos's
  *  partly filled page); KVQ_ERR_NONFINITE (NaN/Inf logits: the tokens
  *  stay appended, the outputs are undefined). */
-kvq_status kvq_seq_forward(kvq_seq *s, const int32_t *ids, size_t n, size_t first_out, float *logits,
+KVQ_API kvq_status kvq_seq_forward(kvq_seq *s, const int32_t *ids, size_t n, size_t first_out, float *logits,
                            int32_t *argmax);
 
 /** Drops tokens [n, pos) from every cache and the history (speculative
  *  rollback). With recent_f16, a rollback by more than KVQ_CACHE_F16_SLACK
  *  tokens may leave the kept tokens of the then partly filled page read
  *  packed (kvq_cache.h). @return KVQ_OK or KVQ_ERR_INVALID_ARG (n > pos). */
-kvq_status kvq_seq_truncate(kvq_seq *s, size_t n);
+KVQ_API kvq_status kvq_seq_truncate(kvq_seq *s, size_t n);
 
 /** Called once per layer and chunk with the post-RoPE q [T][n_heads][head_dim],
  *  k and v [T][n_kv_heads][head_dim] of tokens at positions pos0..pos0+T-1
@@ -231,10 +246,10 @@ kvq_status kvq_seq_truncate(kvq_seq *s, size_t n);
  *  removes the hook. */
 typedef void (*kvq_qkv_hook)(void *user, int layer, size_t pos0, size_t T, const float *q, const float *k,
                              const float *v);
-void kvq_seq_set_qkv_hook(kvq_seq *s, kvq_qkv_hook fn, void *user);
+KVQ_API void kvq_seq_set_qkv_hook(kvq_seq *s, kvq_qkv_hook fn, void *user);
 
 /** The caches (read-only), e.g. for statistics or external attention. */
-const struct kvq_cache *kvq_seq_cache(const kvq_seq *s, int layer);
+KVQ_API const struct kvq_cache *kvq_seq_cache(const kvq_seq *s, int layer);
 
 /* ---- generation ------------------------------------------------------- */
 
@@ -249,7 +264,7 @@ struct kvq_gen_params {
     int speculative;      /* n-gram draft tokens per step, 0..KVQ_MAX_DRAFT (0 = plain decoding) */
     int stop_at_eos;      /* stop after an EOS id of the config (default 1) */
 };
-void kvq_gen_params_default(struct kvq_gen_params *p);
+KVQ_API void kvq_gen_params_default(struct kvq_gen_params *p);
 
 /* Called with each generated token as soon as it is final; return non-zero
  * to stop generation. */
@@ -270,7 +285,7 @@ typedef int (*kvq_token_fn)(void *user, int32_t id);
  *  KVQ_ERR_BUDGET (the prompt does not fit the budget: *n_out = 0, or the
  *  budget ran out while generating: see above);
  *  KVQ_ERR_RANGE (prompt id out of range); other errors from forward. */
-kvq_status kvq_seq_generate(kvq_seq *s, const int32_t *prompt, size_t n_prompt, const struct kvq_gen_params *p,
+KVQ_API kvq_status kvq_seq_generate(kvq_seq *s, const int32_t *prompt, size_t n_prompt, const struct kvq_gen_params *p,
                             int32_t *out, size_t max_out, size_t *n_out, kvq_token_fn fn, void *user);
 
 struct kvq_seq_stats {
@@ -291,7 +306,7 @@ struct kvq_seq_stats {
     size_t kv_budget;         /* the configured budget (0 = none) */
     size_t kv_bytes_f16_buffers; /* f16 window/sink buffers, all layers (also in kv_bytes_alloc) */
 };
-void kvq_seq_get_stats(const kvq_seq *s, struct kvq_seq_stats *st);
+KVQ_API void kvq_seq_get_stats(const kvq_seq *s, struct kvq_seq_stats *st);
 
 #ifdef __cplusplus
 }

@@ -25,6 +25,8 @@
 #ifndef KVQ_MANIFEST_H
 #define KVQ_MANIFEST_H
 
+#include "kvq_export.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -64,15 +66,15 @@ struct kvq_manifest {
 
 /** FNV-1a 64 over data[0..n), continuing from h (start with KVQ_FNV1A64_INIT). */
 #define KVQ_FNV1A64_INIT 0xcbf29ce484222325ull
-uint64_t kvq_fnv1a64(const void *data, size_t n, uint64_t h);
+KVQ_API uint64_t kvq_fnv1a64(const void *data, size_t n, uint64_t h);
 
 /** Parses runtime_meta.json text (syntax and types only: see validate).
  *  @return KVQ_OK and *m (free with kvq_manifest_clear); KVQ_ERR_FORMAT;
  *  KVQ_ERR_UNSUPPORTED (format_version); KVQ_ERR_NOMEM. */
-kvq_status kvq_manifest_parse(const char *json, size_t len, struct kvq_manifest *m, kvq_error *err);
+KVQ_API kvq_status kvq_manifest_parse(const char *json, size_t len, struct kvq_manifest *m, kvq_error *err);
 
 /** Frees the shard list; m is then empty. Accepts a zeroed manifest. */
-void kvq_manifest_clear(struct kvq_manifest *m);
+KVQ_API void kvq_manifest_clear(struct kvq_manifest *m);
 
 /** The structural rules, checked against the model config (cfg may be NULL
  *  to check only the manifest against its own dims): dims equal to the
@@ -80,19 +82,19 @@ void kvq_manifest_clear(struct kvq_manifest *m);
  *  with no gap and no overlap, LM-head slices starting at 0, contiguous, and
  *  ending at vocab, non-empty ranges, distinct file names.
  *  @return KVQ_OK or KVQ_ERR_FORMAT with the first violation in err. */
-kvq_status kvq_manifest_validate(const struct kvq_manifest *m, const struct kvq_model_config *cfg, kvq_error *err);
+KVQ_API kvq_status kvq_manifest_validate(const struct kvq_manifest *m, const struct kvq_model_config *cfg, kvq_error *err);
 
 /** Checks that every shard file exists in dir with the declared size and,
  *  when verify_checksums, the declared checksum.
  *  @return KVQ_OK; KVQ_ERR_IO (missing file); KVQ_ERR_FORMAT (size or checksum). */
-kvq_status kvq_manifest_check_files(const struct kvq_manifest *m, const char *dir, int verify_checksums,
+KVQ_API kvq_status kvq_manifest_check_files(const struct kvq_manifest *m, const char *dir, int verify_checksums,
                                     kvq_error *err);
 
 /** Writes m as JSON to path. @return KVQ_OK, KVQ_ERR_IO or KVQ_ERR_NOMEM. */
-kvq_status kvq_manifest_write(const struct kvq_manifest *m, const char *path, kvq_error *err);
+KVQ_API kvq_status kvq_manifest_write(const struct kvq_manifest *m, const char *path, kvq_error *err);
 
 /** FNV-1a 64 and size of a file. @return KVQ_OK or KVQ_ERR_IO. */
-kvq_status kvq_file_checksum(const char *path, uint64_t *fnv, uint64_t *bytes);
+KVQ_API kvq_status kvq_file_checksum(const char *path, uint64_t *fnv, uint64_t *bytes);
 
 /* ---- writing a sharded directory ----------------------------------- */
 
@@ -104,13 +106,13 @@ struct kvq_shard_opts {
 /* The grouping kvq_shard_write would choose: groups[i] = first layer of
  * group i; returns the number of groups (<= n_layers), or 0 on error.
  * layer_bytes[l] = stored bytes of layer l. */
-int kvq_shard_plan_groups(const size_t *layer_bytes, int n_layers, double max_shard_mb, int *groups);
+KVQ_API int kvq_shard_plan_groups(const size_t *layer_bytes, int n_layers, double max_shard_mb, int *groups);
 
 /** Reads src_dir/config.json into cfg and, when layer_bytes is not NULL,
  *  the bytes each layer's tensors occupy in the source files
  *  (layer_bytes[max_layers]).
  *  @return KVQ_OK; KVQ_ERR_IO / KVQ_ERR_FORMAT; KVQ_ERR_INVALID_ARG (too many layers). */
-kvq_status kvq_shard_measure(const char *src_dir, struct kvq_model_config *cfg, size_t *layer_bytes, int max_layers,
+KVQ_API kvq_status kvq_shard_measure(const char *src_dir, struct kvq_model_config *cfg, size_t *layer_bytes, int max_layers,
                              kvq_error *err);
 
 /** Splits the Hugging Face model in src_dir into out_dir (created if
@@ -118,7 +120,7 @@ kvq_status kvq_shard_measure(const char *src_dir, struct kvq_model_config *cfg, 
  *  runtime_meta.json (written last, so a partial run leaves no manifest).
  *  @return KVQ_OK; KVQ_ERR_IO; KVQ_ERR_FORMAT (bad source model);
  *  KVQ_ERR_INVALID_ARG (lm_head_shards > vocab); KVQ_ERR_NOMEM. */
-kvq_status kvq_shard_write(const char *src_dir, const char *out_dir, const struct kvq_shard_opts *opts,
+KVQ_API kvq_status kvq_shard_write(const char *src_dir, const char *out_dir, const struct kvq_shard_opts *opts,
                            kvq_error *err);
 
 #ifdef __cplusplus

@@ -32,6 +32,8 @@
 #ifndef KVQ_CODEC_H
 #define KVQ_CODEC_H
 
+#include "kvq_export.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -109,22 +111,22 @@ struct kvq_type_traits {
 };
 
 /** @return the traits of t, or NULL when t is not a valid type. */
-const struct kvq_type_traits *kvq_type_traits(enum kvq_type t);
+KVQ_API const struct kvq_type_traits *kvq_type_traits(enum kvq_type t);
 
 /** Parses a type name ("tq3j", "q8_0", ...). @return KVQ_OK or KVQ_ERR_INVALID_ARG. */
-kvq_status kvq_type_from_name(const char *name, enum kvq_type *out);
+KVQ_API kvq_status kvq_type_from_name(const char *name, enum kvq_type *out);
 
 /** @return KVQ_OK when type t can encode rows of dim d; KVQ_ERR_UNSUPPORTED
  *  otherwise (q8_0/q4_0 need d % 32 == 0, tq types d % 8 == 0, every type
  *  8 <= d <= KVQ_MAX_DIM); KVQ_ERR_INVALID_ARG for an unknown type. */
-kvq_status kvq_type_check_dim(enum kvq_type t, int dim);
+KVQ_API kvq_status kvq_type_check_dim(enum kvq_type t, int dim);
 
 /** Exact bytes of one encoded row (one token of one head), norms included.
  *  @return 0 when (t, dim) is unsupported. */
-size_t kvq_type_row_bytes(enum kvq_type t, int dim);
+KVQ_API size_t kvq_type_row_bytes(enum kvq_type t, int dim);
 
 /** Bits per value = 8 * row_bytes / dim. @return 0 when unsupported. */
-double kvq_type_bits_per_value(enum kvq_type t, int dim);
+KVQ_API double kvq_type_bits_per_value(enum kvq_type t, int dim);
 
 struct kvq_codec_config {
     enum kvq_type type;
@@ -135,25 +137,25 @@ struct kvq_codec_config {
 };
 
 /** Fills cfg with defaults for (type, dim): seed 0, HADAMARD, QJL_ORTHO. */
-void kvq_codec_config_default(struct kvq_codec_config *cfg, enum kvq_type type, int dim);
+KVQ_API void kvq_codec_config_default(struct kvq_codec_config *cfg, enum kvq_type type, int dim);
 
 /** Plans a codec: validates the config, loads the codebook, builds R and S.
  *  @return KVQ_OK and *out; KVQ_ERR_INVALID_ARG / KVQ_ERR_UNSUPPORTED /
  *  KVQ_ERR_NOMEM otherwise (*out untouched). */
-kvq_status kvq_codec_create(const struct kvq_codec_config *cfg, kvq_codec **out);
+KVQ_API kvq_status kvq_codec_create(const struct kvq_codec_config *cfg, kvq_codec **out);
 
 /** Frees c; accepts NULL. */
-void kvq_codec_free(kvq_codec *c);
+KVQ_API void kvq_codec_free(kvq_codec *c);
 
 /** Accessors. @return the config c was created with / its type's traits /
  *  bytes of one packed row; NULL (0) when c is NULL. Pointers are owned by c
  *  and live until kvq_codec_free(c). */
-const struct kvq_codec_config *kvq_codec_config_of(const kvq_codec *c);
-const struct kvq_type_traits *kvq_codec_traits(const kvq_codec *c);
-size_t kvq_codec_row_bytes(const kvq_codec *c);
+KVQ_API const struct kvq_codec_config *kvq_codec_config_of(const kvq_codec *c);
+KVQ_API const struct kvq_type_traits *kvq_codec_traits(const kvq_codec *c);
+KVQ_API size_t kvq_codec_row_bytes(const kvq_codec *c);
 
 /** Row view of a packed row starting at `row` (see the layout above). */
-struct kvq_row kvq_codec_packed_row(const kvq_codec *c, void *row);
+KVQ_API struct kvq_row kvq_codec_packed_row(const kvq_codec *c, void *row);
 
 /** Encodes n_rows rows of x [n_rows][dim] into packed rows (row_bytes each).
  *  All rows are checked first: on error nothing is written.
@@ -161,33 +163,33 @@ struct kvq_row kvq_codec_packed_row(const kvq_codec *c, void *row);
  *  @return KVQ_OK; KVQ_ERR_NONFINITE (NaN/Inf in x); KVQ_ERR_RANGE (what
  *  would be stored as f16 rounds to Inf, i.e. reaches 65520: the norm of a tq
  *  row, an f16 value, a q8_0/q4_0 block scale); KVQ_ERR_INVALID_ARG (NULL). */
-kvq_status kvq_codec_encode(const kvq_codec *c, const float *x, size_t n_rows, void *rows);
+KVQ_API kvq_status kvq_codec_encode(const kvq_codec *c, const float *x, size_t n_rows, void *rows);
 /** The same through the scalar reference encoder (bit-identical output). */
-kvq_status kvq_codec_encode_ref(const kvq_codec *c, const float *x, size_t n_rows, void *rows);
+KVQ_API kvq_status kvq_codec_encode_ref(const kvq_codec *c, const float *x, size_t n_rows, void *rows);
 
 /** Decodes n_rows packed rows into x [n_rows][dim]. A row whose norm is 0
  *  decodes to +0.0f everywhere. @return KVQ_OK or KVQ_ERR_INVALID_ARG. */
-kvq_status kvq_codec_decode(const kvq_codec *c, const void *rows, size_t n_rows, float *x);
+KVQ_API kvq_status kvq_codec_decode(const kvq_codec *c, const void *rows, size_t n_rows, float *x);
 /** The same through the scalar reference decoder (bit-identical output). */
-kvq_status kvq_codec_decode_ref(const kvq_codec *c, const void *rows, size_t n_rows, float *x);
+KVQ_API kvq_status kvq_codec_decode_ref(const kvq_codec *c, const void *rows, size_t n_rows, float *x);
 
 /** @return the floats a prepared query needs (dim for baselines, 2*dim for
  *  tq types); 0 when c is NULL. */
-size_t kvq_codec_query_floats(const kvq_codec *c);
+KVQ_API size_t kvq_codec_query_floats(const kvq_codec *c);
 
 /** Prepares q [dim] for scoring: tq types store q' = R q then S q' (tqB,
  *  which has no S: zeros); baselines copy q. qprep holds
  *  kvq_codec_query_floats(c) floats and may be q itself when large enough.
  *  @return KVQ_OK, KVQ_ERR_NONFINITE, KVQ_ERR_INVALID_ARG (NULL). */
-kvq_status kvq_codec_prepare_query(const kvq_codec *c, const float *q, float *qprep);
+KVQ_API kvq_status kvq_codec_prepare_query(const kvq_codec *c, const float *q, float *qprep);
 
 /** @return the estimate of <q, x> for the row, equal (to rounding) to
  *  <q, decode(row)>. Never allocates; safe from several threads (a codec is
  *  immutable after create, and so are all entry points here). */
-float kvq_codec_score(const kvq_codec *c, const float *qprep, const struct kvq_row *row);
+KVQ_API float kvq_codec_score(const kvq_codec *c, const float *qprep, const struct kvq_row *row);
 
 /** @return the QJL scale kappa described above for this codec (0 for non-QJL types). */
-double kvq_codec_qjl_kappa(const kvq_codec *c);
+KVQ_API double kvq_codec_qjl_kappa(const kvq_codec *c);
 
 #ifdef __cplusplus
 }

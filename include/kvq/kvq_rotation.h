@@ -37,6 +37,8 @@
 #ifndef KVQ_ROTATION_H
 #define KVQ_ROTATION_H
 
+#include "kvq_export.h"
+
 #include <stdint.h>
 
 #include "kvq_status.h"
@@ -65,36 +67,36 @@ typedef struct kvq_rotation kvq_rotation;
  *  KVQ_ERR_INVALID_ARG (out NULL, kind unknown), KVQ_ERR_UNSUPPORTED (dim < 2
  *  or > KVQ_ROT_MAX_DIM, or dim not a multiple of 8 for HADAMARD),
  *  KVQ_ERR_NOMEM, KVQ_ERR_INTERNAL (FFTW could not plan). */
-kvq_status kvq_rotation_create(int dim, enum kvq_rot_kind kind, uint64_t seed, kvq_rotation **out);
+KVQ_API kvq_status kvq_rotation_create(int dim, enum kvq_rot_kind kind, uint64_t seed, kvq_rotation **out);
 
 /** Frees r; accepts NULL. */
-void kvq_rotation_free(kvq_rotation *r);
+KVQ_API void kvq_rotation_free(kvq_rotation *r);
 
 /** @return the dimension (0 for NULL). */
-int kvq_rotation_dim(const kvq_rotation *r);
+KVQ_API int kvq_rotation_dim(const kvq_rotation *r);
 /** @return the kind (KVQ_ROT_KIND_COUNT for NULL). */
-enum kvq_rot_kind kvq_rotation_kind(const kvq_rotation *r);
+KVQ_API enum kvq_rot_kind kvq_rotation_kind(const kvq_rotation *r);
 /** @return 1 when R is orthogonal (every kind except GAUSS). */
-int kvq_rotation_is_orthogonal(const kvq_rotation *r);
+KVQ_API int kvq_rotation_is_orthogonal(const kvq_rotation *r);
 
 /** y = R x. x and y have dim floats and may be the same buffer (in place);
  *  partially overlapping buffers are not allowed. Never allocates (uses up
  *  to 16 KiB of stack). */
-void kvq_rotation_apply(const kvq_rotation *r, const float *x, float *y);
+KVQ_API void kvq_rotation_apply(const kvq_rotation *r, const float *x, float *y);
 
 /** x = R^T y (the inverse for orthogonal kinds). In place allowed. */
-void kvq_rotation_apply_t(const kvq_rotation *r, const float *y, float *x);
+KVQ_API void kvq_rotation_apply_t(const kvq_rotation *r, const float *y, float *x);
 
 /** Scalar references of the two above: plain loops, no SIMD, no FFTW/BLAS.
  *  Bit-identical to the fast paths for HADAMARD and IDENTITY; see above for
  *  DCT and GAUSS (and they are O(d^2): slow, for tests). */
-void kvq_rotation_apply_ref(const kvq_rotation *r, const float *x, float *y);
-void kvq_rotation_apply_t_ref(const kvq_rotation *r, const float *y, float *x);
+KVQ_API void kvq_rotation_apply_ref(const kvq_rotation *r, const float *x, float *y);
+KVQ_API void kvq_rotation_apply_t_ref(const kvq_rotation *r, const float *y, float *x);
 
 /** @return "hadamard", "dct", "identity", "gauss" (NULL for unknown). */
-const char *kvq_rot_kind_name(enum kvq_rot_kind kind);
+KVQ_API const char *kvq_rot_kind_name(enum kvq_rot_kind kind);
 /** Parses the names above. @return KVQ_OK or KVQ_ERR_INVALID_ARG. */
-kvq_status kvq_rot_kind_from_name(const char *name, enum kvq_rot_kind *out);
+KVQ_API kvq_status kvq_rot_kind_from_name(const char *name, enum kvq_rot_kind *out);
 
 #ifdef __cplusplus
 }

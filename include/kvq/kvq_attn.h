@@ -31,6 +31,8 @@
 #ifndef KVQ_ATTN_H
 #define KVQ_ATTN_H
 
+#include "kvq_export.h"
+
 #include <stddef.h>
 
 #include "kvq_cache.h"
@@ -51,9 +53,9 @@ typedef struct kvq_attn_workspace kvq_attn_workspace;
  *  @return KVQ_OK and *out; KVQ_ERR_INVALID_ARG (NULL out, head_dim, max_q or
  *  max_ctx < 1); KVQ_ERR_UNSUPPORTED (head_dim > KVQ_MAX_DIM, max_q >
  *  KVQ_ATTN_MAX_Q); KVQ_ERR_NOMEM. */
-kvq_status kvq_attn_workspace_create(int head_dim, int max_q, size_t max_ctx, kvq_attn_workspace **out);
+KVQ_API kvq_status kvq_attn_workspace_create(int head_dim, int max_q, size_t max_ctx, kvq_attn_workspace **out);
 /** Frees ws; accepts NULL. */
-void kvq_attn_workspace_free(kvq_attn_workspace *ws);
+KVQ_API void kvq_attn_workspace_free(kvq_attn_workspace *ws);
 
 /** Fused decode attention over tokens [0, n_ctx) of kv_head.
  *  Thread-safe for concurrent calls with separate workspaces (and out).
@@ -61,13 +63,13 @@ void kvq_attn_workspace_free(kvq_attn_workspace *ws);
  *  n_ctx beyond the workspace, workspace for another head_dim, bad head,
  *  NULL); KVQ_ERR_NONFINITE (NaN or Inf in q); KVQ_ERR_RANGE (a logit
  *  overflowed float: queries of norm ~1e34 and more). */
-kvq_status kvq_attn_decode(const kvq_cache *c, int kv_head, size_t n_ctx, const float *q, int n_q,
+KVQ_API kvq_status kvq_attn_decode(const kvq_cache *c, int kv_head, size_t n_ctx, const float *q, int n_q,
                            float scale, float *out, kvq_attn_workspace *ws);
 
 /** Scalar reference: decode every row with the codec's decode_ref, then
  *  softmax(scale q.k) v in double (two passes over K: the maximum, then the
  *  weights). Same arguments and errors as kvq_attn_decode. */
-kvq_status kvq_attn_decode_ref(const kvq_cache *c, int kv_head, size_t n_ctx, const float *q, int n_q,
+KVQ_API kvq_status kvq_attn_decode_ref(const kvq_cache *c, int kv_head, size_t n_ctx, const float *q, int n_q,
                                float scale, float *out, kvq_attn_workspace *ws);
 
 /** Causal attention for T consecutive query positions (prefill, speculative
@@ -79,7 +81,7 @@ kvq_status kvq_attn_decode_ref(const kvq_cache *c, int kv_head, size_t n_ctx, co
  *  The cache must already hold tokens up to pos0 + T - 1, and the workspace
  *  must admit contexts of pos0 + T. Computed as one decode per position.
  *  @return as kvq_attn_decode; KVQ_ERR_INVALID_ARG also for T == 0. */
-kvq_status kvq_attn_causal(const kvq_cache *c, int kv_head, size_t pos0, size_t T, const float *q, int n_q,
+KVQ_API kvq_status kvq_attn_causal(const kvq_cache *c, int kv_head, size_t pos0, size_t T, const float *q, int n_q,
                            float scale, float *out, kvq_attn_workspace *ws);
 
 #ifdef __cplusplus

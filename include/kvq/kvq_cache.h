@@ -36,6 +36,8 @@
 #ifndef KVQ_CACHE_H
 #define KVQ_CACHE_H
 
+#include "kvq_export.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -48,7 +50,7 @@ extern "C" {
 #endif
 
 /* The V codec's seed is kvq_seed_derive(seed, KVQ_CACHE_SEED_STREAM_V)
- * (rng_internal.h); the K codec uses seed itself. */
+ * (kvq_rng.h); the K codec uses seed itself. */
 #define KVQ_CACHE_SEED_STREAM_V 3u
 
 /* Most sink tokens a cache keeps in f16. */
@@ -80,21 +82,21 @@ struct kvq_cache_config {
 typedef struct kvq_cache kvq_cache;
 
 /** Fills cfg with defaults (tq3j/tq3, seed 0, HADAMARD, ORTHO, 64-token pages). */
-void kvq_cache_config_default(struct kvq_cache_config *cfg, int n_kv_heads, int head_dim, size_t max_tokens);
+KVQ_API void kvq_cache_config_default(struct kvq_cache_config *cfg, int n_kv_heads, int head_dim, size_t max_tokens);
 
 /** Validates cfg, creates the K and V codecs and the page table (no pages yet).
  *  @return KVQ_OK and *out, or KVQ_ERR_INVALID_ARG / KVQ_ERR_UNSUPPORTED / KVQ_ERR_NOMEM. */
-kvq_status kvq_cache_create(const struct kvq_cache_config *cfg, kvq_cache **out);
+KVQ_API kvq_status kvq_cache_create(const struct kvq_cache_config *cfg, kvq_cache **out);
 
 /** Frees c and all its pages; accepts NULL. */
-void kvq_cache_free(kvq_cache *c);
+KVQ_API void kvq_cache_free(kvq_cache *c);
 
 /** Makes room for n_tokens more tokens without appending them: allocates
  *  every page that appending them will need (all-or-nothing), so that the
  *  appends that follow cannot fail for the context or the budget.
  *  @return KVQ_OK; KVQ_ERR_CONTEXT_FULL; KVQ_ERR_BUDGET; KVQ_ERR_NOMEM;
  *  KVQ_ERR_INVALID_ARG (NULL). */
-kvq_status kvq_cache_reserve(kvq_cache *c, size_t n_tokens);
+KVQ_API kvq_status kvq_cache_reserve(kvq_cache *c, size_t n_tokens);
 
 /** Encodes and appends n_tokens tokens. All-or-nothing: every row is checked
  *  and every page needed is allocated before the first byte is written, so
@@ -104,37 +106,37 @@ kvq_status kvq_cache_reserve(kvq_cache *c, size_t n_tokens);
  *  an f16 copy);
  *  KVQ_ERR_CONTEXT_FULL (len + n_tokens > max_tokens); KVQ_ERR_BUDGET (a new
  *  page would exceed max_bytes); KVQ_ERR_NOMEM. */
-kvq_status kvq_cache_append(kvq_cache *c, size_t n_tokens, const float *k, const float *v);
+KVQ_API kvq_status kvq_cache_append(kvq_cache *c, size_t n_tokens, const float *k, const float *v);
 
 /** Decodes tokens [t0, t0 + n) of one KV head into k and/or v ([n][head_dim]
  *  each; either may be NULL). Tokens with an f16 override (of the whole
  *  cache, len tokens) come from their f16 copy.
  *  @return KVQ_OK or KVQ_ERR_INVALID_ARG (range beyond len, bad head). */
-kvq_status kvq_cache_read(const kvq_cache *c, int kv_head, size_t t0, size_t n, float *k, float *v);
+KVQ_API kvq_status kvq_cache_read(const kvq_cache *c, int kv_head, size_t t0, size_t n, float *k, float *v);
 
 /** @return the number of tokens held (0 when c is NULL). */
-size_t kvq_cache_len(const kvq_cache *c);
+KVQ_API size_t kvq_cache_len(const kvq_cache *c);
 
 /** Forgets all tokens; keeps the pages for reuse. */
-void kvq_cache_reset(kvq_cache *c);
+KVQ_API void kvq_cache_reset(kvq_cache *c);
 
 /** Drops tokens [n, len) (speculative decoding rollback). n > len is an error.
  *  With recent_f16, see above for what a truncation by more than
  *  KVQ_CACHE_F16_SLACK tokens does to the f16 copies.
  *  @return KVQ_OK or KVQ_ERR_INVALID_ARG. */
-kvq_status kvq_cache_truncate(kvq_cache *c, size_t n);
+KVQ_API kvq_status kvq_cache_truncate(kvq_cache *c, size_t n);
 
 /** The f16 overrides of a read over the first n tokens (n <= len): tokens
  *  [0, *sink_end) and [*tail_lo, n) come from f16 copies (*tail_lo == n:
  *  none), the packed pages serve [*sink_end, max(*sink_end, *tail_lo)).
  *  Without overrides *sink_end = 0 and *tail_lo = n.
  *  @return KVQ_OK or KVQ_ERR_INVALID_ARG (NULL, n > len). */
-kvq_status kvq_cache_f16_view(const kvq_cache *c, size_t n, size_t *sink_end, size_t *tail_lo);
+KVQ_API kvq_status kvq_cache_f16_view(const kvq_cache *c, size_t n, size_t *sink_end, size_t *tail_lo);
 
 /** The f16 copy ([head_dim] halves) of token t's key (v = 0) or value
  *  (v = 1) for kv_head, when the cache holds one (a sink token, or a token
  *  of the recent ring); NULL otherwise. Use with kvq_cache_f16_view. */
-const uint16_t *kvq_cache_f16_row(const kvq_cache *c, int v, int kv_head, size_t t);
+KVQ_API const uint16_t *kvq_cache_f16_row(const kvq_cache *c, int v, int kv_head, size_t t);
 
 struct kvq_cache_stats {
     size_t tokens;          /* len */
@@ -147,26 +149,26 @@ struct kvq_cache_stats {
                                * allocated once at create */
 };
 /** Fills *st (all zeros when c is NULL; a NULL st is ignored). */
-void kvq_cache_get_stats(const kvq_cache *c, struct kvq_cache_stats *st);
+KVQ_API void kvq_cache_get_stats(const kvq_cache *c, struct kvq_cache_stats *st);
 
 /** Accessors. @return the cache's config (page_tokens resolved) / page
  *  layout / K and V codecs; NULL when c is NULL. Owned by c, valid until
  *  kvq_cache_free(c). */
-const struct kvq_cache_config *kvq_cache_config_of(const kvq_cache *c);
-const struct kvq_page_layout *kvq_cache_layout(const kvq_cache *c);
-const kvq_codec *kvq_cache_codec_k(const kvq_cache *c);
-const kvq_codec *kvq_cache_codec_v(const kvq_cache *c);
+KVQ_API const struct kvq_cache_config *kvq_cache_config_of(const kvq_cache *c);
+KVQ_API const struct kvq_page_layout *kvq_cache_layout(const kvq_cache *c);
+KVQ_API const kvq_codec *kvq_cache_codec_k(const kvq_cache *c);
+KVQ_API const kvq_codec *kvq_cache_codec_v(const kvq_cache *c);
 
 /** Pages currently allocated, and page i's bytes (kvq_cache_layout() says
  *  where each field is). Token t lives in page t / page_tokens, slot
  *  t % page_tokens. @return NULL when i is out of range. */
-size_t kvq_cache_page_count(const kvq_cache *c);
-const uint8_t *kvq_cache_page(const kvq_cache *c, size_t i);
+KVQ_API size_t kvq_cache_page_count(const kvq_cache *c);
+KVQ_API const uint8_t *kvq_cache_page(const kvq_cache *c, size_t i);
 
 /** Bytes a cache with this config needs for n_tokens tokens (whole pages,
  *  plus the f16 override buffers, which are allocated at create whatever
  *  n_tokens is). @return 0 when cfg is invalid. */
-size_t kvq_cache_bytes_for(const struct kvq_cache_config *cfg, size_t n_tokens);
+KVQ_API size_t kvq_cache_bytes_for(const struct kvq_cache_config *cfg, size_t n_tokens);
 
 #ifdef __cplusplus
 }

@@ -27,6 +27,8 @@
 #ifndef KVQ_SAMPLER_H
 #define KVQ_SAMPLER_H
 
+#include "kvq_export.h"
+
 #include <stdint.h>
 
 #include "kvq_status.h"
@@ -44,42 +46,42 @@ typedef struct kvq_sampler_params {
 } kvq_sampler_params;
 
 /** @return greedy defaults: temperature 0, top_k 0, top_p 1, seed 0. */
-kvq_sampler_params kvq_sampler_params_default(void);
+KVQ_API kvq_sampler_params kvq_sampler_params_default(void);
 
 /** @return KVQ_OK, or KVQ_ERR_INVALID_ARG for temperature < 0 / NaN / Inf,
  *  top_k < 0, top_p outside (0, 1] or NaN (and p NULL). */
-kvq_status kvq_sampler_params_check(const kvq_sampler_params *p);
+KVQ_API kvq_status kvq_sampler_params_check(const kvq_sampler_params *p);
 
 typedef struct kvq_sampler kvq_sampler;
 
 /** Plans a sampler for vocab_size logits (buffers allocated here, once).
  *  @return KVQ_OK; KVQ_ERR_INVALID_ARG (vocab_size < 1, bad params, NULL);
  *  KVQ_ERR_NOMEM. */
-kvq_status kvq_sampler_create(int32_t vocab_size, const kvq_sampler_params *p, kvq_sampler **out);
+KVQ_API kvq_status kvq_sampler_create(int32_t vocab_size, const kvq_sampler_params *p, kvq_sampler **out);
 
 /** Accepts NULL. */
-void kvq_sampler_free(kvq_sampler *s);
+KVQ_API void kvq_sampler_free(kvq_sampler *s);
 
 /** New parameters; the RNG restarts from p->seed.
  *  @return KVQ_OK or KVQ_ERR_INVALID_ARG (sampler unchanged). */
-kvq_status kvq_sampler_set_params(kvq_sampler *s, const kvq_sampler_params *p);
+KVQ_API kvq_status kvq_sampler_set_params(kvq_sampler *s, const kvq_sampler_params *p);
 
 /** @return the current parameters (zeros for NULL). */
-kvq_sampler_params kvq_sampler_get_params(const kvq_sampler *s);
+KVQ_API kvq_sampler_params kvq_sampler_get_params(const kvq_sampler *s);
 
 /** Restarts the RNG from the parameters' seed (a new sequence). */
-void kvq_sampler_reset(kvq_sampler *s);
+KVQ_API void kvq_sampler_reset(kvq_sampler *s);
 
 /** Draws one token from logits[0..vocab_size). Never allocates.
  *  @return KVQ_OK and *token; KVQ_ERR_NONFINITE for a NaN or +Inf logit;
  *  KVQ_ERR_INVALID_ARG for NULL or when every logit is -Inf. On error
  *  *token is -1 and the RNG has not advanced. */
-kvq_status kvq_sampler_sample(kvq_sampler *s, const float *logits, int32_t *token);
+KVQ_API kvq_status kvq_sampler_sample(kvq_sampler *s, const float *logits, int32_t *token);
 
 /** The exact distribution kvq_sampler_sample draws from: probs[0..vocab_size)
  *  (0 outside the kept set, summing to 1; one-hot at the argmax when
  *  temperature is 0). Does not touch the RNG. Errors as kvq_sampler_sample. */
-kvq_status kvq_sampler_probs(kvq_sampler *s, const float *logits, double *probs);
+KVQ_API kvq_status kvq_sampler_probs(kvq_sampler *s, const float *logits, double *probs);
 
 /* ---- greedy over vocabulary slices ---------------------------------------- */
 
@@ -90,18 +92,18 @@ typedef struct kvq_best {
 } kvq_best;
 
 /** @return an empty kvq_best (token -1), the identity of kvq_best_merge. */
-kvq_best kvq_best_none(void);
+KVQ_API kvq_best kvq_best_none(void);
 
 /** Reduces one slice: best->token = first_token + argmax of logits[0..n)
  *  (ties: the smaller id), best->score its logit (-INFINITY when the whole
  *  slice is masked: merging then prefers any other slice).
  *  @return KVQ_OK; KVQ_ERR_NONFINITE for a NaN or +Inf logit;
  *  KVQ_ERR_INVALID_ARG for NULL or n < 1 (best untouched on error). */
-kvq_status kvq_argmax(const float *logits, int32_t n, int32_t first_token, kvq_best *best);
+KVQ_API kvq_status kvq_argmax(const float *logits, int32_t n, int32_t first_token, kvq_best *best);
 
 /** acc = the better of acc and b (higher score; ties: smaller token), so
  *  merging slice results in any order gives the argmax of the whole. */
-void kvq_best_merge(kvq_best *acc, kvq_best b);
+KVQ_API void kvq_best_merge(kvq_best *acc, kvq_best b);
 
 #ifdef __cplusplus
 }

@@ -35,6 +35,8 @@
 #ifndef KVQ_CUDA_H
 #define KVQ_CUDA_H
 
+#include "kvq_export.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -49,45 +51,45 @@ extern "C" {
 
 /** @return the number of usable CUDA devices; 0 without CUDA, without a
  *  driver or without a GPU (never an error). */
-int kvq_cuda_device_count(void);
+KVQ_API int kvq_cuda_device_count(void);
 
 /** Fills name (NUL-terminated, at most n bytes) with the current device's
  *  name, its multiprocessor count and memory, e.g. "NVIDIA H100 80GB HBM3,
  *  132 SMs, 79.1 GiB". @return KVQ_OK or KVQ_ERR_NO_DEVICE. */
-kvq_status kvq_cuda_device_describe(char *name, size_t n);
+KVQ_API kvq_status kvq_cuda_device_describe(char *name, size_t n);
 
 /* ---- device memory helpers (so C callers need no CUDA headers) ------ */
 
 /** @return KVQ_OK and *dev (bytes of device memory); KVQ_ERR_NOMEM. */
-kvq_status kvq_cuda_malloc(void **dev, size_t bytes);
+KVQ_API kvq_status kvq_cuda_malloc(void **dev, size_t bytes);
 /** Frees device memory; accepts NULL. */
-void kvq_cuda_free(void *dev);
-kvq_status kvq_cuda_memcpy_h2d(void *dev, const void *host, size_t bytes);
-kvq_status kvq_cuda_memcpy_d2h(void *host, const void *dev, size_t bytes);
-kvq_status kvq_cuda_memcpy_d2d(void *dst_dev, const void *src_dev, size_t bytes);
-kvq_status kvq_cuda_memset(void *dev, int byte, size_t bytes);
+KVQ_API void kvq_cuda_free(void *dev);
+KVQ_API kvq_status kvq_cuda_memcpy_h2d(void *dev, const void *host, size_t bytes);
+KVQ_API kvq_status kvq_cuda_memcpy_d2h(void *host, const void *dev, size_t bytes);
+KVQ_API kvq_status kvq_cuda_memcpy_d2d(void *dst_dev, const void *src_dev, size_t bytes);
+KVQ_API kvq_status kvq_cuda_memset(void *dev, int byte, size_t bytes);
 /** Reads bytes of device memory and discards them, on the default stream.
  *  Benchmarks run it over a buffer larger than the L2 cache to start a timed
  *  call cold without leaving it dirty lines to write back (a memset flush
  *  does), and over a buffer the size of a call's input for the time a plain
  *  read of those bytes takes. @return KVQ_OK, KVQ_ERR_INVALID_ARG,
  *  KVQ_ERR_NO_DEVICE or KVQ_ERR_DEVICE. */
-kvq_status kvq_cuda_touch(const void *dev, size_t bytes);
+KVQ_API kvq_status kvq_cuda_touch(const void *dev, size_t bytes);
 /** Waits for all queued work on the device. @return KVQ_OK or KVQ_ERR_DEVICE
  *  (also reports an earlier asynchronous kernel failure). */
-kvq_status kvq_cuda_synchronize(void);
+KVQ_API kvq_status kvq_cuda_synchronize(void);
 
 /** Fills x_dev[n] with N(0, sigma^2) draws from a counter-based generator
  *  (seed, index) -> value: deterministic, for tests and benchmarks. */
-kvq_status kvq_cuda_fill_normal(float *x_dev, size_t n, uint64_t seed, float sigma);
+KVQ_API kvq_status kvq_cuda_fill_normal(float *x_dev, size_t n, uint64_t seed, float sigma);
 
 /* Device-event timer for benchmarks: start/stop bracket work queued on the
  * default stream; stop waits for it and returns elapsed milliseconds. */
 typedef struct kvq_cuda_timer kvq_cuda_timer;
-kvq_status kvq_cuda_timer_create(kvq_cuda_timer **out);
-void kvq_cuda_timer_free(kvq_cuda_timer *t);
-kvq_status kvq_cuda_timer_start(kvq_cuda_timer *t);
-kvq_status kvq_cuda_timer_stop(kvq_cuda_timer *t, double *ms);
+KVQ_API kvq_status kvq_cuda_timer_create(kvq_cuda_timer **out);
+KVQ_API void kvq_cuda_timer_free(kvq_cuda_timer *t);
+KVQ_API kvq_status kvq_cuda_timer_start(kvq_cuda_timer *t);
+KVQ_API kvq_status kvq_cuda_timer_stop(kvq_cuda_timer *t, double *ms);
 
 /* ---- the device cache ---------------------------------------------- */
 
@@ -109,7 +111,7 @@ typedef struct kvq_cuda_cache kvq_cuda_cache;
 
 /** Fills cfg: kvq_cache_config_default(&cfg->cache, ...), max_seqs, pool for
  *  all of them, max_q_per_kv 8, check_input 1. */
-void kvq_cuda_cache_config_default(struct kvq_cuda_cache_config *cfg, int n_kv_heads, int head_dim,
+KVQ_API void kvq_cuda_cache_config_default(struct kvq_cuda_cache_config *cfg, int n_kv_heads, int head_dim,
                                    size_t max_tokens, int max_seqs);
 
 /** Validates cfg, builds the codecs (as kvq_cache_create would), allocates
@@ -118,16 +120,16 @@ void kvq_cuda_cache_config_default(struct kvq_cuda_cache_config *cfg, int n_kv_h
  *  config; also cache.recent_f16 or cache.sink_tokens, whose f16 override
  *  rows the device path does not have, checked before the device);
  *  KVQ_ERR_NO_DEVICE; KVQ_ERR_NOMEM (host or device). */
-kvq_status kvq_cuda_cache_create(const struct kvq_cuda_cache_config *cfg, kvq_cuda_cache **out);
+KVQ_API kvq_status kvq_cuda_cache_create(const struct kvq_cuda_cache_config *cfg, kvq_cuda_cache **out);
 
 /** Frees c and its device memory; accepts NULL. */
-void kvq_cuda_cache_free(kvq_cuda_cache *c);
+KVQ_API void kvq_cuda_cache_free(kvq_cuda_cache *c);
 
-const struct kvq_cuda_cache_config *kvq_cuda_cache_config_of(const kvq_cuda_cache *c);
-const struct kvq_page_layout *kvq_cuda_cache_layout(const kvq_cuda_cache *c);
+KVQ_API const struct kvq_cuda_cache_config *kvq_cuda_cache_config_of(const kvq_cuda_cache *c);
+KVQ_API const struct kvq_page_layout *kvq_cuda_cache_layout(const kvq_cuda_cache *c);
 
 /** Issues later work on stream (a cudaStream_t; NULL = default stream). */
-void kvq_cuda_cache_set_stream(kvq_cuda_cache *c, void *stream);
+KVQ_API void kvq_cuda_cache_set_stream(kvq_cuda_cache *c, void *stream);
 
 /* CUDA-graph capture, for fixed-shape replay and for timing the device side
  * without the host's launch cost: the work c issues between begin and end
@@ -137,25 +139,25 @@ void kvq_cuda_cache_set_stream(kvq_cuda_cache *c, void *stream);
  * split counts at capture time. */
 typedef struct kvq_cuda_graph kvq_cuda_graph;
 /** @return KVQ_OK; KVQ_ERR_INVALID_ARG (c NULL or already capturing); KVQ_ERR_DEVICE. */
-kvq_status kvq_cuda_graph_begin(kvq_cuda_cache *c);
+KVQ_API kvq_status kvq_cuda_graph_begin(kvq_cuda_cache *c);
 /** Ends the capture (c issues on its own stream again) and instantiates it.
  *  @return KVQ_OK and *out; KVQ_ERR_INVALID_ARG (not capturing);
  *  KVQ_ERR_DEVICE (a recorded call was not capturable); KVQ_ERR_NOMEM. */
-kvq_status kvq_cuda_graph_end(kvq_cuda_cache *c, kvq_cuda_graph **out);
+KVQ_API kvq_status kvq_cuda_graph_end(kvq_cuda_cache *c, kvq_cuda_graph **out);
 /** Queues one replay on the default stream. @return KVQ_OK or KVQ_ERR_DEVICE. */
-kvq_status kvq_cuda_graph_launch(kvq_cuda_graph *g);
+KVQ_API kvq_status kvq_cuda_graph_launch(kvq_cuda_graph *g);
 /** Frees g; accepts NULL. */
-void kvq_cuda_graph_free(kvq_cuda_graph *g);
+KVQ_API void kvq_cuda_graph_free(kvq_cuda_graph *g);
 
 /** Tokens held by seq (0 for an invalid seq). */
-size_t kvq_cuda_cache_len(const kvq_cuda_cache *c, int seq);
+KVQ_API size_t kvq_cuda_cache_len(const kvq_cuda_cache *c, int seq);
 
 /** Pages of the pool not in use by any sequence. */
-size_t kvq_cuda_cache_free_pages(const kvq_cuda_cache *c);
+KVQ_API size_t kvq_cuda_cache_free_pages(const kvq_cuda_cache *c);
 
 /** Drops tokens [n, len) of seq; whole pages past n return to the pool.
  *  @return KVQ_OK or KVQ_ERR_INVALID_ARG (bad seq, n > len). */
-kvq_status kvq_cuda_cache_truncate(kvq_cuda_cache *c, int seq, size_t n);
+KVQ_API kvq_status kvq_cuda_cache_truncate(kvq_cuda_cache *c, int seq, size_t n);
 
 /** Encodes n_tokens tokens on the GPU and appends them to seq.
  *  k_dev, v_dev: [n_tokens][n_kv_heads][head_dim] floats in device memory.
@@ -168,13 +170,13 @@ kvq_status kvq_cuda_cache_truncate(kvq_cuda_cache *c, int seq, size_t n);
  *  written); KVQ_ERR_CONTEXT_FULL; KVQ_ERR_BUDGET (pool exhausted);
  *  KVQ_ERR_INVALID_ARG (also while a graph capture is open);
  *  KVQ_ERR_UNSUPPORTED; KVQ_ERR_DEVICE. */
-kvq_status kvq_cuda_cache_append(kvq_cuda_cache *c, int seq, size_t n_tokens, const float *k_dev,
+KVQ_API kvq_status kvq_cuda_cache_append(kvq_cuda_cache *c, int seq, size_t n_tokens, const float *k_dev,
                                  const float *v_dev);
 
 /** One decode step for a batch: appends token i of k_dev/v_dev
  *  ([n_seqs][n_kv_heads][head_dim]) to sequence seqs[i] (host array of
  *  distinct sequence ids). Same errors as kvq_cuda_cache_append. */
-kvq_status kvq_cuda_cache_append_batch(kvq_cuda_cache *c, int n_seqs, const int *seqs, const float *k_dev,
+KVQ_API kvq_status kvq_cuda_cache_append_batch(kvq_cuda_cache *c, int n_seqs, const int *seqs, const float *k_dev,
                                        const float *v_dev);
 
 /** Replaces the content of seq with the tokens of a CPU cache whose config
@@ -184,7 +186,7 @@ kvq_status kvq_cuda_cache_append_batch(kvq_cuda_cache *c, int n_seqs, const int 
  *  @return KVQ_OK; KVQ_ERR_INVALID_ARG (mismatch, too long); KVQ_ERR_BUDGET;
  *  KVQ_ERR_NOMEM (host staging copy); KVQ_ERR_UNSUPPORTED (host uses
  *  recent_f16 / sink_tokens); KVQ_ERR_DEVICE. */
-kvq_status kvq_cuda_cache_upload(kvq_cuda_cache *c, int seq, const kvq_cache *host);
+KVQ_API kvq_status kvq_cuda_cache_upload(kvq_cuda_cache *c, int seq, const kvq_cache *host);
 
 /** Copies page i of seq (tokens [i * page_tokens, ...)) to/from host memory
  *  of layout->page_bytes bytes, in the host page layout: the GPU keeps pages
@@ -194,8 +196,8 @@ kvq_status kvq_cuda_cache_upload(kvq_cuda_cache *c, int seq, const kvq_cache *ho
  *  sequence holds a token in it).
  *  @return KVQ_OK, KVQ_ERR_INVALID_ARG, KVQ_ERR_NOMEM (the host staging copy
  *  of the page) or KVQ_ERR_DEVICE. */
-kvq_status kvq_cuda_cache_read_page(const kvq_cuda_cache *c, int seq, size_t i, void *host);
-kvq_status kvq_cuda_cache_write_page(kvq_cuda_cache *c, int seq, size_t i, const void *host);
+KVQ_API kvq_status kvq_cuda_cache_read_page(const kvq_cuda_cache *c, int seq, size_t i, void *host);
+KVQ_API kvq_status kvq_cuda_cache_write_page(kvq_cuda_cache *c, int seq, size_t i, const void *host);
 
 /* ---- decode attention ---------------------------------------------- */
 
@@ -231,7 +233,7 @@ struct kvq_cuda_attn_opts {
  *  transform for HADAMARD/IDENTITY, the dense matrix for DCT and the
  *  Gaussian S). Everything else runs on the reference kernel.
  *  @return 1 when it applies to c's config and n_q_heads. */
-int kvq_cuda_fast_supported(const kvq_cuda_cache *c, int n_q_heads);
+KVQ_API int kvq_cuda_fast_supported(const kvq_cuda_cache *c, int n_q_heads);
 
 /** out_dev[i] = softmax(scale * q_i K^T) V over all tokens of seqs[i], for
  *  every query head. seqs: host array of n_seqs sequence ids (repeats
@@ -241,7 +243,7 @@ int kvq_cuda_fast_supported(const kvq_cuda_cache *c, int n_q_heads);
  *  @return KVQ_OK; KVQ_ERR_INVALID_ARG (bad seq, empty seq, n_seqs beyond
  *  max_seqs, n_q_heads not a multiple of n_kv_heads or beyond max_q_per_kv);
  *  KVQ_ERR_UNSUPPORTED (KERNEL_FAST where it does not apply); KVQ_ERR_DEVICE. */
-kvq_status kvq_cuda_cache_attend(kvq_cuda_cache *c, int n_seqs, const int *seqs, const float *q_dev,
+KVQ_API kvq_status kvq_cuda_cache_attend(kvq_cuda_cache *c, int n_seqs, const int *seqs, const float *q_dev,
                                  int n_q_heads, float scale, float *out_dev,
                                  const struct kvq_cuda_attn_opts *opts);
 

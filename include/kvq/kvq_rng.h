@@ -1,11 +1,11 @@
-/* rng_internal.h - the one deterministic random source of kvq.
+/* kvq_rng.h - the one deterministic random source of kvq (header only).
  *
  * Rotation signs, QJL projections and synthetic test data must be identical
  * on every platform and backend for a given seed, so kvq never uses rand():
  * splitmix64 expands a user seed into independent streams, xoshiro256** draws.
  */
-#ifndef KVQ_RNG_INTERNAL_H
-#define KVQ_RNG_INTERNAL_H
+#ifndef KVQ_RNG_H
+#define KVQ_RNG_H
 
 #include <math.h>
 #include <stdint.h>
@@ -70,4 +70,4 @@ static inline double kvq_rng_gauss(kvq_rng *r)
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586476925 * u2);
 }
 
-#endif /* KVQ_RNG_INTERNAL_H */
+#endif /* KVQ_RNG_H */

@@ -27,6 +27,8 @@
 #ifndef KVQ_TOKENIZER_H
 #define KVQ_TOKENIZER_H
 
+#include "kvq_export.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -48,43 +50,43 @@ typedef struct kvq_tokenizer kvq_tokenizer;
  *  tokens not in the vocab, invalid UTF-8 in a token), KVQ_ERR_UNSUPPORTED
  *  (a tokenizer kind listed above as refused), KVQ_ERR_NOMEM. err (optional)
  *  gets one line saying what was wrong. */
-kvq_status kvq_tokenizer_create(const char *path, kvq_tokenizer **out, kvq_error *err);
+KVQ_API kvq_status kvq_tokenizer_create(const char *path, kvq_tokenizer **out, kvq_error *err);
 
 /** Same from a JSON document in memory (json[0..len), need not be NUL-terminated;
  *  not retained). */
-kvq_status kvq_tokenizer_create_from_memory(const char *json, size_t len, kvq_tokenizer **out,
+KVQ_API kvq_status kvq_tokenizer_create_from_memory(const char *json, size_t len, kvq_tokenizer **out,
                                             kvq_error *err);
 
 /** Accepts NULL. */
-void kvq_tokenizer_free(kvq_tokenizer *tok);
+KVQ_API void kvq_tokenizer_free(kvq_tokenizer *tok);
 
 /** @return 1 + the largest id of the vocabulary or the added tokens. */
-int32_t kvq_tokenizer_vocab_size(const kvq_tokenizer *tok);
+KVQ_API int32_t kvq_tokenizer_vocab_size(const kvq_tokenizer *tok);
 
 /** BOS / EOS ids: the added tokens "<s>" / "</s>" when present, else -1;
  *  change them with kvq_tokenizer_set_bos_eos (e.g. from config.json). */
-int32_t kvq_tokenizer_bos_id(const kvq_tokenizer *tok);
-int32_t kvq_tokenizer_eos_id(const kvq_tokenizer *tok);
+KVQ_API int32_t kvq_tokenizer_bos_id(const kvq_tokenizer *tok);
+KVQ_API int32_t kvq_tokenizer_eos_id(const kvq_tokenizer *tok);
 
 /** Overrides BOS/EOS (-1 = none). Call before sharing tok between threads.
  *  @return KVQ_OK, KVQ_ERR_RANGE when an id is >= vocab size or < -1. */
-kvq_status kvq_tokenizer_set_bos_eos(kvq_tokenizer *tok, int32_t bos, int32_t eos);
+KVQ_API kvq_status kvq_tokenizer_set_bos_eos(kvq_tokenizer *tok, int32_t bos, int32_t eos);
 
 /** The token string of id as stored in tokenizer.json (e.g. "▁the", "<0x0A>",
  *  "<s>"), NUL-terminated UTF-8 owned by tok; *len (optional) its byte length.
  *  @return KVQ_OK; KVQ_ERR_RANGE when id is outside [0, vocab_size) or no
  *  token has that id; KVQ_ERR_INVALID_ARG for NULL pointers. */
-kvq_status kvq_tokenizer_piece(const kvq_tokenizer *tok, int32_t id, const char **piece,
+KVQ_API kvq_status kvq_tokenizer_piece(const kvq_tokenizer *tok, int32_t id, const char **piece,
                                size_t *len);
 
 /** Id of an exact token string (added tokens first, then the model vocab).
  *  @return KVQ_OK; KVQ_ERR_RANGE when no token has that string. */
-kvq_status kvq_tokenizer_token_id(const kvq_tokenizer *tok, const char *piece, size_t len,
+KVQ_API kvq_status kvq_tokenizer_token_id(const kvq_tokenizer *tok, const char *piece, size_t len,
                                   int32_t *id);
 
 /** @return 1 when id is an added token marked "special" (<s>, </s>, <unk>;
  *  in the bundled fixture also <0x00>..<0xFF>), 0 otherwise (also out of range). */
-int kvq_tokenizer_is_special(const kvq_tokenizer *tok, int32_t id);
+KVQ_API int kvq_tokenizer_is_special(const kvq_tokenizer *tok, int32_t id);
 
 /** Encodes text[0..len) (UTF-8, need not be NUL-terminated) into ids,
  *  BOS first when add_bos (and a BOS id is known).
@@ -94,11 +96,11 @@ int kvq_tokenizer_is_special(const kvq_tokenizer *tok, int32_t id);
  *  KVQ_ERR_INVALID_ARG for NULL pointers or text that is not valid UTF-8;
  *  KVQ_ERR_UNSUPPORTED when a character has no token, no byte-fallback
  *  token and the vocabulary has no unk token; KVQ_ERR_NOMEM. */
-kvq_status kvq_tokenizer_encode(const kvq_tokenizer *tok, const char *text, size_t len, int add_bos,
+KVQ_API kvq_status kvq_tokenizer_encode(const kvq_tokenizer *tok, const char *text, size_t len, int add_bos,
                                 int32_t *ids, size_t max_ids, size_t *n_ids);
 
 /** Same, into a malloc'ed array (*ids, free() it; NULL when *n_ids is 0). */
-kvq_status kvq_tokenizer_encode_alloc(const kvq_tokenizer *tok, const char *text, size_t len,
+KVQ_API kvq_status kvq_tokenizer_encode_alloc(const kvq_tokenizer *tok, const char *text, size_t len,
                                       int add_bos, int32_t **ids, size_t *n_ids);
 
 /* Flags for decoding. */
@@ -126,13 +128,13 @@ enum {
  *  id outside the vocabulary (nothing useful in out) or when cap <= needed
  *  length: *len is then the length needed (excluding the NUL);
  *  KVQ_ERR_INVALID_ARG for NULL pointers or unknown flags; KVQ_ERR_NOMEM. */
-kvq_status kvq_tokenizer_decode(const kvq_tokenizer *tok, const int32_t *ids, size_t n,
+KVQ_API kvq_status kvq_tokenizer_decode(const kvq_tokenizer *tok, const int32_t *ids, size_t n,
                                 unsigned flags, char *out, size_t cap, size_t *len);
 
 /** Same, into a malloc'ed NUL-terminated string (*text, free() it).
  *  @return KVQ_OK; KVQ_ERR_RANGE for an id outside the vocabulary;
  *  KVQ_ERR_INVALID_ARG; KVQ_ERR_NOMEM. */
-kvq_status kvq_tokenizer_decode_alloc(const kvq_tokenizer *tok, const int32_t *ids, size_t n,
+KVQ_API kvq_status kvq_tokenizer_decode_alloc(const kvq_tokenizer *tok, const int32_t *ids, size_t n,
                                       unsigned flags, char **text, size_t *len);
 
 /* ---- streaming detokenization ------------------------------------------
@@ -145,13 +147,13 @@ kvq_status kvq_tokenizer_decode_alloc(const kvq_tokenizer *tok, const int32_t *i
 typedef struct kvq_detok kvq_detok;
 
 /** @return KVQ_OK; KVQ_ERR_INVALID_ARG (NULL, unknown flags); KVQ_ERR_NOMEM. */
-kvq_status kvq_detok_create(const kvq_tokenizer *tok, unsigned flags, kvq_detok **out);
+KVQ_API kvq_status kvq_detok_create(const kvq_tokenizer *tok, unsigned flags, kvq_detok **out);
 
 /** Accepts NULL. */
-void kvq_detok_free(kvq_detok *d);
+KVQ_API void kvq_detok_free(kvq_detok *d);
 
 /** Back to the start of a new sequence (the leading-space strip applies again). */
-void kvq_detok_reset(kvq_detok *d);
+KVQ_API void kvq_detok_reset(kvq_detok *d);
 
 /** Feeds one id. *text / *len: the newly final text (NUL-terminated, possibly
  *  empty; it holds NUL bytes only where the ids spell <0x00>), owned by d and
@@ -159,11 +161,11 @@ void kvq_detok_reset(kvq_detok *d);
  *  Allocates only when a byte-fallback run outgrows the internal buffer.
  *  @return KVQ_OK; KVQ_ERR_RANGE for an id outside the vocabulary (state
  *  unchanged, *text ""); KVQ_ERR_INVALID_ARG; KVQ_ERR_NOMEM. */
-kvq_status kvq_detok_push(kvq_detok *d, int32_t id, const char **text, size_t *len);
+KVQ_API kvq_status kvq_detok_push(kvq_detok *d, int32_t id, const char **text, size_t *len);
 
 /** End of the sequence: releases a pending byte run. Same output contract as
  *  kvq_detok_push. The detok is then as after kvq_detok_reset. */
-kvq_status kvq_detok_finish(kvq_detok *d, const char **text, size_t *len);
+KVQ_API kvq_status kvq_detok_finish(kvq_detok *d, const char **text, size_t *len);
 
 #ifdef __cplusplus
 }

@@ -20,7 +20,15 @@
 #ifndef KVQ_CODEBOOK_H
 #define KVQ_CODEBOOK_H
 
+#include "kvq_export.h"
+
 #include "kvq_status.h"
+
+/* The shipped set, compiled into the library (beta density only): the head
+ * dims in use by common models, every bit width of the tqB cache types. Other
+ * dims are computed on first use. */
+#define KVQ_CODEBOOK_SHIPPED_DIMS {64, 80, 96, 112, 128, 160, 192, 256}
+#define KVQ_CODEBOOK_SHIPPED_MAX_BITS 4
 
 #ifdef __cplusplus
 extern "C" {
@@ -72,7 +80,7 @@ typedef struct kvq_codebook {
  *  KVQ_ERR_UNSUPPORTED for dim or bits outside the ranges above;
  *  KVQ_ERR_NOT_CONVERGED if the iteration or quadrature limits are hit (never
  *  seen in a sweep of every d in 3..300 and log-spaced d up to 65536, b = 1..8). */
-kvq_status kvq_codebook_compute(int dim, int bits, enum kvq_dist dist, kvq_codebook *out);
+KVQ_API kvq_status kvq_codebook_compute(int dim, int bits, enum kvq_dist dist, kvq_codebook *out);
 
 /** The codebook the library uses: the shipped table when (dim, bits, dist) is
  *  one (iterations = 0; boundaries rebuilt as midpoints exactly as
@@ -80,16 +88,16 @@ kvq_status kvq_codebook_compute(int dim, int bits, enum kvq_dist dist, kvq_codeb
  *  no cache, nothing shared is written. It copies (or computes) a whole table:
  *  call it once at setup, not per vector.
  *  @return as kvq_codebook_compute(). */
-kvq_status kvq_codebook_get(int dim, int bits, enum kvq_dist dist, kvq_codebook *out);
+KVQ_API kvq_status kvq_codebook_get(int dim, int bits, enum kvq_dist dist, kvq_codebook *out);
 
 /** @return 1 when (dim, bits, dist) is one of the tables shipped in codebooks/. */
-int kvq_codebook_is_shipped(int dim, int bits, enum kvq_dist dist);
+KVQ_API int kvq_codebook_is_shipped(int dim, int bits, enum kvq_dist dist);
 
 /** @return "beta" or "gauss" (NULL for an unknown value). */
-const char *kvq_dist_name(enum kvq_dist dist);
+KVQ_API const char *kvq_dist_name(enum kvq_dist dist);
 
 /** Parses "beta" or "gauss". @return KVQ_OK or KVQ_ERR_INVALID_ARG. */
-kvq_status kvq_dist_from_name(const char *name, enum kvq_dist *out);
+KVQ_API kvq_status kvq_dist_from_name(const char *name, enum kvq_dist *out);
 
 #ifdef __cplusplus
 }

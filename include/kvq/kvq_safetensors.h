@@ -24,6 +24,8 @@
 #ifndef KVQ_SAFETENSORS_H
 #define KVQ_SAFETENSORS_H
 
+#include "kvq_export.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -68,65 +70,65 @@ struct kvq_st_tensor {
 typedef struct kvq_st_file kvq_st_file;
 
 /** @return "F32", "BF16", ... or "?" for an invalid value. */
-const char *kvq_st_dtype_name(enum kvq_st_dtype t);
+KVQ_API const char *kvq_st_dtype_name(enum kvq_st_dtype t);
 
 /** @return bytes per element, 0 for an invalid value. */
-size_t kvq_st_dtype_size(enum kvq_st_dtype t);
+KVQ_API size_t kvq_st_dtype_size(enum kvq_st_dtype t);
 
 /** Parses a dtype name. @return KVQ_OK or KVQ_ERR_UNSUPPORTED. */
-kvq_status kvq_st_dtype_from_name(const char *name, enum kvq_st_dtype *out);
+KVQ_API kvq_status kvq_st_dtype_from_name(const char *name, enum kvq_st_dtype *out);
 
 /** Maps and parses the file at path.
  *  @return KVQ_OK and *out; KVQ_ERR_IO (cannot open or map);
  *  KVQ_ERR_FORMAT (truncated or invalid header); KVQ_ERR_UNSUPPORTED (an
  *  unknown dtype); KVQ_ERR_NOMEM. err (optional) gets one line naming the
  *  file and the problem. */
-kvq_status kvq_st_open(const char *path, kvq_st_file **out, kvq_error *err);
+KVQ_API kvq_status kvq_st_open(const char *path, kvq_st_file **out, kvq_error *err);
 
 /** Parses a safetensors image already in memory (size bytes at data). The
  *  memory is borrowed: it must outlive the returned object. Same checks and
  *  errors as kvq_st_open. */
-kvq_status kvq_st_open_memory(const void *data, size_t size, kvq_st_file **out, kvq_error *err);
+KVQ_API kvq_status kvq_st_open_memory(const void *data, size_t size, kvq_st_file **out, kvq_error *err);
 
 /** Unmaps and frees f; accepts NULL. */
-void kvq_st_close(kvq_st_file *f);
+KVQ_API void kvq_st_close(kvq_st_file *f);
 
 /** Number of tensors (the "__metadata__" entry is not a tensor). */
-size_t kvq_st_count(const kvq_st_file *f);
+KVQ_API size_t kvq_st_count(const kvq_st_file *f);
 
 /** Tensor i in data-offset order. @return NULL when i >= count. */
-const struct kvq_st_tensor *kvq_st_tensor_at(const kvq_st_file *f, size_t i);
+KVQ_API const struct kvq_st_tensor *kvq_st_tensor_at(const kvq_st_file *f, size_t i);
 
 /** @return the tensor called name, or NULL when there is none. */
-const struct kvq_st_tensor *kvq_st_find(const kvq_st_file *f, const char *name);
+KVQ_API const struct kvq_st_tensor *kvq_st_find(const kvq_st_file *f, const char *name);
 
 /** Total size of the file (or memory image) in bytes. */
-size_t kvq_st_file_size(const kvq_st_file *f);
+KVQ_API size_t kvq_st_file_size(const kvq_st_file *f);
 
 /** The whole file image (for checksums). */
-const void *kvq_st_file_data(const kvq_st_file *f);
+KVQ_API const void *kvq_st_file_data(const kvq_st_file *f);
 
 /** Value of key in "__metadata__", or NULL. */
-const char *kvq_st_metadata(const kvq_st_file *f, const char *key);
+KVQ_API const char *kvq_st_metadata(const kvq_st_file *f, const char *key);
 
 /** Converts n = t->n_elements values of a float tensor (F32, F16, BF16, F64)
  *  or an integer tensor (I8..I64, U8, BOOL) to float32 in out[n]. bf16 and
  *  f16 convert exactly; integers beyond 2^24 round.
  *  @return KVQ_OK; KVQ_ERR_INVALID_ARG (n != n_elements, NULL). */
-kvq_status kvq_st_to_f32(const struct kvq_st_tensor *t, float *out, size_t n);
+KVQ_API kvq_status kvq_st_to_f32(const struct kvq_st_tensor *t, float *out, size_t n);
 
 /** Converts elements [first, first + n) (row slices, embedding lookups).
  *  @return KVQ_OK or KVQ_ERR_INVALID_ARG (range beyond the tensor). */
-kvq_status kvq_st_to_f32_range(const struct kvq_st_tensor *t, size_t first, size_t n, float *out);
+KVQ_API kvq_status kvq_st_to_f32_range(const struct kvq_st_tensor *t, size_t first, size_t n, float *out);
 
 /** Converts an integer tensor (I8..I64, U8, BOOL) to int64 out[n].
  *  @return KVQ_OK; KVQ_ERR_INVALID_ARG (n mismatch or a float dtype). */
-kvq_status kvq_st_to_i64(const struct kvq_st_tensor *t, int64_t *out, size_t n);
+KVQ_API kvq_status kvq_st_to_i64(const struct kvq_st_tensor *t, int64_t *out, size_t n);
 
 /** Checks dtype and shape of t against expectations, for loaders;
  *  dtype KVQ_ST_DTYPE_COUNT accepts any dtype.
  *  @return KVQ_OK; KVQ_ERR_FORMAT with a message naming the tensor. */
-kvq_status kvq_st_expect(const struct kvq_st_tensor *t, enum kvq_st_dtype dtype, int n_dims, const int64_t *shape,
+KVQ_API kvq_status kvq_st_expect(const struct kvq_st_tensor *t, enum kvq_st_dtype dtype, int n_dims, const int64_t *shape,
                          kvq_error *err);
 
 /* ---- writer ---------------------------------------------------------- */
@@ -134,29 +136,29 @@ kvq_status kvq_st_expect(const struct kvq_st_tensor *t, enum kvq_st_dtype dtype,
 typedef struct kvq_st_writer kvq_st_writer;
 
 /** @return KVQ_OK and *out, or KVQ_ERR_NOMEM. */
-kvq_status kvq_st_writer_create(kvq_st_writer **out);
+KVQ_API kvq_status kvq_st_writer_create(kvq_st_writer **out);
 
 /** Frees w (not the borrowed data); accepts NULL. */
-void kvq_st_writer_free(kvq_st_writer *w);
+KVQ_API void kvq_st_writer_free(kvq_st_writer *w);
 
 /** Adds a tensor. name is copied; data (product(shape) * dtype size bytes) is
  *  borrowed until kvq_st_writer_write returns.
  *  @return KVQ_OK; KVQ_ERR_INVALID_ARG (duplicate or empty name, bad dtype,
  *  n_dims outside [0, KVQ_ST_MAX_DIMS], negative dim, NULL data with bytes);
  *  KVQ_ERR_NOMEM. */
-kvq_status kvq_st_writer_add(kvq_st_writer *w, const char *name, enum kvq_st_dtype dtype, int n_dims,
+KVQ_API kvq_status kvq_st_writer_add(kvq_st_writer *w, const char *name, enum kvq_st_dtype dtype, int n_dims,
                              const int64_t *shape, const void *data);
 
 /** Adds a string entry to "__metadata__" (key and value are copied).
  *  @return KVQ_OK, KVQ_ERR_INVALID_ARG or KVQ_ERR_NOMEM. */
-kvq_status kvq_st_writer_set_metadata(kvq_st_writer *w, const char *key, const char *value);
+KVQ_API kvq_status kvq_st_writer_set_metadata(kvq_st_writer *w, const char *key, const char *value);
 
 /** Writes the file: header padded with spaces to a multiple of 8 bytes (so
  *  that 4- and 8-byte tensors stay aligned when each tensor size keeps the
  *  running offset aligned), then the data in the order added. Writes to
  *  path.tmp and renames, so a failed write never leaves a truncated file.
  *  @return KVQ_OK; KVQ_ERR_IO; KVQ_ERR_NOMEM. */
-kvq_status kvq_st_writer_write(const kvq_st_writer *w, const char *path, kvq_error *err);
+KVQ_API kvq_status kvq_st_writer_write(const kvq_st_writer *w, const char *path, kvq_error *err);
 
 #ifdef __cplusplus
 }
