@@ -33,10 +33,10 @@ endif
 MODULES  := common codebook rotation codec cache attn
 PUB_INC  := include/kvq
 KVQ_INC  := $(PUB_INC) $(addprefix kvq/,$(MODULES)) kvq/cuda codebooks
-DEC_INC  := $(PUB_INC) decoder
+DEC_INC  := $(PUB_INC) decoder $(patsubst %/,%,$(wildcard decoder/*/))
 EVAL_INC := $(PUB_INC) eval
 TOOL_INC := $(PUB_INC) tools
-INCDIRS  := $(KVQ_INC) decoder eval tools tests
+INCDIRS  := $(KVQ_INC) $(DEC_INC) eval tools tests
 WARN     := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wvla -Wformat=2 -Wundef
 CFLAGS   ?= -O2 -g
 ALL_CFLAGS = -std=c11 -D_DEFAULT_SOURCE -D_POSIX_C_SOURCE=200809L -fPIC $(WARN) \

@@ -1,12 +1,11 @@
 /* decoder_internal.h - the model and sequence-state structures shared by
- * model_load.c, forward.c, lm_head.c, seq.c and generate.c. */
+ * model/, backend/ and generate/. */
 #ifndef KVQ_DECODER_INTERNAL_H
 #define KVQ_DECODER_INTERNAL_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kvq_attn.h"
 #include "kvq_cache.h"
 #include "kvq_model.h"
 #include "kvq_safetensors.h"
@@ -70,7 +69,7 @@ struct kvq_model {
     int max_lm_rows;            /* largest slice count */
     float *arena;               /* all converted weights */
     size_t arena_floats;
-    float *rope_cos, *rope_sin; /* [max_ctx][head_dim / 2] */
+    float *rope_cos, *rope_sin; /* [max_ctx][rotary_dim / 2] */
     double load_seconds;
 };
 
@@ -79,13 +78,16 @@ struct kvq_seq_timers {
     double matmul, attn, lm_head;
 };
 
+struct kvq_backend;
+struct kvq_kv_store;
+
 struct kvq_seq {
     const struct kvq_model *m;
-    struct kvq_seq_config cfg;
+    struct kvq_seq_config cfg;   /* recent_f16 resolved (0 or 1) */
     size_t max_ctx;
     int max_chunk;
-    kvq_cache **caches;          /* [n_layers] */
-    kvq_attn_workspace *ws;
+    struct kvq_backend *be;      /* the ops and activation buffers (backend.h) */
+    struct kvq_kv_store *kv;     /* every layer's keys and values (kv_store.h); this sequence is its seq 0 */
     size_t pos;                  /* tokens in the caches */
     int32_t *tokens;             /* [max_ctx + 1] history: cached tokens, then a pending one */
     kvq_sampler *sampler;        /* owns the sequence's RNG */
@@ -93,18 +95,10 @@ struct kvq_seq {
     int32_t *ngram_pos;
     size_t ngram_mask;
     size_t ngram_indexed;        /* history positions already in the table */
-    /* activations, all [max_chunk][...] */
-    float *x, *xn, *qkv, *q, *k, *v, *qg, *og, *attn, *gu, *hb;
-    /* LM head */
-    float *lm_x;                 /* [max_chunk][hidden] final-normed rows */
-    float *lm_out;               /* [max_chunk][max_lm_rows] one slice's logits */
-    kvq_best *lm_best;           /* [max_chunk] best token so far per row (greedy) */
-    float *logits;               /* [KVQ_MAX_DRAFT + 1][vocab] rows for sampling */
+    float *logits;               /* [KVQ_MAX_DRAFT + 1][vocab] rows for sampling (host) */
     int32_t *draft;              /* [KVQ_MAX_DRAFT + 1] pending token + draft */
     int32_t *verify;             /* [KVQ_MAX_DRAFT + 1] the model's tokens for them */
     int decoding;                /* forward time counts as decode (else prefill) */
-    uint8_t *vnc_packed;         /* v_norm_correct: [max_chunk * n_kv] packed V rows */
-    float *vnc_dec;              /* v_norm_correct: [max_chunk][kv_dim] decoded V rows */
     kvq_qkv_hook hook;
     void *hook_user;
     struct kvq_seq_timers tm;
@@ -112,13 +106,9 @@ struct kvq_seq {
 };
 
 /* forward.c: one chunk of T <= max_chunk tokens through all layers; leaves
- * the final hidden states in s->x. On error the caches are rolled back to
- * s->pos. Does not advance s->pos. */
+ * the final hidden states in s->be->acts.x. On error the caches are rolled
+ * back to s->pos. Does not advance s->pos. */
 kvq_status kvq_forward_chunk(kvq_seq *s, const int32_t *ids, size_t T);
-
-/* lm_head.c: for rows [r0, T) of s->x: logits ([T - r0][vocab]) and/or
- * argmax ([T - r0]). @return KVQ_OK or KVQ_ERR_NONFINITE (NaN logits). */
-kvq_status kvq_lm_head(kvq_seq *s, size_t T, size_t r0, float *logits, int32_t *argmax);
 
 /* ngram.c: the n-gram table over s->tokens. */
 void kvq_ngram_clear(kvq_seq *s);

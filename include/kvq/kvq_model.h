@@ -41,13 +41,44 @@
 extern "C" {
 #endif
 
-/* Architecture differences between Llama-family checkpoints. */
+/* How a norm is computed from x and its weight w. */
+enum kvq_norm_kind {
+    KVQ_NORM_RMS = 0,            /* w * x / rms(x) (Llama, Qwen, Mistral) */
+    KVQ_NORM_RMS_UNIT_OFFSET = 1 /* (1 + w) * x / rms(x) (Gemma) */
+};
+
+/* The gate activation of the gated MLP: h = act(gate) * up. */
+enum kvq_act_kind {
+    KVQ_ACT_SILU = 0,     /* x * sigmoid(x) (SwiGLU) */
+    KVQ_ACT_GELU_TANH = 1 /* the tanh approximation of GELU (GeGLU, Gemma) */
+};
+
+/* Which coordinates of a head RoPE rotates together. */
+enum kvq_rope_kind {
+    KVQ_ROPE_HALF = 0,       /* pairs (i, i + rotary_dim / 2): HF rotate_half */
+    KVQ_ROPE_INTERLEAVED = 1 /* pairs (2i, 2i + 1): GPT-J, original Llama weights */
+};
+
+/* The architecture of a checkpoint as the forward pass needs it: every
+ * difference between model families is a field here, decided once from
+ * model_type and the config keys when config.json is parsed
+ * (model_config.c); the backends read only these fields. */
 struct kvq_model_arch {
     int qkv_bias;        /* q_proj/k_proj/v_proj carry .bias (Qwen2; Llama attention_bias) */
     int o_bias;          /* o_proj carries .bias (Llama attention_bias) */
     int mlp_bias;        /* gate/up/down carry .bias (Llama mlp_bias) */
     int qk_norm;         /* per-head RMSNorm of q and k before RoPE (Qwen3) */
     int tied_embeddings; /* LM head = embedding table (tie_word_embeddings) */
+    enum kvq_norm_kind norm;
+    enum kvq_act_kind act;
+    enum kvq_rope_kind rope;
+    int rotary_dim;      /* leading coordinates of a head that RoPE rotates (partial
+                            rotary); = head_dim for full rotary */
+    float embed_scale;   /* embeddings are multiplied by it (1; sqrt(hidden) for Gemma) */
+    float final_softcap; /* logits = c * tanh(logits / c) when > 0 */
+    float attn_softcap;  /* attention scores capped likewise when > 0 (not supported yet:
+                            config parsing refuses it) */
+    int sliding_window;  /* tokens a query sees, 0 = all (not supported yet: refused) */
 };
 
 #define KVQ_MODEL_MAX_EOS 4

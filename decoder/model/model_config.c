@@ -66,6 +66,10 @@ static kvq_status get_ids(const cJSON *root, const char *key, int32_t *ids, int 
 static kvq_status arch_from_type(const cJSON *root, const char *type, struct kvq_model_arch *a, kvq_error *err)
 {
     memset(a, 0, sizeof *a);
+    a->norm = KVQ_NORM_RMS;
+    a->act = KVQ_ACT_SILU;
+    a->rope = KVQ_ROPE_HALF;
+    a->embed_scale = 1.0f;
     a->tied_embeddings = get_bool(root, "tie_word_embeddings");
     int attention_bias = get_bool(root, "attention_bias");
     if (strcmp(type, "llama") == 0 || strcmp(type, "mistral") == 0) {
@@ -149,6 +153,7 @@ static kvq_status parse_root(const cJSON *root, struct kvq_model_config *c, kvq_
         return st;
     if (c->head_dim < 2 || c->head_dim % 2)
         return kvq_error_set(err, KVQ_ERR_UNSUPPORTED, "config.json: head_dim %d must be even", c->head_dim);
+    c->arch.rotary_dim = c->head_dim;
     if (c->n_heads % c->n_kv_heads || c->n_heads / c->n_kv_heads > KVQ_ATTN_MAX_Q)
         return kvq_error_set(err, KVQ_ERR_FORMAT,
                              "config.json: num_attention_heads %d is not a multiple of num_key_value_heads %d "

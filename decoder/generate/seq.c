@@ -1,12 +1,14 @@
-/* seq.c - the sequence state: creation (every buffer the forward pass and
- * generation will ever need, allocated once), reset, the chunked forward
- * entry point, rollback and statistics. */
+/* seq.c - the sequence state: creation (the backend with every buffer the
+ * forward pass will ever need, the KV store, the sampler, all allocated
+ * once), reset, the chunked forward entry point, rollback and statistics. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "backend.h"
 #include "decoder_internal.h"
+#include "kv_store.h"
 #include "kvq_rng.h"
 
 #define DEFAULT_CHUNK 256
@@ -156,11 +158,6 @@ kvq_status kvq_seq_plan_of(const kvq_model *m, const struct kvq_seq_config *cfg,
     return KVQ_OK;
 }
 
-static float *alloc_f(size_t n)
-{
-    return aligned_alloc(64, ((n * sizeof(float) + 63) / 64) * 64);
-}
-
 kvq_status kvq_seq_create(const kvq_model *m, const struct kvq_seq_config *cfg, kvq_seq **out, kvq_error *err)
 {
     if (!m || !out)
@@ -175,8 +172,6 @@ kvq_status kvq_seq_create(const kvq_model *m, const struct kvq_seq_config *cfg, 
                              c->max_ctx);
     if (sc.max_chunk < 0 || sc.ngram < 0)
         return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "negative max_chunk or ngram");
-    if (!sc.layer_types && (!kvq_type_traits(sc.type_k) || !kvq_type_traits(sc.type_v)))
-        return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "unknown cache type");
     if (sc.recent_f16 < KVQ_WINDOW_AUTO || sc.recent_f16 > 1)
         return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "recent_f16 must be -1, 0 or 1, not %d", sc.recent_f16);
     if (!sc.layer_types && (!kvq_type_traits(sc.type_k) || !kvq_type_traits(sc.type_v)))
@@ -200,62 +195,33 @@ kvq_status kvq_seq_create(const kvq_model *m, const struct kvq_seq_config *cfg, 
     if (!s->cfg.ngram)
         s->cfg.ngram = 3;
 
-    kvq_status st = KVQ_OK;
-    s->caches = calloc((size_t)c->n_layers, sizeof *s->caches);
-    if (!s->caches)
+    struct kvq_cache_config *ccs = calloc((size_t)c->n_layers, sizeof *ccs);
+    if (!ccs)
         goto nomem;
     for (int l = 0; l < c->n_layers; l++) {
-        struct kvq_cache_config cc;
-        layer_cache_config(c, &sc, l, s->max_ctx, &cc);
-        if (!kvq_type_traits(cc.type_k) || !kvq_type_traits(cc.type_v)) {
+        layer_cache_config(c, &sc, l, s->max_ctx, &ccs[l]);
+        if (!kvq_type_traits(ccs[l].type_k) || !kvq_type_traits(ccs[l].type_v)) {
+            free(ccs);
             kvq_seq_free(s);
             return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "unknown cache type for layer %d", l);
         }
-        cc.seed = kvq_seed_derive(sc.seed, (uint64_t)l);
-        cc.max_bytes = layer_budget(c, &sc, l, s->max_ctx);
-        if ((st = kvq_cache_create(&cc, &s->caches[l])) != KVQ_OK) {
-            kvq_seq_free(s);
-            return kvq_error_set(err, st, "cannot create a %s/%s cache for head_dim %d: %s",
-                                 kvq_type_traits(cc.type_k)->name, kvq_type_traits(cc.type_v)->name, c->head_dim,
-                                 kvq_status_str(st));
-        }
+        ccs[l].seed = kvq_seed_derive(sc.seed, (uint64_t)l);
+        ccs[l].max_bytes = layer_budget(c, &sc, l, s->max_ctx);
     }
-    if ((st = kvq_attn_workspace_create(c->head_dim, c->n_heads / c->n_kv_heads, s->max_ctx, &s->ws)) != KVQ_OK) {
+    struct kvq_kv_store_cpu_config kc = {ccs, c->n_layers, 1, c->n_heads, (size_t)s->max_chunk, sc.v_norm_correct};
+    kvq_status st = kvq_kv_store_cpu_create(&kc, &s->kv, err);
+    free(ccs);
+    if (st != KVQ_OK) {
         kvq_seq_free(s);
-        return kvq_error_set(err, st, "cannot create the attention workspace: %s", kvq_status_str(st));
+        return st;
     }
-
-    size_t mc = (size_t)s->max_chunk, h = (size_t)c->hidden, V = (size_t)c->vocab;
-    s->x = alloc_f(mc * h);
-    s->xn = alloc_f(mc * h);
-    s->qkv = alloc_f(mc * (size_t)m->qkv_dim);
-    s->q = alloc_f(mc * (size_t)m->q_dim);
-    s->qg = alloc_f(mc * (size_t)m->q_dim);
-    s->og = alloc_f(mc * (size_t)m->q_dim);
-    s->attn = alloc_f(mc * (size_t)m->q_dim);
-    s->k = alloc_f(mc * (size_t)m->kv_dim);
-    s->v = alloc_f(mc * (size_t)m->kv_dim);
-    s->gu = alloc_f(mc * 2 * (size_t)c->ffn);
-    s->hb = alloc_f(mc * (size_t)c->ffn);
-    s->lm_x = alloc_f(mc * h);
-    s->lm_out = alloc_f(mc * (size_t)m->max_lm_rows);
-    s->lm_best = malloc(mc * sizeof *s->lm_best);
-    s->logits = alloc_f((KVQ_MAX_DRAFT + 1) * V);
-    if (sc.v_norm_correct) {
-        size_t rb = 0;
-        for (int l = 0; l < c->n_layers; l++) {
-            size_t r = kvq_codec_row_bytes(kvq_cache_codec_v(s->caches[l]));
-            rb = r > rb ? r : rb;
-        }
-        s->vnc_packed = malloc(mc * (size_t)c->n_kv_heads * rb);
-        s->vnc_dec = alloc_f(mc * (size_t)m->kv_dim);
-        if (!s->vnc_packed || !s->vnc_dec)
-            goto nomem;
-    }
+    if (kvq_backend_cpu_create(m, (size_t)s->max_chunk, &s->be) != KVQ_OK)
+        goto nomem;
     kvq_sampler_params sp = kvq_sampler_params_default();
     sp.seed = sc.seed;
     if (kvq_sampler_create(c->vocab, &sp, &s->sampler) != KVQ_OK)
         goto nomem;
+    s->logits = malloc((KVQ_MAX_DRAFT + 1) * (size_t)c->vocab * sizeof *s->logits);
     s->draft = malloc((KVQ_MAX_DRAFT + 1) * sizeof *s->draft);
     s->verify = malloc((KVQ_MAX_DRAFT + 1) * sizeof *s->verify);
     s->tokens = malloc((s->max_ctx + 1) * sizeof *s->tokens);
@@ -264,9 +230,7 @@ kvq_status kvq_seq_create(const kvq_model *m, const struct kvq_seq_config *cfg, 
         s->ngram_mask <<= 1;
     s->ngram_pos = malloc((size_t)s->cfg.ngram * s->ngram_mask * sizeof *s->ngram_pos);
     s->ngram_mask--;
-    if (!s->x || !s->xn || !s->qkv || !s->q || !s->qg || !s->og || !s->attn || !s->k || !s->v || !s->gu ||
-        !s->hb || !s->lm_x || !s->lm_out || !s->lm_best || !s->logits || !s->draft ||
-        !s->verify || !s->tokens || !s->ngram_pos)
+    if (!s->logits || !s->draft || !s->verify || !s->tokens || !s->ngram_pos)
         goto nomem;
     kvq_seq_reset(s);
     *out = s;
@@ -280,18 +244,10 @@ void kvq_seq_free(kvq_seq *s)
 {
     if (!s)
         return;
-    for (int l = 0; s->caches && l < s->m->cfg.n_layers; l++)
-        kvq_cache_free(s->caches[l]);
-    free(s->caches);
-    kvq_attn_workspace_free(s->ws);
-    float *fl[] = {s->x, s->xn, s->qkv, s->q, s->qg, s->og, s->attn, s->k, s->v, s->gu, s->hb,
-                   s->lm_x, s->lm_out, s->logits};
-    for (size_t i = 0; i < sizeof fl / sizeof fl[0]; i++)
-        free(fl[i]);
-    free(s->lm_best);
-    free(s->vnc_packed);
-    free(s->vnc_dec);
+    kvq_kv_store_free(s->kv);
+    kvq_backend_free(s->be);
     kvq_sampler_free(s->sampler);
+    free(s->logits);
     free(s->draft);
     free(s->verify);
     free(s->tokens);
@@ -303,8 +259,7 @@ void kvq_seq_reset(kvq_seq *s)
 {
     if (!s)
         return;
-    for (int l = 0; l < s->m->cfg.n_layers; l++)
-        kvq_cache_reset(s->caches[l]);
+    s->kv->ops->reset(s->kv, 0);
     s->pos = 0;
     kvq_ngram_clear(s);
     kvq_sampler_reset(s->sampler);
@@ -337,8 +292,8 @@ kvq_status kvq_seq_forward(kvq_seq *s, const int32_t *ids, size_t n, size_t firs
     /* With the recent window a failed chunk could not give back the f16
      * copies the chunk's appends overwrote, so the budget is settled for
      * all n tokens before the first one is appended. */
-    for (int l = 0; s->cfg.recent_f16 && l < c->n_layers; l++) {
-        kvq_status st = kvq_cache_reserve(s->caches[l], n);
+    if (s->cfg.recent_f16) {
+        kvq_status st = s->kv->ops->reserve(s->kv, 0, n);
         if (st != KVQ_OK)
             return st;
     }
@@ -356,7 +311,10 @@ kvq_status kvq_seq_forward(kvq_seq *s, const int32_t *ids, size_t n, size_t firs
         if (i + T > first_out && (logits || argmax)) {
             size_t r0 = first_out > i ? first_out - i : 0;
             size_t o = i + r0 - first_out;
-            st = kvq_lm_head(s, T, r0, logits ? logits + o * (size_t)c->vocab : NULL, argmax ? argmax + o : NULL);
+            double t1 = kvq_now();
+            st = s->be->ops->lm_head(s->be, s->be->acts.x + r0 * (size_t)c->hidden, T - r0,
+                                     logits ? logits + o * (size_t)c->vocab : NULL, argmax ? argmax + o : NULL);
+            s->tm.lm_head += kvq_now() - t1;
             if (st != KVQ_OK)
                 return st; /* the tokens stay: only the head's output was bad */
         }
@@ -373,9 +331,7 @@ kvq_status kvq_seq_truncate(kvq_seq *s, size_t n)
 {
     if (!s || n > s->pos)
         return KVQ_ERR_INVALID_ARG;
-    for (int l = 0; l < s->m->cfg.n_layers; l++)
-        if (kvq_cache_len(s->caches[l]) > n)
-            kvq_cache_truncate(s->caches[l], n);
+    s->kv->ops->truncate(s->kv, 0, s->m->cfg.n_layers, n);
     s->pos = n;
     if (s->ngram_indexed > n)
         s->ngram_indexed = n;
@@ -392,7 +348,7 @@ void kvq_seq_set_qkv_hook(kvq_seq *s, kvq_qkv_hook fn, void *user)
 
 const struct kvq_cache *kvq_seq_cache(const kvq_seq *s, int layer)
 {
-    return s && layer >= 0 && layer < s->m->cfg.n_layers ? s->caches[layer] : NULL;
+    return s && layer >= 0 && layer < s->m->cfg.n_layers ? s->kv->ops->cache(s->kv, layer, 0) : NULL;
 }
 
 void kvq_seq_get_stats(const kvq_seq *s, struct kvq_seq_stats *st)
@@ -403,14 +359,12 @@ void kvq_seq_get_stats(const kvq_seq *s, struct kvq_seq_stats *st)
     *st = s->st;
     st->tokens = s->pos;
     st->kv_budget = s->cfg.kv_budget;
-    for (int l = 0; l < s->m->cfg.n_layers; l++) {
-        struct kvq_cache_stats cs;
-        kvq_cache_get_stats(s->caches[l], &cs);
-        st->kv_bytes_used += cs.bytes_used;
-        st->kv_bytes_alloc += cs.bytes_allocated;
-        st->kv_bytes_f16 += cs.bytes_f16;
-        st->kv_bytes_f16_buffers += cs.bytes_f16_buffers;
-    }
+    struct kvq_cache_stats cs;
+    s->kv->ops->stats(s->kv, 0, &cs);
+    st->kv_bytes_used = cs.bytes_used;
+    st->kv_bytes_alloc = cs.bytes_allocated;
+    st->kv_bytes_f16 = cs.bytes_f16;
+    st->kv_bytes_f16_buffers = cs.bytes_f16_buffers;
     st->t_matmul = s->tm.matmul;
     st->t_attn = s->tm.attn;
     st->t_lm_head = s->tm.lm_head;

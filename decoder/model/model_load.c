@@ -225,19 +225,19 @@ static kvq_status load_lm_head(struct loader *L, int slice_rows)
     return st;
 }
 
-/* cos/sin of pos * theta^(-2i/d) for every position, computed as HF does in
+/* cos/sin of pos * theta^(-2i/rotary_dim) for every position, computed as HF does in
  * float32 (inverse frequency and angle rounded to float), so long-context
  * angles match the reference. */
 static kvq_status build_rope(kvq_model *m)
 {
-    int half = m->cfg.head_dim / 2;
+    int rd = m->cfg.arch.rotary_dim, half = rd / 2;
     size_t n = (size_t)m->cfg.max_ctx * (size_t)half;
     m->rope_cos = malloc(n * sizeof(float));
     m->rope_sin = malloc(n * sizeof(float));
     if (!m->rope_cos || !m->rope_sin)
         return KVQ_ERR_NOMEM;
     for (int i = 0; i < half; i++) {
-        float inv = (float)(1.0 / pow(m->cfg.rope_theta, (double)(2 * i) / m->cfg.head_dim));
+        float inv = (float)(1.0 / pow(m->cfg.rope_theta, (double)(2 * i) / rd));
         for (int p = 0; p < m->cfg.max_ctx; p++) {
             float a = (float)p * inv;
             m->rope_cos[(size_t)p * half + i] = (float)cos((double)a);

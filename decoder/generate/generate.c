@@ -12,6 +12,7 @@
  */
 #include <string.h>
 
+#include "backend.h"
 #include "decoder_internal.h"
 #include "matvec_internal.h"
 
@@ -38,7 +39,7 @@ static int is_eos(const struct kvq_model_config *c, int32_t id)
 static kvq_status pick(kvq_seq *s, const float *logits, int32_t *tok)
 {
     double t0 = kvq_now();
-    kvq_status st = kvq_sampler_sample(s->sampler, logits, tok);
+    kvq_status st = s->be->ops->sample(s->be, s->sampler, logits, tok);
     s->tm.lm_head += kvq_now() - t0;
     return st;
 }

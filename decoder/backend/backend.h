@@ -1,0 +1,105 @@
+/* backend.h - the operations the forward pass is written in.
+ *
+ * The layer loop (model/forward.c) never touches a weight matrix, a norm
+ * formula or a cache itself: it calls these ops on activation buffers the
+ * backend allocated, and the KV store interface (kv_store.h) for attention.
+ * A second backend (CUDA) implements the same table over device memory, so
+ * the forward pass stays one piece of code for every backend and every
+ * architecture: the architecture reaches the ops as the descriptor
+ * struct kvq_model_arch (kvq_model.h), decided once when config.json is
+ * parsed, never as a model_type string.
+ *
+ * A backend instance belongs to one sequence state. Its buffers are float
+ * arrays in the backend's memory, row-major [rows][cols] with rows <=
+ * max_rows (host pointers for the CPU backend). Ops never allocate.
+ *
+ * Adding a backend: implement struct kvq_backend_ops and a create function
+ * that fills struct kvq_backend (backend_cpu.c is the model), then a KV store
+ * (kv_store.h) over the backend's memory, and add both to the case table of
+ * tests/test_backend_ops.c.
+ */
+#ifndef KVQ_BACKEND_H
+#define KVQ_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvq_model.h"
+#include "kvq_sampler.h"
+#include "kvq_status.h"
+
+struct kvq_model;
+
+/* The projections of a layer; each comes with its optional bias. */
+enum kvq_weight {
+    KVQ_W_QKV,     /* [q_dim + 2 kv_dim][hidden]: q, k and v rows of one matmul */
+    KVQ_W_O,       /* [hidden][q_dim] */
+    KVQ_W_GATE_UP, /* [2 ffn][hidden]: gate rows, then up rows */
+    KVQ_W_DOWN     /* [hidden][ffn] */
+};
+
+/* The norms of a layer, and the one before the LM head (layer ignored). */
+enum kvq_norm_site { KVQ_NORM_ATTN, KVQ_NORM_FFN, KVQ_NORM_FINAL };
+
+/* Activation buffers of one sequence state, [max_rows][...] each. */
+struct kvq_acts {
+    float *x;    /* [hidden] residual stream */
+    float *xn;   /* [hidden] normed input of a projection */
+    float *qkv;  /* [q_dim + 2 kv_dim] */
+    float *q;    /* [n_heads][head_dim] after q-norm and RoPE */
+    float *k;    /* [n_kv_heads][head_dim] after k-norm and RoPE */
+    float *v;    /* [n_kv_heads][head_dim] */
+    float *attn; /* [n_heads][head_dim] attention output */
+    float *gu;   /* [2 ffn] gate and up */
+    float *h;    /* [ffn] act(gate) * up */
+};
+
+typedef struct kvq_backend kvq_backend;
+
+struct kvq_backend_ops {
+    /* embedding rows of ids[0..T) (host ids in [0, vocab)), times the
+     * architecture's embedding scale, into x[T][hidden] */
+    void (*embed)(kvq_backend *b, const int32_t *ids, size_t T, float *x);
+    /* y[T][hidden] = norm(x) with the site's weights (arch.norm) */
+    void (*norm)(kvq_backend *b, enum kvq_norm_site site, int layer, const float *x, float *y, size_t T);
+    /* y[T][out] (+)= x[T][in] . W^T + bias: accumulate adds to y (the
+     * residual add of the output projections) */
+    void (*linear)(kvq_backend *b, enum kvq_weight w, int layer, const float *x, float *y, size_t T,
+                   int accumulate);
+    /* qkv[T] -> q, k, v: the optional per-head q/k norm, then RoPE (arch.rope,
+     * arch.rotary_dim) at positions pos0 .. pos0 + T - 1 */
+    void (*qkv_rope)(kvq_backend *b, int layer, const float *qkv, size_t T, size_t pos0, float *q, float *k,
+                     float *v);
+    /* h[T][ffn] = act(gate) * up from gu[T][2 ffn] (arch.act) */
+    void (*glu)(kvq_backend *b, const float *gu, float *h, size_t T);
+    /* final norm and LM head of rows x[0..R): logits [R][vocab] (host, if not
+     * NULL; arch.final_softcap applied) and/or argmax [R] (host, if not NULL;
+     * lowest id on ties). @return KVQ_OK or KVQ_ERR_NONFINITE. */
+    kvq_status (*lm_head)(kvq_backend *b, const float *x, size_t R, float *logits, int32_t *argmax);
+    /* one token from host logits[vocab] with the sampler's settings and RNG */
+    kvq_status (*sample)(kvq_backend *b, kvq_sampler *smp, const float *logits, int32_t *tok);
+    void (*free)(kvq_backend *b);
+};
+
+struct kvq_backend {
+    const struct kvq_backend_ops *ops;
+    const char *name;
+    const struct kvq_model *m;
+    size_t max_rows;      /* rows of every activation buffer */
+    struct kvq_acts acts; /* owned by the backend */
+};
+
+/** The CPU backend: OpenBLAS sgemm for chunks, the batch-invariant few-row
+ *  kernel (matvec_internal.h) for decode and verification rows, scalar norms,
+ *  RoPE and activations over the model's f32 weights as loaded.
+ *  @return KVQ_OK and *out; KVQ_ERR_NOMEM. */
+kvq_status kvq_backend_cpu_create(const struct kvq_model *m, size_t max_rows, kvq_backend **out);
+
+/** Frees b; accepts NULL. */
+static inline void kvq_backend_free(kvq_backend *b)
+{
+    if (b)
+        b->ops->free(b);
+}
+
+#endif /* KVQ_BACKEND_H */

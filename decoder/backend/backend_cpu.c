@@ -1,0 +1,274 @@
+/* backend_cpu.c - the decoder's ops on the CPU, over the model's f32 weights.
+ *
+ * Projections are row-major x[T][in] . W[out][in]^T: chunks through OpenBLAS
+ * sgemm, decode and verification rows through the batch-invariant few-row
+ * kernel (matvec_internal.h), so a verified draft's greedy token is
+ * bit-identical to plain decoding's. The output projections accumulate
+ * straight into the residual stream (beta = 1), so the residual add costs
+ * nothing. Norms accumulate in double and RoPE reads the model's float32
+ * tables, as HF computes them.
+ *
+ * The LM head runs one vocabulary slice at a time: slices bound the scratch
+ * memory (rows x slice) and are the unit a sharded model stores; when only
+ * the greedy token is wanted, each slice is reduced to (best score, id) per
+ * row as soon as it is computed, so the full [rows][vocab] logits never
+ * exist.
+ */
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "decoder_internal.h"
+#include "matvec_internal.h"
+
+struct cpu_backend {
+    struct kvq_backend base;
+    float *lm_x;       /* [max_rows][hidden] final-normed rows */
+    float *lm_out;     /* [max_rows][max_lm_rows] one slice's logits */
+    kvq_best *lm_best; /* [max_rows] best token so far per row (greedy) */
+};
+
+/* y = norm(x) with weights w over n values (HF's RMSNorm in float32, sum of
+ * squares in double). */
+static void norm_row(enum kvq_norm_kind kind, const float *x, const float *w, float *y, int n, float eps)
+{
+    double ss = 0.0;
+    for (int i = 0; i < n; i++)
+        ss += (double)x[i] * x[i];
+    float r = (float)(1.0 / sqrt(ss / n + eps));
+    if (kind == KVQ_NORM_RMS_UNIT_OFFSET)
+        for (int i = 0; i < n; i++)
+            y[i] = (1.0f + w[i]) * (x[i] * r);
+    else
+        for (int i = 0; i < n; i++)
+            y[i] = w[i] * (x[i] * r);
+}
+
+/* RoPE of the first rd coordinates of x at the angles cs/sn [rd / 2]; the
+ * rest of the head passes unrotated (partial rotary). */
+static void rope_row(enum kvq_rope_kind kind, float *x, const float *cs, const float *sn, int rd)
+{
+    int half = rd / 2;
+    for (int i = 0; i < half; i++) {
+        int i0 = kind == KVQ_ROPE_INTERLEAVED ? 2 * i : i;
+        int i1 = kind == KVQ_ROPE_INTERLEAVED ? 2 * i + 1 : i + half;
+        float a = x[i0], b = x[i1];
+        x[i0] = a * cs[i] - b * sn[i];
+        x[i1] = b * cs[i] + a * sn[i];
+    }
+}
+
+static float act(enum kvq_act_kind kind, float g)
+{
+    if (kind == KVQ_ACT_GELU_TANH)
+        return 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
+    return g / (1.0f + expf(-g));
+}
+
+/* y[T][out] (+)= x[T][in] . w[out][in]^T. */
+static void matmul(const float *x, const float *w, float *y, size_t T, int in, int out, int accumulate)
+{
+    if (T <= KVQ_MATVEC_MAX_M)
+        kvq_matvec(x, in, w, y, out, (int)T, out, in, accumulate);
+    else
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, out, in, 1.0f, x, in, w, in,
+                    accumulate ? 1.0f : 0.0f, y, out);
+}
+
+static void cpu_embed(kvq_backend *b, const int32_t *ids, size_t T, float *x)
+{
+    const kvq_model *m = b->m;
+    const size_t h = (size_t)m->cfg.hidden;
+    const float scale = m->cfg.arch.embed_scale;
+    for (size_t t = 0; t < T; t++) {
+        float *row = x + t * h;
+        kvq_st_to_f32_range(m->embed, (size_t)ids[t] * h, h, row);
+        if (scale != 1.0f)
+            for (size_t i = 0; i < h; i++)
+                row[i] *= scale;
+    }
+}
+
+static void cpu_norm(kvq_backend *b, enum kvq_norm_site site, int layer, const float *x, float *y, size_t T)
+{
+    const kvq_model *m = b->m;
+    const int h = m->cfg.hidden;
+    const float *w = site == KVQ_NORM_FINAL ? m->final_norm
+                     : site == KVQ_NORM_ATTN ? m->layers[layer].attn_norm
+                                             : m->layers[layer].ffn_norm;
+    for (size_t t = 0; t < T; t++)
+        norm_row(m->cfg.arch.norm, x + t * (size_t)h, w, y + t * (size_t)h, h, m->cfg.rms_eps);
+}
+
+static void cpu_linear(kvq_backend *b, enum kvq_weight which, int layer, const float *x, float *y, size_t T,
+                       int accumulate)
+{
+    const kvq_model *m = b->m;
+    const struct kvq_layer_weights *w = &m->layers[layer];
+    const int h = m->cfg.hidden, f = m->cfg.ffn;
+    const float *W = NULL, *bias = NULL;
+    int in = h, out = h;
+    switch (which) {
+    case KVQ_W_QKV: W = w->wqkv, bias = w->bqkv, out = m->qkv_dim; break;
+    case KVQ_W_O: W = w->wo, bias = w->bo, in = m->q_dim; break;
+    case KVQ_W_GATE_UP: W = w->wgu, bias = w->bgu, out = 2 * f; break;
+    case KVQ_W_DOWN: W = w->wdown, bias = w->bdown, in = f; break;
+    }
+    matmul(x, W, y, T, in, out, accumulate);
+    for (size_t t = 0; bias && t < T; t++)
+        for (int i = 0; i < out; i++)
+            y[t * (size_t)out + i] += bias[i];
+}
+
+static void cpu_qkv_rope(kvq_backend *b, int layer, const float *qkv, size_t T, size_t pos0, float *q, float *k,
+                         float *v)
+{
+    const kvq_model *m = b->m;
+    const struct kvq_model_config *c = &m->cfg;
+    const struct kvq_layer_weights *w = &m->layers[layer];
+    const int d = c->head_dim, rd = c->arch.rotary_dim, half = rd / 2;
+    for (size_t t = 0; t < T; t++) {
+        const float *row = qkv + t * (size_t)m->qkv_dim;
+        const float *cs = m->rope_cos + (pos0 + t) * (size_t)half;
+        const float *sn = m->rope_sin + (pos0 + t) * (size_t)half;
+        float *qt = q + t * (size_t)m->q_dim, *kt = k + t * (size_t)m->kv_dim;
+        for (int hd = 0; hd < c->n_heads; hd++) {
+            float *qh = qt + (size_t)hd * d;
+            if (w->q_norm)
+                norm_row(c->arch.norm, row + (size_t)hd * d, w->q_norm, qh, d, c->rms_eps);
+            else
+                memcpy(qh, row + (size_t)hd * d, (size_t)d * sizeof *qh);
+            rope_row(c->arch.rope, qh, cs, sn, rd);
+        }
+        for (int hd = 0; hd < c->n_kv_heads; hd++) {
+            float *kh = kt + (size_t)hd * d;
+            if (w->k_norm)
+                norm_row(c->arch.norm, row + m->q_dim + (size_t)hd * d, w->k_norm, kh, d, c->rms_eps);
+            else
+                memcpy(kh, row + m->q_dim + (size_t)hd * d, (size_t)d * sizeof *kh);
+            rope_row(c->arch.rope, kh, cs, sn, rd);
+        }
+        memcpy(v + t * (size_t)m->kv_dim, row + m->q_dim + m->kv_dim, (size_t)m->kv_dim * sizeof(float));
+    }
+}
+
+static void cpu_glu(kvq_backend *b, const float *gu, float *hbuf, size_t T)
+{
+    const int f = b->m->cfg.ffn;
+    const enum kvq_act_kind kind = b->m->cfg.arch.act;
+    for (size_t t = 0; t < T; t++) {
+        const float *g = gu + t * 2 * (size_t)f;
+        float *o = hbuf + t * (size_t)f;
+        for (int i = 0; i < f; i++)
+            o[i] = act(kind, g[i]) * g[f + i];
+    }
+}
+
+static void softcap(float *y, int n, float c)
+{
+    for (int i = 0; i < n; i++)
+        y[i] = c * tanhf(y[i] / c);
+}
+
+static kvq_status cpu_lm_head(kvq_backend *b, const float *x, size_t R, float *logits, int32_t *argmax)
+{
+    struct cpu_backend *cb = (struct cpu_backend *)b;
+    const kvq_model *m = b->m;
+    const struct kvq_model_config *c = &m->cfg;
+    const int h = c->hidden;
+    if (R == 0 || (!logits && !argmax))
+        return KVQ_OK;
+    cpu_norm(b, KVQ_NORM_FINAL, 0, x, cb->lm_x, R);
+    for (size_t r = 0; r < R; r++)
+        cb->lm_best[r] = kvq_best_none();
+    kvq_status st = KVQ_OK;
+    for (int k = 0; k < m->n_lm; k++) {
+        const struct kvq_lm_slice *sl = &m->lm[k];
+        /* With full logits wanted, write each slice straight into its columns. */
+        float *out = logits ? logits + sl->start : cb->lm_out;
+        int ldc = logits ? c->vocab : sl->count;
+        if (R <= KVQ_MATVEC_MAX_M) /* batch-invariant: verify rows equal decode rows */
+            kvq_matvec(cb->lm_x, h, sl->w, out, ldc, (int)R, sl->count, h, 0);
+        else
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)R, sl->count, h, 1.0f, cb->lm_x, h, sl->w, h,
+                        0.0f, out, ldc);
+        for (size_t r = 0; c->arch.final_softcap > 0 && r < R; r++)
+            softcap(out + r * (size_t)ldc, sl->count, c->arch.final_softcap);
+        for (size_t r = 0; argmax && r < R && st == KVQ_OK; r++) {
+            kvq_best best;
+            st = kvq_argmax(out + r * (size_t)ldc, sl->count, sl->start, &best);
+            kvq_best_merge(&cb->lm_best[r], best); /* ties: lowest id, whatever the slice order */
+        }
+    }
+    for (size_t r = 0; argmax && r < R; r++)
+        argmax[r] = cb->lm_best[r].token;
+    return st;
+}
+
+static kvq_status cpu_sample(kvq_backend *b, kvq_sampler *smp, const float *logits, int32_t *tok)
+{
+    (void)b;
+    return kvq_sampler_sample(smp, logits, tok);
+}
+
+static void cpu_free(kvq_backend *b)
+{
+    struct cpu_backend *cb = (struct cpu_backend *)b;
+    float *fl[] = {b->acts.x, b->acts.xn, b->acts.qkv, b->acts.q, b->acts.k, b->acts.v,
+                   b->acts.attn, b->acts.gu, b->acts.h, cb->lm_x, cb->lm_out};
+    for (size_t i = 0; i < sizeof fl / sizeof fl[0]; i++)
+        free(fl[i]);
+    free(cb->lm_best);
+    free(cb);
+}
+
+static const struct kvq_backend_ops cpu_ops = {
+    .embed = cpu_embed,
+    .norm = cpu_norm,
+    .linear = cpu_linear,
+    .qkv_rope = cpu_qkv_rope,
+    .glu = cpu_glu,
+    .lm_head = cpu_lm_head,
+    .sample = cpu_sample,
+    .free = cpu_free,
+};
+
+static float *alloc_f(size_t n)
+{
+    return aligned_alloc(64, ((n * sizeof(float) + 63) / 64) * 64);
+}
+
+kvq_status kvq_backend_cpu_create(const kvq_model *m, size_t max_rows, kvq_backend **out)
+{
+    struct cpu_backend *cb = calloc(1, sizeof *cb);
+    if (!cb)
+        return KVQ_ERR_NOMEM;
+    kvq_backend *b = &cb->base;
+    b->ops = &cpu_ops;
+    b->name = "cpu";
+    b->m = m;
+    b->max_rows = max_rows;
+    const size_t mr = max_rows, h = (size_t)m->cfg.hidden, f = (size_t)m->cfg.ffn;
+    struct kvq_acts *a = &b->acts;
+    a->x = alloc_f(mr * h);
+    a->xn = alloc_f(mr * h);
+    a->qkv = alloc_f(mr * (size_t)m->qkv_dim);
+    a->q = alloc_f(mr * (size_t)m->q_dim);
+    a->k = alloc_f(mr * (size_t)m->kv_dim);
+    a->v = alloc_f(mr * (size_t)m->kv_dim);
+    a->attn = alloc_f(mr * (size_t)m->q_dim);
+    a->gu = alloc_f(mr * 2 * f);
+    a->h = alloc_f(mr * f);
+    cb->lm_x = alloc_f(mr * h);
+    cb->lm_out = alloc_f(mr * (size_t)m->max_lm_rows);
+    cb->lm_best = malloc(mr * sizeof *cb->lm_best);
+    if (!a->x || !a->xn || !a->qkv || !a->q || !a->k || !a->v || !a->attn || !a->gu || !a->h || !cb->lm_x ||
+        !cb->lm_out || !cb->lm_best) {
+        cpu_free(b);
+        return KVQ_ERR_NOMEM;
+    }
+    *out = b;
+    return KVQ_OK;
+}

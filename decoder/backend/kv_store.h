@@ -1,0 +1,82 @@
+/* kv_store.h - every layer's keys and values, behind one interface.
+ *
+ * The forward pass hands a store the post-RoPE keys and values of a chunk
+ * and the chunk's queries, and gets attention outputs back; how the rows are
+ * kept (types, pages, f16 windows, which device) is the store's business.
+ * The shape is the device cache's (kvq_cuda.h): one store holds all layers
+ * of up to max_seqs sequences, each sequence with its own length, and a call
+ * may carry several sequences (batched decode), so a CUDA store maps a
+ * layer to one kvq_cuda_cache whose sequences are the store's.
+ *
+ * Shapes (in the backend's memory): for a call over n_seqs sequences of T
+ * new tokens each,
+ *   k, v  [n_seqs][T][n_kv_heads][head_dim]
+ *   q     [n_seqs][T][n_heads][head_dim], out likewise;
+ * query head h reads KV head h / (n_heads / n_kv_heads).
+ *
+ * Adding a store (a new device, another cache organisation): implement these
+ * ops, and create it where the sequence state picks its backend (seq.c).
+ */
+#ifndef KVQ_KV_STORE_H
+#define KVQ_KV_STORE_H
+
+#include <stddef.h>
+
+#include "kvq_cache.h"
+#include "kvq_status.h"
+
+typedef struct kvq_kv_store kvq_kv_store;
+
+struct kvq_kv_store_ops {
+    /* Appends the T new tokens of each of seqs[0..n_seqs) to layer's rows
+     * and writes the attention of their queries over everything the
+     * sequence then holds, causally (query t of a sequence of length L
+     * before the call sees tokens [0, L + t]). On error the layer holds
+     * what it held before for every sequence. */
+    kvq_status (*append_attend)(kvq_kv_store *s, int layer, int n_seqs, const int *seqs, size_t T,
+                                const float *k, const float *v, const float *q, float *out);
+    /* Makes room for n more tokens of seq in every layer, so that appends of
+     * up to n tokens cannot fail for want of memory. */
+    kvq_status (*reserve)(kvq_kv_store *s, int seq, size_t n);
+    /* Drops tokens [n, len) of seq in layers [0, n_layers). */
+    void (*truncate)(kvq_kv_store *s, int seq, int n_layers, size_t n);
+    /* Empties seq in every layer (pages may be kept for reuse). */
+    void (*reset)(kvq_kv_store *s, int seq);
+    /* Bytes and rows of seq, summed over layers. */
+    void (*stats)(const kvq_kv_store *s, int seq, struct kvq_cache_stats *sum);
+    /* The host cache of (layer, seq) where the store has one, else NULL. */
+    const kvq_cache *(*cache)(const kvq_kv_store *s, int layer, int seq);
+    void (*free)(kvq_kv_store *s);
+};
+
+struct kvq_kv_store {
+    const struct kvq_kv_store_ops *ops;
+    int n_layers;
+    int max_seqs;
+};
+
+/* Per-layer cache configs of a CPU store; cfgs[l] for layer l. */
+struct kvq_kv_store_cpu_config {
+    const struct kvq_cache_config *cfgs; /* [n_layers] (copied) */
+    int n_layers;
+    int max_seqs;
+    int n_heads;        /* query heads (GQA groups of n_heads / n_kv_heads) */
+    size_t max_rows;    /* most tokens of one call over all its sequences */
+    int v_norm_correct; /* kvq_seq_config.v_norm_correct */
+};
+
+/** A store of kvq_cache pages in host memory, attended by kvq_attn_* (the
+ *  fused CPU kernels). With recent_f16 a chunk is appended and attended one
+ *  position at a time, so a prefill sees exactly what token-by-token
+ *  generation sees. @return KVQ_OK and *out; a kvq_cache_create error (err
+ *  says which layer); KVQ_ERR_NOMEM. */
+kvq_status kvq_kv_store_cpu_create(const struct kvq_kv_store_cpu_config *cfg, kvq_kv_store **out,
+                                   kvq_error *err);
+
+static inline void kvq_kv_store_free(kvq_kv_store *s)
+{
+    if (s)
+        s->ops->free(s);
+}
+
+#endif /* KVQ_KV_STORE_H */

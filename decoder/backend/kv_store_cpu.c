@@ -1,0 +1,268 @@
+/* kv_store_cpu.c - the KV store over host kvq_cache pages.
+ *
+ * Attention goes only through kvq's public API: a chunk's keys and values
+ * are appended to the layer's cache, then kvq_attn_causal (T > 1) or
+ * kvq_attn_decode (T = 1) reads them back from the packed pages, once per KV
+ * head for its group of query heads. With the recent f16 window a chunk is
+ * appended and attended one position at a time instead (append_attend_each).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kv_store.h"
+#include "kvq_attn.h"
+#include "kvq_codec.h"
+
+struct cpu_store {
+    struct kvq_kv_store base;
+    kvq_cache **caches; /* [n_layers][max_seqs] */
+    int n_kv, n_heads, head_dim;
+    int recent_f16;
+    kvq_attn_workspace *ws;
+    float *qg, *og;       /* [max_rows][q_dim]: a KV group's query heads, contiguous */
+    uint8_t *vnc_packed;  /* v_norm_correct: [max_rows * n_kv] packed V rows */
+    float *vnc_dec;       /* v_norm_correct: [max_rows][kv_dim] decoded V rows */
+};
+
+static kvq_cache *cache_of(const struct cpu_store *s, int layer, int seq)
+{
+    return s->caches[(size_t)layer * (size_t)s->base.max_seqs + (size_t)seq];
+}
+
+/* Value norm correction (kvq_seq_config.v_norm_correct). A tq value row
+ * decodes to n R^T c[idx], whose norm n ||c[idx]|| falls short of n: the
+ * codebook shrinks towards the centroids. The codes depend only on the
+ * direction of x, so scaling x by ||x|| / ||x~|| before encoding leaves them
+ * as they are and stores exactly the norm that makes ||x~|| = ||x|| (up to
+ * the f16 rounding of the stored norm). Scales v in place. */
+static kvq_status norm_correct_v(struct cpu_store *s, const kvq_cache *c, float *v, size_t T)
+{
+    const kvq_codec *cv = kvq_cache_codec_v(c);
+    if (!s->vnc_packed || !kvq_codec_traits(cv)->rotated)
+        return KVQ_OK;
+    const int d = s->head_dim;
+    const size_t rows = T * (size_t)s->n_kv;
+    kvq_status st = kvq_codec_encode(cv, v, rows, s->vnc_packed);
+    if (st == KVQ_OK)
+        st = kvq_codec_decode(cv, s->vnc_packed, rows, s->vnc_dec);
+    if (st != KVQ_OK)
+        return st;
+    for (size_t r = 0; r < rows; r++) {
+        float *x = v + r * (size_t)d;
+        const float *y = s->vnc_dec + r * (size_t)d;
+        double nx = 0, ny = 0;
+        for (int i = 0; i < d; i++) {
+            nx += (double)x[i] * x[i];
+            ny += (double)y[i] * y[i];
+        }
+        if (ny > 0) {
+            float g = (float)sqrt(nx / ny);
+            for (int i = 0; i < d; i++)
+                x[i] *= g;
+        }
+    }
+    return KVQ_OK;
+}
+
+/* out[T][n_heads][d] for queries at positions pos0.. of a cache that already
+ * holds them. */
+static kvq_status attend(struct cpu_store *s, const kvq_cache *cache, size_t pos0, size_t T, const float *q,
+                         float *out)
+{
+    const int d = s->head_dim, G = s->n_heads / s->n_kv;
+    const size_t gd = (size_t)G * d, qd = (size_t)s->n_heads * d;
+    const float scale = 1.0f / sqrtf((float)d);
+    for (int g = 0; g < s->n_kv; g++) {
+        kvq_status st;
+        if (T == 1) {
+            st = kvq_attn_decode(cache, g, pos0 + 1, q + g * gd, G, scale, out + g * gd, s->ws);
+        } else if (s->n_kv == 1) {
+            st = kvq_attn_causal(cache, g, pos0, T, q, G, scale, out, s->ws);
+        } else {
+            /* The heads of one group are contiguous within a token, not across tokens. */
+            for (size_t t = 0; t < T; t++)
+                memcpy(s->qg + t * gd, q + t * qd + g * gd, gd * sizeof(float));
+            st = kvq_attn_causal(cache, g, pos0, T, s->qg, G, scale, s->og, s->ws);
+            for (size_t t = 0; t < T; t++)
+                memcpy(out + t * qd + g * gd, s->og + t * gd, gd * sizeof(float));
+        }
+        if (st != KVQ_OK)
+            return st;
+    }
+    return KVQ_OK;
+}
+
+/* Generation order for a chunk (recent f16 window): append token t, then
+ * attend for query t, so every query sees the f16 window exactly as it was
+ * when its own token was the newest (pages filled later in the chunk are
+ * not yet read packed). */
+static kvq_status append_attend_each(struct cpu_store *s, kvq_cache *cache, size_t pos0, size_t T, const float *k,
+                                     const float *v, const float *q, float *out)
+{
+    const size_t kvd = (size_t)s->n_kv * s->head_dim, qd = (size_t)s->n_heads * s->head_dim;
+    for (size_t t = 0; t < T; t++) {
+        kvq_status st = kvq_cache_append(cache, 1, k + t * kvd, v + t * kvd);
+        if (st == KVQ_OK)
+            st = attend(s, cache, pos0 + t, 1, q + t * qd, out + t * qd);
+        if (st != KVQ_OK)
+            return st;
+    }
+    return KVQ_OK;
+}
+
+static kvq_status cpu_append_attend(kvq_kv_store *base, int layer, int n_seqs, const int *seqs, size_t T,
+                                    const float *k, const float *v, const float *q, float *out)
+{
+    struct cpu_store *s = (struct cpu_store *)base;
+    const size_t kvd = (size_t)s->n_kv * s->head_dim, qd = (size_t)s->n_heads * s->head_dim;
+    for (int i = 0; i < n_seqs; i++) {
+        kvq_cache *cache = cache_of(s, layer, seqs[i]);
+        size_t pos0 = kvq_cache_len(cache);
+        const float *ki = k + (size_t)i * T * kvd, *qi = q + (size_t)i * T * qd;
+        float *vi = (float *)v + (size_t)i * T * kvd, *oi = out + (size_t)i * T * qd;
+        kvq_status st = norm_correct_v(s, cache, vi, T);
+        if (st == KVQ_OK) {
+            if (s->recent_f16 && T > 1)
+                st = append_attend_each(s, cache, pos0, T, ki, vi, qi, oi);
+            else if ((st = kvq_cache_append(cache, T, ki, vi)) == KVQ_OK)
+                st = attend(s, cache, pos0, T, qi, oi);
+        }
+        if (st != KVQ_OK) { /* all or nothing over the call's sequences */
+            kvq_cache_truncate(cache, pos0);
+            for (int j = 0; j < i; j++) {
+                kvq_cache *c = cache_of(s, layer, seqs[j]);
+                kvq_cache_truncate(c, kvq_cache_len(c) - T);
+            }
+            return st;
+        }
+    }
+    return KVQ_OK;
+}
+
+static kvq_status cpu_reserve(kvq_kv_store *base, int seq, size_t n)
+{
+    struct cpu_store *s = (struct cpu_store *)base;
+    for (int l = 0; l < base->n_layers; l++) {
+        kvq_status st = kvq_cache_reserve(cache_of(s, l, seq), n);
+        if (st != KVQ_OK)
+            return st;
+    }
+    return KVQ_OK;
+}
+
+static void cpu_truncate(kvq_kv_store *base, int seq, int n_layers, size_t n)
+{
+    struct cpu_store *s = (struct cpu_store *)base;
+    for (int l = 0; l < n_layers; l++)
+        if (kvq_cache_len(cache_of(s, l, seq)) > n)
+            kvq_cache_truncate(cache_of(s, l, seq), n);
+}
+
+static void cpu_reset(kvq_kv_store *base, int seq)
+{
+    struct cpu_store *s = (struct cpu_store *)base;
+    for (int l = 0; l < base->n_layers; l++)
+        kvq_cache_reset(cache_of(s, l, seq));
+}
+
+static void cpu_stats(const kvq_kv_store *base, int seq, struct kvq_cache_stats *sum)
+{
+    const struct cpu_store *s = (const struct cpu_store *)base;
+    memset(sum, 0, sizeof *sum);
+    for (int l = 0; l < base->n_layers; l++) {
+        struct kvq_cache_stats cs;
+        kvq_cache_get_stats(cache_of(s, l, seq), &cs);
+        sum->tokens = cs.tokens;
+        sum->bytes_used += cs.bytes_used;
+        sum->bytes_allocated += cs.bytes_allocated;
+        sum->bytes_f16 += cs.bytes_f16;
+        sum->bytes_f16_buffers += cs.bytes_f16_buffers;
+    }
+}
+
+static const kvq_cache *cpu_cache(const kvq_kv_store *base, int layer, int seq)
+{
+    return cache_of((const struct cpu_store *)base, layer, seq);
+}
+
+static void cpu_free(kvq_kv_store *base)
+{
+    struct cpu_store *s = (struct cpu_store *)base;
+    for (size_t i = 0; s->caches && i < (size_t)base->n_layers * (size_t)base->max_seqs; i++)
+        kvq_cache_free(s->caches[i]);
+    free(s->caches);
+    kvq_attn_workspace_free(s->ws);
+    free(s->qg);
+    free(s->og);
+    free(s->vnc_packed);
+    free(s->vnc_dec);
+    free(s);
+}
+
+static const struct kvq_kv_store_ops cpu_ops = {
+    .append_attend = cpu_append_attend,
+    .reserve = cpu_reserve,
+    .truncate = cpu_truncate,
+    .reset = cpu_reset,
+    .stats = cpu_stats,
+    .cache = cpu_cache,
+    .free = cpu_free,
+};
+
+kvq_status kvq_kv_store_cpu_create(const struct kvq_kv_store_cpu_config *cfg, kvq_kv_store **out, kvq_error *err)
+{
+    if (!cfg || !cfg->cfgs || cfg->n_layers < 1 || cfg->max_seqs < 1 || !out)
+        return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "kvq_kv_store_cpu_create: bad arguments");
+    const struct kvq_cache_config *c0 = &cfg->cfgs[0];
+    struct cpu_store *s = calloc(1, sizeof *s);
+    if (!s)
+        return kvq_error_set(err, KVQ_ERR_NOMEM, "out of memory");
+    s->base.ops = &cpu_ops;
+    s->base.n_layers = cfg->n_layers;
+    s->base.max_seqs = cfg->max_seqs;
+    s->n_kv = c0->n_kv_heads;
+    s->n_heads = cfg->n_heads;
+    s->head_dim = c0->head_dim;
+    s->recent_f16 = c0->recent_f16;
+    size_t n = (size_t)cfg->n_layers * (size_t)cfg->max_seqs, max_tokens = 0;
+    s->caches = calloc(n, sizeof *s->caches);
+    if (!s->caches)
+        goto nomem;
+    kvq_status st;
+    for (size_t i = 0; i < n; i++) {
+        const struct kvq_cache_config *cc = &cfg->cfgs[i / (size_t)cfg->max_seqs];
+        max_tokens = cc->max_tokens > max_tokens ? cc->max_tokens : max_tokens;
+        if ((st = kvq_cache_create(cc, &s->caches[i])) != KVQ_OK) {
+            cpu_free(&s->base);
+            return kvq_error_set(err, st, "cannot create a %s/%s cache for head_dim %d: %s",
+                                 kvq_type_traits(cc->type_k)->name, kvq_type_traits(cc->type_v)->name, cc->head_dim,
+                                 kvq_status_str(st));
+        }
+    }
+    if ((st = kvq_attn_workspace_create(s->head_dim, s->n_heads / s->n_kv, max_tokens, &s->ws)) != KVQ_OK) {
+        cpu_free(&s->base);
+        return kvq_error_set(err, st, "cannot create the attention workspace: %s", kvq_status_str(st));
+    }
+    size_t qd = (size_t)s->n_heads * s->head_dim, kvd = (size_t)s->n_kv * s->head_dim;
+    s->qg = malloc(cfg->max_rows * qd * sizeof(float));
+    s->og = malloc(cfg->max_rows * qd * sizeof(float));
+    if (!s->qg || !s->og)
+        goto nomem;
+    if (cfg->v_norm_correct) {
+        size_t rb = 0;
+        for (size_t i = 0; i < n; i++) {
+            size_t r = kvq_codec_row_bytes(kvq_cache_codec_v(s->caches[i]));
+            rb = r > rb ? r : rb;
+        }
+        s->vnc_packed = malloc(cfg->max_rows * (size_t)s->n_kv * rb);
+        s->vnc_dec = malloc(cfg->max_rows * kvd * sizeof(float));
+        if (!s->vnc_packed || !s->vnc_dec)
+            goto nomem;
+    }
+    *out = &s->base;
+    return KVQ_OK;
+nomem:
+    cpu_free(&s->base);
+    return kvq_error_set(err, KVQ_ERR_NOMEM, "out of memory for the KV store");
+}
