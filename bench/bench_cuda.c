@@ -6,22 +6,20 @@
  * for the bandwidth ceiling. PyTorch's SDPA on the same shapes is
  * bench/cuda_sdpa.py; bench/run_cuda.sh runs both and prints the ratios.
  *
- * For tq keys the earlier versions of the fused kernel are timed on the same
- * data in the same run: the previous default (KVQ_CUDA_KERNEL_FAST_V3,
- * transposed f16 scores, overlapped launches, "v3o us"), the same with plain
- * launches ("v3 us") and the second pass (FAST_V2, "v2 us"); "vX/new" > 1
- * means the default (V4: integer key scores, overlapped launches) is faster.
- * (The first version, FAST_V1, is no longer timed: docs/cuda.md has it.)
+ * Every call is the default (KVQ_CUDA_KERNEL_AUTO: the fused kernel on
+ * these shapes). The earlier versions of the fused kernel, which the runs up
+ * to the tenth pass timed next to it ("v3o us", "v2 us", "v3 us"), have left
+ * the library; their numbers are in docs/history/attention-cuda.md.
  *
  * Each timing: L2 flushed before every launch, device events around the
  * attend call only, 3 warm-ups, median of KVQ_BENCH_REPS (20). The flush
  * writes 256 MB (memset) and then reads them (kvq_cuda_touch), so the call
  * starts with none of its data in L2 and no dirty line to write back;
  * KVQ_BENCH_FLUSH=write skips the read, the method of the first seven passes
- * (docs/cuda.md: the call then also pays for writing back up to the L2's
- * size of the memset's lines). "read us" is a plain read of as many bytes
- * as the call must read (kvq_cuda_touch on a separate buffer, same flush):
- * what moving those bytes alone costs, launch included.
+ * (docs/history/attention-cuda.md: the call then also pays for writing back
+ * up to the L2's size of the memset's lines). "read us" is a plain read of
+ * as many bytes as the call must read (kvq_cuda_touch on a separate buffer,
+ * same flush): what moving those bytes alone costs, launch included.
  * "graph us" times the same default call recorded once into a CUDA graph
  * and replayed (kvq_cuda_graph_*): the device-side time without the host's
  * cost of issuing three launches, which a decode loop run from a graph does
@@ -42,12 +40,8 @@
  *      each a comma-separated list of up to 5: for ncu and A/B runs),
  *      KVQ_BENCH_MAXCTX (cap on the context), KVQ_BENCH_JSON_DIR,
  *      KVQ_BENCH_SPLITS (force the split count; 0 = the library's choice),
- *      KVQ_BENCH_COMPARE=0 (time only the default, not the earlier versions),
  *      KVQ_BENCH_GRAPH=0 (no CUDA-graph timing),
- *      KVQ_BENCH_FLUSH=read|write (the L2 flush above; read by default),
- *      KVQ_BENCH_TIMELINE=dir (a MEASURE=-DKVQ_CU_MEASURE_TIMELINE build:
- *      per-block times of each shape's last call, and of its graph replay,
- *      for bench/cuda_timeline.py).
+ *      KVQ_BENCH_FLUSH=read|write (the L2 flush above; read by default).
  * Without a GPU it prints one line and exits 0.
  */
 #include <math.h>
@@ -69,10 +63,7 @@ struct result {
     int batch, ctx;
     enum kvq_type tk, tv;
     double us, gbps, pct;
-    double us_v3o; /* KVQ_CUDA_KERNEL_FAST_V3 with opts.overlap = 1, same data (0: not timed) */
     double us_graph; /* the default call replayed from a CUDA graph (0: not timed) */
-    double us_v2;  /* KVQ_CUDA_KERNEL_FAST_V2, same data (0: not timed) */
-    double us_v3;  /* KVQ_CUDA_KERNEL_FAST_V3 with opts.overlap = 0, same data (0: not timed) */
     double bytes;
     double us_read; /* kvq_cuda_touch of `bytes` bytes, same flush (0: not timed) */
 };
@@ -298,9 +289,9 @@ static kvq_status attend_once(void *arg)
  * warm-ups. graph = 1 records the call once into a CUDA graph and times its
  * replays instead (kvq_cuda_graph_*), with the same flush and bracketing. */
 static double time_attend(kvq_cuda_cache *c, kvq_cuda_timer *tm, int batch, const float *qd, float *od, int reps,
-                          enum kvq_cuda_kernel kern, int overlap, int graph)
+                          int graph)
 {
-    const struct kvq_cuda_attn_opts opts = {kern, env_int("KVQ_BENCH_SPLITS", 0), overlap};
+    const struct kvq_cuda_attn_opts opts = {KVQ_CUDA_KERNEL_AUTO, env_int("KVQ_BENCH_SPLITS", 0)};
     int seqs[MAXB];
     for (int i = 0; i < batch; i++)
         seqs[i] = i;
@@ -315,34 +306,6 @@ static double time_attend(kvq_cuda_cache *c, kvq_cuda_timer *tm, int batch, cons
     return us;
 }
 
-#ifdef KVQ_CU_MEASURE_TIMELINE
-/* Measurement build (docs/cuda.md): the per-block times of the last fused
- * launch into $KVQ_BENCH_TIMELINE/timeline_<batch>_<context>.txt, one block
- * per line, for bench/cuda_timeline.py. TL_WORDS and TL_MAX are
- * KVQ_CU_TIMELINE_WORDS and _MAX of cuda_internal.cuh, a CUDA header. */
-size_t kvq_cu_timeline_read(unsigned long long *dst, size_t max_blocks);
-enum { TL_WORDS = 6, TL_MAX = 65536 };
-
-static void write_timeline(const char *tag, int batch, int ctx)
-{
-    const char *dir = getenv("KVQ_BENCH_TIMELINE");
-    static unsigned long long rec[TL_MAX * TL_WORDS];
-    if (!dir || !*dir)
-        return;
-    const size_t n = kvq_cu_timeline_read(rec, TL_MAX);
-    char path[1024];
-    snprintf(path, sizeof path, "%s/timeline%s_%d_%d.txt", dir, tag, batch, ctx);
-    FILE *f = fopen(path, "w");
-    if (!f) {
-        fprintf(stderr, "bench_cuda: cannot write %s\n", path);
-        return;
-    }
-    for (size_t i = 0; i < n * TL_WORDS; i++)
-        fprintf(f, "%llu%c", rec[i], (i + 1) % TL_WORDS ? ' ' : '\n');
-    fclose(f);
-}
-#endif
-
 int main(void)
 {
     if (kvq_cuda_device_count() == 0) {
@@ -355,7 +318,6 @@ int main(void)
     const int quick = env_int("KVQ_BENCH_QUICK", 0) || profile;
     const int maxctx = env_int("KVQ_BENCH_MAXCTX", 131072);
     const int reps = env_int("KVQ_BENCH_REPS", 20);
-    const int compare = env_int("KVQ_BENCH_COMPARE", 1);
     const int graph = env_int("KVQ_BENCH_GRAPH", 1);
     const char *flush_env = getenv("KVQ_BENCH_FLUSH");
     if (flush_env && *flush_env && strcmp(flush_env, "read") != 0 && strcmp(flush_env, "write") != 0) {
@@ -435,26 +397,8 @@ int main(void)
                 r->ctx = ctx;
                 r->tk = types[ti][0];
                 r->tv = types[ti][1];
-                r->us = time_attend(c, tm, r->batch, qd, od, reps, KVQ_CUDA_KERNEL_AUTO, 0, 0);
-#ifdef KVQ_CU_MEASURE_TIMELINE
-                write_timeline("", r->batch, ctx); /* the last timed call's fused launch */
-#endif
-                r->us_graph = graph ? time_attend(c, tm, r->batch, qd, od, reps, KVQ_CUDA_KERNEL_AUTO, 0, 1) : 0.0;
-#ifdef KVQ_CU_MEASURE_TIMELINE
-                if (graph)
-                    write_timeline("_graph", r->batch, ctx); /* the same, replayed from a graph */
-#endif
-                /* the other versions in the same run, on the same data */
-                const int older = compare && types[ti][0] != KVQ_TYPE_F16;
-                r->us_v3o = older
-                                ? time_attend(c, tm, r->batch, qd, od, reps, KVQ_CUDA_KERNEL_FAST_V3, 1, 0)
-                                : 0.0;
-                r->us_v2 = older
-                               ? time_attend(c, tm, r->batch, qd, od, reps, KVQ_CUDA_KERNEL_FAST_V2, 0, 0)
-                               : 0.0;
-                r->us_v3 = older
-                               ? time_attend(c, tm, r->batch, qd, od, reps, KVQ_CUDA_KERNEL_FAST_V3, 0, 0)
-                               : 0.0;
+                r->us = time_attend(c, tm, r->batch, qd, od, reps, 0);
+                r->us_graph = graph ? time_attend(c, tm, r->batch, qd, od, reps, 1) : 0.0;
                 r->bytes = (double)r->batch * ctx * H * row;
                 r->us_read = r->bytes <= (double)read_cap ? time_read(tm, read_buf, (size_t)r->bytes, reps) : 0.0;
                 r->gbps = r->bytes / (r->us * 1e-6) / 1e9;
@@ -467,8 +411,8 @@ int main(void)
     }
     printf("\n");
 
-    printf("%5s %7s %-10s %10s %9s %8s %10s %10s %9s %10s %10s %8s %10s %8s %10s %8s\n", "batch", "context", "K/V",
-           "us", "GB/s", "%copy", "vs f16", "read us", "us/read", "graph us", "v3o us", "v3o/new", "v2 us", "v2/new", "v3 us", "v3/new");
+    printf("%5s %7s %-10s %10s %9s %8s %10s %10s %9s %10s\n", "batch", "context", "K/V", "us", "GB/s", "%copy",
+           "vs f16", "read us", "us/read", "graph us");
     for (int i = 0; i < nres; i++) {
         const struct result *r = &res[i];
         double f16us = 0.0;
@@ -477,12 +421,9 @@ int main(void)
                 f16us = res[j].us;
         char kv[32];
         snprintf(kv, sizeof kv, "%s/%s", kvq_type_traits(r->tk)->name, kvq_type_traits(r->tv)->name);
-        printf("%5d %7d %-10s %10.1f %9.0f %7.1f%% %9.2fx %10.1f %8.2fx %10.1f %10.1f %7.2fx %10.1f %7.2fx %10.1f "
-               "%7.2fx\n",
-               r->batch, r->ctx, kv, r->us, r->gbps, r->pct, f16us > 0.0 ? f16us / r->us : 0.0, r->us_read,
-               r->us_read > 0.0 ? r->us / r->us_read : 0.0, r->us_graph, r->us_v3o,
-               r->us_v3o > 0.0 ? r->us_v3o / r->us : 0.0, r->us_v2, r->us_v2 > 0.0 ? r->us_v2 / r->us : 0.0, r->us_v3,
-               r->us_v3 > 0.0 ? r->us_v3 / r->us : 0.0);
+        printf("%5d %7d %-10s %10.1f %9.0f %7.1f%% %9.2fx %10.1f %8.2fx %10.1f\n", r->batch, r->ctx, kv, r->us,
+               r->gbps, r->pct, f16us > 0.0 ? f16us / r->us : 0.0, r->us_read,
+               r->us_read > 0.0 ? r->us / r->us_read : 0.0, r->us_graph);
     }
 
     const char *dir = getenv("KVQ_BENCH_JSON_DIR");
@@ -498,10 +439,9 @@ int main(void)
             const struct result *r = &res[i];
             fprintf(f,
                     "    {\"batch\": %d, \"context\": %d, \"type_k\": \"%s\", \"type_v\": \"%s\", \"us\": %.2f, "
-                    "\"bytes\": %.0f, \"gbps\": %.1f, \"pct_copy\": %.1f, \"us_v3_overlap\": %.2f, \"us_v2\": %.2f, "
-                    "\"us_v3_plain\": %.2f, \"us_graph\": %.2f, \"us_read\": %.2f}%s\n",
+                    "\"bytes\": %.0f, \"gbps\": %.1f, \"pct_copy\": %.1f, \"us_graph\": %.2f, \"us_read\": %.2f}%s\n",
                     r->batch, r->ctx, kvq_type_traits(r->tk)->name, kvq_type_traits(r->tv)->name, r->us, r->bytes,
-                    r->gbps, r->pct, r->us_v3o, r->us_v2, r->us_v3, r->us_graph, r->us_read, i + 1 < nres ? "," : "");
+                    r->gbps, r->pct, r->us_graph, r->us_read, i + 1 < nres ? "," : "");
         }
         fprintf(f, "  ],\n  \"append\": [\n");
         for (int i = 0; i < napp; i++) {

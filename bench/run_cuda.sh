@@ -8,7 +8,7 @@
 # BUILD holds tests/test_cuda and bench/bench_cuda (built with nvcc present);
 # STAGES is a comma list of test,bench,sdpa,ncu,ncu4,sass,sanitize (default:
 # test,bench,sdpa,sanitize; ncu profiles one fused-kernel launch, ncu4 one of
-# the V4 kernel, sass dumps the fused kernels' machine code).
+# its integer-key-score kernel, sass dumps that kernel's machine code).
 # KVQ_BENCH_QUICK=1 benchmarks a subset; KVQ_BENCH_FLUSH=write flushes L2
 # with a memset alone for both benchmarks (the default also reads the flush
 # buffer back, leaving no dirty line; bench/bench_cuda.c says why). Logs and
@@ -65,8 +65,7 @@ print("read us: a plain read of the tq3j/tq3 call's bytes; the 3.5x target is SD
       "of read us ('bar/read') next to the call's ('us/read')")
 print(f"{'batch':>5} {'ctx':>7} {'tq3j/tq3 us':>12} {'GB/s':>6} {'%copy':>6} {'tq3/tq3 us':>11} {'tq3 %copy':>9} "
       f"{'f16 us':>9} {'SDPA us':>9} {'tq3j vs SDPA':>13} {'tq3 vs SDPA':>12} {'tq3j vs f16':>12} "
-      f"{'tq3j graph':>10} {'SDPA graph':>10} {'graph ratio':>11} {'read us':>8} {'us/read':>7} {'bar/read':>8} "
-      f"{'tq3j v3o us':>11} {'v3o/new':>7} {'tq3j v2 us':>11} {'v2/new':>7} {'tq3j v3 us':>11} {'v3/new':>7}")
+      f"{'tq3j graph':>10} {'SDPA graph':>10} {'graph ratio':>11} {'read us':>8} {'us/read':>7} {'bar/read':>8}")
 for (b, c) in sorted({(k[0], k[1]) for k in t}, key=lambda x: (x[1], x[0])):
     a = t.get((b, c, "tq3j/tq3")); q = t.get((b, c, "tq3/tq3")); f = t.get((b, c, "f16/f16"))
     p = s.get((b, c), {}).get("us")
@@ -78,10 +77,7 @@ for (b, c) in sorted({(k[0], k[1]) for k in t}, key=lambda x: (x[1], x[0])):
           f"{fmt(q and q['us']):>11} {fmt(q and q['pct_copy']):>9} {fmt(f and f['us']):>9} {fmt(p):>9} "
           f"{ratio(a and a['us'], p):>13} {ratio(q and q['us'], p):>12} {ratio(a and a['us'], f and f['us']):>12} "
           f"{fmt(a and a.get('us_graph')):>10} {fmt(pg):>10} {ratio(a and a.get('us_graph'), pg):>11} "
-          f"{fmt(rd):>8} {ratio(rd, a and a['us']):>7} {ratio(rd, p and p / 3.5):>8} "
-          f"{fmt(a and a.get('us_v3_overlap')):>11} {ratio(a and a['us'], a and a.get('us_v3_overlap')):>7} "
-          f"{fmt(a and a.get('us_v2')):>11} {ratio(a and a['us'], a and a.get('us_v2')):>7} "
-          f"{fmt(a and a.get('us_v3_plain')):>11} {ratio(a and a['us'], a and a.get('us_v3_plain')):>7}")
+          f"{fmt(rd):>8} {ratio(rd, a and a['us']):>7} {ratio(rd, p and p / 3.5):>8}")
 EOF
 fi
 if has ncu; then
@@ -98,7 +94,7 @@ if has ncu; then
 fi
 
 if has ncu4; then
-    say "== ncu: one V4 (integer scores) launch, tq3j/tq3, batch 32, 32K"
+    say "== ncu: one launch of the integer-key-score kernel, tq3j/tq3, batch 32, 32K"
     KVQ_BENCH_PROFILE=1 KVQ_BENCH_REPS=1 KVQ_BENCH_JSON_DIR=/tmp timeout 200 ncu --kernel-name-base mangled \
         -k regex:"fast_kernelILi0ELi0ELi4ELi2ELi2E" --launch-skip 2 --launch-count 1 --section SpeedOfLight \
         --section Occupancy --section WarpStateStats --section SchedulerStats --section InstructionStats \
@@ -108,9 +104,10 @@ if has ncu4; then
 fi
 
 if has sass; then
-    # tq3j/tq3, G <= 4, 32-token stages: V2 (mode 0), V3 (1), V4, the default (2)
-    for m in 0 1 2; do
-        k="fast_kernelILi0ELi0ELi4ELi2ELi${m}E"
+    # tq3j/tq3, G <= 4, 32-token stages, integer key scores: queries from the
+    # prep kernel (b0) and prepared in the kernel (b1, a launch of one wave)
+    for m in 0 1; do
+        k="fast_kernelILi0ELi0ELi4ELi2ELi2ELb${m}E"
         cuobjdump -sass "$build/tests/test_cuda" 2>/dev/null | awk -v k="$k" '/Function : /{p = index($0, k) > 0} p' >"$out/sass$m.txt"
         f="$out/sass$m.txt"
         say "sass ($k): $(grep -c '/\*[0-9a-f]*\*/' "$f") instructions; HMMA $(grep -c HMMA "$f"), IMMA $(grep -c IMMA "$f"), PRMT $(grep -c PRMT "$f"), LOP3 $(grep -c LOP3 "$f"), SHF $(grep -c 'SHF\.' "$f"), IMAD $(grep -c IMAD "$f"), LDS $(grep -c 'LDS' "$f"), SHFL $(grep -c SHFL "$f")"

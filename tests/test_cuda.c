@@ -2,12 +2,13 @@
  *  - encode: pages written by the GPU are byte-identical to the CPU cache's,
  *    for many types, dims (power-of-two and Kronecker rotations), page sizes
  *    and append patterns;
- *  - attention: the fused tensor-core kernel (the default, V3 with
- *    overlapped launches, V3 with plain launches, and the earlier V1 and V2)
- *    and the fp32 reference kernel against the CPU's dequantize-then-attend
- *    reference (relative error <= 1e-3), on random data with outlier
- *    channels and on the real keys/values/queries of the fixture model, and
- *    calls queued back to back without synchronising;
+ *  - attention: the fused tensor-core kernel (KVQ_CUDA_KERNEL_FUSED, with
+ *    automatic and forced split counts), the fp32 reference kernel
+ *    (KVQ_CUDA_KERNEL_REF) and the default choice (KVQ_CUDA_KERNEL_AUTO)
+ *    against the CPU's dequantize-then-attend reference (relative error
+ *    <= 1e-3), on random data with outlier channels and on the real
+ *    keys/values/queries of the fixture model, calls queued back to back
+ *    without synchronising, and CUDA-graph replays;
  *  - page copies, truncation, pool accounting and every error path.
  * Without a GPU (CI) the GPU tests skip with a message and one test checks
  * that the API reports KVQ_ERR_NO_DEVICE cleanly.
@@ -341,14 +342,14 @@ static void cpu_attend(const kvq_cache *c, size_t n_ctx, const float *q, int H, 
 
 /* Runs kernel kind on the GPU and compares every (sequence, KV head) with ref. */
 static double gpu_vs(kvq_cuda_cache *g, int n_seqs, const int *seqs, const float *qd, int Hq, float scale,
-                     const float *ref, enum kvq_cuda_kernel kern, int n_splits, int overlap, const char *what)
+                     const float *ref, enum kvq_cuda_kernel kern, int n_splits, const char *what)
 {
     const int d = kvq_cuda_cache_config_of(g)->cache.head_dim, H = kvq_cuda_cache_config_of(g)->cache.n_kv_heads;
     const size_t n = (size_t)n_seqs * Hq * d;
     float *od = NULL, *out = malloc(n * sizeof(float));
     CHECK_OK(kvq_cuda_malloc((void **)&od, n * sizeof(float)));
     CHECK_OK(kvq_cuda_memset(od, 0xff, n * sizeof(float))); /* NaN: unwritten outputs fail */
-    struct kvq_cuda_attn_opts o = {kern, n_splits, overlap};
+    struct kvq_cuda_attn_opts o = {kern, n_splits};
     CHECK_OK(kvq_cuda_cache_attend(g, n_seqs, seqs, qd, Hq, scale, od, &o));
     CHECK_OK(kvq_cuda_synchronize());
     CHECK_OK(kvq_cuda_memcpy_d2h(out, od, n * sizeof(float)));
@@ -366,22 +367,22 @@ static double gpu_vs(kvq_cuda_cache *g, int n_seqs, const int *seqs, const float
     return worst;
 }
 
-/* Five calls queued back to back, no synchronisation in between (the
- * overlapped v3, then v3 with other splits, the overlapped v4, then the
- * default kernel twice with different splits, the last of them overlapped
- * with the one queued before it): they share the query-block and
- * split-partial buffers, which must not race. */
+/* Five calls queued back to back, no synchronisation in between (the fused
+ * kernel with two split counts, the reference kernel, then the default
+ * twice with different splits; on sm_90 each fused call's launches overlap
+ * the call queued before it): they share the query-block and split-partial
+ * buffers, which must not race. */
 static void back_to_back(kvq_cuda_cache *g, int n_seqs, const int *seqs, const float *qd, int Hq, float scale,
                          const float *ref, const char *what)
 {
     const int d = kvq_cuda_cache_config_of(g)->cache.head_dim, H = kvq_cuda_cache_config_of(g)->cache.n_kv_heads;
     const size_t n = (size_t)n_seqs * Hq * d;
     enum { N_CALLS = 5 };
-    const struct kvq_cuda_attn_opts o[N_CALLS] = {{KVQ_CUDA_KERNEL_FAST_V3, 0, 1},
-                                                  {KVQ_CUDA_KERNEL_FAST_V3, 4, 1},
-                                                  {KVQ_CUDA_KERNEL_FAST_V4, 0, 1},
-                                                  {KVQ_CUDA_KERNEL_FAST, 7, 0},
-                                                  {KVQ_CUDA_KERNEL_FAST, 0, 0}};
+    const struct kvq_cuda_attn_opts o[N_CALLS] = {{KVQ_CUDA_KERNEL_FUSED, 0},
+                                                  {KVQ_CUDA_KERNEL_FUSED, 4},
+                                                  {KVQ_CUDA_KERNEL_REF, 0},
+                                                  {KVQ_CUDA_KERNEL_AUTO, 7},
+                                                  {KVQ_CUDA_KERNEL_AUTO, 0}};
     float *od = NULL, *out = malloc(N_CALLS * n * sizeof(float));
     CHECK_OK(kvq_cuda_malloc((void **)&od, N_CALLS * n * sizeof(float)));
     CHECK_OK(kvq_cuda_memset(od, 0xff, N_CALLS * n * sizeof(float)));
@@ -483,59 +484,28 @@ static void attn_case_run(const struct attn_case *ac, uint64_t seed)
     char what[128];
     snprintf(what, sizeof what, "K %s V %s d=%d G=%d P=%d ref kernel", tname(ac->tk), tname(ac->tv), d, G,
              ac->page_tokens);
-    double e_ref = gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_REF, 0, 0, what);
-    double e_fast = -1.0, e_v3 = -1.0, e_v4 = -1.0;
+    double e_ref = gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_REF, 0, what);
+    double e_fast = -1.0;
     if (kvq_cuda_fast_supported(g, Hq)) {
         snprintf(what, sizeof what, "K %s V %s d=%d G=%d P=%d fused kernel", tname(ac->tk), tname(ac->tv), d, G,
                  ac->page_tokens);
-        e_fast = gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST, 0, 0, what);
+        e_fast = gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FUSED, 0, what);
         for (int s = 1; s <= 7; s += 3) /* forced split counts: 1, 4, 7 */
-            gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST, s, 0, what);
-        /* the earlier versions of the fused kernel stay selectable: they must stay right too */
-        snprintf(what, sizeof what, "K %s V %s d=%d G=%d P=%d fused kernel v1", tname(ac->tk), tname(ac->tv), d, G,
-                 ac->page_tokens);
-        gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST_V1, 0, 0, what);
-        gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST_V1, 4, 0, what);
-        snprintf(what, sizeof what, "K %s V %s d=%d G=%d P=%d fused kernel v2", tname(ac->tk), tname(ac->tv), d, G,
-                 ac->page_tokens);
-        gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST_V2, 0, 0, what);
-        gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST_V2, 4, 0, what);
-        /* transposed scores (where G <= 4 and K is tq) in three launches */
-        snprintf(what, sizeof what, "K %s V %s d=%d G=%d P=%d fused kernel v3", tname(ac->tk), tname(ac->tv), d, G,
-                 ac->page_tokens);
-        e_v3 = gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST_V3, 0, 0, what);
-        for (int s = 1; s <= 7 && !small_mode(); s += 3) /* fewer launches under the sanitizers */
-            gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST_V3, s, 0, what);
-        /* and with its three kernels overlapped (programmatic dependent launch) */
-        snprintf(what, sizeof what, "K %s V %s d=%d G=%d P=%d fused kernel v3 overlapped", tname(ac->tk),
-                 tname(ac->tv), d, G, ac->page_tokens);
-        if (!small_mode())
-            gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST_V3, 0, 1, what);
-        gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST_V3, 4, 1, what);
-        /* integer key scores (where G <= 4 and K is tq), plain and overlapped */
-        snprintf(what, sizeof what, "K %s V %s d=%d G=%d P=%d fused kernel v4", tname(ac->tk), tname(ac->tv), d, G,
-                 ac->page_tokens);
-        e_v4 = gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST_V4, 0, 0, what);
-        for (int s = 1; s <= 7 && !small_mode(); s += 3)
-            gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST_V4, s, 0, what);
-        gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST_V4, 4, 1, what);
+            gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FUSED, s, what);
         /* up to 128 splits (94 on 32-token stages): more than one wave of
-         * blocks on a GPU of up to 230 SMs, where V4 reads a query block
-         * made by the prep kernel instead of preparing its own queries, and the
-         * split lengths taper */
-        if (!small_mode()) {
-            gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST_V4, 128, 0, what);
-            gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST_V4, 128, 1, what);
-        }
+         * blocks on a GPU of up to 230 SMs, where the integer-score kernel
+         * reads a query block made by the prep kernel instead of preparing
+         * its own queries, and the split lengths taper */
+        if (!small_mode())
+            gpu_vs(g, nb, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FUSED, 128, what);
         back_to_back(g, nb, seqs, qd, Hq, scale, ref, what);
         graph_replay(g, nb, seqs, qd, Hq, scale, what);
     } else {
-        CHECK_STATUS(kvq_cuda_cache_attend(g, nb, seqs, qd, Hq, scale, qd, &(struct kvq_cuda_attn_opts){KVQ_CUDA_KERNEL_FAST, 0, 0}),
+        CHECK_STATUS(kvq_cuda_cache_attend(g, nb, seqs, qd, Hq, scale, qd, &(struct kvq_cuda_attn_opts){KVQ_CUDA_KERNEL_FUSED, 0}),
                      KVQ_ERR_UNSUPPORTED);
     }
-    printf("  K %-5s V %-5s d=%3d G=%d P=%2d rot=%-8s  max rel err: ref kernel %.2e, fused %.2e, v3 %.2e, v4 %.2e\n",
-           tname(ac->tk), tname(ac->tv), d, G, ac->page_tokens, kvq_rot_kind_name(ac->rot), e_ref, e_fast, e_v3,
-           e_v4);
+    printf("  K %-5s V %-5s d=%3d G=%d P=%2d rot=%-8s  max rel err: ref kernel %.2e, fused %.2e\n", tname(ac->tk),
+           tname(ac->tv), d, G, ac->page_tokens, kvq_rot_kind_name(ac->rot), e_ref, e_fast);
 done:
     for (int i = 0; i < 5; i++)
         kvq_cache_free(cpu[i]);
@@ -625,15 +595,11 @@ static void fixture_file(const char *path, enum kvq_type tk, enum kvq_type tv)
         float *qd = to_dev(q, (size_t)3 * Hq * d);
         char what[160];
         snprintf(what, sizeof what, "%s layer %d K %s V %s ref kernel", path, layer, tname(tk), tname(tv));
-        double e1 = gpu_vs(g, 3, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_REF, 0, 0, what);
+        double e1 = gpu_vs(g, 3, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_REF, 0, what);
         snprintf(what, sizeof what, "%s layer %d K %s V %s fused kernel", path, layer, tname(tk), tname(tv));
-        double e2 = gpu_vs(g, 3, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST, 0, 0, what);
-        snprintf(what, sizeof what, "%s layer %d K %s V %s fused kernel v3 overlapped", path, layer, tname(tk), tname(tv));
-        double e3 = gpu_vs(g, 3, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST_V3, 0, 1, what);
-        snprintf(what, sizeof what, "%s layer %d K %s V %s fused kernel v4 overlapped", path, layer, tname(tk), tname(tv));
-        double e4 = gpu_vs(g, 3, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST_V4, 0, 1, what);
-        printf("  %s layer %d K %s V %s: max rel err ref kernel %.2e, fused %.2e, v3 %.2e, v4 %.2e\n", path, layer,
-               tname(tk), tname(tv), e1, e2, e3, e4);
+        double e2 = gpu_vs(g, 3, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FUSED, 0, what);
+        printf("  %s layer %d K %s V %s: max rel err ref kernel %.2e, fused %.2e\n", path, layer, tname(tk),
+               tname(tv), e1, e2);
         kvq_cuda_free(qd);
     next:
         kvq_cuda_free(kd);
@@ -649,7 +615,8 @@ static void fixture_file(const char *path, enum kvq_type tk, enum kvq_type tv)
  * many tiny weights: 2^-17 of the peak times the value norm (~11) puts the
  * tail's weights at the bottom of f16's normal range in the fused kernel's
  * value MMA, and below it under the kernel's softmax headroom (2^-3), the
- * case that headroom makes worse (docs/cuda.md, tenth pass). */
+ * case that headroom makes worse (docs/history/attention-cuda.md, tenth
+ * pass). */
 static void test_attend_long_tail(void)
 {
     REQUIRE_GPU();
@@ -686,8 +653,8 @@ static void test_attend_long_tail(void)
     const int seqs[1] = {0};
     char what[96];
     snprintf(what, sizeof what, "long tail, %zu tokens", n);
-    const double e_fast = gpu_vs(g, 1, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FAST, 0, 0, what);
-    const double e_ref = gpu_vs(g, 1, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_REF, 0, 0, what);
+    const double e_fast = gpu_vs(g, 1, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_FUSED, 0, what);
+    const double e_ref = gpu_vs(g, 1, seqs, qd, Hq, scale, ref, KVQ_CUDA_KERNEL_REF, 0, what);
     printf("  %s: max rel err ref kernel %.2e, fused %.2e\n", what, e_ref, e_fast);
 done:
     kvq_cuda_free(qd);
@@ -747,7 +714,7 @@ static void test_truncate_reappend(void)
     free(page);
     CHECK(compare_rows(cpu, g, 0, 170) == 0);
     cpu_attend(cpu, 170, q, H, G, d, 1.0f / sqrtf((float)d), ref);
-    gpu_vs(g, 1, &seq0, qd, Hq, 1.0f / sqrtf((float)d), ref, KVQ_CUDA_KERNEL_FAST, 0, 0, "after truncate");
+    gpu_vs(g, 1, &seq0, qd, Hq, 1.0f / sqrtf((float)d), ref, KVQ_CUDA_KERNEL_FUSED, 0, "after truncate");
 done:
     kvq_cuda_free(kd), kvq_cuda_free(vd), kvq_cuda_free(qd);
     kvq_cuda_cache_free(g);
@@ -756,8 +723,9 @@ done:
 }
 
 /* A NaN or Inf in one query head reaches that head's output on every
- * kernel (the fixed-point conversion of V4 must not turn it into zeros),
- * and leaves the other heads of its KV group as they were. */
+ * kernel (the fixed-point conversion of the integer key scores must not
+ * turn it into zeros), and leaves the other heads of its KV group as they
+ * were. */
 static void test_attend_nonfinite_query(void)
 {
     REQUIRE_GPU();
@@ -782,10 +750,9 @@ static void test_attend_nonfinite_query(void)
             cpu_attend(cpu, N, q, H, G, d, 0.1f, ref);
             q[hbad * d + 17] = bad ? INFINITY : NAN;
             float *qd = to_dev(q, (size_t)Hq * d);
-            const enum kvq_cuda_kernel kinds[4] = {KVQ_CUDA_KERNEL_AUTO, KVQ_CUDA_KERNEL_REF, KVQ_CUDA_KERNEL_FAST_V3,
-                                                   KVQ_CUDA_KERNEL_FAST_V2};
-            for (int ki = 0; ki < 4; ki++) {
-                const struct kvq_cuda_attn_opts o = {kinds[ki], 0, 0};
+            const enum kvq_cuda_kernel kinds[3] = {KVQ_CUDA_KERNEL_AUTO, KVQ_CUDA_KERNEL_REF, KVQ_CUDA_KERNEL_FUSED};
+            for (int ki = 0; ki < 3; ki++) {
+                const struct kvq_cuda_attn_opts o = {kinds[ki], 0};
                 CHECK_OK(kvq_cuda_cache_attend(g, 1, &seq0, qd, Hq, 0.1f, od, &o));
                 CHECK_OK(kvq_cuda_synchronize());
                 CHECK_OK(kvq_cuda_memcpy_d2h(out, od, sizeof out));
@@ -833,15 +800,16 @@ static void test_attend_bad_args(void)
     CHECK_STATUS(kvq_cuda_cache_attend(g, 3, (int[]){0, 0, 0}, qd, 8, 0.1f, qd, NULL), KVQ_ERR_INVALID_ARG);
     CHECK_STATUS(kvq_cuda_cache_attend(g, 1, &s0, NULL, 8, 0.1f, qd, NULL), KVQ_ERR_INVALID_ARG);
     CHECK_STATUS(kvq_cuda_cache_attend(g, 1, &s0, qd, 8, NAN, qd, NULL), KVQ_ERR_INVALID_ARG);
-    struct kvq_cuda_attn_opts fast = {KVQ_CUDA_KERNEL_FAST, 0, 0};
+    struct kvq_cuda_attn_opts fused = {KVQ_CUDA_KERNEL_FUSED, 0};
     CHECK(!kvq_cuda_fast_supported(g, 8));
-    CHECK_STATUS(kvq_cuda_cache_attend(g, 1, &s0, qd, 8, 0.1f, qd + 8 * 128, &fast), KVQ_ERR_UNSUPPORTED);
-    struct kvq_cuda_attn_opts v3 = {KVQ_CUDA_KERNEL_FAST_V3, 0, 1}, v2 = {KVQ_CUDA_KERNEL_FAST_V2, 0, 0},
-                              v4 = {KVQ_CUDA_KERNEL_FAST_V4, 0, 1}, bad = {(enum kvq_cuda_kernel)7, 0, 0};
-    CHECK_STATUS(kvq_cuda_cache_attend(g, 1, &s0, qd, 8, 0.1f, qd + 8 * 128, &v3), KVQ_ERR_UNSUPPORTED);
-    CHECK_STATUS(kvq_cuda_cache_attend(g, 1, &s0, qd, 8, 0.1f, qd + 8 * 128, &v4), KVQ_ERR_UNSUPPORTED);
-    CHECK_STATUS(kvq_cuda_cache_attend(g, 1, &s0, qd, 8, 0.1f, qd + 8 * 128, &v2), KVQ_ERR_UNSUPPORTED);
-    CHECK_STATUS(kvq_cuda_cache_attend(g, 1, &s0, qd, 8, 0.1f, qd + 8 * 128, &bad), KVQ_ERR_INVALID_ARG);
+    CHECK_STATUS(kvq_cuda_cache_attend(g, 1, &s0, qd, 8, 0.1f, qd + 8 * 128, &fused), KVQ_ERR_UNSUPPORTED);
+    /* kernel values outside the enum, including those of the retired
+     * versions (3..6), are refused */
+    const int bad_kernels[4] = {-1, 3, 6, 7};
+    for (int i = 0; i < 4; i++) {
+        const struct kvq_cuda_attn_opts bad = {(enum kvq_cuda_kernel)bad_kernels[i], 0};
+        CHECK_STATUS(kvq_cuda_cache_attend(g, 1, &s0, qd, 8, 0.1f, qd + 8 * 128, &bad), KVQ_ERR_INVALID_ARG);
+    }
     CHECK_OK(kvq_cuda_cache_attend(g, 1, &s0, qd, 8, 0.1f, qd + 8 * 128, NULL)); /* AUTO -> reference */
     CHECK_OK(kvq_cuda_synchronize());
     /* a host cache with f16 override rows cannot be mirrored */

@@ -10,7 +10,8 @@
  *  - append: encodes new tokens on the GPU, bit-identical to the CPU encoder
  *    (kvq_codec_encode) for the same config and seed;
  *  - attend: decode attention for a batch of sequences, one query position
- *    each, straight from the packed pages (see docs/cuda.md for the kernel);
+ *    each, straight from the packed pages (see docs/attention-cuda.md for
+ *    the kernel);
  *  - page copies: kvq_cuda_cache_upload() mirrors a CPU kvq_cache into a
  *    sequence, kvq_cuda_cache_read_page()/write_page() move single pages.
  *
@@ -201,38 +202,28 @@ KVQ_API kvq_status kvq_cuda_cache_write_page(kvq_cuda_cache *c, int seq, size_t 
 
 /* ---- decode attention ---------------------------------------------- */
 
+/* Which kernel kvq_cuda_cache_attend runs. The values are pinned. */
 enum kvq_cuda_kernel {
-    KVQ_CUDA_KERNEL_AUTO = 0, /* the fused tensor-core kernel where it applies, else the reference */
-    KVQ_CUDA_KERNEL_FAST = 1, /* fused kernel only: KVQ_ERR_UNSUPPORTED where it does not apply */
-    KVQ_CUDA_KERNEL_REF = 2,  /* scalar fp32 reference kernel (any type, any head dim) */
-    /* Versions of the fused kernel, kept selectable so that tests check them
-     * and benchmarks time them against each other (docs/cuda.md): */
-    KVQ_CUDA_KERNEL_FAST_V1 = 3, /* first version: 16-token stages */
-    KVQ_CUDA_KERNEL_FAST_V3 = 4, /* transposed f16 scores for tq keys and n_q_heads / n_kv_heads <= 4
-                                    (half the score MMAs), elsewhere as V2; opts.overlap chooses
-                                    overlapped launches (the default before V4) */
-    KVQ_CUDA_KERNEL_FAST_V2 = 5, /* second pass: 32-token stages (the default before V3) */
-    KVQ_CUDA_KERNEL_FAST_V4 = 6  /* V3 with the key scores on integer tensor cores (16-bit fixed-point
-                                    centroids, 24-bit queries) for tq keys and n_q_heads / n_kv_heads
-                                    <= 4, elsewhere as V2; opts.overlap as for V3. AUTO and FAST run
-                                    this with overlap. */
+    KVQ_CUDA_KERNEL_AUTO = 0,  /* the fused tensor-core kernel where it applies
+                                  (kvq_cuda_fast_supported), else the reference */
+    KVQ_CUDA_KERNEL_FUSED = 1, /* the fused kernel only: KVQ_ERR_UNSUPPORTED where it does not apply */
+    KVQ_CUDA_KERNEL_REF = 2    /* the scalar fp32 reference kernel (any type, any head dim, any group) */
 };
 
 struct kvq_cuda_attn_opts {
     enum kvq_cuda_kernel kernel;
     int n_splits; /* sequence splits per (sequence, KV head); 0 = chosen to fill the GPU */
-    int overlap;  /* KVQ_CUDA_KERNEL_FAST_V4 and _V3 only (AUTO and FAST always overlap): 1 launches the
-                     call's three kernels (query prep, fused, split merge) with programmatic
-                     dependent launch on sm_90 or newer, so that each one's start (and the fused
-                     kernel's first page loads) overlaps the previous one's end; 0: plain launches */
 };
 
 /** The fused kernel covers head_dim 128, n_q_heads / n_kv_heads <= 8, K in
  *  {tq3j, tq3, f16} and V in {tq3, f16}, with any rotation kind: queries are
  *  rotated once and outputs rotated back once per call (a fast Hadamard
  *  transform for HADAMARD/IDENTITY, the dense matrix for DCT and the
- *  Gaussian S). Everything else runs on the reference kernel.
- *  @return 1 when it applies to c's config and n_q_heads. */
+ *  Gaussian S). For tq keys and n_q_heads / n_kv_heads <= 4 its key scores
+ *  run on integer tensor cores, elsewhere on f16 ones. On sm_90 or newer the
+ *  call's kernels (query prep, fused, split merge) are launched to overlap
+ *  (programmatic dependent launch). Everything else runs on the reference
+ *  kernel. @return 1 when it applies to c's config and n_q_heads. */
 KVQ_API int kvq_cuda_fast_supported(const kvq_cuda_cache *c, int n_q_heads);
 
 /** out_dev[i] = softmax(scale * q_i K^T) V over all tokens of seqs[i], for
@@ -241,8 +232,9 @@ KVQ_API int kvq_cuda_fast_supported(const kvq_cuda_cache *c, int n_q_heads);
  *  [head_dim] device floats. opts may be NULL (AUTO, automatic splits).
  *  Queued on the cache's stream; no allocation, no synchronisation.
  *  @return KVQ_OK; KVQ_ERR_INVALID_ARG (bad seq, empty seq, n_seqs beyond
- *  max_seqs, n_q_heads not a multiple of n_kv_heads or beyond max_q_per_kv);
- *  KVQ_ERR_UNSUPPORTED (KERNEL_FAST where it does not apply); KVQ_ERR_DEVICE. */
+ *  max_seqs, n_q_heads not a multiple of n_kv_heads or beyond max_q_per_kv,
+ *  opts->kernel not one of enum kvq_cuda_kernel); KVQ_ERR_UNSUPPORTED (KVQ_CUDA_KERNEL_FUSED where it does not apply);
+ *  KVQ_ERR_DEVICE. */
 KVQ_API kvq_status kvq_cuda_cache_attend(kvq_cuda_cache *c, int n_seqs, const int *seqs, const float *q_dev,
                                  int n_q_heads, float scale, float *out_dev,
                                  const struct kvq_cuda_attn_opts *opts);

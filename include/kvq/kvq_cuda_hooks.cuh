@@ -1,7 +1,7 @@
 /* kvq_cuda_hooks.cuh - device functions for attention kernels that read kvq's
  * packed cache pages directly (include from a .cu file; sm_80 or newer).
  *
- * The idea (docs/cuda.md): a warp scores packed keys and accumulates packed
+ * The idea (docs/attention-cuda.md): a warp scores packed keys and accumulates packed
  * values with tensor-core MMAs (m16n8k16, f16 inputs, f32 accumulators),
  * decoding codes straight into MMA fragments with byte permutes instead of
  * going through f32 or shared-memory lookup tables.
@@ -274,7 +274,7 @@ __device__ __forceinline__ void tq3_decode32(uint32_t w0, uint32_t w1, uint32_t 
         tq3_lookup4(sel[i / 2] >> (16 * (i & 1)), T, &out[2 * i], &out[2 * i + 1]);
 }
 
-/* ---- integer tensor cores for the key side (KVQ_CUDA_KERNEL_FAST_V4) ---
+/* ---- integer tensor cores for the key side (the fused kernel, tq keys) --
  *
  * The f16 decode above needs one PRMT per code: a lookup gives 4 bytes,
  * and an f16 is 2. With keys in 16-bit fixed point, C = round(S c) =

@@ -190,9 +190,9 @@ KVQ_HD static inline int kvq_page_layout_init(struct kvq_page_layout *pl, int n_
  * Host pages keep the stream order of kvq_codec.h (code j at bits 3j..3j+2).
  * GPU kernels turn codes into byte-permute selectors, which take one code
  * per 4-bit nibble; from the stream order that costs ~31 instructions per 32
- * codes, from the order below 13 (docs/cuda.md, sixth pass). So the CUDA
- * cache stores 3-bit codes (tq3, tq3j) in groups of 32 codes = 12 bytes =
- * three little-endian u32 words w0..w2:
+ * codes, from the order below 13 (docs/history/attention-cuda.md, sixth
+ * pass). So the CUDA cache stores 3-bit codes (tq3, tq3j) in groups of 32
+ * codes = 12 bytes = three little-endian u32 words w0..w2:
  *
  *   code 8k + i (k < 3, i < 8): bits 4i .. 4i+2 of wk
  *   code 24 + i:                bit k of the code in bit 4i + 3 of wk
@@ -290,10 +290,10 @@ KVQ_HD static inline struct kvq_row kvq_head_row(const struct kvq_head_layout *h
  *   head  = [group 0][group 1]...[group P/G - 1]
  *   group = [K: norm[G] | rnorm[G] | codes[G][..] | signs[G][..]][V: likewise]
  *
- * and a stage is one contiguous copy (docs/cuda.md, tenth pass: 3-6% faster
- * from 32K). G = 32 when page_tokens % 32 == 0, else 16, so every section
- * still starts on a 16-byte boundary and a page has the same bytes as a host
- * page. kvq_cuda_cache_read_page / write_page / upload convert. */
+ * and a stage is one contiguous copy (docs/history/attention-cuda.md, tenth
+ * pass: 3-6% faster from 32K). G = 32 when page_tokens % 32 == 0, else 16,
+ * so every section still starts on a 16-byte boundary and a page has the
+ * same bytes as a host page. kvq_cuda_cache_read_page / write_page / upload convert. */
 struct kvq_dev_layout {
     uint32_t group_tokens;       /* G */
     uint32_t row_bytes;          /* K row + V row of one token */

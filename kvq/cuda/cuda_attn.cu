@@ -179,7 +179,7 @@ __global__ void prep_fast_kernel(const float *q, int Hq, int H, int G, float c, 
 }
 
 /* A prep kernel launch, left to kvq_cu_fast_launch (kvq_cu_fast_params.prep):
- * only it knows whether the V4 kernel prepares its queries itself. */
+ * only it knows whether the integer-score kernel prepares its queries itself. */
 struct prep_call {
     const float *q;
     int Hq, H, G, nb;
@@ -467,7 +467,7 @@ kvq_status kvq_cu_attn_init(kvq_cuda_cache *c)
         return KVQ_OK; /* the fused kernel's buffers are for d = 128 only */
     KVQ_CU_TRY(cudaMalloc(&c->qfrag_d, nb * H * KVQ_CU_QFRAG_BYTES));
     /* room for up to eight waves of 4 blocks per SM plus one split per pair
-     * (the split rule in kvq_cu_fast_launch takes KVQ_CU_WAVES = 3), and at
+     * (the split rule in kvq_cu_fast_launch takes kWaves = 3), and at
      * least 4 splits per pair */
     const size_t waves = (size_t)32 * (size_t)c->n_sm + nb * H;
     c->part_entries = nb * H * 4 > waves ? nb * H * 4 : waves;
@@ -499,7 +499,7 @@ int kvq_cuda_fast_supported(const kvq_cuda_cache *c, int n_q_heads)
 /* ---- attend -------------------------------------------------------------- */
 
 static kvq_status attend_chunk(kvq_cuda_cache *c, int nb, const int *seqs, const float *q, int Hq, float scale,
-                               float *out, int use_fast, int variant, int n_splits, int overlap)
+                               float *out, int use_fast, int n_splits)
 {
     const int H = c->cfg.cache.n_kv_heads, G = Hq / H, d = c->cfg.cache.head_dim;
     if (use_fast) {
@@ -510,12 +510,11 @@ static kvq_status attend_chunk(kvq_cuda_cache *c, int nb, const int *seqs, const
         p.part = c->part_d;
         p.H = H;
         p.G = G;
-        p.variant = variant;
-        /* the TR and IM kernels (variants 2 and 3 with tq keys, G <= 4) wait for
-         * the prep kernel themselves, so only they can overlap it */
-        const int scored = (variant == 2 || variant == 3) && G <= 4 && c->dk.type != KVQ_TYPE_F16;
-        const int imma = scored && variant == 3;
-        p.pdl = overlap && scored && c->cc_major >= 9;
+        /* integer key scores (tq keys, G <= 4); that kernel waits for the prep
+         * kernel itself, so only it is launched to overlap it (programmatic
+         * dependent launch, sm_90 or newer) */
+        const int imma = G <= 4 && c->dk.type != KVQ_TYPE_F16;
+        p.pdl = imma && c->cc_major >= 9;
         p.kappa = c->dk.kappa;
         if (c->dk.type != KVQ_TYPE_F16) {
             p.lut_k = tq3_lut_make(c->dk.centroids, c->alpha_k);
@@ -546,7 +545,8 @@ static kvq_status attend_chunk(kvq_cuda_cache *c, int nb, const int *seqs, const
         p.prep = launch_prep;
         p.prep_ctx = &pc;
         if (imma && pc.rk.mode != ROT_DENSE && pc.sk.mode != ROT_DENSE) {
-            /* V4 may prepare its queries itself (kvq_cu_fast_launch decides) */
+            /* the integer-score kernel may prepare its queries itself
+             * (kvq_cu_fast_launch decides) */
             p.q = q;
             p.Hq = Hq;
             p.qscale = pc.c;
@@ -610,27 +610,21 @@ kvq_status kvq_cuda_cache_attend(kvq_cuda_cache *c, int n_seqs, const int *seqs,
     for (int i = 0; i < n_seqs; i++)
         if (seqs[i] < 0 || seqs[i] >= c->cfg.max_seqs || c->len[seqs[i]] == 0 || c->len[seqs[i]] > INT32_MAX / 2)
             return KVQ_ERR_INVALID_ARG;
-    const enum kvq_cuda_kernel kern = opts ? opts->kernel : KVQ_CUDA_KERNEL_AUTO;
+    /* as an int: a C caller may pass any value */
+    const int kern = opts ? (int)opts->kernel : KVQ_CUDA_KERNEL_AUTO;
     const int fast_ok = kvq_cuda_fast_supported(c, n_q_heads);
-    if (kern < KVQ_CUDA_KERNEL_AUTO || kern > KVQ_CUDA_KERNEL_FAST_V4)
+    if (kern != KVQ_CUDA_KERNEL_AUTO && kern != KVQ_CUDA_KERNEL_FUSED && kern != KVQ_CUDA_KERNEL_REF)
         return KVQ_ERR_INVALID_ARG;
-    if (kern != KVQ_CUDA_KERNEL_AUTO && kern != KVQ_CUDA_KERNEL_REF && !fast_ok)
+    if (kern == KVQ_CUDA_KERNEL_FUSED && !fast_ok)
         return KVQ_ERR_UNSUPPORTED;
     const int use_fast = kern != KVQ_CUDA_KERNEL_REF && fast_ok;
     const int n_splits = opts ? opts->n_splits : 0;
-    /* the default is V4 with overlapped launches (docs/cuda.md, fifth pass) */
-    const int is_default = kern == KVQ_CUDA_KERNEL_AUTO || kern == KVQ_CUDA_KERNEL_FAST;
-    const int overlap = is_default ? 1 : opts ? opts->overlap : 0;
-    const int variant = kern == KVQ_CUDA_KERNEL_FAST_V1   ? 1
-                        : kern == KVQ_CUDA_KERNEL_FAST_V2 ? 0
-                        : kern == KVQ_CUDA_KERNEL_FAST_V3 ? 2
-                                                          : 3;
     const size_t row = (size_t)n_q_heads * c->cfg.cache.head_dim;
     const int cap = batch_cap(c);
     for (int off = 0; off < n_seqs; off += cap) {
         const int nb = n_seqs - off < cap ? n_seqs - off : cap;
         kvq_status st = attend_chunk(c, nb, seqs + off, q_dev + (size_t)off * row, n_q_heads, scale,
-                                     out_dev + (size_t)off * row, use_fast, variant, n_splits, overlap);
+                                     out_dev + (size_t)off * row, use_fast, n_splits);
         if (st != KVQ_OK)
             return st;
     }

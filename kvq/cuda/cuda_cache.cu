@@ -376,7 +376,8 @@ static kvq_status encode_mapped(kvq_cuda_cache *c, size_t n, const float *k, con
     }
     /* tok_h is pageable on purpose: the driver stages the copy before this
      * returns, so the next call may rewrite tok_h at once (pinned memory with
-     * an event guard measured no faster, docs/cuda.md seventh pass) */
+     * an event guard measured no faster: docs/history/attention-cuda.md,
+     * seventh pass) */
     KVQ_CU_TRY(cudaMemcpyAsync(c->tok_d, c->tok_h, 2 * n * sizeof(int32_t), cudaMemcpyHostToDevice, c->stream));
     const kvq_status st = kvq_cu_encode_rows(c, n, k, v, c->tok_d, c->tok_d + n, check ? c->flag_d : NULL);
     if (st != KVQ_OK || !check)

@@ -35,15 +35,6 @@ kvq_status kvq_cuda_require_device(void);
  * boundaries travel as kernel parameters too (kvq_cu_fast_params.split_at). */
 #define KVQ_CU_MAX_SPLITS 256
 
-#ifdef KVQ_CU_MEASURE_TIMELINE
-/* Measurement build only: per-block times of the last fused launch,
- * KVQ_CU_TIMELINE_WORDS per block (cuda_attn_fast.cu). @return blocks copied
- * to dst. */
-#define KVQ_CU_TIMELINE_MAX 65536
-#define KVQ_CU_TIMELINE_WORDS 6
-extern "C" size_t kvq_cu_timeline_read(unsigned long long *dst, size_t max_blocks);
-#endif
-
 /* One rotation as device tables, enough to reproduce kvq_rotation_apply bit
  * for bit for HADAMARD and IDENTITY (rotation_internal.h's contract). */
 struct kvq_dev_rot {
@@ -114,7 +105,7 @@ struct kvq_cuda_cache {
     float *part_d;           /* split partials: [entries][G][d + 2] */
     size_t part_entries;
     float alpha_k, alpha_v;  /* codebook scales of the fused kernel's f16 tables */
-    float int_scale_k;       /* fixed-point scale of the V4 kernel's K table (1 for f16 K) */
+    float int_scale_k;       /* fixed-point scale of the integer key scores' K table (1 for f16 K) */
     int n_sm;
     int cc_major;            /* compute capability (programmatic dependent launch needs 9) */
 };
@@ -152,9 +143,10 @@ enum { KVQ_CU_VT_TQ3 = 0, KVQ_CU_VT_F16 = 1 };
 
 /* Per (batch entry, KV head) query block written by the prep kernel:
  * fragments of the code scores and of the QJL sign sums (f16 A fragments,
- * 4096 + 4096 bytes; V4: s8 B fragments, 4096 + 2048 bytes), then per query
- * 2 sigma (V4: 2 sigma / (256 kFixMax)), -T and (V4) the code scale
- * 1 / (S_q S_k) at byte 8192 (see cuda_attn_fast.cu). */
+ * 4096 + 4096 bytes; integer key scores: s8 B fragments, 4096 + 2048
+ * bytes), then per query 2 sigma (integer: 2 sigma / (256 kFixMax)), -T and
+ * (integer) the code scale 1 / (S_q S_k) at byte 8192 (see
+ * cuda_attn_fast.cu). */
 #define KVQ_CU_QFRAG_BYTES (4096 + 4096 + 128)
 
 namespace kvq_cu {
@@ -174,13 +166,11 @@ struct kvq_cu_fast_params {
     const uint8_t *qfrag; /* [n_batch][H] blocks of KVQ_CU_QFRAG_BYTES */
     float *part;          /* [(b * H + h) * n_splits + split][G * (128 + 2)] */
     int n_splits, H, G;
-    int variant;          /* 0: second pass (KVQ_CUDA_KERNEL_FAST_V2); 1: first version
-                             (KVQ_CUDA_KERNEL_FAST_V1); 2: transposed scores where they apply
-                             (KVQ_CUDA_KERNEL_FAST_V3), else as 0; 3: integer key MMAs where
-                             they apply (KVQ_CUDA_KERNEL_FAST_V4, the default), else as 0 */
+    int pdl;              /* in: programmatic dependent launch allowed (sm_90+; integer key
+                             scores only: that kernel waits for the prep kernel itself) */
     float kappa;          /* K codec's qjl_kappa_f */
     kvq_cu::tq3_lut lut_k, lut_v;
-    kvq_cu::tq3_ilut ilut_k; /* variant 3: the K centroids in 16-bit fixed point */
+    kvq_cu::tq3_ilut ilut_k; /* integer key scores: the K centroids in 16-bit fixed point */
     int seq[KVQ_CU_MAX_BATCH];
     int len[KVQ_CU_MAX_BATCH];
     /* split s of a sequence of n stage units covers units
@@ -192,7 +182,7 @@ struct kvq_cu_fast_params {
      * queries itself */
     kvq_status (*prep)(void *ctx);
     void *prep_ctx;
-    /* V4 only, in: q set allows each block to prepare its own query block
+    /* integer key scores only, in: q set allows each block to prepare its own query block
      * from the raw queries q [n_batch][Hq][128] (warp rotations only; see
      * cuda_prep.cuh) instead of reading qfrag; kvq_cu_fast_launch keeps it
      * for a launch of one wave of blocks and clears it otherwise */
@@ -200,7 +190,6 @@ struct kvq_cu_fast_params {
     int Hq;
     float qscale, inv_sk; /* scale * log2(e); 1 / the K codebook's integer scale */
     kvq_cu::rot_arg rk, sk;
-    int pdl;              /* in: programmatic dependent launch allowed (sm_90+, variants 2, 3) */
     int pdl_used;         /* out: the fused kernel was launched that way (it waits for the prep
                              kernel itself), so the merge kernel may be too */
 };

@@ -134,16 +134,6 @@ __device__ __forceinline__ void seg_issue(const kvq_cu_fast_params &p, const cop
     const uint32_t r = slot0 & (p.pg.dl.group_tokens - 1u);
     const uint8_t *src = p.pg.pool + (uint64_t)page * p.pg.page_bytes + cd.off + (slot0 - r) * p.pg.dl.row_bytes +
                          r * cd.stride;
-#ifdef KVQ_CU_MEASURE_COMPUTEONLY
-    /* measurement build: no copy; the stage barrier completes at once (an
-     * arrival expecting no bytes) and the warp computes on the zeros its
-     * stages were given (docs/cuda.md) */
-    (void)src, (void)st;
-    if (lane == 0)
-        mbar_expect_tx(bar, 0u);
-    __syncwarp();
-    return;
-#endif
 #if __CUDA_ARCH__ >= 900
     if (lane == 0)
         mbar_expect_tx(bar, L::tx + L::txv);

@@ -1,7 +1,8 @@
 """emulate_v4.py - a warp-level model of the fifth-pass score path (integer
-tensor cores, fast_kernel<..., MODE_IMMA> in cuda_attn_fast.cu,
-KVQ_CUDA_KERNEL_FAST_V4), written before any device time to check its index
-arithmetic and its precision.
+tensor cores: fast_kernel<..., M_IM> in cuda_attn_fast.cu, im_segment in
+cuda_segment.cuh; the fused kernel's key scores for tq keys and <= 4 query
+heads per KV head, "V4" in docs/history/attention-cuda.md), written before
+any device time to check its index arithmetic and its precision.
 
 What it models, lane by lane, for one 16-token segment of tq3j keys:
 - the prep side: each query in 24-bit fixed point (Q = 65536 hq + 256 mq +
