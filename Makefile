@@ -51,6 +51,7 @@ TEST_SRC  := $(sort $(wildcard tests/test_*.c))
 BENCH_SRC := $(sort $(wildcard bench/bench_*.c))
 FUZZ_SRC  := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 CUDA_SRC  := $(sort $(wildcard kvq/cuda/*.cu))
+DEC_CUDA_SRC := $(sort $(wildcard decoder/*/*.cu))
 
 LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 
@@ -82,11 +83,20 @@ CUDART     := $(firstword $(wildcard $(CUDA_HOME)/lib64/libcudart_static.a \
 ifneq ($(strip $(CUDART)),)
 NVCC_FLAGS ?= -O3 -std=c++17 -lineinfo -Xcompiler -fPIC -Xcompiler -fvisibility=hidden \
               -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=compute_80 \
-              $(addprefix -I,$(KVQ_INC))
+              $(addprefix -I,$(INCDIRS))
 NVCC_FLAGS += $(MEASURE)
 LIB_OBJ    += $(CUDA_SRC:%.cu=$(BUILD)/obj/%.o)
 ALL_CFLAGS += -DKVQ_HAVE_CUDA=1
 LDLIBS     += $(CUDART) -ldl -lrt -lstdc++
+# The decoder's CUDA backend needs cuBLAS (shared: the toolkit ships no
+# static cuBLAS here); without it the decoder builds its CPU backend only.
+CUBLAS_DIR := $(firstword $(patsubst %/libcublas.so,%,$(wildcard $(CUDA_HOME)/lib64/libcublas.so \
+                $(CUDA_HOME)/targets/*/lib/libcublas.so)))
+ifneq ($(strip $(CUBLAS_DIR)),)
+LIB_OBJ    += $(DEC_CUDA_SRC:%.cu=$(BUILD)/obj/%.o)
+ALL_CFLAGS += -DKVQ_HAVE_CUBLAS=1
+LDLIBS     += -L$(CUBLAS_DIR) -Wl,-rpath,$(CUBLAS_DIR) -lcublas
+endif
 else
 $(info kvq: $(NVCC) found but no libcudart_static.a under $(CUDA_HOME); building without CUDA)
 endif

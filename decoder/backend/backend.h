@@ -86,14 +86,30 @@ struct kvq_backend {
     const char *name;
     const struct kvq_model *m;
     size_t max_rows;      /* rows of every activation buffer */
+    int device;           /* 1: the buffers are device memory (not readable by the host) */
     struct kvq_acts acts; /* owned by the backend */
 };
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 /** The CPU backend: OpenBLAS sgemm for chunks, the batch-invariant few-row
  *  kernel (matvec_internal.h) for decode and verification rows, scalar norms,
  *  RoPE and activations over the model's f32 weights as loaded.
  *  @return KVQ_OK and *out; KVQ_ERR_NOMEM. */
 kvq_status kvq_backend_cpu_create(const struct kvq_model *m, size_t max_rows, kvq_backend **out);
+
+/** The CUDA backend (backend_cuda.cu): the model's f32 weights uploaded to
+ *  the current GPU, cuBLAS SGEMM projections, our kernels for the rest; the
+ *  logits and ids lm_head returns are copied to the host.
+ *  @return KVQ_OK and *out; KVQ_ERR_NO_DEVICE (built without CUDA or no
+ *  GPU); KVQ_ERR_NOMEM (device memory); KVQ_ERR_DEVICE. */
+kvq_status kvq_backend_cuda_create(const struct kvq_model *m, size_t max_rows, kvq_backend **out);
+
+#ifdef __cplusplus
+}
+#endif
 
 /** Frees b; accepts NULL. */
 static inline void kvq_backend_free(kvq_backend *b)

@@ -55,8 +55,8 @@ struct kvq_kv_store {
     int max_seqs;
 };
 
-/* Per-layer cache configs of a CPU store; cfgs[l] for layer l. */
-struct kvq_kv_store_cpu_config {
+/* Per-layer cache configs of a store; cfgs[l] for layer l. */
+struct kvq_kv_store_config {
     const struct kvq_cache_config *cfgs; /* [n_layers] (copied) */
     int n_layers;
     int max_seqs;
@@ -70,8 +70,16 @@ struct kvq_kv_store_cpu_config {
  *  position at a time, so a prefill sees exactly what token-by-token
  *  generation sees. @return KVQ_OK and *out; a kvq_cache_create error (err
  *  says which layer); KVQ_ERR_NOMEM. */
-kvq_status kvq_kv_store_cpu_create(const struct kvq_kv_store_cpu_config *cfg, kvq_kv_store **out,
+kvq_status kvq_kv_store_cpu_create(const struct kvq_kv_store_config *cfg, kvq_kv_store **out,
                                    kvq_error *err);
+
+/** A store of kvq_cuda_cache pages on the current GPU, one device cache per
+ *  layer holding all max_seqs sequences (kv_store_cuda.c); k, v, q and out
+ *  are device memory. @return KVQ_OK and *out; KVQ_ERR_UNSUPPORTED (recent
+ *  window, sinks or the value-norm correction: not on the device yet);
+ *  KVQ_ERR_BUDGET (a layer's budget share holds no page); a
+ *  kvq_cuda_cache_create error (KVQ_ERR_NO_DEVICE without a GPU). */
+kvq_status kvq_kv_store_cuda_create(const struct kvq_kv_store_config *cfg, kvq_kv_store **out, kvq_error *err);
 
 static inline void kvq_kv_store_free(kvq_kv_store *s)
 {

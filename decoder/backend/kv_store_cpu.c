@@ -210,7 +210,7 @@ static const struct kvq_kv_store_ops cpu_ops = {
     .free = cpu_free,
 };
 
-kvq_status kvq_kv_store_cpu_create(const struct kvq_kv_store_cpu_config *cfg, kvq_kv_store **out, kvq_error *err)
+kvq_status kvq_kv_store_cpu_create(const struct kvq_kv_store_config *cfg, kvq_kv_store **out, kvq_error *err)
 {
     if (!cfg || !cfg->cfgs || cfg->n_layers < 1 || cfg->max_seqs < 1 || !out)
         return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "kvq_kv_store_cpu_create: bad arguments");

@@ -170,6 +170,8 @@ kvq_status kvq_seq_create(const kvq_model *m, const struct kvq_seq_config *cfg, 
     if (sc.max_ctx > (size_t)c->max_ctx)
         return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "context %zu exceeds the model's maximum %d", sc.max_ctx,
                              c->max_ctx);
+    if (sc.device != KVQ_DEVICE_CPU && sc.device != KVQ_DEVICE_CUDA)
+        return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "unknown device %d", (int)sc.device);
     if (sc.max_chunk < 0 || sc.ngram < 0)
         return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "negative max_chunk or ngram");
     if (sc.recent_f16 < KVQ_WINDOW_AUTO || sc.recent_f16 > 1)
@@ -208,15 +210,20 @@ kvq_status kvq_seq_create(const kvq_model *m, const struct kvq_seq_config *cfg, 
         ccs[l].seed = kvq_seed_derive(sc.seed, (uint64_t)l);
         ccs[l].max_bytes = layer_budget(c, &sc, l, s->max_ctx);
     }
-    struct kvq_kv_store_cpu_config kc = {ccs, c->n_layers, 1, c->n_heads, (size_t)s->max_chunk, sc.v_norm_correct};
-    kvq_status st = kvq_kv_store_cpu_create(&kc, &s->kv, err);
+    struct kvq_kv_store_config kc = {ccs, c->n_layers, 1, c->n_heads, (size_t)s->max_chunk, sc.v_norm_correct};
+    const int cuda = sc.device == KVQ_DEVICE_CUDA;
+    kvq_status st = cuda ? kvq_kv_store_cuda_create(&kc, &s->kv, err) : kvq_kv_store_cpu_create(&kc, &s->kv, err);
     free(ccs);
     if (st != KVQ_OK) {
         kvq_seq_free(s);
         return st;
     }
-    if (kvq_backend_cpu_create(m, (size_t)s->max_chunk, &s->be) != KVQ_OK)
-        goto nomem;
+    st = cuda ? kvq_backend_cuda_create(m, (size_t)s->max_chunk, &s->be)
+              : kvq_backend_cpu_create(m, (size_t)s->max_chunk, &s->be);
+    if (st != KVQ_OK) {
+        kvq_seq_free(s);
+        return kvq_error_set(err, st, "cannot create the %s backend: %s", cuda ? "CUDA" : "CPU", kvq_status_str(st));
+    }
     kvq_sampler_params sp = kvq_sampler_params_default();
     sp.seed = sc.seed;
     if (kvq_sampler_create(c->vocab, &sp, &s->sampler) != KVQ_OK)

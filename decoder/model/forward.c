@@ -30,7 +30,7 @@ kvq_status kvq_forward_chunk(kvq_seq *s, const int32_t *ids, size_t T)
         op->norm(be, KVQ_NORM_ATTN, l, a->x, a->xn, T);
         linear_timed(s, KVQ_W_QKV, l, a->xn, a->qkv, T, 0);
         op->qkv_rope(be, l, a->qkv, T, s->pos, a->q, a->k, a->v);
-        if (s->hook)
+        if (s->hook && !be->device) /* the hook reads host memory */
             s->hook(s->hook_user, l, s->pos, T, a->q, a->k, a->v);
 
         double t0 = kvq_now();

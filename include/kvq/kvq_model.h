@@ -155,7 +155,14 @@ KVQ_API void kvq_model_get_info(const kvq_model *m, struct kvq_model_info *info)
 
 typedef struct kvq_seq kvq_seq;
 
+/* Where a sequence runs. */
+enum kvq_device {
+    KVQ_DEVICE_CPU = 0, /* host memory, OpenBLAS and the fused CPU attention */
+    KVQ_DEVICE_CUDA = 1 /* the current GPU: weights, activations and KV pages in device memory */
+};
+
 struct kvq_seq_config {
+    enum kvq_device device; /* default KVQ_DEVICE_CPU */
     enum kvq_type type_k;   /* default KVQ_DEFAULT_TYPE_K (tq3j) */
     enum kvq_type type_v;   /* default KVQ_DEFAULT_TYPE_V (tq3) */
     uint64_t seed;          /* kvq codec seeds (per layer, derived) and sampler RNG */
@@ -274,7 +281,8 @@ KVQ_API kvq_status kvq_seq_truncate(kvq_seq *s, size_t n);
 /** Called once per layer and chunk with the post-RoPE q [T][n_heads][head_dim],
  *  k and v [T][n_kv_heads][head_dim] of tokens at positions pos0..pos0+T-1
  *  (after the q/k norm when the model has one). For dumps and analysis; NULL
- *  removes the hook. */
+ *  removes the hook. Called for CPU sequences only (a CUDA sequence keeps
+ *  them in device memory). */
 typedef void (*kvq_qkv_hook)(void *user, int layer, size_t pos0, size_t T, const float *q, const float *k,
                              const float *v);
 KVQ_API void kvq_seq_set_qkv_hook(kvq_seq *s, kvq_qkv_hook fn, void *user);

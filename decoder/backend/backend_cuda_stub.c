@@ -1,0 +1,14 @@
+/* backend_cuda_stub.c - kvq_backend_cuda_create in a build without CUDA or cuBLAS. */
+#include "backend.h"
+
+#ifndef KVQ_HAVE_CUBLAS
+kvq_status kvq_backend_cuda_create(const struct kvq_model *m, size_t max_rows, kvq_backend **out)
+{
+    (void)m;
+    (void)max_rows;
+    (void)out;
+    return KVQ_ERR_NO_DEVICE;
+}
+#else
+typedef int kvq_backend_cuda_stub_unused; /* ISO C forbids an empty translation unit */
+#endif

@@ -1,0 +1,184 @@
+/* kv_store_cuda.c - the KV store on the GPU: one kvq_cuda_cache per layer.
+ *
+ * Each layer's device cache holds the store's sequences in one page pool
+ * (kvq_cuda.h), appended by the GPU encoder (bit-identical to the CPU
+ * encoder) and attended by the fused kernel where it applies, the reference
+ * kernel elsewhere. A decode step of several sequences is one batched append
+ * and one batched attend per layer. The device kernel attends one query
+ * position per sequence, so a prefill chunk is appended and attended one
+ * position at a time (T calls per layer); a chunked prefill kernel that
+ * attends a whole chunk on tensor cores is the next step (issue 18).
+ *
+ * Not on the device yet, refused at create with one line: the recent-token
+ * f16 window and sink tokens (the device cache has no f16 override rows) and
+ * the value-norm correction.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kv_store.h"
+#include "kvq_cuda.h"
+
+struct cuda_store {
+    struct kvq_kv_store base;
+    kvq_cuda_cache **caches; /* [n_layers] */
+    int n_kv, n_heads, head_dim;
+    size_t row_bytes;        /* K + V bytes of one token of one layer, all KV heads */
+};
+
+static kvq_status cuda_append_attend(kvq_kv_store *base, int layer, int n_seqs, const int *seqs, size_t T,
+                                     const float *k, const float *v, const float *q, float *out)
+{
+    struct cuda_store *s = (struct cuda_store *)base;
+    kvq_cuda_cache *c = s->caches[layer];
+    const size_t kvd = (size_t)s->n_kv * s->head_dim, qd = (size_t)s->n_heads * s->head_dim;
+    const float scale = 1.0f / sqrtf((float)s->head_dim);
+    if (T == 1) {
+        kvq_status st = kvq_cuda_cache_append_batch(c, n_seqs, seqs, k, v);
+        if (st != KVQ_OK)
+            return st;
+        st = kvq_cuda_cache_attend(c, n_seqs, seqs, q, s->n_heads, scale, out, NULL);
+        if (st != KVQ_OK)
+            for (int i = 0; i < n_seqs; i++)
+                kvq_cuda_cache_truncate(c, seqs[i], kvq_cuda_cache_len(c, seqs[i]) - 1);
+        return st;
+    }
+    for (int i = 0; i < n_seqs; i++) {
+        const int seq = seqs[i];
+        const size_t pos0 = kvq_cuda_cache_len(c, seq);
+        kvq_status st = KVQ_OK;
+        for (size_t t = 0; t < T && st == KVQ_OK; t++) {
+            const size_t r = (size_t)i * T + t;
+            st = kvq_cuda_cache_append(c, seq, 1, k + r * kvd, v + r * kvd);
+            if (st == KVQ_OK)
+                st = kvq_cuda_cache_attend(c, 1, &seq, q + r * qd, s->n_heads, scale, out + r * qd, NULL);
+        }
+        if (st != KVQ_OK) { /* all or nothing over the call's sequences */
+            kvq_cuda_cache_truncate(c, seq, pos0);
+            for (int j = 0; j < i; j++)
+                kvq_cuda_cache_truncate(c, seqs[j], kvq_cuda_cache_len(c, seqs[j]) - T);
+            return st;
+        }
+    }
+    return KVQ_OK;
+}
+
+/* Pages are taken from the pool on append; the pool was sized for every
+ * sequence's full context (or the budget), so there is nothing to reserve. */
+static kvq_status cuda_reserve(kvq_kv_store *base, int seq, size_t n)
+{
+    (void)base;
+    (void)seq;
+    (void)n;
+    return KVQ_OK;
+}
+
+static void cuda_truncate(kvq_kv_store *base, int seq, int n_layers, size_t n)
+{
+    struct cuda_store *s = (struct cuda_store *)base;
+    for (int l = 0; l < n_layers; l++)
+        if (kvq_cuda_cache_len(s->caches[l], seq) > n)
+            kvq_cuda_cache_truncate(s->caches[l], seq, n);
+}
+
+static void cuda_reset(kvq_kv_store *base, int seq)
+{
+    cuda_truncate(base, seq, base->n_layers, 0);
+}
+
+static void cuda_stats(const kvq_kv_store *base, int seq, struct kvq_cache_stats *sum)
+{
+    const struct cuda_store *s = (const struct cuda_store *)base;
+    memset(sum, 0, sizeof *sum);
+    for (int l = 0; l < base->n_layers; l++) {
+        const struct kvq_page_layout *pl = kvq_cuda_cache_layout(s->caches[l]);
+        const size_t len = kvq_cuda_cache_len(s->caches[l], seq);
+        const size_t pages = (len + pl->page_tokens - 1) / pl->page_tokens;
+        sum->tokens = len;
+        sum->pages += pages;
+        sum->page_bytes = pl->page_bytes;
+        sum->bytes_allocated += pages * pl->page_bytes;
+        sum->bytes_used += len * s->row_bytes;
+        sum->bytes_f16 += len * (size_t)s->n_kv * 2 * (size_t)s->head_dim * 2;
+    }
+}
+
+static const kvq_cache *cuda_cache(const kvq_kv_store *base, int layer, int seq)
+{
+    (void)base;
+    (void)layer;
+    (void)seq;
+    return NULL; /* the pages live on the device */
+}
+
+static void cuda_free_store(kvq_kv_store *base)
+{
+    struct cuda_store *s = (struct cuda_store *)base;
+    for (int l = 0; s->caches && l < base->n_layers; l++)
+        kvq_cuda_cache_free(s->caches[l]);
+    free(s->caches);
+    free(s);
+}
+
+static const struct kvq_kv_store_ops cuda_store_ops = {
+    .append_attend = cuda_append_attend,
+    .reserve = cuda_reserve,
+    .truncate = cuda_truncate,
+    .reset = cuda_reset,
+    .stats = cuda_stats,
+    .cache = cuda_cache,
+    .free = cuda_free_store,
+};
+
+kvq_status kvq_kv_store_cuda_create(const struct kvq_kv_store_config *cfg, kvq_kv_store **out, kvq_error *err)
+{
+    if (!cfg || !cfg->cfgs || cfg->n_layers < 1 || cfg->max_seqs < 1 || !out)
+        return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "kvq_kv_store_cuda_create: bad arguments");
+    const struct kvq_cache_config *c0 = &cfg->cfgs[0];
+    if (c0->recent_f16 || c0->sink_tokens)
+        return kvq_error_set(err, KVQ_ERR_UNSUPPORTED,
+                             "the recent-token f16 window and sink tokens are not on the GPU yet "
+                             "(--no-kv-recent-f16, or an f32/f16 cache)");
+    if (cfg->v_norm_correct)
+        return kvq_error_set(err, KVQ_ERR_UNSUPPORTED, "the value-norm correction is not on the GPU yet");
+    struct cuda_store *s = calloc(1, sizeof *s);
+    if (!s || !(s->caches = calloc((size_t)cfg->n_layers, sizeof *s->caches))) {
+        free(s);
+        return kvq_error_set(err, KVQ_ERR_NOMEM, "out of memory");
+    }
+    s->base.ops = &cuda_store_ops;
+    s->base.n_layers = cfg->n_layers;
+    s->base.max_seqs = cfg->max_seqs;
+    s->n_kv = c0->n_kv_heads;
+    s->n_heads = cfg->n_heads;
+    s->head_dim = c0->head_dim;
+    for (int l = 0; l < cfg->n_layers; l++) {
+        struct kvq_cuda_cache_config cc;
+        kvq_cuda_cache_config_default(&cc, c0->n_kv_heads, c0->head_dim, cfg->cfgs[l].max_tokens, cfg->max_seqs);
+        cc.cache = cfg->cfgs[l];
+        cc.max_q_per_kv = cfg->n_heads / c0->n_kv_heads;
+        if (cfg->cfgs[l].max_bytes) { /* the layer's budget share, in whole pages */
+            struct kvq_cache_config one = cfg->cfgs[l];
+            size_t pt = one.page_tokens ? one.page_tokens : KVQ_DEFAULT_PAGE_TOKENS;
+            size_t pb = kvq_cache_bytes_for(&one, pt);
+            cc.pool_pages = pb ? cfg->cfgs[l].max_bytes / pb : 0;
+            if (!cc.pool_pages) {
+                cuda_free_store(&s->base);
+                return kvq_error_set(err, KVQ_ERR_BUDGET, "the KV budget holds no page of layer %d", l);
+            }
+        }
+        cc.cache.max_bytes = 0;
+        kvq_status st = kvq_cuda_cache_create(&cc, &s->caches[l]);
+        if (st != KVQ_OK) {
+            cuda_free_store(&s->base);
+            return kvq_error_set(err, st, "cannot create the device cache of layer %d: %s", l, kvq_status_str(st));
+        }
+        if (l == 0)
+            s->row_bytes = (kvq_type_row_bytes(cc.cache.type_k, c0->head_dim) +
+                            kvq_type_row_bytes(cc.cache.type_v, c0->head_dim)) *
+                           (size_t)c0->n_kv_heads;
+    }
+    *out = &s->base;
+    return KVQ_OK;
+}
