@@ -11,8 +11,6 @@
 # Missing Debian packages are installed by mk/deps.sh when run as root;
 # otherwise the build stops with the apt-get line to run.
 # Several builds may share the tree: BUILD=dir keeps their outputs apart.
-# MEASURE=-D... builds a measurement variant of the CUDA kernels (in its own
-# BUILD; docs/cuda.md names the switches).
 
 BUILD   ?= build
 PREFIX  ?= /usr/local
@@ -40,7 +38,7 @@ INCDIRS  := $(KVQ_INC) $(DEC_INC) eval tools tests
 WARN     := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wvla -Wformat=2 -Wundef
 CFLAGS   ?= -O2 -g
 ALL_CFLAGS = -std=c11 -D_DEFAULT_SOURCE -D_POSIX_C_SOURCE=200809L -fPIC $(WARN) \
-             $(if $(filter 1,$(WERROR)),-Werror) $(addprefix -I,$(INCDIRS)) $(VIS) -MMD -MP $(CFLAGS) $(MEASURE)
+             $(if $(filter 1,$(WERROR)),-Werror) $(addprefix -I,$(INCDIRS)) $(VIS) -MMD -MP $(CFLAGS)
 SIMD_FLAGS := -mavx2 -mfma -mf16c
 LDLIBS   := -lfftw3f -lopenblas -lcjson -lm -lpthread
 
@@ -84,8 +82,8 @@ ifneq ($(strip $(CUDART)),)
 NVCC_FLAGS ?= -O3 -std=c++17 -lineinfo -Xcompiler -fPIC -Xcompiler -fvisibility=hidden \
               -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=compute_80 \
               $(addprefix -I,$(INCDIRS))
-NVCC_FLAGS += $(MEASURE)
 LIB_OBJ    += $(CUDA_SRC:%.cu=$(BUILD)/obj/%.o)
+BENCH_CUDA_OBJ := $(BUILD)/obj/bench/bench_cuda_util.o
 ALL_CFLAGS += -DKVQ_HAVE_CUDA=1
 LDLIBS     += $(CUDART) -ldl -lrt -lstdc++
 # The decoder's CUDA backend needs cuBLAS (shared: the toolkit ships no
@@ -156,7 +154,10 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TOOL_LIB_OBJ) $(LIB_A)
 
 $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(LIB_A)
 	@mkdir -p $(@D)
-	$(CC) $(LDFLAGS) -o $@ $< $(LIB_A) $(LDLIBS)
+	$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(LIB_A) $(LDLIBS)
+# The benchmarks' GPU helpers (timer, fill, plain read) are bench-only code,
+# linked into bench_cuda when nvcc builds them; without nvcc its header stubs.
+$(BUILD)/bench/bench_cuda: $(BENCH_CUDA_OBJ)
 
 tests: $(TEST_BIN) $(KVQ)
 test: tests

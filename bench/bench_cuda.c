@@ -13,12 +13,12 @@
  *
  * Each timing: L2 flushed before every launch, device events around the
  * attend call only, 3 warm-ups, median of KVQ_BENCH_REPS (20). The flush
- * writes 256 MB (memset) and then reads them (kvq_cuda_touch), so the call
+ * writes 256 MB (memset) and then reads them (bench_cuda_touch), so the call
  * starts with none of its data in L2 and no dirty line to write back;
  * KVQ_BENCH_FLUSH=write skips the read, the method of the first seven passes
  * (docs/history/attention-cuda.md: the call then also pays for writing back
  * up to the L2's size of the memset's lines). "read us" is a plain read of
- * as many bytes as the call must read (kvq_cuda_touch on a separate buffer,
+ * as many bytes as the call must read (bench_cuda_touch on a separate buffer,
  * same flush): what moving those bytes alone costs, launch included.
  * "graph us" times the same default call recorded once into a CUDA graph
  * and replayed (kvq_cuda_graph_*): the device-side time without the host's
@@ -41,7 +41,12 @@
  *      KVQ_BENCH_MAXCTX (cap on the context), KVQ_BENCH_JSON_DIR,
  *      KVQ_BENCH_SPLITS (force the split count; 0 = the library's choice),
  *      KVQ_BENCH_GRAPH=0 (no CUDA-graph timing),
- *      KVQ_BENCH_FLUSH=read|write (the L2 flush above; read by default).
+ *      KVQ_BENCH_FLUSH=read|write (the L2 flush above; read by default),
+ *      KVQ_BENCH_CHECK_ONLY=1 (only the helpers' self-check below, for
+ *      compute-sanitizer: bench/run_cuda.sh's sanitize stage).
+ * The timer, the random fill and the plain read are bench-only helpers
+ * (bench_cuda_util.h), not libkvq API. Before measuring, the plain read is
+ * checked at odd alignments and lengths (check_helpers).
  * Without a GPU it prints one line and exits 0.
  */
 #include <math.h>
@@ -50,6 +55,7 @@
 #include <string.h>
 
 #include "kvq_cuda.h"
+#include "bench_cuda_util.h"
 #include "bench_util.h"
 
 #define H 8
@@ -65,7 +71,7 @@ struct result {
     double us, gbps, pct;
     double us_graph; /* the default call replayed from a CUDA graph (0: not timed) */
     double bytes;
-    double us_read; /* kvq_cuda_touch of `bytes` bytes, same flush (0: not timed) */
+    double us_read; /* bench_cuda_touch of `bytes` bytes, same flush (0: not timed) */
 };
 
 static int env_int(const char *name, int dflt)
@@ -116,12 +122,12 @@ static void flush_l2(int i)
 {
     TRY(kvq_cuda_memset(flush_buf, i & 0xff, flush_bytes));
     if (flush_read)
-        TRY(kvq_cuda_touch(flush_buf, flush_bytes));
+        TRY(bench_cuda_touch(flush_buf, flush_bytes));
 }
 
 /* Median device time (us) of `call(arg)` over reps runs after 3 warm-ups,
  * each run after flush_l2 and bracketed by the device-event timer. */
-static double time_flushed(kvq_cuda_timer *tm, int reps, kvq_status (*call)(void *), void *arg)
+static double time_flushed(bench_cuda_timer *tm, int reps, kvq_status (*call)(void *), void *arg)
 {
     double t[64];
     if (reps > 64)
@@ -129,9 +135,9 @@ static double time_flushed(kvq_cuda_timer *tm, int reps, kvq_status (*call)(void
     for (int i = 0; i < reps + 3; i++) {
         double ms;
         flush_l2(i);
-        TRY(kvq_cuda_timer_start(tm));
+        TRY(bench_cuda_timer_start(tm));
         TRY(call(arg));
-        TRY(kvq_cuda_timer_stop(tm, &ms));
+        TRY(bench_cuda_timer_stop(tm, &ms));
         if (i >= 3)
             t[i - 3] = ms;
     }
@@ -146,17 +152,17 @@ struct read_call {
 static kvq_status read_once(void *arg)
 {
     const struct read_call *r = arg;
-    return kvq_cuda_touch(r->buf, r->bytes);
+    return bench_cuda_touch(r->buf, r->bytes);
 }
 
 /* Median time of a plain read of bytes of buf, flushed like an attend call. */
-static double time_read(kvq_cuda_timer *tm, const void *buf, size_t bytes, int reps)
+static double time_read(bench_cuda_timer *tm, const void *buf, size_t bytes, int reps)
 {
     struct read_call r = {buf, bytes};
     return time_flushed(tm, reps, read_once, &r);
 }
 
-static double copy_bandwidth(kvq_cuda_timer *tm)
+static double copy_bandwidth(bench_cuda_timer *tm)
 {
     const size_t bytes = (size_t)1 << 30;
     void *a = NULL, *b = NULL;
@@ -166,9 +172,9 @@ static double copy_bandwidth(kvq_cuda_timer *tm)
     double t[10];
     for (int i = 0; i < 12; i++) {
         double ms;
-        TRY(kvq_cuda_timer_start(tm));
+        TRY(bench_cuda_timer_start(tm));
         TRY(kvq_cuda_memcpy_d2d(b, a, bytes));
-        TRY(kvq_cuda_timer_stop(tm, &ms));
+        TRY(bench_cuda_timer_stop(tm, &ms));
         if (i >= 2)
             t[i - 2] = ms;
     }
@@ -188,8 +194,8 @@ static void fill(kvq_cuda_cache *c, int ctx)
     for (size_t t0 = 0; t0 < (size_t)ctx; t0 += chunk) {
         size_t m = (size_t)ctx - t0 < chunk ? (size_t)ctx - t0 : chunk;
         for (int s = 0; s < MAXB; s++) {
-            TRY(kvq_cuda_fill_normal(k, m * H * D, seed++, 1.0f));
-            TRY(kvq_cuda_fill_normal(v, m * H * D, seed++, 1.0f));
+            TRY(bench_cuda_fill_normal(k, m * H * D, seed++, 1.0f));
+            TRY(bench_cuda_fill_normal(v, m * H * D, seed++, 1.0f));
             TRY(kvq_cuda_cache_append(c, s, m, k, v));
         }
     }
@@ -240,8 +246,8 @@ static void bench_append(enum kvq_type tk, enum kvq_type tv, struct append_resul
     float *k = NULL, *v = NULL;
     TRY(kvq_cuda_malloc((void **)&k, n * H * D * sizeof(float)));
     TRY(kvq_cuda_malloc((void **)&v, n * H * D * sizeof(float)));
-    TRY(kvq_cuda_fill_normal(k, n * H * D, 77, 1.0f));
-    TRY(kvq_cuda_fill_normal(v, n * H * D, 78, 1.0f));
+    TRY(bench_cuda_fill_normal(k, n * H * D, 77, 1.0f));
+    TRY(bench_cuda_fill_normal(v, n * H * D, 78, 1.0f));
     r->tk = tk;
     r->tv = tv;
     for (int check = 1; check >= 0; check--) {
@@ -288,7 +294,7 @@ static kvq_status attend_once(void *arg)
 /* One attend call over sequences 0..batch-1, timed reps times after 3
  * warm-ups. graph = 1 records the call once into a CUDA graph and times its
  * replays instead (kvq_cuda_graph_*), with the same flush and bracketing. */
-static double time_attend(kvq_cuda_cache *c, kvq_cuda_timer *tm, int batch, const float *qd, float *od, int reps,
+static double time_attend(kvq_cuda_cache *c, bench_cuda_timer *tm, int batch, const float *qd, float *od, int reps,
                           int graph)
 {
     const struct kvq_cuda_attn_opts opts = {KVQ_CUDA_KERNEL_AUTO, env_int("KVQ_BENCH_SPLITS", 0)};
@@ -306,10 +312,36 @@ static double time_attend(kvq_cuda_cache *c, kvq_cuda_timer *tm, int batch, cons
     return us;
 }
 
+/* The plain read at any alignment and length, reading nothing past the end
+ * (under compute-sanitizer's memcheck: KVQ_BENCH_CHECK_ONLY=1), and its
+ * argument checks. @return 0 when every check passed. */
+static int check_helpers(void)
+{
+    int bad = 0;
+    unsigned char *b = NULL;
+    TRY(kvq_cuda_malloc((void **)&b, 1000));
+    bad += bench_cuda_touch(b + 3, 997) != KVQ_OK;
+    bad += bench_cuda_touch(b + 5, 7) != KVQ_OK;
+    bad += bench_cuda_touch(b, 1000) != KVQ_OK;
+    bad += kvq_cuda_synchronize() != KVQ_OK;
+    bad += bench_cuda_touch(NULL, 0) != KVQ_OK;
+    bad += bench_cuda_touch(NULL, 16) != KVQ_ERR_INVALID_ARG;
+    kvq_cuda_free(b);
+    if (bad)
+        fprintf(stderr, "bench_cuda: %d helper check(s) failed\n", bad);
+    return bad;
+}
+
 int main(void)
 {
     if (kvq_cuda_device_count() == 0) {
         printf("bench_cuda: no CUDA device, nothing measured\n");
+        return 0;
+    }
+    if (check_helpers() != 0)
+        return 1;
+    if (env_int("KVQ_BENCH_CHECK_ONLY", 0)) {
+        printf("bench_cuda: helper checks passed\n");
         return 0;
     }
     char dev[256];
@@ -343,8 +375,8 @@ int main(void)
     const enum kvq_type types[3][2] = {
         {KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3}, {KVQ_TYPE_TQ3, KVQ_TYPE_TQ3}, {KVQ_TYPE_F16, KVQ_TYPE_F16}};
 
-    kvq_cuda_timer *tm = NULL;
-    TRY(kvq_cuda_timer_create(&tm));
+    bench_cuda_timer *tm = NULL;
+    TRY(bench_cuda_timer_create(&tm));
     TRY(kvq_cuda_malloc(&flush_buf, flush_bytes));
     const double copy_gbps = copy_bandwidth(tm);
     printf("device: %s\n", dev);
@@ -356,7 +388,7 @@ int main(void)
     const size_t qn = (size_t)MAXB * H * G * D;
     TRY(kvq_cuda_malloc((void **)&qd, qn * sizeof(float)));
     TRY(kvq_cuda_malloc((void **)&od, qn * sizeof(float)));
-    TRY(kvq_cuda_fill_normal(qd, qn, 12345, 1.0f));
+    TRY(bench_cuda_fill_normal(qd, qn, 12345, 1.0f));
 
     struct result res[64];
     int nres = 0;
@@ -463,6 +495,6 @@ int main(void)
     kvq_cuda_free(od);
     kvq_cuda_free(flush_buf);
     kvq_cuda_free(read_buf);
-    kvq_cuda_timer_free(tm);
+    bench_cuda_timer_free(tm);
     return 0;
 }

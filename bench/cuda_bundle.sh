@@ -6,7 +6,6 @@
 # alone is ~28 MB). Run after `make BUILD=$BUILD tests benches`.
 #
 #   sh bench/cuda_bundle.sh BUILD        -> BUILD/dev/{tests,bench,lib}
-# (a measurement build: MEASURE=... here too, as given to make)
 # On the GPU machine:  LD_LIBRARY_PATH=BUILD/dev/lib sh bench/run_cuda.sh BUILD/dev OUT
 set -e
 build=${1:-build}
@@ -51,9 +50,8 @@ tool_objs=$(ls "$build"/obj/tools/*.o | grep -v '/kvq\.o$')
 libs="$build/lib/libkvq.a $dev/obj/blas_shim.o -Wl,-Bstatic -lfftw3f -Wl,-Bdynamic -lcjson -lm -lpthread"
 libs="$libs -L/usr/local/cuda/lib64 -lcudart_static -ldl -lrt -lstdc++"
 cc -o "$dev/tests/test_cuda" "$build/obj/tests/test_cuda.o" $tool_objs $libs
-cc -std=c11 -D_DEFAULT_SOURCE -D_POSIX_C_SOURCE=200809L -O2 -Ikvq -Ikvq/common -Ikvq/codebook -Ikvq/rotation -Ikvq/codec -Ikvq/cache -Ikvq/attn -Ikvq/cuda \
-    ${MEASURE:-} -c bench/bench_cuda.c -o "$dev/obj/bench_cuda.o"
-cc -o "$dev/bench/bench_cuda" "$dev/obj/bench_cuda.o" $libs
+# bench_cuda: make's objects, with the bench-only GPU helpers (bench_cuda_util.cu)
+cc -o "$dev/bench/bench_cuda" "$build/obj/bench/bench_cuda.o" "$build/obj/bench/bench_cuda_util.o" $libs
 strip "$dev/tests/test_cuda" "$dev/bench/bench_cuda"
 for so in $(ldd "$dev/tests/test_cuda" | awk '/=>/ {print $3}'); do
     case "$so" in */libc.so*|*/libm.so*|*/libstdc++*|*/libgcc_s*|*/ld-linux*) ;; *) cp -L "$so" "$dev/lib/" ;; esac

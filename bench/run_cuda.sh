@@ -125,6 +125,15 @@ if has sanitize; then
         say "$tool exit $rc"
         [ $rc -eq 0 ] || status=1
     done
+    # the benchmark's own GPU helpers (bench-only code: the plain read at odd
+    # alignments and lengths)
+    say "== compute-sanitizer memcheck on bench_cuda's helpers (KVQ_BENCH_CHECK_ONLY=1)"
+    KVQ_BENCH_CHECK_ONLY=1 timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 \
+        "$build/bench/bench_cuda" >"$out/memcheck-bench.log" 2>&1
+    rc=$?
+    grep -E "ERROR SUMMARY|bench_cuda:" "$out/memcheck-bench.log" | tee -a "$log"
+    say "memcheck (bench helpers) exit $rc"
+    [ $rc -eq 0 ] || status=1
 fi
 
 exit $status

@@ -69,28 +69,9 @@ KVQ_API kvq_status kvq_cuda_memcpy_h2d(void *dev, const void *host, size_t bytes
 KVQ_API kvq_status kvq_cuda_memcpy_d2h(void *host, const void *dev, size_t bytes);
 KVQ_API kvq_status kvq_cuda_memcpy_d2d(void *dst_dev, const void *src_dev, size_t bytes);
 KVQ_API kvq_status kvq_cuda_memset(void *dev, int byte, size_t bytes);
-/** Reads bytes of device memory and discards them, on the default stream.
- *  Benchmarks run it over a buffer larger than the L2 cache to start a timed
- *  call cold without leaving it dirty lines to write back (a memset flush
- *  does), and over a buffer the size of a call's input for the time a plain
- *  read of those bytes takes. @return KVQ_OK, KVQ_ERR_INVALID_ARG,
- *  KVQ_ERR_NO_DEVICE or KVQ_ERR_DEVICE. */
-KVQ_API kvq_status kvq_cuda_touch(const void *dev, size_t bytes);
 /** Waits for all queued work on the device. @return KVQ_OK or KVQ_ERR_DEVICE
  *  (also reports an earlier asynchronous kernel failure). */
 KVQ_API kvq_status kvq_cuda_synchronize(void);
-
-/** Fills x_dev[n] with N(0, sigma^2) draws from a counter-based generator
- *  (seed, index) -> value: deterministic, for tests and benchmarks. */
-KVQ_API kvq_status kvq_cuda_fill_normal(float *x_dev, size_t n, uint64_t seed, float sigma);
-
-/* Device-event timer for benchmarks: start/stop bracket work queued on the
- * default stream; stop waits for it and returns elapsed milliseconds. */
-typedef struct kvq_cuda_timer kvq_cuda_timer;
-KVQ_API kvq_status kvq_cuda_timer_create(kvq_cuda_timer **out);
-KVQ_API void kvq_cuda_timer_free(kvq_cuda_timer *t);
-KVQ_API kvq_status kvq_cuda_timer_start(kvq_cuda_timer *t);
-KVQ_API kvq_status kvq_cuda_timer_stop(kvq_cuda_timer *t, double *ms);
 
 /* ---- the device cache ---------------------------------------------- */
 

@@ -60,46 +60,8 @@ kvq_status kvq_cuda_memset(void *dev, int byte, size_t bytes)
     return KVQ_ERR_NO_DEVICE;
 }
 
-kvq_status kvq_cuda_touch(const void *dev, size_t bytes)
-{
-    (void)dev, (void)bytes;
-    return KVQ_ERR_NO_DEVICE;
-}
-
 kvq_status kvq_cuda_synchronize(void)
 {
-    return KVQ_ERR_NO_DEVICE;
-}
-
-kvq_status kvq_cuda_fill_normal(float *x_dev, size_t n, uint64_t seed, float sigma)
-{
-    (void)x_dev, (void)n, (void)seed, (void)sigma;
-    return KVQ_ERR_NO_DEVICE;
-}
-
-kvq_status kvq_cuda_timer_create(kvq_cuda_timer **out)
-{
-    if (out)
-        *out = NULL;
-    return KVQ_ERR_NO_DEVICE;
-}
-
-void kvq_cuda_timer_free(kvq_cuda_timer *t)
-{
-    (void)t;
-}
-
-kvq_status kvq_cuda_timer_start(kvq_cuda_timer *t)
-{
-    (void)t;
-    return KVQ_ERR_NO_DEVICE;
-}
-
-kvq_status kvq_cuda_timer_stop(kvq_cuda_timer *t, double *ms)
-{
-    (void)t;
-    if (ms)
-        *ms = 0.0;
     return KVQ_ERR_NO_DEVICE;
 }
 
