@@ -7,14 +7,13 @@
 #include "test.h"
 #include "test_util.h"
 
-#include "eval_data.h"
-#include "eval_metrics.h"
 #include "eval_output.h"
 #include "eval_spec.h"
 #include "kvq_attn.h"
 #include "kvq_cache.h"
 #include "kvq_codebook.h"
 #include "kvq_codec.h"
+#include "kvq_eval.h"
 #include "kvq_half.h"
 #include "kvq_safetensors.h"
 
@@ -87,8 +86,8 @@ static int files_equal(const char *a, const char *b)
 
 static void test_spec_parse(void)
 {
-    struct eval_config def, c[8];
-    eval_config_defaults(&def);
+    struct kvq_eval_config def, c[8];
+    kvq_eval_config_default(&def);
     size_t n = 0;
     kvq_error err;
     CHECK_OK(eval_spec_parse("k=tq3j:v=tq3,q8_0,k=tq3j:v=tq3:qjl=gauss:seed=7,k=tq2:v=f16:rot=dct", &def, c, 8, &n,
@@ -114,12 +113,12 @@ static void test_spec_parse(void)
 
 static void test_sweep_grid(void)
 {
-    struct eval_config def, c[EVAL_MAX_CONFIGS];
-    eval_config_defaults(&def);
-    size_t n = eval_sweep_default(&def, c, EVAL_MAX_CONFIGS);
+    struct kvq_eval_config def, c[KVQ_EVAL_MAX_CONFIGS];
+    kvq_eval_config_default(&def);
+    size_t n = kvq_eval_sweep_default(&def, c, KVQ_EVAL_MAX_CONFIGS);
     CHECK(n > 20);
     CHECK(c[0].type_k == KVQ_TYPE_F32 && c[0].type_v == KVQ_TYPE_F32);
-    CHECK(eval_ensure_floor(&def, c, n, EVAL_MAX_CONFIGS) == n);
+    CHECK(kvq_eval_ensure_floor(&def, c, n, KVQ_EVAL_MAX_CONFIGS) == n);
     const enum kvq_type want[][2] = {
         {KVQ_TYPE_F16, KVQ_TYPE_F16},   {KVQ_TYPE_Q8_0, KVQ_TYPE_Q8_0}, {KVQ_TYPE_Q4_0, KVQ_TYPE_Q4_0},
         {KVQ_TYPE_TQ1, KVQ_TYPE_TQ1},   {KVQ_TYPE_TQ2, KVQ_TYPE_TQ2},   {KVQ_TYPE_TQ3, KVQ_TYPE_TQ3},
@@ -138,8 +137,8 @@ static void test_sweep_grid(void)
     /* A list without the floor gets it in front. */
     size_t m = 0;
     kvq_error err;
-    CHECK_OK(eval_spec_parse("tq3,q4_0", &def, c, EVAL_MAX_CONFIGS, &m, &err));
-    CHECK(eval_ensure_floor(&def, c, m, EVAL_MAX_CONFIGS) == 3);
+    CHECK_OK(eval_spec_parse("tq3,q4_0", &def, c, KVQ_EVAL_MAX_CONFIGS, &m, &err));
+    CHECK(kvq_eval_ensure_floor(&def, c, m, KVQ_EVAL_MAX_CONFIGS) == 3);
     CHECK(c[0].type_k == KVQ_TYPE_F32 && c[1].type_k == KVQ_TYPE_TQ3 && c[2].type_k == KVQ_TYPE_Q4_0);
 }
 
@@ -149,16 +148,16 @@ static void test_sweep_grid(void)
  * pages and compare with bytes_allocated. */
 static void test_bits_match_cache(void)
 {
-    struct eval_config def, c[EVAL_MAX_CONFIGS];
-    eval_config_defaults(&def);
-    size_t n = eval_sweep_default(&def, c, EVAL_MAX_CONFIGS);
+    struct kvq_eval_config def, c[KVQ_EVAL_MAX_CONFIGS];
+    kvq_eval_config_default(&def);
+    size_t n = kvq_eval_sweep_default(&def, c, KVQ_EVAL_MAX_CONFIGS);
     const int dims[] = {128, 96, 64};
     const int kvh = 2;
     for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
         const int d = dims[di];
         for (size_t i = 0; i < n; i++) {
-            struct eval_cost cost;
-            if (eval_cost_of(&c[i], d, &cost) != KVQ_OK) {
+            struct kvq_eval_cost cost;
+            if (kvq_eval_cost_of(&c[i], d, &cost) != KVQ_OK) {
                 CHECKF(kvq_type_check_dim(c[i].type_k, d) || kvq_type_check_dim(c[i].type_v, d),
                        "%s d=%d: no cost but both types accept d", c[i].label, d);
                 continue;
@@ -187,11 +186,11 @@ static void test_bits_match_cache(void)
         }
     }
     /* The field's anchor: tq3j/tq3 at d = 128 is 118 bytes per token-head. */
-    struct eval_config t = def;
+    struct kvq_eval_config t = def;
     t.type_k = KVQ_TYPE_TQ3J;
     t.type_v = KVQ_TYPE_TQ3;
-    struct eval_cost cost;
-    CHECK_OK(eval_cost_of(&t, 128, &cost));
+    struct kvq_eval_cost cost;
+    CHECK_OK(kvq_eval_cost_of(&t, 128, &cost));
     CHECK(cost.row_k + cost.row_v == 118);
     CHECK_NEAR(cost.bits_k, 4.25, 1e-12);
     CHECK_NEAR(cost.bits_v, 3.125, 1e-12);
@@ -199,50 +198,56 @@ static void test_bits_match_cache(void)
 
 /* ---- metrics ------------------------------------------------------------ */
 
-static struct eval_sums run_cfg(const struct eval_data *d, const char *spec, size_t max_q)
+static struct kvq_eval_sums run_cfg(const struct kvq_eval_data *d, const char *spec, size_t max_q)
 {
-    struct eval_config def, c[4];
-    eval_config_defaults(&def);
+    struct kvq_eval_config def, c[4];
+    kvq_eval_config_default(&def);
     size_t n = 0;
     kvq_error err;
-    struct eval_sums total, s;
+    struct kvq_eval_sums total, s;
     memset(&total, 0, sizeof total);
     CHECK_OK(eval_spec_parse(spec, &def, c, 4, &n, &err));
-    eval_ctx *ctx = NULL;
-    CHECK_OK(eval_ctx_create(d, max_q, &ctx, &err));
+    kvq_eval_ctx *ctx = NULL;
+    CHECK_OK(kvq_eval_ctx_create(d, max_q, &ctx, &err));
     if (!ctx || n != 1)
         return total;
     for (int l = 0; l < d->n_layers; l++) {
-        CHECK_OK(eval_ctx_set_layer(ctx, l, &err));
-        CHECK_OK(eval_ctx_run(ctx, &c[0], &s, &err));
-        eval_sums_add(&total, &s);
+        CHECK_OK(kvq_eval_ctx_set_layer(ctx, l, &err));
+        CHECK_OK(kvq_eval_ctx_run(ctx, &c[0], &s, &err));
+        kvq_eval_sums_add(&total, &s);
     }
-    eval_ctx_free(ctx);
+    kvq_eval_ctx_free(ctx);
     return total;
+}
+
+/* Synthetic data of the default heads (4 query, 2 kv) and outliers. */
+static void synth(struct kvq_eval_data *d, int n_layers, size_t n_tokens, size_t n_queries, int head_dim)
+{
+    struct kvq_eval_synth_config sc;
+    kvq_eval_synth_config_default(&sc);
+    sc.n_layers = n_layers;
+    sc.n_tokens = n_tokens;
+    sc.n_queries = n_queries;
+    sc.head_dim = head_dim;
+    kvq_error err;
+    CHECKF(kvq_eval_data_synthetic(&sc, d, &err) == KVQ_OK, "%s", err.msg);
 }
 
 /* The f32 cache loses nothing but float rounding. */
 static void test_floor(void)
 {
-    struct eval_synth_config sc;
-    eval_synth_config_default(&sc);
-    sc.n_layers = 1;
-    sc.n_tokens = 300;
-    sc.n_queries = 12;
-    sc.head_dim = 64;
-    struct eval_data d;
-    kvq_error err;
-    CHECK_OK(eval_data_synthetic(&sc, &d, &err));
-    struct eval_sums s = run_cfg(&d, "f32", 0);
-    struct eval_stats m;
-    eval_stats_of(&s, &m);
-    CHECK(s.n_q == (double)(sc.n_heads * 12));
+    struct kvq_eval_data d;
+    synth(&d, 1, 300, 12, 64);
+    struct kvq_eval_sums s = run_cfg(&d, "f32", 0);
+    struct kvq_eval_stats m;
+    kvq_eval_stats_of(&s, &m);
+    CHECK(s.n_q == (double)(d.n_heads * 12));
     CHECK(m.key_mse == 0.0 && m.val_mse == 0.0);
     CHECKF(m.out_err < 1e-5, "%g", m.out_err);
     CHECKF(m.ip_rel_rms < 1e-5, "%g", m.ip_rel_rms);
     CHECKF(m.kl < 1e-9 && m.tv < 1e-5, "kl %g tv %g", m.kl, m.tv);
     CHECK(m.top1 == 1.0 && m.top8 == 1.0);
-    eval_data_free(&d);
+    kvq_eval_data_free(&d);
 }
 
 /* Isotropic data: a rotated unit vector follows the codebook's density
@@ -250,44 +255,44 @@ static void test_floor(void)
  * expected error per unit vector (plus negligible f16 norm rounding). */
 static void test_key_mse_is_codebook_mse(void)
 {
-    struct eval_synth_config sc;
-    eval_synth_config_default(&sc);
+    struct kvq_eval_synth_config sc;
+    kvq_eval_synth_config_default(&sc);
     sc.n_layers = 1;
     sc.n_heads = 1;
     sc.n_kv_heads = 1;
     sc.n_tokens = 2048;
     sc.n_queries = 1;
     sc.n_outliers = 0;
-    struct eval_data d;
+    struct kvq_eval_data d;
     kvq_error err;
-    CHECK_OK(eval_data_synthetic(&sc, &d, &err));
+    CHECK_OK(kvq_eval_data_synthetic(&sc, &d, &err));
     static const char *spec[4] = {"tq1", "tq2", "tq3", "tq4"};
     for (int b = 1; b <= 4; b++) {
         kvq_codebook cb;
         CHECK_OK(kvq_codebook_get(128, b, KVQ_DIST_BETA, &cb));
-        struct eval_stats m;
-        struct eval_sums s = run_cfg(&d, spec[b - 1], 1);
-        eval_stats_of(&s, &m);
+        struct kvq_eval_stats m;
+        struct kvq_eval_sums s = run_cfg(&d, spec[b - 1], 1);
+        kvq_eval_stats_of(&s, &m);
         /* MSE here is sum ||x-x~||^2 / sum ||x||^2; with ||x|| nearly
          * constant in high dimension that is the per-unit-vector mse. */
         CHECKF(fabs(m.key_mse / cb.mse - 1.0) < 0.03, "tq%d: key mse %g, codebook %g", b, m.key_mse, cb.mse);
         CHECKF(fabs(m.val_mse / cb.mse - 1.0) < 0.03, "tq%d: value mse %g, codebook %g", b, m.val_mse, cb.mse);
     }
-    eval_data_free(&d);
+    kvq_eval_data_free(&d);
 }
 
 /* Every metric recomputed here the slow, obvious way: scores in double from
  * the decoded cache, softmax, sets, and dequantize-then-attend outputs. */
-static void brute_force(const struct eval_data *d, const char *spec)
+static void brute_force(const struct kvq_eval_data *d, const char *spec)
 {
-    struct eval_config def, c[2];
-    eval_config_defaults(&def);
+    struct kvq_eval_config def, c[2];
+    kvq_eval_config_default(&def);
     size_t n;
     kvq_error err;
     CHECK_OK(eval_spec_parse(spec, &def, c, 2, &n, &err));
-    struct eval_sums got = run_cfg(d, spec, 0);
-    struct eval_stats g;
-    eval_stats_of(&got, &g);
+    struct kvq_eval_sums got = run_cfg(d, spec, 0);
+    struct kvq_eval_stats g;
+    kvq_eval_stats_of(&got, &g);
 
     const int D = d->head_dim, G = d->n_heads / d->n_kv_heads;
     const size_t T = d->n_tokens, TQ = d->n_queries;
@@ -411,8 +416,8 @@ static void brute_force(const struct eval_data *d, const char *spec)
 
 static void test_brute_force(void)
 {
-    struct eval_synth_config sc;
-    eval_synth_config_default(&sc);
+    struct kvq_eval_synth_config sc;
+    kvq_eval_synth_config_default(&sc);
     sc.n_layers = 2;
     sc.n_heads = 4;
     sc.n_kv_heads = 2;
@@ -420,20 +425,79 @@ static void test_brute_force(void)
     sc.n_queries = 9;
     sc.head_dim = 64;
     sc.n_outliers = 3;
-    struct eval_data d;
+    struct kvq_eval_data d;
     kvq_error err;
-    CHECK_OK(eval_data_synthetic(&sc, &d, &err));
+    CHECK_OK(kvq_eval_data_synthetic(&sc, &d, &err));
     brute_force(&d, "k=tq2j:v=tq2");
     brute_force(&d, "k=q4_0:v=tq1");
     brute_force(&d, "k=tq1:v=q8_0");
-    eval_data_free(&d);
+    kvq_eval_data_free(&d);
     /* Queries from position 0 on: contexts of 1..12 keys, fewer than 8 early. */
     sc.n_layers = 1;
     sc.n_tokens = 12;
     sc.n_queries = 12;
-    CHECK_OK(eval_data_synthetic(&sc, &d, &err));
+    CHECK_OK(kvq_eval_data_synthetic(&sc, &d, &err));
     brute_force(&d, "k=tq2j:v=tq2");
-    eval_data_free(&d);
+    kvq_eval_data_free(&d);
+}
+
+/* Labels name only the variants that differ and matter for the types. */
+static void test_config_label(void)
+{
+    struct kvq_eval_config def, c;
+    kvq_eval_config_default(&def);
+    CHECK(def.type_k == KVQ_TYPE_F32 && def.type_v == KVQ_TYPE_F32 && def.rot == KVQ_ROT_HADAMARD &&
+          def.qjl == KVQ_QJL_ORTHO && def.seed == 0 && def.label[0] == 0);
+    c = def;
+    c.type_k = KVQ_TYPE_TQ3J;
+    c.type_v = KVQ_TYPE_TQ3;
+    kvq_eval_config_label(&c, &def);
+    CHECK(strcmp(c.label, "tq3j/tq3") == 0);
+    c.rot = KVQ_ROT_DCT;
+    c.qjl = KVQ_QJL_GAUSS;
+    c.seed = 7;
+    kvq_eval_config_label(&c, &def);
+    CHECK(strcmp(c.label, "tq3j/tq3+dct+gauss+s7") == 0);
+    c.type_k = c.type_v = KVQ_TYPE_Q8_0; /* nothing rotated, no QJL: no variant */
+    kvq_eval_config_label(&c, &def);
+    CHECK(strcmp(c.label, "q8_0/q8_0") == 0);
+}
+
+/* The context's queries, attention statistics and argument errors. */
+static void test_ctx_api(void)
+{
+    struct kvq_eval_synth_config sc;
+    kvq_eval_synth_config_default(&sc);
+    CHECK(sc.n_layers == 2 && sc.n_heads == 4 && sc.n_kv_heads == 2 && sc.head_dim == 128 && sc.n_tokens == 1024 &&
+          sc.n_queries == 64 && sc.n_outliers == 4 && sc.seed == 0);
+    struct kvq_eval_data d;
+    kvq_error err;
+    synth(&d, 2, 100, 20, 64);
+    CHECK(kvq_eval_query_pos(&d, 0) == 80 && kvq_eval_query_pos(&d, 19) == 99);
+    kvq_eval_ctx *ctx = NULL;
+    CHECK_OK(kvq_eval_ctx_create(&d, 0, &ctx, &err));
+    CHECK(kvq_eval_ctx_queries_used(ctx) == 20);
+    kvq_eval_ctx_free(ctx);
+    CHECK_OK(kvq_eval_ctx_create(&d, 7, &ctx, &err));
+    CHECK(kvq_eval_ctx_queries_used(ctx) == 7);
+    double eff = -1, top = -1, gain = -1;
+    kvq_eval_ctx_attention_stats(ctx, &eff, &top, &gain);
+    CHECK(eff == 0 && top == 0 && gain == 0);
+    struct kvq_eval_config cfg;
+    struct kvq_eval_sums s;
+    kvq_eval_config_default(&cfg);
+    CHECK_STATUS(kvq_eval_ctx_run(ctx, &cfg, &s, &err), KVQ_ERR_INVALID_ARG); /* no layer yet */
+    CHECK_STATUS(kvq_eval_ctx_set_layer(ctx, 2, &err), KVQ_ERR_INVALID_ARG);
+    CHECK_OK(kvq_eval_ctx_set_layer(ctx, 1, &err));
+    kvq_eval_ctx_attention_stats(ctx, &eff, &top, &gain);
+    /* a query reads between one key and all 100 of them */
+    CHECK(eff >= 1 && eff <= 100 && top > 0 && top <= 1 && gain > 0);
+    CHECK_OK(kvq_eval_ctx_run(ctx, &cfg, &s, &err));
+    CHECK(s.n_q == 4 * 7);
+    kvq_eval_ctx_free(ctx);
+    kvq_eval_ctx_free(NULL);
+    kvq_eval_data_free(&d);
+    kvq_eval_data_free(NULL);
 }
 
 /* ---- Pareto front -------------------------------------------------------- */
@@ -446,11 +510,11 @@ static void test_pareto(void)
     const double bits[N] = {2, 3, 3, 4, 5, 1, 32, 16}, errs[N] = {0.5, 0.3, 0.4, 0.3, 0.1, 0.9, 1e-7, 3e-7};
     const int front[N] = {1, 1, 0, 0, 1, 1, 0, 0};
     struct eval_result r[N];
-    struct eval_data d;
+    struct kvq_eval_data d;
     memset(&d, 0, sizeof d);
     memset(r, 0, sizeof r);
     for (int i = 0; i < N; i++) {
-        eval_config_defaults(&r[i].cfg);
+        kvq_eval_config_default(&r[i].cfg);
         r[i].cfg.type_k = i == 6 ? KVQ_TYPE_F32 : i == 7 ? KVQ_TYPE_F16 : KVQ_TYPE_TQ3;
         r[i].cfg.type_v = r[i].cfg.type_k;
         r[i].cost.bits = bits[i];
@@ -506,21 +570,21 @@ static void test_real_dump_monotone(void)
     const char *dump = TEST_REF_DIR "/kv_passkey.safetensors";
     if (access(dump, R_OK) != 0)
         SKIP("no %s", dump);
-    struct eval_data d;
+    struct kvq_eval_data d;
     kvq_error err;
-    CHECK_OK(eval_data_load(dump, &d, &err));
+    CHECK_OK(kvq_eval_data_load(dump, &d, &err));
     CHECK(d.n_layers == 4 && d.n_heads == 4 && d.n_kv_heads == 2 && d.head_dim == 128 && d.n_tokens == 3040 &&
           d.n_queries == 256);
     double prev = 1e9;
     static const char *spec[4] = {"tq1", "tq2", "tq3", "tq4"};
     for (int b = 0; b < 4; b++) {
-        struct eval_sums s = run_cfg(&d, spec[b], 4);
-        struct eval_stats m;
-        eval_stats_of(&s, &m);
+        struct kvq_eval_sums s = run_cfg(&d, spec[b], 4);
+        struct kvq_eval_stats m;
+        kvq_eval_stats_of(&s, &m);
         CHECKF(m.key_mse < prev && m.out_err > 0, "%s: key mse %g after %g", spec[b], m.key_mse, prev);
         prev = m.key_mse;
     }
-    eval_data_free(&d);
+    kvq_eval_data_free(&d);
 }
 
 /* A small dump with values on a 1/8 grid, exact in F16, BF16 and F32, so
@@ -662,6 +726,8 @@ int main(void)
     RUN(test_floor);
     RUN(test_key_mse_is_codebook_mse);
     RUN(test_brute_force);
+    RUN(test_config_label);
+    RUN(test_ctx_api);
     RUN(test_pareto);
     RUN(test_deterministic);
     RUN(test_real_dump_monotone);

@@ -2,14 +2,15 @@
  * errors deterministic, the choice within the budget and never worse for a
  * larger budget, the nll metric (exactly 0 for f32, the base NLL equal to an
  * independent one-shot forward, deterministic, masks), and the commands'
- * --kv-auto path end to end. */
+ * --kv-auto path end to end; the kvq_kv_auto handle against the step by step
+ * API, with its progress and errors. */
 #include <cjson/cJSON.h>
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "kv_auto.h"
+#include "kvq_eval.h"
 #include "kvq_model.h"
 #include "kvq_tokenizer.h"
 #include "kvq_rng.h"
@@ -24,7 +25,7 @@ int cmd_run(int argc, char **argv);
 
 static kvq_model *model;
 static kvq_tokenizer *tok;
-static enum kvq_type cands[2 * KV_AUTO_MAX_CANDS];
+static enum kvq_type cands[2 * KVQ_KV_AUTO_MAX_CANDS];
 static int n_cands;
 static double *errs;
 static size_t *costs;
@@ -86,7 +87,7 @@ static void test_choose_brute_force(void)
         double te = 0;
         size_t tc = 0;
         double want = brute(L, N, cost, err, cap);
-        kvq_status st = kv_auto_choose(L, N, cost, err, cap, choice, &te, &tc);
+        kvq_status st = kvq_kv_auto_knapsack(L, N, cost, err, cap, choice, &te, &tc);
         if (layer_empty) {
             CHECK(st == KVQ_ERR_INVALID_ARG);
             continue;
@@ -111,7 +112,7 @@ static void test_choose_brute_force(void)
     int choice[1];
     size_t c1 = 10;
     double e1 = 1;
-    CHECK(kv_auto_choose(0, 1, &c1, &e1, 100, choice, NULL, NULL) == KVQ_ERR_INVALID_ARG);
+    CHECK(kvq_kv_auto_knapsack(0, 1, &c1, &e1, 100, choice, NULL, NULL) == KVQ_ERR_INVALID_ARG);
 }
 
 static int32_t *calib_ids(size_t *n)
@@ -143,10 +144,10 @@ static void test_score_deterministic(void)
     double *e2 = malloc(cells * sizeof *e2);
     size_t *c2 = malloc(cells * sizeof *c2);
     kvq_error err = {0};
-    CHECKF(kv_auto_score(model, ids, n, cands, n_cands, 0, 64, KV_AUTO_OUT_ERR, errs, costs, &err) == KVQ_OK, "%s", err.msg);
-    CHECK_OK(kv_auto_score(model, ids, n, cands, n_cands, 0, 64, KV_AUTO_OUT_ERR, e2, c2, &err));
+    CHECKF(kvq_kv_auto_score(model, ids, n, cands, n_cands, 0, 64, KVQ_KV_AUTO_OUT_ERR, errs, costs, &err) == KVQ_OK, "%s", err.msg);
+    CHECK_OK(kvq_kv_auto_score(model, ids, n, cands, n_cands, 0, 64, KVQ_KV_AUTO_OUT_ERR, e2, c2, &err));
     CHECK(memcmp(errs, e2, cells * sizeof *e2) == 0);
-    CHECK(kv_auto_score(model, ids, n, cands, n_cands, 0, 64, KV_AUTO_NLL, e2, c2, &err) == KVQ_ERR_INVALID_ARG);
+    CHECK(kvq_kv_auto_score(model, ids, n, cands, n_cands, 0, 64, KVQ_KV_AUTO_NLL, e2, c2, &err) == KVQ_ERR_INVALID_ARG);
     CHECK(memcmp(costs, c2, cells * sizeof *c2) == 0);
     for (size_t i = 0; i < cells; i++)
         CHECK(errs[i] > 0 && errs[i] < 2);
@@ -186,14 +187,14 @@ static void test_choice_budget(void)
         lo = costs[j] < lo ? costs[j] : lo;
         hi = costs[j] > hi ? costs[j] : hi;
     }
-    CHECK(kv_auto_choose(L, n_cands, costs, errs, lo * (size_t)L - 1, (int[KV_OPTS_MAX_LAYERS]){0}, NULL, NULL) ==
+    CHECK(kvq_kv_auto_knapsack(L, n_cands, costs, errs, lo * (size_t)L - 1, (int[KVQ_KV_AUTO_MAX_LAYERS]){0}, NULL, NULL) ==
           KVQ_ERR_BUDGET);
     double prev = DBL_MAX;
     for (size_t cap = lo * (size_t)L; cap <= hi * (size_t)L + 64; cap += 48) {
-        int choice[KV_OPTS_MAX_LAYERS];
+        int choice[KVQ_KV_AUTO_MAX_LAYERS];
         double te;
         size_t tc;
-        CHECK_OK(kv_auto_choose(L, n_cands, costs, errs, cap, choice, &te, &tc));
+        CHECK_OK(kvq_kv_auto_knapsack(L, n_cands, costs, errs, cap, choice, &te, &tc));
         CHECK(tc <= cap);
         CHECK(te <= prev);
         prev = te;
@@ -223,7 +224,7 @@ static int32_t *nll_text(void)
 
 /* Mean NLL of text[0..n) after BOS from ONE forward of the whole window
  * (f32 cache, no chunks) with the log-softmax computed here: a reference
- * independent of ppl_core's chunked path. */
+ * independent of kvq_ppl_score's chunked path. */
 static double one_shot_nll(const int32_t *text, size_t n)
 {
     const struct kvq_model_config *c = kvq_model_config_of(model);
@@ -278,9 +279,9 @@ static void test_nll_metric(void)
     double e[8 * NC], e2[8 * NC], e3[8 * NC], base = 0, base2 = 0, again = 0;
     size_t cost[8 * NC], cost2[8 * NC];
     kvq_error err = {0};
-    CHECKF(kv_auto_score_nll(model, text, NLL_TOKENS, 0, 0, nc_types, NC, NULL, &base, e, cost, &err) == KVQ_OK, "%s",
+    CHECKF(kvq_kv_auto_score_nll(model, text, NLL_TOKENS, 0, 0, nc_types, NC, NULL, &base, e, cost, &err) == KVQ_OK, "%s",
            err.msg);
-    CHECK_OK(kv_auto_nll(model, text, NLL_TOKENS, 0, 0, NULL, &again, &err));
+    CHECK_OK(kvq_kv_auto_nll(model, text, NLL_TOKENS, 0, 0, NULL, &again, &err));
     CHECK(again == base);
     double ref = one_shot_nll(text, NLL_TOKENS);
     CHECK(base > 0.1 && base < 10);
@@ -295,14 +296,14 @@ static void test_nll_metric(void)
     }
     CHECK(sum22 > sum3j && sum3j > sum88);
     /* deterministic, costs as the planner's */
-    CHECK_OK(kv_auto_score_nll(model, text, NLL_TOKENS, 0, 0, nc_types, NC, NULL, &base2, e2, cost2, &err));
+    CHECK_OK(kvq_kv_auto_score_nll(model, text, NLL_TOKENS, 0, 0, nc_types, NC, NULL, &base2, e2, cost2, &err));
     CHECK(base2 == base && memcmp(e, e2, sizeof(double) * (size_t)(L * NC)) == 0);
     CHECK(memcmp(cost, cost2, sizeof(size_t) * (size_t)(L * NC)) == 0);
     /* a mask measures only its cells, each bit-identical to the full table */
     unsigned char mask[8 * NC];
     for (int i = 0; i < L * NC; i++)
         mask[i] = (unsigned char)(i / NC == 1 && i % NC >= 2);
-    CHECK_OK(kv_auto_score_nll(model, text, NLL_TOKENS, 0, 0, nc_types, NC, mask, NULL, e3, cost2, &err));
+    CHECK_OK(kvq_kv_auto_score_nll(model, text, NLL_TOKENS, 0, 0, nc_types, NC, mask, NULL, e3, cost2, &err));
     for (int i = 0; i < L * NC; i++)
         CHECK(mask[i] ? e3[i] == e[i] : isinf(e3[i]));
     /* the choice at the bytes of uniform tq3j/tq3 fits, is exact, and is no
@@ -311,13 +312,135 @@ static void test_nll_metric(void)
     int choice[8];
     double te = 0;
     size_t tc = 0;
-    CHECK_OK(kv_auto_choose(L, NC, cost, e, cap, choice, &te, &tc));
+    CHECK_OK(kvq_kv_auto_knapsack(L, NC, cost, e, cap, choice, &te, &tc));
     CHECK(tc <= cap);
     CHECK(te <= sum3j + 1e-15);
     CHECK_NEAR(te, brute(L, NC, cost, e, cap), 1e-12);
     /* a layer with nothing measured cannot be chosen for */
-    CHECK(kv_auto_choose(L, NC, cost, e3, SIZE_MAX / 2, choice, NULL, NULL) == KVQ_ERR_INVALID_ARG);
+    CHECK(kvq_kv_auto_knapsack(L, NC, cost, e3, SIZE_MAX / 2, choice, NULL, NULL) == KVQ_ERR_INVALID_ARG);
     free(text);
+}
+
+static void count_progress(void *user, size_t done, size_t total)
+{
+    size_t *p = user; /* [calls, last done, total] */
+    CHECK(done == p[1] + 1 && done <= total);
+    p[0]++;
+    p[1] = done;
+    p[2] = total;
+}
+
+/* The metric names both ways, and the config defaults. */
+static void test_metric_names(void)
+{
+    for (int i = 0; i < KVQ_KV_AUTO_N_METRICS; i++) {
+        enum kvq_kv_auto_metric m = KVQ_KV_AUTO_N_METRICS;
+        CHECK_OK(kvq_kv_auto_metric_from_name(kvq_kv_auto_metric_name(i), &m));
+        CHECK((int)m == i);
+    }
+    CHECK(strcmp(kvq_kv_auto_metric_name(KVQ_KV_AUTO_NLL), "nll") == 0);
+    CHECK(strcmp(kvq_kv_auto_metric_name(KVQ_KV_AUTO_IPV), "ipv") == 0);
+    CHECK(kvq_kv_auto_metric_name(-1) == NULL && kvq_kv_auto_metric_name(KVQ_KV_AUTO_N_METRICS) == NULL);
+    enum kvq_kv_auto_metric m;
+    CHECK_STATUS(kvq_kv_auto_metric_from_name("mse", &m), KVQ_ERR_INVALID_ARG);
+    CHECK_STATUS(kvq_kv_auto_metric_from_name(NULL, &m), KVQ_ERR_INVALID_ARG);
+    struct kvq_kv_auto_config cfg;
+    kvq_kv_auto_config_default(&cfg);
+    CHECK(cfg.metric == KVQ_KV_AUTO_NLL && cfg.ctx == 0 && cfg.seq.kv_budget == 0 &&
+          cfg.seq.recent_f16 == KVQ_WINDOW_AUTO);
+}
+
+/* The handle end to end with an attention metric: the calibration is BOS +
+ * the end of the text, the measurement is kvq_kv_auto_score's, the choice is
+ * the knapsack's over the budget less the window buffers and fits the plan. */
+static void test_handle(void)
+{
+    const struct kvq_model_config *c = kvq_model_config_of(model);
+    const int L = c->n_layers;
+    struct kvq_kv_auto_config cfg;
+    kvq_kv_auto_config_default(&cfg);
+    kvq_kv_auto *a = NULL;
+    kvq_error err = {0};
+    CHECK_STATUS(kvq_kv_auto_create(model, &cfg, &a, &err), KVQ_ERR_INVALID_ARG); /* no budget */
+    cfg.seq.kv_budget = 1000;
+    cfg.ctx = 1024;
+    cfg.metric = KVQ_KV_AUTO_OUT_ERR;
+    CHECK_STATUS(kvq_kv_auto_create(model, &cfg, &a, &err), KVQ_ERR_BUDGET);
+    CHECK(a == NULL);
+    cfg.seq.kv_budget = 900000;
+    CHECKF(kvq_kv_auto_create(model, &cfg, &a, &err) == KVQ_OK, "%s", err.msg);
+    if (!a)
+        return;
+    struct kvq_kv_auto_choice ch;
+    CHECK_STATUS(kvq_kv_auto_choose(a, &ch, &err), KVQ_ERR_INVALID_ARG); /* nothing measured */
+
+    size_t len = 0, nt = 0, n = 0;
+    int32_t *text = NULL, *ids = NULL;
+    char *vt = test_read_file(TEST_REF_DIR "/valid.txt", &len);
+    CHECK_OK(kvq_tokenizer_encode_alloc(tok, vt, len, 0, &text, &nt));
+    free(vt);
+    CHECK_STATUS(kvq_kv_auto_calib_ids(a, text, 10, &ids, &n), KVQ_ERR_RANGE);
+    CHECK(ids == NULL && n == 11);
+    CHECK_OK(kvq_kv_auto_calib_ids(a, text, nt, &ids, &n));
+    CHECK(nt > KVQ_KV_AUTO_CALIB_TOKENS && n == KVQ_KV_AUTO_CALIB_TOKENS && ids[0] == c->bos_id);
+    CHECK(memcmp(ids + 1, text + nt - (n - 1), (n - 1) * sizeof *ids) == 0);
+    size_t prog[3] = {0, 0, 0};
+    CHECKF(kvq_kv_auto_measure(a, ids, n, count_progress, prog, &err) == KVQ_OK, "%s", err.msg);
+    CHECK(prog[0] == (size_t)(L * n_cands) && prog[1] == prog[2]);
+    CHECK_OK(kvq_kv_auto_choose(a, &ch, &err));
+
+    /* the same from the step by step API */
+    size_t cells = (size_t)L * (size_t)n_cands;
+    double *e = malloc(cells * sizeof *e);
+    size_t *cost = malloc(cells * sizeof *cost);
+    CHECK_OK(kvq_kv_auto_score(model, ids, n, cands, n_cands, 0, 128, KVQ_KV_AUTO_OUT_ERR, e, cost, &err));
+    struct kvq_seq_config sc;
+    struct kvq_seq_plan pl;
+    kvq_seq_config_default(&sc);
+    sc.type_k = cands[0];
+    sc.type_v = cands[1];
+    CHECK_OK(kvq_seq_plan_of(model, &sc, &pl)); /* the window's buffers: every candidate is compressed */
+    CHECK(pl.fixed_bytes > 0);
+    int choice[KVQ_KV_AUTO_MAX_LAYERS];
+    double te = 0;
+    size_t tc = 0;
+    CHECK_OK(kvq_kv_auto_knapsack(L, n_cands, cost, e, (900000 - pl.fixed_bytes) / 1024, choice, &te, &tc));
+    CHECK(ch.n_layers == L && ch.ctx == 1024 && ch.budget == 900000 && ch.metric == KVQ_KV_AUTO_OUT_ERR);
+    CHECK(ch.n_cands == n_cands && ch.calib_tokens == n && isnan(ch.joint_err) && ch.base_nll == 0);
+    CHECK(ch.total_err == te && ch.total_bytes == tc);
+    size_t bytes = 0;
+    for (int l = 0; l < L; l++) {
+        CHECK(ch.layer_types[2 * l] == cands[2 * choice[l]] && ch.layer_types[2 * l + 1] == cands[2 * choice[l] + 1]);
+        CHECK(ch.layer_err[l] == e[(size_t)l * (size_t)n_cands + (size_t)choice[l]]);
+        bytes += ch.layer_bytes[l];
+    }
+    CHECK(bytes == ch.total_bytes);
+    sc.layer_types = ch.layer_types;
+    sc.kv_budget = 900000;
+    sc.max_ctx = 1024;
+    CHECK_OK(kvq_seq_plan_of(model, &sc, &pl));
+    CHECK(pl.budget_tokens >= 1024);
+    free(e);
+    free(cost);
+    free(ids);
+    kvq_kv_auto_free(a);
+    kvq_kv_auto_free(NULL);
+
+    /* nll: one forward per cell plus the base, the joint measured */
+    cfg.metric = KVQ_KV_AUTO_NLL;
+    CHECK_OK(kvq_kv_auto_create(model, &cfg, &a, &err));
+    CHECK_OK(kvq_kv_auto_calib_ids(a, text, 63, &ids, &n));
+    CHECK(n == 64);
+    memset(prog, 0, sizeof prog);
+    CHECKF(kvq_kv_auto_measure(a, ids, n, count_progress, prog, &err) == KVQ_OK, "%s", err.msg);
+    CHECK(prog[0] == (size_t)(L * n_cands) + 1);
+    CHECK_OK(kvq_kv_auto_choose(a, &ch, &err));
+    double base = 0;
+    CHECK_OK(kvq_kv_auto_nll(model, ids + 1, n - 1, 0, 1, NULL, &base, &err));
+    CHECK(ch.base_nll == base && isfinite(ch.joint_err) && ch.metric == KVQ_KV_AUTO_NLL);
+    free(ids);
+    free(text);
+    kvq_kv_auto_free(a);
 }
 
 /* kvq ppl --kv-auto: JSON names the choice, the cache fits the budget, same
@@ -413,7 +536,7 @@ int main(void)
         fprintf(stderr, "cannot load the model: %s\n", err.msg);
         return 1;
     }
-    n_cands = kv_auto_candidates(cands, KV_AUTO_MAX_CANDS);
+    n_cands = kvq_kv_auto_candidates(cands, KVQ_KV_AUTO_MAX_CANDS);
     size_t cells = (size_t)kvq_model_config_of(model)->n_layers * (size_t)n_cands;
     errs = calloc(cells, sizeof *errs);
     costs = calloc(cells, sizeof *costs);
@@ -421,6 +544,8 @@ int main(void)
     RUN(test_score_deterministic);
     RUN(test_choice_budget);
     RUN(test_nll_metric);
+    RUN(test_metric_names);
+    RUN(test_handle);
     RUN(test_cmd_ppl);
     free(errs);
     free(costs);

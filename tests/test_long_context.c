@@ -8,13 +8,11 @@
 #include <stdint.h>
 #include <unistd.h>
 
-#include "kv_opts.h"
 #include "kvq_cache.h"
+#include "kvq_eval.h"
 #include "kvq_model.h"
 #include "kvq_safetensors.h"
 #include "kvq_tokenizer.h"
-#include "passkey_prompt.h"
-#include "ppl_core.h"
 #include "test.h"
 #include "test_util.h"
 
@@ -111,8 +109,12 @@ static void test_ppl_matches_hf(void)
     CHECK_OK(kvq_st_to_f32(lt, hf, n_pos * (size_t)vocab));
     kvq_seq *s = new_seq(KVQ_TYPE_F32, KVQ_TYPE_F32, 2048, 0, 100);
     double *nll = malloc(n_ids * sizeof *nll);
-    struct ppl_result r;
-    CHECK_OK(ppl_score(model, s, ids + 1, n_ids - 1, ids[0], 2048, 100, nll, &r, NULL, NULL));
+    struct kvq_ppl_result r;
+    struct kvq_ppl_config pc;
+    kvq_ppl_config_default(&pc); /* the model's BOS (ids[0]) starts the window */
+    pc.ctx = 2048;
+    pc.chunk = 100;
+    CHECK_OK(kvq_ppl_score(model, s, &pc, ids + 1, n_ids - 1, nll, &r, NULL, NULL));
     CHECK(r.windows == 1 && r.scored == n_ids - 1);
     int checked = 0;
     for (size_t i = 0; i < n_pos; i++) {
@@ -128,6 +130,64 @@ static void test_ppl_matches_hf(void)
     free(hf);
     free(ids);
     free(pos);
+    kvq_seq_free(s);
+}
+
+/* Progress of one call of kvq_ppl_score: every chunk, monotone, ending at n. */
+struct ppl_progress {
+    size_t calls, last, n_total;
+    int monotone;
+};
+
+static void ppl_progress(void *user, size_t done, size_t n_total, const struct kvq_ppl_result *sofar)
+{
+    struct ppl_progress *p = user;
+    p->monotone &= done >= p->last && done <= n_total && sofar->scored > 0;
+    p->last = done;
+    p->n_total = n_total;
+    p->calls++;
+}
+
+/* kvq_ppl_score's contract beyond the HF match: the token NLL equals the
+ * log-sum-exp written out here, the defaults are the command's, progress is
+ * reported per chunk, without a BOS the first token of every window is not
+ * scored (NAN), and bad arguments are refused. */
+static void test_ppl_api(void)
+{
+    struct kvq_ppl_config pc;
+    kvq_ppl_config_default(&pc);
+    CHECK(pc.ctx == 0 && pc.chunk == 256 && pc.add_bos == 1);
+    const float row[5] = {0.5f, -1.0f, 3.0f, 2.5f, -7.0f};
+    for (int t = 0; t < 5; t++)
+        CHECK_NEAR(kvq_ppl_token_nll(row, 5, t), nll_of(row, 5, t), 1e-12);
+
+    enum { N = 150 };
+    int32_t ids[N];
+    for (int i = 0; i < N; i++)
+        ids[i] = 10 + (i * 53) % 3000;
+    kvq_seq *s = new_seq(KVQ_TYPE_F32, KVQ_TYPE_F32, 64, 0, 16);
+    struct kvq_ppl_result r;
+    struct ppl_progress p = {0, 0, 0, 1};
+    double nll[N];
+    pc.chunk = 16; /* ctx 0: the sequence's 64 */
+    CHECK_OK(kvq_ppl_score(model, s, &pc, ids, N, nll, &r, ppl_progress, &p));
+    /* 63 text tokens per window after BOS: 3 windows, every token scored */
+    CHECK(r.windows == 3 && r.scored == N);
+    CHECK(p.calls == 4 + 4 + 2 && p.monotone && p.last == N && p.n_total == N);
+    CHECK_NEAR(r.ppl, exp(r.nll_sum / N), 1e-12);
+    /* without BOS: 64 text tokens per window, the first of each not predicted */
+    pc.add_bos = 0;
+    CHECK_OK(kvq_ppl_score(model, s, &pc, ids, N, nll, &r, NULL, NULL));
+    CHECK(r.windows == 3 && r.scored == N - 3);
+    CHECK(isnan(nll[0]) && isnan(nll[64]) && isnan(nll[128]) && isfinite(nll[1]) && isfinite(nll[127]));
+    pc.ctx = 65; /* more than the sequence holds */
+    CHECK_STATUS(kvq_ppl_score(model, s, &pc, ids, N, NULL, &r, NULL, NULL), KVQ_ERR_INVALID_ARG);
+    pc.ctx = 1;
+    CHECK_STATUS(kvq_ppl_score(model, s, &pc, ids, N, NULL, &r, NULL, NULL), KVQ_ERR_INVALID_ARG);
+    pc.ctx = 0;
+    pc.chunk = 0;
+    CHECK_STATUS(kvq_ppl_score(model, s, &pc, ids, N, NULL, &r, NULL, NULL), KVQ_ERR_INVALID_ARG);
+    CHECK_STATUS(kvq_ppl_score(model, s, NULL, ids, N, NULL, &r, NULL, NULL), KVQ_ERR_INVALID_ARG);
     kvq_seq_free(s);
 }
 
@@ -211,10 +271,100 @@ static void test_passkey_prompt(void)
         int a = 0, b = 0;
         for (const char *p = strstr(want, filler); p; p = strstr(p + 1, filler))
             *(p < at ? &a : &b) += 1;
-        char *got = passkey_prompt_text(keys[c], a, b);
+        char *got = NULL;
+        CHECK_OK(kvq_passkey_prompt_text(keys[c], a, b, &got));
         CHECKF(got && strcmp(got, want) == 0, "case %s (a=%d, b=%d)", cases[c], a, b);
         free(got);
     }
+}
+
+/* The prompt at a length fits it and is the longest that does, the check
+ * wants the whole key, the defaults are the command's. */
+static void test_passkey_api(void)
+{
+    struct kvq_passkey_config pk;
+    kvq_passkey_config_default(&pk);
+    CHECK(pk.n_lengths == 5 && pk.lengths[0] == 512 && pk.lengths[4] == 4000 && pk.trials == 10 &&
+          pk.answer_tokens == 10 && pk.seed == 0);
+    CHECK(kvq_passkey_ctx(&pk) == 4010);
+    pk.n_lengths = 0;
+    CHECK(kvq_passkey_ctx(&pk) == 0);
+
+    char *t = NULL;
+    CHECK_STATUS(kvq_passkey_prompt_text(1, -1, 0, &t), KVQ_ERR_INVALID_ARG);
+    CHECK_STATUS(kvq_passkey_prompt_text(1, 0, 0, NULL), KVQ_ERR_INVALID_ARG);
+    CHECK_OK(kvq_passkey_prompt_text(123456, 2, 1, &t));
+    CHECK(t && strstr(t, " The pass key is 123456. Remember it. 123456 is the pass key. "));
+    free(t);
+
+    int32_t *ids = NULL, *more = NULL;
+    size_t n = 0, n2 = 0;
+    CHECK_OK(kvq_passkey_prompt(tok, 86317, 0.3, 700, &ids, &n));
+    CHECK(ids && n <= 700 && n > 700 - 45 && ids[0] == kvq_model_config_of(model)->bos_id);
+    /* one more filler does not fit: the prompt with ~43 more tokens of room */
+    CHECK_OK(kvq_passkey_prompt(tok, 86317, 0.3, n + 45, &more, &n2));
+    CHECK(n2 > n && n2 <= n + 45);
+    char *text = NULL;
+    size_t len = 0;
+    CHECK_OK(kvq_tokenizer_decode_alloc(tok, ids, n, KVQ_DETOK_SKIP_CONTROL, &text, &len));
+    CHECK(text && strstr(text, "86317 is the pass key") && strstr(text, "What is the pass key? The pass key is"));
+    free(text);
+    free(ids);
+    free(more);
+    CHECK_STATUS(kvq_passkey_prompt(tok, 86317, 0.3, 40, &ids, &n), KVQ_ERR_RANGE);
+    CHECK(ids == NULL && n == 0);
+
+    CHECK(kvq_passkey_check(" 86317.", 86317) && kvq_passkey_check("86317", 86317));
+    CHECK(!kvq_passkey_check(" 863170", 86317) && !kvq_passkey_check(" 8631", 86317));
+    CHECK(!kvq_passkey_check(" x86317", 86317) && !kvq_passkey_check(NULL, 86317));
+}
+
+static void passkey_progress(void *user, int li, const struct kvq_passkey_result *r)
+{
+    int *calls = user;
+    CHECK(r->trials >= 1 && r->correct <= r->trials && li >= 0);
+    (*calls)++;
+}
+
+/* kvq_passkey_run on an f32 cache: every key found, one progress call per
+ * trial, the same prompts as `kvq passkey` (mean tokens), and the errors. */
+static void test_passkey_run(void)
+{
+    struct kvq_passkey_config pk;
+    kvq_passkey_config_default(&pk);
+    pk.n_lengths = 2;
+    pk.lengths[0] = 300;
+    pk.lengths[1] = 700;
+    pk.trials = 2;
+    pk.seed = 5;
+    kvq_seq *s = new_seq(KVQ_TYPE_F32, KVQ_TYPE_F32, kvq_passkey_ctx(&pk), 0, 0);
+    struct kvq_passkey_result res[2];
+    kvq_error err = {0};
+    int calls = 0;
+    CHECKF(kvq_passkey_run(s, tok, &pk, res, passkey_progress, &calls, &err) == KVQ_OK, "%s", err.msg);
+    CHECK(calls == 4);
+    for (int i = 0; i < 2; i++) {
+        CHECK(res[i].length == pk.lengths[i] && res[i].trials == 2 && res[i].correct == 2);
+        CHECK(res[i].tokens_sum / 2 <= (double)pk.lengths[i] && res[i].tokens_sum / 2 > (double)pk.lengths[i] - 45);
+    }
+    /* the same trials as the command's (test_passkey_cmd, seed 5) */
+    const char *args[] = {"--model", MODEL, "--lengths", "300,700", "--trials", "2", "--seed", "5", "--json",
+                          "--quiet", "--cache-type-k", "f32", "--cache-type-v", "f32"};
+    CHECK(run_cmd(cmd_passkey, "passkey", 14, args) == 0);
+    cJSON *js = cJSON_Parse(out_text);
+    const cJSON *arr = cJSON_GetObjectItem(js, "lengths");
+    for (int i = 0; i < 2 && cJSON_GetArraySize(arr) == 2; i++)
+        CHECK(cJSON_GetObjectItem(cJSON_GetArrayItem(arr, i), "mean_tokens")->valuedouble == res[i].tokens_sum / 2);
+    cJSON_Delete(js);
+    pk.lengths[1] = 100; /* too short for the format */
+    CHECK_STATUS(kvq_passkey_run(s, tok, &pk, res, NULL, NULL, &err), KVQ_ERR_RANGE);
+    CHECK(strcmp(err.msg, "length 100 is too short for the prompt format") == 0);
+    CHECK(res[0].trials == 2 && res[1].trials == 0);
+    pk.lengths[1] = 2000; /* longer than the sequence holds */
+    CHECK_STATUS(kvq_passkey_run(s, tok, &pk, res, NULL, NULL, &err), KVQ_ERR_INVALID_ARG);
+    pk.trials = 0;
+    CHECK_STATUS(kvq_passkey_run(s, tok, &pk, res, NULL, NULL, NULL), KVQ_ERR_INVALID_ARG);
+    kvq_seq_free(s);
 }
 
 /* f32 retrieves every key (the model's documented ability), results are
@@ -564,8 +714,11 @@ int main(void)
         return 1;
     }
     RUN(test_ppl_matches_hf);
+    RUN(test_ppl_api);
     RUN(test_ppl_cmd);
     RUN(test_passkey_prompt);
+    RUN(test_passkey_api);
+    RUN(test_passkey_run);
     RUN(test_passkey_cmd);
     RUN(test_budget_ratio);
     RUN(test_budget_exhaustion);

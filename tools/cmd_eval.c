@@ -2,7 +2,7 @@
  *
  * Reads q/k/v dumps (or generates synthetic data), builds each requested
  * cache configuration for real, runs the fused attention over it and reports
- * the errors against exact double-precision attention (eval_metrics.h).
+ * the errors against exact double-precision attention (kvq_eval.h).
  */
 #include <cblas.h>
 #include <stdio.h>
@@ -11,8 +11,6 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "eval_data.h"
-#include "eval_metrics.h"
 #include "eval_output.h"
 #include "eval_spec.h"
 
@@ -61,8 +59,8 @@ struct opts {
     int sweep, per_layer, quiet, synthetic, have_data_seed;
     size_t max_queries;
     uint64_t data_seed;
-    struct eval_config def;
-    struct eval_synth_config synth;
+    struct kvq_eval_config def;
+    struct kvq_eval_synth_config synth;
     int synth_opt; /* a synthetic-only option was given */
     const char **inputs;
     int n_inputs;
@@ -114,8 +112,8 @@ static int need_arg(int i, int argc, char **argv)
 static int parse_opts(int argc, char **argv, struct opts *o)
 {
     memset(o, 0, sizeof *o);
-    eval_config_defaults(&o->def);
-    eval_synth_config_default(&o->synth);
+    kvq_eval_config_default(&o->def);
+    kvq_eval_synth_config_default(&o->synth);
     o->inputs = calloc((size_t)argc, sizeof *o->inputs);
     if (!o->inputs)
         return cli_error(CMD, "out of memory");
@@ -219,7 +217,7 @@ static int fail(kvq_status st, const kvq_error *err)
 }
 
 /* Checks every configuration against the head dim before any work. */
-static int check_configs(const struct eval_config *cfgs, size_t n, const struct eval_data *d)
+static int check_configs(const struct kvq_eval_config *cfgs, size_t n, const struct kvq_eval_data *d)
 {
     for (size_t i = 0; i < n; i++) {
         enum kvq_type ts[2] = {cfgs[i].type_k, cfgs[i].type_v};
@@ -236,7 +234,7 @@ static int check_configs(const struct eval_config *cfgs, size_t n, const struct 
     return 0;
 }
 
-static void progress(const struct opts *o, const struct eval_data *d, int li, int nl, size_t c, size_t nc,
+static void progress(const struct opts *o, const struct kvq_eval_data *d, int li, int nl, size_t c, size_t nc,
                      const char *label, double t0)
 {
     if (o->quiet)
@@ -250,7 +248,7 @@ static void progress(const struct opts *o, const struct eval_data *d, int li, in
 }
 
 /* Runs every configuration on one input. @return 0 or an exit status. */
-static int eval_one(const struct opts *o, const struct eval_data *d, const struct eval_config *cfgs, size_t n_cfg,
+static int eval_one(const struct opts *o, const struct kvq_eval_data *d, const struct kvq_eval_config *cfgs, size_t n_cfg,
                     struct eval_run *run, double t0)
 {
     int rc = check_configs(cfgs, n_cfg, d);
@@ -283,47 +281,47 @@ static int eval_one(const struct opts *o, const struct eval_data *d, const struc
         return cli_error(CMD, "out of memory");
     for (size_t c = 0; c < n_cfg; c++) {
         run->res[c].cfg = cfgs[c];
-        eval_cost_of(&cfgs[c], d->head_dim, &run->res[c].cost);
-        run->res[c].layers = calloc((size_t)nl, sizeof(struct eval_sums));
+        kvq_eval_cost_of(&cfgs[c], d->head_dim, &run->res[c].cost);
+        run->res[c].layers = calloc((size_t)nl, sizeof(struct kvq_eval_sums));
         if (!run->res[c].layers)
             return cli_error(CMD, "out of memory");
     }
-    eval_ctx *ctx = NULL;
+    kvq_eval_ctx *ctx = NULL;
     kvq_error err = {0};
-    kvq_status st = eval_ctx_create(d, o->max_queries, &ctx, &err);
+    kvq_status st = kvq_eval_ctx_create(d, o->max_queries, &ctx, &err);
     if (st)
         return fail(st, &err);
-    run->queries_used = eval_ctx_queries_used(ctx);
+    run->queries_used = kvq_eval_ctx_queries_used(ctx);
     for (int li = 0; li < nl && !rc; li++) {
-        st = eval_ctx_set_layer(ctx, layers[li], &err);
+        st = kvq_eval_ctx_set_layer(ctx, layers[li], &err);
         for (size_t c = 0; c < n_cfg && !st; c++) {
             progress(o, d, li, nl, c, n_cfg, cfgs[c].label, t0);
-            st = eval_ctx_run(ctx, &cfgs[c], &run->res[c].layers[li], &err);
+            st = kvq_eval_ctx_run(ctx, &cfgs[c], &run->res[c].layers[li], &err);
         }
         if (st)
             rc = fail(st, &err);
     }
     if (!o->quiet && isatty(STDERR_FILENO))
         fprintf(stderr, "\r\033[K");
-    eval_ctx_attention_stats(ctx, &run->eff_keys, &run->top_p, &run->v_gain);
-    eval_ctx_free(ctx);
+    kvq_eval_ctx_attention_stats(ctx, &run->eff_keys, &run->top_p, &run->v_gain);
+    kvq_eval_ctx_free(ctx);
     if (rc)
         return rc;
     for (size_t c = 0; c < n_cfg; c++)
         for (int li = 0; li < nl; li++)
-            eval_sums_add(&run->res[c].total, &run->res[c].layers[li]);
+            kvq_eval_sums_add(&run->res[c].total, &run->res[c].layers[li]);
     eval_mark_pareto(run);
     return 0;
 }
 
-static void free_runs(struct eval_run *runs, struct eval_data *data, int n)
+static void free_runs(struct eval_run *runs, struct kvq_eval_data *data, int n)
 {
     for (int i = 0; i < n; i++) {
         for (size_t c = 0; runs[i].res && c < runs[i].n_res; c++)
             free(runs[i].res[c].layers);
         free(runs[i].res);
         free((void *)runs[i].layers);
-        eval_data_free(&data[i]);
+        kvq_eval_data_free(&data[i]);
     }
     free(runs);
     free(data);
@@ -342,20 +340,20 @@ int cmd_eval(int argc, char **argv)
      * partition of the products keeps the numbers identical run to run. */
     openblas_set_num_threads(1);
 #endif
-    static struct eval_config cfgs[EVAL_MAX_CONFIGS];
+    static struct kvq_eval_config cfgs[KVQ_EVAL_MAX_CONFIGS];
     size_t n_cfg = 0;
     kvq_error err = {0};
     if (o.sweep) {
-        n_cfg = eval_sweep_default(&o.def, cfgs, EVAL_MAX_CONFIGS);
-    } else if (eval_spec_parse(o.types ? o.types : DEFAULT_TYPES, &o.def, cfgs, EVAL_MAX_CONFIGS, &n_cfg, &err)) {
+        n_cfg = kvq_eval_sweep_default(&o.def, cfgs, KVQ_EVAL_MAX_CONFIGS);
+    } else if (eval_spec_parse(o.types ? o.types : DEFAULT_TYPES, &o.def, cfgs, KVQ_EVAL_MAX_CONFIGS, &n_cfg, &err)) {
         free(o.inputs);
         return cli_error(CMD, "%s", err.msg);
     }
-    n_cfg = eval_ensure_floor(&o.def, cfgs, n_cfg, EVAL_MAX_CONFIGS);
+    n_cfg = kvq_eval_ensure_floor(&o.def, cfgs, n_cfg, KVQ_EVAL_MAX_CONFIGS);
 
     int n_in = o.synthetic ? 1 : o.n_inputs;
     struct eval_run *runs = calloc((size_t)n_in, sizeof *runs);
-    struct eval_data *data = calloc((size_t)n_in, sizeof *data);
+    struct kvq_eval_data *data = calloc((size_t)n_in, sizeof *data);
     if (!runs || !data) {
         free(runs);
         free(data);
@@ -365,8 +363,8 @@ int cmd_eval(int argc, char **argv)
     const double t0 = cli_now();
     for (int i = 0; i < n_in && !rc; i++) {
         double ti = cli_now();
-        kvq_status st = o.synthetic ? eval_data_synthetic(&o.synth, &data[i], &err)
-                                    : eval_data_load(o.inputs[i], &data[i], &err);
+        kvq_status st = o.synthetic ? kvq_eval_data_synthetic(&o.synth, &data[i], &err)
+                                    : kvq_eval_data_load(o.inputs[i], &data[i], &err);
         if (st) {
             rc = fail(st, &err);
             break;

@@ -1,16 +1,9 @@
 /* cmd_passkey.c - `kvq passkey`: passkey-retrieval accuracy per prompt
- * length with the compressed KV cache.
- *
- * Prompts follow the format the bundled model was trained on
- * (models/kvq-tiny-llama/FIXTURES.md):
- *   INTRO + FILLER*a + KEY_SENTENCE + FILLER*b + QUESTION,  BOS first,
- * with a + b as large as fits the requested length in tokens, the depth
- * a / (a + b) and a 5-7 digit key drawn per trial from the seed (so every
- * cache type sees the same prompts). The greedy answer must start with the
- * key, not followed by another digit.
+ * length with the compressed KV cache (kvq_passkey_run, kvq_eval.h, says how
+ * prompts are built, drawn and checked). The table or JSON goes to stdout,
+ * progress to stderr.
  */
 #include <cjson/cJSON.h>
-#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,12 +11,9 @@
 #include "cli.h"
 #include "kv_auto.h"
 #include "kv_opts.h"
-#include "passkey_prompt.h"
-#include "kvq_rng.h"
+#include "kvq_eval.h"
 
 #define CMD "passkey"
-#define MAX_LENGTHS 32
-#define ANSWER_TOKENS 10 /* up to 7 digits (one token each), the full stop, slack */
 
 static void usage(FILE *f)
 {
@@ -41,33 +31,32 @@ static void usage(FILE *f)
 
 struct opts {
     const char *model;
-    long lengths[MAX_LENGTHS];
-    int n_lengths;
-    long trials;
+    struct kvq_passkey_config pk; /* lengths, trials; its seed is --seed */
     int json, quiet;
     struct kv_opts kv;
+    double t0; /* progress: when the trials started */
 };
 
 static int parse_lengths(const char *s, struct opts *o)
 {
-    o->n_lengths = 0;
+    struct kvq_passkey_config *pk = &o->pk;
+    pk->n_lengths = 0;
     while (*s) {
         char *end;
         long v = strtol(s, &end, 10);
-        if (end == s || v < 64 || v > (1 << 24) || o->n_lengths == MAX_LENGTHS || (*end && *end != ','))
+        if (end == s || v < 64 || v > (1 << 24) || pk->n_lengths == KVQ_PASSKEY_MAX_LENGTHS || (*end && *end != ','))
             return -1;
-        o->lengths[o->n_lengths++] = v;
+        pk->lengths[pk->n_lengths++] = (size_t)v;
         s = *end ? end + 1 : end;
     }
-    return o->n_lengths ? 0 : -1;
+    return pk->n_lengths ? 0 : -1;
 }
 
 static int parse_args(int argc, char **argv, struct opts *o)
 {
     memset(o, 0, sizeof *o);
-    o->trials = 10;
+    kvq_passkey_config_default(&o->pk);
     kv_opts_default(&o->kv);
-    parse_lengths("512,1024,2048,3072,4000", o);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (cli_is_help(a)) {
@@ -92,8 +81,11 @@ static int parse_args(int argc, char **argv, struct opts *o)
             o->model = v;
         else if (strcmp(a, "--lengths") == 0)
             bad = parse_lengths(v, o);
-        else if (strcmp(a, "--trials") == 0)
-            bad = cli_parse_int(v, 1, 1 << 20, &o->trials);
+        else if (strcmp(a, "--trials") == 0) {
+            long trials = 0;
+            bad = cli_parse_int(v, 1, 1 << 20, &trials);
+            o->pk.trials = (size_t)trials;
+        }
         else
             return cli_error(CMD, "unknown option '%s' (see kvq passkey --help)", a);
         if (bad)
@@ -104,73 +96,32 @@ static int parse_args(int argc, char **argv, struct opts *o)
     return 0;
 }
 
-/* Tokens (BOS included) of the prompt with n fillers at depth frac. */
-static kvq_status build(const kvq_tokenizer *tok, long key, int n, double frac, int32_t **ids, size_t *n_ids)
+static void progress(void *user, int li, const struct kvq_passkey_result *r)
 {
-    int a = (int)(frac * n + 0.5);
-    char *t = passkey_prompt_text(key, a, n - a);
-    if (!t)
-        return KVQ_ERR_NOMEM;
-    free(*ids);
-    *ids = NULL;
-    kvq_status st = kvq_tokenizer_encode_alloc(tok, t, strlen(t), 1, ids, n_ids);
-    free(t);
-    return st;
+    const struct opts *o = user;
+    if (o->quiet)
+        return;
+    fprintf(stderr, "\rkvq passkey: length %zu trial %zu/%zu: %zu correct (%.0f s)   ", r->length, r->trials,
+            o->pk.trials, r->correct, cli_now() - o->t0);
+    if (r->trials == o->pk.trials)
+        fputc('\n', stderr);
+    (void)li;
 }
 
-/* The largest prompt of at most len tokens. Tokens grow with the filler
- * count (each filler adds ~43), so step from an estimate. */
-static kvq_status fit(const kvq_tokenizer *tok, long key, double frac, long len, int32_t **ids, size_t *n_ids)
-{
-    kvq_status st = build(tok, key, 0, frac, ids, n_ids);
-    if (st != KVQ_OK)
-        return st;
-    size_t base = *n_ids;
-    if ((long)base > len)
-        return KVQ_ERR_RANGE;
-    if ((st = build(tok, key, 1, frac, ids, n_ids)) != KVQ_OK)
-        return st;
-    size_t per = *n_ids - base;
-    int n = (int)(((size_t)len - base) / (per ? per : 1));
-    if ((st = build(tok, key, n, frac, ids, n_ids)) != KVQ_OK)
-        return st;
-    while (n > 0 && (long)*n_ids > len && (st = build(tok, key, --n, frac, ids, n_ids)) == KVQ_OK) {
-    }
-    return st;
-}
-
-static int is_correct(const char *answer, long key)
-{
-    char want[24];
-    snprintf(want, sizeof want, "%ld", key);
-    while (*answer == ' ')
-        answer++;
-    size_t k = strlen(want);
-    return strncmp(answer, want, k) == 0 && !isdigit((unsigned char)answer[k]);
-}
-
-struct len_result {
-    long length;
-    long correct;
-    double tokens_sum;
-};
-
-static int run_all(struct opts *o, kvq_model *m, kvq_tokenizer *tok, struct len_result *res)
+static int run_all(struct opts *o, kvq_model *m, kvq_tokenizer *tok, struct kvq_passkey_result *res)
 {
     const struct kvq_model_config *c = kvq_model_config_of(m);
-    long longest = 0;
-    for (int i = 0; i < o->n_lengths; i++)
-        longest = o->lengths[i] > longest ? o->lengths[i] : longest;
-    if (longest + ANSWER_TOKENS > c->max_ctx)
-        return cli_error(CMD, "length %ld plus %d answer tokens exceeds the model's context of %d", longest,
-                         ANSWER_TOKENS, c->max_ctx);
+    size_t need = kvq_passkey_ctx(&o->pk); /* the longest prompt and its answer */
+    if (need > (size_t)c->max_ctx)
+        return cli_error(CMD, "length %zu plus %zu answer tokens exceeds the model's context of %d",
+                         need - o->pk.answer_tokens, o->pk.answer_tokens, c->max_ctx);
     /* --kv-auto plans for the longest prompt and its answer (or --kv-auto-ctx) */
-    int arc = kv_auto_apply(CMD, &o->kv, m, tok, o->model, (size_t)(longest + ANSWER_TOKENS), o->quiet);
+    int arc = kv_auto_apply(CMD, &o->kv, m, tok, o->model, need, o->quiet);
     if (arc)
         return arc;
     struct kvq_seq_config sc;
     kv_opts_seq_config(&o->kv, &sc);
-    sc.max_ctx = (size_t)(longest + ANSWER_TOKENS);
+    sc.max_ctx = need;
     struct kvq_seq_plan pl;
     kvq_error err = {0};
     kvq_seq *s = NULL;
@@ -181,80 +132,51 @@ static int run_all(struct opts *o, kvq_model *m, kvq_tokenizer *tok, struct len_
         return cli_error(CMD, "--kv-budget holds only %zu tokens, the longest prompt needs %zu", pl.max_tokens,
                          sc.max_ctx);
     }
-    struct kvq_gen_params gp;
-    kvq_gen_params_default(&gp);
-    gp.max_tokens = ANSWER_TOKENS;
-    int32_t *ids = NULL, out[ANSWER_TOKENS];
+    o->pk.seed = o->kv.seed;
+    o->t0 = cli_now();
+    kvq_status st = kvq_passkey_run(s, tok, &o->pk, res, progress, o, &err);
     int rc = 0;
-    double t0 = cli_now();
-    for (int li = 0; li < o->n_lengths && !rc; li++) {
-        res[li].length = o->lengths[li];
-        for (long t = 0; t < o->trials && !rc; t++) {
-            kvq_rng rng;
-            kvq_rng_init(&rng, kvq_seed_derive(kvq_seed_derive(o->kv.seed, (uint64_t)o->lengths[li]), (uint64_t)t));
-            int digits = 5 + (int)(kvq_rng_next(&rng) % 3);
-            long lo = digits == 5 ? 10000 : digits == 6 ? 100000 : 1000000;
-            long key = lo + (long)(kvq_rng_next(&rng) % (uint64_t)(9 * lo));
-            double frac = kvq_rng_uniform(&rng);
-            size_t n_ids = 0, n_out = 0, n_ans = 0;
-            kvq_status st = fit(tok, key, frac, o->lengths[li], &ids, &n_ids);
-            if (st == KVQ_OK) {
-                kvq_seq_reset(s);
-                st = kvq_seq_generate(s, ids, n_ids, &gp, out, ANSWER_TOKENS, &n_out, NULL, NULL);
-            }
-            char *answer = NULL;
-            if (st == KVQ_OK)
-                st = kvq_tokenizer_decode_alloc(tok, out, n_out, KVQ_DETOK_SKIP_CONTROL, &answer, &n_ans);
-            if (st != KVQ_OK) {
-                rc = st == KVQ_ERR_RANGE ? cli_error(CMD, "length %ld is too short for the prompt format",
-                                                     o->lengths[li])
-                                         : cli_status_error(CMD, st, "running a prompt");
-                break;
-            }
-            res[li].correct += is_correct(answer, key);
-            res[li].tokens_sum += (double)n_ids;
-            if (!o->quiet)
-                fprintf(stderr, "\rkvq passkey: length %ld trial %ld/%ld: %ld correct (%.0f s)   ", o->lengths[li],
-                        t + 1, o->trials, res[li].correct, cli_now() - t0);
-            free(answer);
-        }
+    if (st != KVQ_OK) {
+        rc = st == KVQ_ERR_RANGE ? cli_error(CMD, "%s", err.msg) : cli_status_error(CMD, st, "running a prompt");
         if (!o->quiet)
-            fputc('\n', stderr);
+            fputc('\n', stderr); /* the progress line of the length that failed still ends */
     }
-    free(ids);
     kvq_seq_free(s);
     return rc;
 }
 
-static int report(const struct opts *o, const kvq_model *m, const struct len_result *res)
+static int report(const struct opts *o, const kvq_model *m, const struct kvq_passkey_result *res)
 {
+    const double trials = (double)o->pk.trials;
+    struct kvq_seq_config sc;
+    kv_opts_seq_config(&o->kv, &sc);
     char name[2048];
     kv_opts_name(&o->kv, name, sizeof name);
     if (!o->json) {
-        printf("passkey  cache %s  seed %llu  %ld trials per length\n", name, (unsigned long long)o->kv.seed,
-               o->trials);
+        printf("passkey  cache %s  seed %llu  %zu trials per length\n", name, (unsigned long long)o->kv.seed,
+               o->pk.trials);
         printf("%8s %12s %8s %9s\n", "length", "mean tokens", "correct", "accuracy");
-        for (int i = 0; i < o->n_lengths; i++)
-            printf("%8ld %12.1f %8ld %8.1f%%\n", res[i].length, res[i].tokens_sum / (double)o->trials, res[i].correct,
-                   100.0 * (double)res[i].correct / (double)o->trials);
+        for (int i = 0; i < o->pk.n_lengths; i++)
+            printf("%8zu %12.1f %8zu %8.1f%%\n", res[i].length, res[i].tokens_sum / trials, res[i].correct,
+                   100.0 * (double)res[i].correct / trials);
         return 0;
     }
     cJSON *root = cJSON_CreateObject(), *arr = cJSON_CreateArray();
     cJSON_AddStringToObject(root, "cache", name);
     cJSON_AddStringToObject(root, "cache_type_k", kvq_type_traits(o->kv.tk)->name);
     cJSON_AddStringToObject(root, "cache_type_v", kvq_type_traits(o->kv.tv)->name);
-    cJSON_AddNumberToObject(root, "recent_f16", kv_opts_window(&o->kv));
+    cJSON_AddNumberToObject(root, "recent_f16", kvq_seq_window_for(&sc, kvq_model_config_of(m)->n_layers));
     cJSON_AddNumberToObject(root, "sink_tokens", o->kv.sink_tokens);
     cJSON_AddNumberToObject(root, "seed", (double)o->kv.seed);
-    cJSON_AddNumberToObject(root, "trials", (double)o->trials);
+    cJSON_AddNumberToObject(root, "trials", trials);
     cJSON_AddItemToObject(root, "lengths", arr);
     kv_auto_json(root, &o->kv, m);
-    for (int i = 0; i < o->n_lengths; i++) {
+    for (int i = 0; i < o->pk.n_lengths; i++) {
         cJSON *e = cJSON_CreateObject();
         cJSON_AddNumberToObject(e, "length", (double)res[i].length);
-        cJSON_AddNumberToObject(e, "mean_tokens", res[i].tokens_sum / (double)o->trials);
+        cJSON_AddNumberToObject(e, "mean_tokens", res[i].tokens_sum / trials);
         cJSON_AddNumberToObject(e, "correct", (double)res[i].correct);
-        cJSON_AddNumberToObject(e, "accuracy", (double)res[i].correct / (double)o->trials);
+        cJSON_AddNumberToObject(e, "accuracy", (double)res[i].correct / trials);
         cJSON_AddItemToArray(arr, e);
     }
     char *js = cJSON_PrintUnformatted(root);
@@ -280,7 +202,7 @@ int cmd_passkey(int argc, char **argv)
         kvq_model_free(m);
         return rc;
     }
-    struct len_result res[MAX_LENGTHS];
+    struct kvq_passkey_result res[KVQ_PASSKEY_MAX_LENGTHS];
     memset(res, 0, sizeof res);
     rc = run_all(&o, m, tok, res);
     if (!rc)

@@ -1,6 +1,7 @@
 /* cmd_ppl.c - `kvq ppl`: perplexity of a text with the compressed KV cache in
- * the loop (ppl_core.h says how windows and chunks attend over the encoded
- * cache). The result goes to stdout (one line, or JSON), progress to stderr. */
+ * the loop (kvq_ppl_score, kvq_eval.h, says how windows and chunks attend over
+ * the encoded cache). The result goes to stdout (one line, or JSON), progress
+ * to stderr. */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,7 +10,7 @@
 #include "cli.h"
 #include "kv_auto.h"
 #include "kv_opts.h"
-#include "ppl_core.h"
+#include "kvq_eval.h"
 
 #define CMD "ppl"
 
@@ -30,7 +31,8 @@ static void usage(FILE *f)
 
 struct opts {
     const char *model, *file;
-    long ctx, chunk, max_tokens;
+    long ctx, max_tokens;
+    struct kvq_ppl_config ppl;
     int json, quiet;
     struct kv_opts kv;
 };
@@ -38,7 +40,7 @@ struct opts {
 static int parse_args(int argc, char **argv, struct opts *o)
 {
     memset(o, 0, sizeof *o);
-    o->chunk = 256;
+    kvq_ppl_config_default(&o->ppl);
     kv_opts_default(&o->kv);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -66,8 +68,11 @@ static int parse_args(int argc, char **argv, struct opts *o)
             o->file = v;
         else if (strcmp(a, "--ctx") == 0)
             bad = cli_parse_int(v, 2, 1 << 24, &o->ctx);
-        else if (strcmp(a, "--chunk") == 0)
-            bad = cli_parse_int(v, 1, 1 << 16, &o->chunk);
+        else if (strcmp(a, "--chunk") == 0) {
+            long chunk = 0;
+            bad = cli_parse_int(v, 1, 1 << 16, &chunk);
+            o->ppl.chunk = (size_t)chunk;
+        }
         else if (strcmp(a, "--max-tokens") == 0)
             bad = cli_parse_int(v, 2, 1l << 40, &o->max_tokens);
         else
@@ -80,15 +85,15 @@ static int parse_args(int argc, char **argv, struct opts *o)
     return 0;
 }
 
-static void progress(void *user, size_t done, size_t total, const struct ppl_result *r)
+static void progress(void *user, size_t done, size_t total, const struct kvq_ppl_result *r)
 {
     const struct opts *o = user;
     if (!o->quiet)
         fprintf(stderr, "\rkvq ppl: %zu / %zu tokens, ppl so far %.4f   ", done, total, r->ppl);
 }
 
-static int report(const struct opts *o, const struct kvq_seq_plan *pl, const kvq_model *m, size_t n,
-                  const struct ppl_result *r)
+static int report(const struct opts *o, const struct kvq_seq_config *sc, const struct kvq_seq_plan *pl,
+                  const kvq_model *m, size_t n, const struct kvq_ppl_result *r)
 {
     const struct kvq_model_config *c = kvq_model_config_of(m);
     char name[2048];
@@ -105,7 +110,7 @@ static int report(const struct opts *o, const struct kvq_seq_plan *pl, const kvq
     cJSON_AddStringToObject(root, "cache_type_v", kvq_type_traits(o->kv.tv)->name);
     cJSON_AddNumberToObject(root, "bits_per_value", bits);
     cJSON_AddNumberToObject(root, "bits_per_value_pages", kv_bits_per_value(pl, c));
-    cJSON_AddNumberToObject(root, "recent_f16", kv_opts_window(&o->kv));
+    cJSON_AddNumberToObject(root, "recent_f16", kvq_seq_window_for(sc, c->n_layers));
     cJSON_AddNumberToObject(root, "sink_tokens", o->kv.sink_tokens);
     cJSON_AddNumberToObject(root, "f16_buffer_bytes", (double)pl->fixed_bytes);
     cJSON_AddNumberToObject(root, "ppl", r->ppl);
@@ -114,7 +119,7 @@ static int report(const struct opts *o, const struct kvq_seq_plan *pl, const kvq
     cJSON_AddNumberToObject(root, "text_tokens", (double)n);
     cJSON_AddNumberToObject(root, "windows", (double)r->windows);
     cJSON_AddNumberToObject(root, "ctx", (double)o->ctx);
-    cJSON_AddNumberToObject(root, "chunk", (double)o->chunk);
+    cJSON_AddNumberToObject(root, "chunk", (double)o->ppl.chunk);
     cJSON_AddNumberToObject(root, "seconds", r->seconds);
     kv_auto_json(root, &o->kv, m);
     char *js = cJSON_PrintUnformatted(root);
@@ -157,7 +162,7 @@ static int score(struct opts *o, kvq_model *m, kvq_tokenizer *tok)
     struct kvq_seq_config sc;
     kv_opts_seq_config(&o->kv, &sc);
     sc.max_ctx = (size_t)o->ctx;
-    sc.max_chunk = (int)o->chunk;
+    sc.max_chunk = (int)o->ppl.chunk;
     struct kvq_seq_plan pl;
     if (kvq_seq_plan_of(m, &sc, &pl) != KVQ_OK || kvq_seq_create(m, &sc, &s, &err) != KVQ_OK) {
         rc = cli_error(CMD, "%s", err.msg[0] ? err.msg : "unsupported cache type for this model");
@@ -167,15 +172,16 @@ static int score(struct opts *o, kvq_model *m, kvq_tokenizer *tok)
         rc = cli_error(CMD, "--kv-budget holds only %zu tokens, less than --ctx %ld", pl.max_tokens, o->ctx);
         goto out;
     }
-    struct ppl_result r;
-    st = ppl_score(m, s, ids, n, c->bos_id, (size_t)o->ctx, (size_t)o->chunk, NULL, &r, progress, o);
+    struct kvq_ppl_result r;
+    o->ppl.ctx = (size_t)o->ctx;
+    st = kvq_ppl_score(m, s, &o->ppl, ids, n, NULL, &r, progress, o);
     if (!o->quiet)
         fputc('\n', stderr);
     if (st != KVQ_OK) {
         rc = cli_status_error(CMD, st, "scoring");
         goto out;
     }
-    rc = report(o, &pl, m, n, &r);
+    rc = report(o, &sc, &pl, m, n, &r);
 out:
     kvq_seq_free(s);
     free(ids);

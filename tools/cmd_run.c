@@ -227,8 +227,8 @@ static cJSON *int_array(const int32_t *v, size_t n)
 }
 
 static int print_json(const struct opts *o, const kvq_model *m, const kvq_seq *s, const kvq_tokenizer *tok,
-                      const int32_t *prompt, size_t n_prompt, const int32_t *out, size_t n_out,
-                      const char *stop_reason)
+                      const struct kvq_seq_config *sc, const int32_t *prompt, size_t n_prompt, const int32_t *out,
+                      size_t n_out, const char *stop_reason)
 {
     size_t len = 0;
     kvq_tokenizer_decode(tok, out, n_out, KVQ_DETOK_SKIP_CONTROL, NULL, 0, &len);
@@ -254,7 +254,7 @@ static int print_json(const struct opts *o, const kvq_model *m, const kvq_seq *s
     cJSON_AddNumberToObject(kv, "tokens", (double)st.tokens);
     cJSON_AddNumberToObject(kv, "budget", (double)st.kv_budget);
     cJSON_AddNumberToObject(kv, "f16_buffers", (double)st.kv_bytes_f16_buffers);
-    cJSON_AddNumberToObject(root, "recent_f16", kv_opts_window(&o->kvx));
+    cJSON_AddNumberToObject(root, "recent_f16", kvq_seq_window_for(sc, kvq_model_config_of(m)->n_layers));
     cJSON_AddNumberToObject(root, "sink_tokens", o->kvx.sink_tokens);
     cJSON_AddStringToObject(root, "stop_reason", stop_reason);
     cJSON_AddNumberToObject(root, "peak_rss_bytes", (double)kv_peak_rss());
@@ -338,22 +338,21 @@ static int print_plan(const struct opts *o, const kvq_model *m)
     kvq_seq_config_default(&sc);
     sc.kv_budget = o->kvx.budget;
     sc.sink_tokens = o->kvx.sink_tokens; /* f16 buffers come out of the budget */
+    sc.recent_f16 = o->kvx.recent_f16;   /* KVQ_WINDOW_AUTO: on for the compressed pairs */
     struct kvq_seq_plan f16;
     sc.type_k = sc.type_v = KVQ_TYPE_F16;
-    sc.recent_f16 = kv_window_for_pair(o->kvx.recent_f16, sc.type_k, sc.type_v);
     if (kvq_seq_plan_of(m, &sc, &f16) != KVQ_OK)
         return cli_error(CMD, "f16 is not supported at head_dim %d", c->head_dim);
     int any_buffers = 0;
     for (int i = -1; i < KVQ_TYPE_COUNT; i++) {
         sc.type_k = i < 0 ? o->kvx.tk : (enum kvq_type)i;
         sc.type_v = i < 0 ? o->kvx.tv : (enum kvq_type)i;
-        sc.recent_f16 = kv_window_for_pair(o->kvx.recent_f16, sc.type_k, sc.type_v);
         struct kvq_seq_plan pl;
         if (kvq_seq_plan_of(m, &sc, &pl) != KVQ_OK)
             continue;
         char name[40];
         snprintf(name, sizeof name, "%s/%s%s%s", kvq_type_traits(sc.type_k)->name, kvq_type_traits(sc.type_v)->name,
-                 sc.recent_f16 ? "+win" : "", i < 0 ? "*" : "");
+                 kvq_seq_window_for(&sc, c->n_layers) ? "+win" : "", i < 0 ? "*" : "");
         any_buffers |= pl.fixed_bytes > 0;
         double bits = kv_bits_at(&pl, c, (size_t)c->max_ctx); /* f16 window/sink buffers included */
         char bt[32] = "unlimited", ratio[32] = "-";
@@ -479,7 +478,7 @@ static int run(struct opts *o, kvq_model *m, kvq_tokenizer *tok)
         }
     }
     if (o->json)
-        rc = print_json(o, m, s, tok, prompt, n_prompt, out, n_out, stop_reason);
+        rc = print_json(o, m, s, tok, &sc, prompt, n_prompt, out, n_out, stop_reason);
     else
         print_summary(o, m, s, n_prompt);
     if (!rc && stopped)

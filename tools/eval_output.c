@@ -7,7 +7,7 @@
 
 #include "kvq_rotation.h"
 
-static int is_floor(const struct eval_config *c)
+static int is_floor(const struct kvq_eval_config *c)
 {
     return c->type_k == KVQ_TYPE_F32 && c->type_v == KVQ_TYPE_F32;
 }
@@ -15,8 +15,8 @@ static int is_floor(const struct eval_config *c)
 /* Error of configuration i for the front: out_err (which 0) or KL (1). */
 static double front_err(const struct eval_result *r, int which)
 {
-    struct eval_stats m;
-    eval_stats_of(&r->total, &m);
+    struct kvq_eval_stats m;
+    kvq_eval_stats_of(&r->total, &m);
     return which ? m.kl : m.out_err;
 }
 
@@ -63,11 +63,11 @@ void eval_mark_pareto(struct eval_run *run)
     mark(run, 1);
 }
 
-static void table_line(FILE *f, const char *label, const struct eval_cost *c, const struct eval_sums *s,
+static void table_line(FILE *f, const char *label, const struct kvq_eval_cost *c, const struct kvq_eval_sums *s,
                        const char *front)
 {
-    struct eval_stats m;
-    eval_stats_of(s, &m);
+    struct kvq_eval_stats m;
+    kvq_eval_stats_of(s, &m);
     fprintf(f, "%-22s %6.3f %6.3f %6.3f %5.2f  %9.3e %9.3e %9.3e %+10.2e %9.3e %9.3e %6.4f %6.4f %9.3e %9.3e %s\n",
             label, c->bits_k, c->bits_v, c->bits, c->ratio_f16, m.key_mse, m.val_mse, m.ip_rel_rms, m.ip_bias, m.tv,
             m.kl, m.top1, m.top8, m.out_err, m.out_err_max, front);
@@ -75,7 +75,7 @@ static void table_line(FILE *f, const char *label, const struct eval_cost *c, co
 
 void eval_print_table(FILE *f, const struct eval_run *run, int per_layer)
 {
-    const struct eval_data *d = run->data;
+    const struct kvq_eval_data *d = run->data;
     fprintf(f, "\n%s: %d of %d layers, %d query heads / %d kv heads, head dim %d, %zu tokens, %zu of %zu query positions\n",
             d->name, run->n_layers, d->n_layers, d->n_heads, d->n_kv_heads, d->head_dim, d->n_tokens, run->queries_used,
             d->n_queries);
@@ -117,10 +117,10 @@ static const char *qjl_name(enum kvq_qjl_kind q)
 }
 
 static void csv_line(FILE *f, const struct eval_run *run, const struct eval_result *r, int layer,
-                     const struct eval_sums *s)
+                     const struct kvq_eval_sums *s)
 {
-    struct eval_stats m;
-    eval_stats_of(s, &m);
+    struct kvq_eval_stats m;
+    kvq_eval_stats_of(s, &m);
     char lay[16];
     if (layer < 0)
         snprintf(lay, sizeof lay, "all");
@@ -157,10 +157,10 @@ int eval_write_csv(const char *path, const struct eval_run *runs, size_t n_runs)
     return 0;
 }
 
-static cJSON *stats_json(const struct eval_sums *s)
+static cJSON *stats_json(const struct kvq_eval_sums *s)
 {
-    struct eval_stats m;
-    eval_stats_of(s, &m);
+    struct kvq_eval_stats m;
+    kvq_eval_stats_of(s, &m);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "key_mse", m.key_mse);
     cJSON_AddNumberToObject(o, "val_mse", m.val_mse);
@@ -208,7 +208,7 @@ int eval_write_json(const char *path, const struct eval_run *runs, size_t n_runs
     cJSON *root = cJSON_CreateObject();
     cJSON *inputs = cJSON_AddArrayToObject(root, "inputs");
     for (size_t i = 0; i < n_runs; i++) {
-        const struct eval_data *d = runs[i].data;
+        const struct kvq_eval_data *d = runs[i].data;
         cJSON *in = cJSON_CreateObject();
         cJSON_AddStringToObject(in, "name", d->name);
         cJSON_AddNumberToObject(in, "layers", d->n_layers);

@@ -8,23 +8,21 @@
 
 #include <stdio.h>
 
-#include "eval_data.h"
-#include "eval_metrics.h"
-#include "eval_spec.h"
+#include "kvq_eval.h"
 
 struct eval_result {
-    struct eval_config cfg;
-    struct eval_cost cost;
-    struct eval_sums total;   /* all layers merged, in layer order */
-    struct eval_sums *layers; /* [run->n_layers], in run->layers order */
+    struct kvq_eval_config cfg;
+    struct kvq_eval_cost cost;
+    struct kvq_eval_sums total;   /* all layers merged, in layer order */
+    struct kvq_eval_sums *layers; /* [run->n_layers], in run->layers order */
     int front_out, front_kl;  /* on the Pareto front of (bits, out_err) / (bits, KL) */
 };
 
 /* One input (dump or synthetic data) with the results of every configuration. */
 struct eval_run {
-    const struct eval_data *data;
+    const struct kvq_eval_data *data;
     size_t queries_used;
-    double eff_keys, top_p, v_gain; /* eval_ctx_attention_stats of the exact attention */
+    double eff_keys, top_p, v_gain; /* kvq_eval_ctx_attention_stats of the exact attention */
     const int *layers;        /* the layers measured (--layers), ascending */
     int n_layers;
     struct eval_result *res;

@@ -8,13 +8,13 @@
 #include <string.h>
 #include <unistd.h>
 
-static int is_floor(const struct eval_config *c)
+static int is_floor(const struct kvq_eval_config *c)
 {
     return c->type_k == KVQ_TYPE_F32 && c->type_v == KVQ_TYPE_F32;
 }
 
 /* 0: both sides compressed; 1: only K (V kept at f16/f32); 2: only V. */
-static int group_of(const struct eval_config *c)
+static int group_of(const struct kvq_eval_config *c)
 {
     int kfull = c->type_k == KVQ_TYPE_F16 || c->type_k == KVQ_TYPE_F32;
     int vfull = c->type_v == KVQ_TYPE_F16 || c->type_v == KVQ_TYPE_F32;
@@ -47,8 +47,8 @@ void eval_plot_path(const char *png_path, const struct eval_run *run, size_t n_r
 /* Front points of one metric, sorted by bits, as one gnuplot data block. */
 static void write_front(FILE *f, const struct eval_run *run, int kl)
 {
-    size_t idx[EVAL_MAX_CONFIGS], n = 0;
-    for (size_t i = 0; i < run->n_res && n < EVAL_MAX_CONFIGS; i++)
+    size_t idx[KVQ_EVAL_MAX_CONFIGS], n = 0;
+    for (size_t i = 0; i < run->n_res && n < KVQ_EVAL_MAX_CONFIGS; i++)
         if (kl ? run->res[i].front_kl : run->res[i].front_out)
             idx[n++] = i;
     for (size_t a = 1; a < n; a++)
@@ -58,8 +58,8 @@ static void write_front(FILE *f, const struct eval_run *run, int kl)
             idx[b - 1] = t;
         }
     for (size_t a = 0; a < n; a++) {
-        struct eval_stats m;
-        eval_stats_of(&run->res[idx[a]].total, &m);
+        struct kvq_eval_stats m;
+        kvq_eval_stats_of(&run->res[idx[a]].total, &m);
         fprintf(f, "%.6f %.9g\n", run->res[idx[a]].cost.bits, kl ? m.kl : m.out_err);
     }
     if (n == 0)
@@ -73,8 +73,8 @@ static int write_data(FILE *f, const struct eval_run *run)
      * KL, label, group, lossless in out_err, lossless in KL */
     for (size_t i = 0; i < run->n_res; i++) {
         const struct eval_result *r = &run->res[i];
-        struct eval_stats m;
-        eval_stats_of(&r->total, &m);
+        struct kvq_eval_stats m;
+        kvq_eval_stats_of(&r->total, &m);
         if (is_floor(&r->cfg))
             continue;
         fprintf(f, "%.6f %.9g %.9g \"%s\" %d %d %d\n", r->cost.bits, m.out_err, m.kl, r->cfg.label,
@@ -94,8 +94,8 @@ static void floor_note(FILE *s, const struct eval_run *run, int which)
     note[0] = '\0';
     for (size_t i = 0; i < run->n_res; i++) {
         const struct eval_result *r = &run->res[i];
-        struct eval_stats m;
-        eval_stats_of(&r->total, &m);
+        struct kvq_eval_stats m;
+        kvq_eval_stats_of(&r->total, &m);
         if (is_floor(&r->cfg))
             used += (size_t)snprintf(note + used, sizeof note - used, "f32 cache (floor): %.2g", which ? m.kl : m.out_err);
         if (used >= sizeof note)
@@ -181,7 +181,7 @@ int eval_plot(const char *png_path, const struct eval_run *run, char *why, size_
         snprintf(why, why_len, "cannot write temporary plot data in %s", tmp);
         goto out;
     }
-    const struct eval_data *d = run->data;
+    const struct kvq_eval_data *d = run->data;
     /* The terminal comes from the command line so one script serves both
      * the cairo terminal and the plain gd fallback. */
     fprintf(fs, "set termoption noenhanced\nset output '%s'\n", png_path);

@@ -6,7 +6,6 @@
 #include <sys/resource.h>
 
 #include "cli.h"
-#include "kv_auto.h"
 #include "kvq_cache.h"
 
 void kv_opts_default(struct kv_opts *o)
@@ -14,27 +13,7 @@ void kv_opts_default(struct kv_opts *o)
     memset(o, 0, sizeof *o);
     o->tk = KVQ_DEFAULT_TYPE_K;
     o->tv = KVQ_DEFAULT_TYPE_V;
-    o->recent_f16 = -1;
-}
-
-static int compressed(enum kvq_type t)
-{
-    return t != KVQ_TYPE_F32 && t != KVQ_TYPE_F16;
-}
-
-int kv_window_for_pair(int w, enum kvq_type tk, enum kvq_type tv)
-{
-    return w >= 0 ? w : compressed(tk) || compressed(tv);
-}
-
-int kv_opts_window(const struct kv_opts *o)
-{
-    if (o->recent_f16 >= 0 || !o->n_layer_types)
-        return kv_window_for_pair(o->recent_f16, o->tk, o->tv);
-    for (int i = 0; i < 2 * o->n_layer_types; i++)
-        if (compressed(o->layer_types[i]))
-            return 1;
-    return 0;
+    o->recent_f16 = KVQ_WINDOW_AUTO;
 }
 
 int kv_parse_type(const char *cmd, const char *s, enum kvq_type *t)
@@ -68,7 +47,7 @@ int kv_opts_parse(const char *cmd, const char *a, const char *v, struct kv_opts 
         for (const char *p = v; *p;) {
             size_t n = strcspn(p, ",");
             const char *slash = memchr(p, '/', n);
-            if (!slash || n >= sizeof buf || o->n_layer_types == KV_OPTS_MAX_LAYERS) {
+            if (!slash || n >= sizeof buf || o->n_layer_types == KVQ_KV_AUTO_MAX_LAYERS) {
                 cli_error(cmd, "bad value '%s' for --layer-types (K/V per layer, e.g. q8_0/tq3,tq3j/tq3)", v);
                 return 2;
             }
@@ -107,11 +86,8 @@ int kv_opts_parse(const char *cmd, const char *a, const char *v, struct kv_opts 
         return 1;
     }
     if (strcmp(a, "--kv-auto-metric") == 0) {
-        for (int i = 0; i < KV_AUTO_N_METRICS; i++)
-            if (strcmp(v, kv_auto_metric_name(i)) == 0) {
-                o->auto_metric = i;
-                return 1;
-            }
+        if (kvq_kv_auto_metric_from_name(v, &o->auto_metric) == KVQ_OK)
+            return 1;
         cli_error(cmd, "bad value '%s' for --kv-auto-metric (nll, out_err, ipv or kl)", v);
         return 2;
     }
@@ -174,7 +150,9 @@ void kv_opts_name(const struct kv_opts *o, char *buf, size_t cap)
         int w = snprintf(buf + used, cap - used, "+vnc");
         used += w > 0 ? (size_t)w : 0;
     }
-    if (kv_opts_window(o) && used < cap) {
+    struct kvq_seq_config sc;
+    kv_opts_seq_config(o, &sc);
+    if (kvq_seq_window_for(&sc, o->n_layer_types) && used < cap) {
         int w = snprintf(buf + used, cap - used, "+win");
         used += w > 0 ? (size_t)w : 0;
     }
@@ -227,7 +205,7 @@ void kv_opts_seq_config(const struct kv_opts *o, struct kvq_seq_config *sc)
     sc->kv_budget = o->budget;
     sc->layer_types = o->n_layer_types ? o->layer_types : NULL;
     sc->v_norm_correct = o->v_norm_correct;
-    sc->recent_f16 = kv_opts_window(o);
+    sc->recent_f16 = o->recent_f16;
     sc->sink_tokens = o->sink_tokens;
 }
 

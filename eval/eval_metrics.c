@@ -1,5 +1,5 @@
-/* eval_metrics.c - exact reference attention and the per-configuration errors. */
-#include "eval_metrics.h"
+/* eval_metrics.c - exact reference attention and the per-configuration errors (kvq_eval.h). */
+#include "kvq_eval.h"
 
 #include <cblas.h>
 #include <float.h>
@@ -14,8 +14,8 @@
 #define TOPK 8
 #define EVAL_MAX_REF_BYTES (4.0 * 1073741824.0)
 
-struct eval_ctx {
-    const struct eval_data *d;
+struct kvq_eval_ctx {
+    const struct kvq_eval_data *d;
     size_t n_sel;    /* query positions used */
     size_t *sel;     /* their indices in [0, Tq) */
     int layer;       /* layer of the exact reference, -1 before the first */
@@ -38,11 +38,11 @@ struct eval_ctx {
     double *xa, *ea;           /* [T] scaled approximate scores, their exp */
     float *qb, *ob;            /* [group][d] */
     kvq_attn_workspace *ws;
-    double p2_sum, top_sum, gain_sum, n_att; /* eval_ctx_attention_stats */
+    double p2_sum, top_sum, gain_sum, n_att; /* kvq_eval_ctx_attention_stats */
     double *vn2;                             /* [T] ||v_t||^2 of one kv head */
 };
 
-kvq_status eval_cost_of(const struct eval_config *cfg, int d, struct eval_cost *out)
+kvq_status kvq_eval_cost_of(const struct kvq_eval_config *cfg, int d, struct kvq_eval_cost *out)
 {
     memset(out, 0, sizeof *out);
     out->row_k = kvq_type_row_bytes(cfg->type_k, d);
@@ -56,7 +56,7 @@ kvq_status eval_cost_of(const struct eval_config *cfg, int d, struct eval_cost *
     return KVQ_OK;
 }
 
-void eval_sums_add(struct eval_sums *a, const struct eval_sums *s)
+void kvq_eval_sums_add(struct kvq_eval_sums *a, const struct kvq_eval_sums *s)
 {
     a->k_err2 += s->k_err2;
     a->k_norm2 += s->k_norm2;
@@ -81,7 +81,7 @@ static double ratio(double num, double den)
     return den > 0 ? num / den : 0.0;
 }
 
-void eval_stats_of(const struct eval_sums *s, struct eval_stats *o)
+void kvq_eval_stats_of(const struct kvq_eval_sums *s, struct kvq_eval_stats *o)
 {
     o->key_mse = ratio(s->k_err2, s->k_norm2);
     o->val_mse = ratio(s->v_err2, s->v_norm2);
@@ -95,7 +95,7 @@ void eval_stats_of(const struct eval_sums *s, struct eval_stats *o)
     o->out_err_max = s->out_rel_max;
 }
 
-void eval_ctx_free(eval_ctx *c)
+void kvq_eval_ctx_free(kvq_eval_ctx *c)
 {
     if (!c)
         return;
@@ -124,21 +124,21 @@ void eval_ctx_free(eval_ctx *c)
     free(c);
 }
 
-void eval_ctx_attention_stats(const eval_ctx *c, double *eff_keys, double *top_p, double *v_gain)
+void kvq_eval_ctx_attention_stats(const kvq_eval_ctx *c, double *eff_keys, double *top_p, double *v_gain)
 {
     *eff_keys = c->p2_sum > 0 ? c->n_att / c->p2_sum : 0.0;
     *top_p = ratio(c->top_sum, c->n_att);
     *v_gain = ratio(c->gain_sum, c->n_att);
 }
 
-size_t eval_ctx_queries_used(const eval_ctx *c)
+size_t kvq_eval_ctx_queries_used(const kvq_eval_ctx *c)
 {
     return c->n_sel;
 }
 
-kvq_status eval_ctx_create(const struct eval_data *d, size_t max_queries, eval_ctx **out, kvq_error *err)
+kvq_status kvq_eval_ctx_create(const struct kvq_eval_data *d, size_t max_queries, kvq_eval_ctx **out, kvq_error *err)
 {
-    eval_ctx *c = calloc(1, sizeof *c);
+    kvq_eval_ctx *c = calloc(1, sizeof *c);
     if (!c)
         return kvq_error_set(err, KVQ_ERR_NOMEM, "out of memory");
     const size_t T = d->n_tokens, D = (size_t)d->head_dim, H = (size_t)d->n_heads;
@@ -184,7 +184,7 @@ kvq_status eval_ctx_create(const struct eval_data *d, size_t max_queries, eval_c
     if (!c->sel || !c->kt || !c->vt || !c->qsel || !c->ex_s || !c->ex_p || !c->ex_lse || !c->ex_out || !c->ex_top ||
         !c->ex_ntop || !c->kd64 || !c->vd64 || !c->q64 || !c->kdec || !c->vdec || !c->sa || !c->xa || !c->ea || !c->vn2 || !c->qb ||
         !c->ob) {
-        eval_ctx_free(c);
+        kvq_eval_ctx_free(c);
         return kvq_error_set(err, KVQ_ERR_NOMEM, "%s: out of memory for the evaluation buffers", d->name);
     }
     /* Evenly spaced, the last query always included: it has the longest
@@ -193,7 +193,7 @@ kvq_status eval_ctx_create(const struct eval_data *d, size_t max_queries, eval_c
         c->sel[s] = (s + 1) * d->n_queries / S - 1;
     kvq_status st = kvq_attn_workspace_create(d->head_dim, c->group, T, &c->ws);
     if (st) {
-        eval_ctx_free(c);
+        kvq_eval_ctx_free(c);
         return kvq_error_set(err, st, "%s: cannot create the attention workspace (d %d, %d heads per kv head): %s",
                              d->name, d->head_dim, c->group, kvq_status_str(st));
     }
@@ -219,14 +219,14 @@ static int top_k(const double *x, size_t n, int k, int *idx)
     return m;
 }
 
-static size_t pos_of(const eval_ctx *c, size_t s)
+static size_t pos_of(const kvq_eval_ctx *c, size_t s)
 {
-    return eval_query_pos(c->d, c->sel[s]);
+    return kvq_eval_query_pos(c->d, c->sel[s]);
 }
 
-kvq_status eval_ctx_set_layer(eval_ctx *c, int l, kvq_error *err)
+kvq_status kvq_eval_ctx_set_layer(kvq_eval_ctx *c, int l, kvq_error *err)
 {
-    const struct eval_data *d = c->d;
+    const struct kvq_eval_data *d = c->d;
     const size_t T = d->n_tokens, D = (size_t)d->head_dim, S = c->n_sel, KVH = (size_t)d->n_kv_heads;
     if (l < 0 || l >= d->n_layers)
         return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "layer %d out of range", l);
@@ -311,7 +311,7 @@ static void row_errors(const float *x, const float *xq, size_t n, double *err2, 
 }
 
 /* Scores and probabilities of query head h against the decoded keys. */
-static void score_metrics(eval_ctx *c, int h, struct eval_sums *o)
+static void score_metrics(kvq_eval_ctx *c, int h, struct kvq_eval_sums *o)
 {
     const size_t T = c->d->n_tokens, D = (size_t)c->d->head_dim, S = c->n_sel;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)S, (int)T, (int)D, 1.0f, c->qsel + (size_t)h * S * D,
@@ -360,9 +360,9 @@ static void score_metrics(eval_ctx *c, int h, struct eval_sums *o)
     }
 }
 
-kvq_status eval_ctx_run(eval_ctx *c, const struct eval_config *cfg, struct eval_sums *o, kvq_error *err)
+kvq_status kvq_eval_ctx_run(kvq_eval_ctx *c, const struct kvq_eval_config *cfg, struct kvq_eval_sums *o, kvq_error *err)
 {
-    const struct eval_data *d = c->d;
+    const struct kvq_eval_data *d = c->d;
     const size_t T = d->n_tokens, D = (size_t)d->head_dim, S = c->n_sel;
     memset(o, 0, sizeof *o);
     if (c->layer < 0)

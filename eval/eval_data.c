@@ -1,5 +1,5 @@
-/* eval_data.c - loading and validating eval dumps, and synthetic data. */
-#include "eval_data.h"
+/* eval_data.c - loading and validating eval dumps, and synthetic data (kvq_eval.h). */
+#include "kvq_eval.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -15,7 +15,7 @@
  * header should give an error, not an out-of-memory kill. */
 #define EVAL_MAX_ELEMENTS ((size_t)1 << 31)
 
-void eval_data_free(struct eval_data *d)
+void kvq_eval_data_free(struct kvq_eval_data *d)
 {
     if (!d)
         return;
@@ -85,7 +85,7 @@ static kvq_status to_f32_checked(const struct kvq_st_tensor *t, const char *file
     return KVQ_OK;
 }
 
-kvq_status eval_data_load(const char *path, struct eval_data *out, kvq_error *err)
+kvq_status kvq_eval_data_load(const char *path, struct kvq_eval_data *out, kvq_error *err)
 {
     memset(out, 0, sizeof *out);
     const char *file = base_name(path);
@@ -146,11 +146,11 @@ kvq_status eval_data_load(const char *path, struct eval_data *out, kvq_error *er
 done:
     kvq_st_close(f);
     if (st)
-        eval_data_free(out);
+        kvq_eval_data_free(out);
     return st;
 }
 
-void eval_synth_config_default(struct eval_synth_config *cfg)
+void kvq_eval_synth_config_default(struct kvq_eval_synth_config *cfg)
 {
     cfg->n_layers = 2;
     cfg->n_heads = 4;
@@ -177,7 +177,7 @@ static void pick_channels(kvq_rng *r, int d, int n_out, int *chan)
     }
 }
 
-kvq_status eval_data_synthetic(const struct eval_synth_config *c, struct eval_data *out, kvq_error *err)
+kvq_status kvq_eval_data_synthetic(const struct kvq_eval_synth_config *c, struct kvq_eval_data *out, kvq_error *err)
 {
     memset(out, 0, sizeof *out);
     if (c->n_layers < 1 || c->n_heads < 1 || c->n_kv_heads < 1 || c->n_heads % c->n_kv_heads != 0 ||
@@ -203,7 +203,7 @@ kvq_status eval_data_synthetic(const struct eval_synth_config *c, struct eval_da
     out->k = malloc(nkv * sizeof(float));
     out->v = malloc(nkv * sizeof(float));
     if (!out->q || !out->k || !out->v) {
-        eval_data_free(out);
+        kvq_eval_data_free(out);
         return kvq_error_set(err, KVQ_ERR_NOMEM, "synthetic data: out of memory");
     }
     kvq_rng r;
