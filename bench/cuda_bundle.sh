@@ -3,7 +3,10 @@
 # packages and a small transfer budget: FFTW linked statically, the few
 # shared libraries left copied next to the binaries, and BLAS replaced by a
 # plain-loop shim (the CUDA path never calls BLAS; OpenBLAS's static archive
-# alone is ~28 MB). Run after `make BUILD=$BUILD tests benches`.
+# alone is ~28 MB). Where libkvq holds the decoder's CUDA backend, its cuBLAS
+# calls get stubs that fail (CUBLAS_STATUS_NOT_INITIALIZED): neither binary
+# runs the decoder, and cuBLAS itself is hundreds of MB. Run after
+# `make BUILD=$BUILD tests benches`.
 #
 #   sh bench/cuda_bundle.sh BUILD        -> BUILD/dev/{tests,bench,lib}
 # On the GPU machine:  LD_LIBRARY_PATH=BUILD/dev/lib sh bench/run_cuda.sh BUILD/dev OUT
@@ -46,8 +49,15 @@ GEMM(cblas_sgemm, float)
 GEMM(cblas_dgemm, double)
 EOF
 cc -O2 -c "$dev/obj/blas_shim.c" -o "$dev/obj/blas_shim.o"
+# one failing stub per cuBLAS function libkvq calls (none, without the decoder's CUDA backend)
+{
+    echo "/* cuBLAS stubs for the GPU bundle only: every call fails (CUBLAS_STATUS_NOT_INITIALIZED). */"
+    nm -u "$build/lib/libkvq.a" 2>/dev/null | awk '$1 == "U" && $2 ~ /^cublas/ {print $2}' | sort -u |
+        while read -r f; do echo "int $f(void) { return 1; }"; done
+} >"$dev/obj/cublas_shim.c"
+cc -O2 -c "$dev/obj/cublas_shim.c" -o "$dev/obj/cublas_shim.o"
 tool_objs=$(ls "$build"/obj/tools/*.o | grep -v '/kvq\.o$')
-libs="$build/lib/libkvq.a $dev/obj/blas_shim.o -Wl,-Bstatic -lfftw3f -Wl,-Bdynamic -lcjson -lm -lpthread"
+libs="$build/lib/libkvq.a $dev/obj/blas_shim.o $dev/obj/cublas_shim.o -Wl,-Bstatic -lfftw3f -Wl,-Bdynamic -lcjson -lm -lpthread"
 libs="$libs -L/usr/local/cuda/lib64 -lcudart_static -ldl -lrt -lstdc++"
 cc -o "$dev/tests/test_cuda" "$build/obj/tests/test_cuda.o" $tool_objs $libs
 # bench_cuda: make's objects, with the bench-only GPU helpers (bench_cuda_util.cu)
