@@ -22,7 +22,7 @@
  * rest and on other CPUs; KVQ_FORCE_SCALAR=1 forces plain C and
  * KVQ_ATTN_NO_AVX512=1 stops at AVX2. Softmax is max-subtracted with exp in
  * float; the weighted sums are formed per block of 64 tokens in float and
- * accumulated in double. See docs/performance-cpu.md for speeds.
+ * accumulated in double. See docs/attention-cpu.md for speeds.
  *
  * Shapes: q and out are [n_q][head_dim] floats. scale is usually 1/sqrt(d).
  * The workspace holds all scratch memory: create one per thread, sized for
