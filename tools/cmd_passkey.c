@@ -58,25 +58,12 @@ static int parse_args(int argc, char **argv, struct opts *o)
     kvq_passkey_config_default(&o->pk);
     kv_opts_default(&o->kv);
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (cli_is_help(a)) {
-            usage(stdout);
-            return -1;
-        }
-        if (kv_opts_flag(a, &o->kv))
-            continue;
-        if (strcmp(a, "--json") == 0 || strcmp(a, "--quiet") == 0) {
-            *(a[2] == 'j' ? &o->json : &o->quiet) = 1;
-            continue;
-        }
-        if (i + 1 >= argc)
-            return cli_error(CMD, "%s needs a value (see kvq passkey --help)", a);
-        const char *v = argv[++i];
-        int r = kv_opts_parse(CMD, a, v, &o->kv), bad = 0;
-        if (r == 2)
-            return 2;
+        const char *a = argv[i], *v = NULL;
+        int r = kv_opts_arg(CMD, argc, argv, &i, &o->kv, &o->json, &o->quiet, usage, &v), bad = 0;
         if (r == 1)
             continue;
+        if (r)
+            return r;
         if (strcmp(a, "--model") == 0)
             o->model = v;
         else if (strcmp(a, "--lengths") == 0)
@@ -162,9 +149,7 @@ static int report(const struct opts *o, const kvq_model *m, const struct kvq_pas
         return 0;
     }
     cJSON *root = cJSON_CreateObject(), *arr = cJSON_CreateArray();
-    cJSON_AddStringToObject(root, "cache", name);
-    cJSON_AddStringToObject(root, "cache_type_k", kvq_type_traits(o->kv.tk)->name);
-    cJSON_AddStringToObject(root, "cache_type_v", kvq_type_traits(o->kv.tv)->name);
+    kv_opts_json(root, &o->kv);
     cJSON_AddNumberToObject(root, "recent_f16", kvq_seq_window_for(&sc, kvq_model_config_of(m)->n_layers));
     cJSON_AddNumberToObject(root, "sink_tokens", o->kv.sink_tokens);
     cJSON_AddNumberToObject(root, "seed", (double)o->kv.seed);
@@ -179,12 +164,7 @@ static int report(const struct opts *o, const kvq_model *m, const struct kvq_pas
         cJSON_AddNumberToObject(e, "accuracy", (double)res[i].correct / trials);
         cJSON_AddItemToArray(arr, e);
     }
-    char *js = cJSON_PrintUnformatted(root);
-    if (js)
-        printf("%s\n", js);
-    free(js);
-    cJSON_Delete(root);
-    return js ? 0 : cli_status_error(CMD, KVQ_ERR_NOMEM, "building JSON");
+    return kv_print_json(CMD, root);
 }
 
 int cmd_passkey(int argc, char **argv)
@@ -195,13 +175,8 @@ int cmd_passkey(int argc, char **argv)
         return rc < 0 ? 0 : rc;
     kvq_model *m;
     kvq_tokenizer *tok;
-    if ((rc = kv_load_model(CMD, o.model, &m, &tok)) != 0)
+    if ((rc = kv_load_model(CMD, o.model, &o.kv, &m, &tok)) != 0)
         return rc;
-    if ((rc = kv_opts_check(CMD, &o.kv, m)) != 0) {
-        kvq_tokenizer_free(tok);
-        kvq_model_free(m);
-        return rc;
-    }
     struct kvq_passkey_result res[KVQ_PASSKEY_MAX_LENGTHS];
     memset(res, 0, sizeof res);
     rc = run_all(&o, m, tok, res);

@@ -43,25 +43,12 @@ static int parse_args(int argc, char **argv, struct opts *o)
     kvq_ppl_config_default(&o->ppl);
     kv_opts_default(&o->kv);
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (cli_is_help(a)) {
-            usage(stdout);
-            return -1;
-        }
-        if (kv_opts_flag(a, &o->kv))
-            continue;
-        if (strcmp(a, "--json") == 0 || strcmp(a, "--quiet") == 0) {
-            *(a[2] == 'j' ? &o->json : &o->quiet) = 1;
-            continue;
-        }
-        if (i + 1 >= argc)
-            return cli_error(CMD, "%s needs a value (see kvq ppl --help)", a);
-        const char *v = argv[++i];
-        int r = kv_opts_parse(CMD, a, v, &o->kv), bad = 0;
-        if (r == 2)
-            return 2;
+        const char *a = argv[i], *v = NULL;
+        int r = kv_opts_arg(CMD, argc, argv, &i, &o->kv, &o->json, &o->quiet, usage, &v), bad = 0;
         if (r == 1)
             continue;
+        if (r)
+            return r;
         if (strcmp(a, "--model") == 0)
             o->model = v;
         else if (strcmp(a, "--file") == 0)
@@ -105,9 +92,7 @@ static int report(const struct opts *o, const struct kvq_seq_config *sc, const s
         return 0;
     }
     cJSON *root = cJSON_CreateObject();
-    cJSON_AddStringToObject(root, "cache", name);
-    cJSON_AddStringToObject(root, "cache_type_k", kvq_type_traits(o->kv.tk)->name);
-    cJSON_AddStringToObject(root, "cache_type_v", kvq_type_traits(o->kv.tv)->name);
+    kv_opts_json(root, &o->kv);
     cJSON_AddNumberToObject(root, "bits_per_value", bits);
     cJSON_AddNumberToObject(root, "bits_per_value_pages", kv_bits_per_value(pl, c));
     cJSON_AddNumberToObject(root, "recent_f16", kvq_seq_window_for(sc, c->n_layers));
@@ -122,12 +107,7 @@ static int report(const struct opts *o, const struct kvq_seq_config *sc, const s
     cJSON_AddNumberToObject(root, "chunk", (double)o->ppl.chunk);
     cJSON_AddNumberToObject(root, "seconds", r->seconds);
     kv_auto_json(root, &o->kv, m);
-    char *js = cJSON_PrintUnformatted(root);
-    if (js)
-        printf("%s\n", js);
-    free(js);
-    cJSON_Delete(root);
-    return js ? 0 : cli_status_error(CMD, KVQ_ERR_NOMEM, "building JSON");
+    return kv_print_json(CMD, root);
 }
 
 static int score(struct opts *o, kvq_model *m, kvq_tokenizer *tok)
@@ -196,13 +176,8 @@ int cmd_ppl(int argc, char **argv)
         return rc < 0 ? 0 : rc;
     kvq_model *m;
     kvq_tokenizer *tok;
-    if ((rc = kv_load_model(CMD, o.model, &m, &tok)) != 0)
+    if ((rc = kv_load_model(CMD, o.model, &o.kv, &m, &tok)) != 0)
         return rc;
-    if ((rc = kv_opts_check(CMD, &o.kv, m)) != 0) {
-        kvq_tokenizer_free(tok);
-        kvq_model_free(m);
-        return rc;
-    }
     rc = score(&o, m, tok);
     kvq_tokenizer_free(tok);
     kvq_model_free(m);

@@ -274,14 +274,8 @@ static int print_json(const struct opts *o, const kvq_model *m, const kvq_seq *s
     cJSON_AddNumberToObject(root, "accepted", (double)st.accepted);
     cJSON_AddNumberToObject(root, "tokens_per_forward",
                             st.decode_forwards ? (double)(st.decode_forwards + st.accepted) / (double)st.decode_forwards : 0);
-    char *js = cJSON_PrintUnformatted(root);
-    int rc = js ? 0 : cli_status_error(CMD, KVQ_ERR_NOMEM, "building JSON");
-    if (js)
-        printf("%s\n", js);
-    free(js);
-    free(text);
-    cJSON_Delete(root);
-    return rc;
+    free(text); /* cJSON holds its own copy */
+    return kv_print_json(CMD, root);
 }
 
 /* Prompt ids from whichever option was given. @return 0 or the exit code. */
@@ -498,26 +492,11 @@ int cmd_run(int argc, char **argv)
     int rc = parse_args(argc, argv, &o);
     if (rc)
         return rc < 0 ? 0 : rc;
-    kvq_error err = {0};
-    kvq_model *m = NULL;
-    kvq_status st = kvq_model_load(o.model, NULL, &m, &err);
-    if (st != KVQ_OK)
-        return cli_error(CMD, "%s", err.msg);
-    char path[4096];
-    kvq_tokenizer *tok = NULL;
-    snprintf(path, sizeof path, "%s/tokenizer.json", o.model);
-    st = kvq_tokenizer_create(path, &tok, &err);
-    if (st != KVQ_OK) {
-        kvq_model_free(m);
-        return cli_error(CMD, "%s", err.msg);
-    }
-    const struct kvq_model_config *c = kvq_model_config_of(m);
-    if (kvq_tokenizer_vocab_size(tok) > c->vocab) {
-        rc = cli_error(CMD, "%s has %d tokens, the model only %d", path, kvq_tokenizer_vocab_size(tok), c->vocab);
-    } else {
-        kvq_tokenizer_set_bos_eos(tok, c->bos_id, c->n_eos ? c->eos_ids[0] : -1);
-        rc = o.plan ? print_plan(&o, m) : run(&o, m, tok);
-    }
+    kvq_model *m;
+    kvq_tokenizer *tok;
+    if ((rc = kv_load_model(CMD, o.model, NULL, &m, &tok)) != 0)
+        return rc;
+    rc = o.plan ? print_plan(&o, m) : run(&o, m, tok);
     kvq_tokenizer_free(tok);
     kvq_model_free(m);
     return rc;

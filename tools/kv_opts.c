@@ -1,6 +1,7 @@
 /* kv_opts.c - parsing of the shared KV-cache options. */
 #include "kv_opts.h"
 
+#include <cjson/cJSON.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -122,6 +123,27 @@ int kv_opts_flag(const char *a, struct kv_opts *o)
     return 0;
 }
 
+int kv_opts_arg(const char *cmd, int argc, char **argv, int *i, struct kv_opts *o, int *json, int *quiet,
+                void (*usage)(FILE *), const char **val)
+{
+    const char *a = argv[*i];
+    if (cli_is_help(a)) {
+        usage(stdout);
+        return -1;
+    }
+    if (kv_opts_flag(a, o))
+        return 1;
+    if (strcmp(a, "--json") == 0 || strcmp(a, "--quiet") == 0) {
+        *(a[2] == 'j' ? json : quiet) = 1;
+        return 1;
+    }
+    if (*i + 1 >= argc)
+        return cli_error(cmd, "%s needs a value (see kvq %s --help)", a, cmd);
+    *val = argv[++*i];
+    int r = kv_opts_parse(cmd, a, *val, o);
+    return r == 2 ? 2 : r == 1 ? 1 : 0;
+}
+
 int kv_opts_check(const char *cmd, const struct kv_opts *o, const kvq_model *m)
 {
     int n = kvq_model_config_of(m)->n_layers;
@@ -217,7 +239,26 @@ size_t kv_peak_rss(void)
     return (size_t)ru.ru_maxrss * 1024; /* Linux reports KiB */
 }
 
-int kv_load_model(const char *cmd, const char *dir, kvq_model **m, kvq_tokenizer **tok)
+void kv_opts_json(void *cjson_root, const struct kv_opts *o)
+{
+    char name[2048];
+    kv_opts_name(o, name, sizeof name);
+    cJSON_AddStringToObject(cjson_root, "cache", name);
+    cJSON_AddStringToObject(cjson_root, "cache_type_k", kvq_type_traits(o->tk)->name);
+    cJSON_AddStringToObject(cjson_root, "cache_type_v", kvq_type_traits(o->tv)->name);
+}
+
+int kv_print_json(const char *cmd, void *cjson_root)
+{
+    char *js = cJSON_PrintUnformatted(cjson_root);
+    if (js)
+        printf("%s\n", js);
+    free(js);
+    cJSON_Delete(cjson_root);
+    return js ? 0 : cli_status_error(cmd, KVQ_ERR_NOMEM, "building JSON");
+}
+
+int kv_load_model(const char *cmd, const char *dir, const struct kv_opts *check, kvq_model **m, kvq_tokenizer **tok)
 {
     kvq_error err = {0};
     *m = NULL;
@@ -242,5 +283,12 @@ int kv_load_model(const char *cmd, const char *dir, kvq_model **m, kvq_tokenizer
         return rc;
     }
     kvq_tokenizer_set_bos_eos(*tok, c->bos_id, c->n_eos ? c->eos_ids[0] : -1);
-    return 0;
+    int rc = check ? kv_opts_check(cmd, check, *m) : 0;
+    if (rc) {
+        kvq_tokenizer_free(*tok);
+        kvq_model_free(*m);
+        *m = NULL;
+        *tok = NULL;
+    }
+    return rc;
 }

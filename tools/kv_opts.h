@@ -39,6 +39,14 @@ int kv_opts_parse(const char *cmd, const char *a, const char *v, struct kv_opts 
  * --no-kv-recent-f16, --kv-auto). @return 1 when consumed. */
 int kv_opts_flag(const char *a, struct kv_opts *o);
 
+/* One step of the argument loop of `kvq ppl` and `kvq passkey` over argv[*i]:
+ * --help / -h (usage(stdout)), the KV flags, --json, --quiet (*json, *quiet
+ * set to 1) and the KV options with a value; any other option takes its value
+ * (argv[++*i]) into *val for the caller. @return 1 consumed; 0 *val set;
+ * -1 help printed; 2 error printed. */
+int kv_opts_arg(const char *cmd, int argc, char **argv, int *i, struct kv_opts *o, int *json, int *quiet,
+                void (*usage)(FILE *), const char **val);
+
 /* After the model is loaded: --layer-types must name every layer.
  * @return 0 or 2 (printed). */
 int kv_opts_check(const char *cmd, const struct kv_opts *o, const kvq_model *m);
@@ -69,9 +77,18 @@ void kv_opts_usage(FILE *f);
  * model, docs/long-context.md). */
 void kv_opts_seq_config(const struct kv_opts *o, struct kvq_seq_config *sc);
 
-/* Loads dir's model and tokenizer.json (BOS/EOS from the config).
- * @return 0, or 2/1 after printing the error. */
-int kv_load_model(const char *cmd, const char *dir, kvq_model **m, kvq_tokenizer **tok);
+/* Loads dir's model and tokenizer.json (BOS/EOS from the config), then, when
+ * check is not NULL, kv_opts_check(cmd, check, model).
+ * @return 0, or 2/1 after printing the error (nothing left loaded). */
+int kv_load_model(const char *cmd, const char *dir, const struct kv_opts *check, kvq_model **m, kvq_tokenizer **tok);
+
+/* The cache fields of a command's JSON object (a cJSON *, passed as void *):
+ * "cache" (kv_opts_name), "cache_type_k", "cache_type_v". */
+void kv_opts_json(void *cjson_root, const struct kv_opts *o);
+
+/* Prints root (a cJSON *, passed as void *) as one line on stdout and
+ * deletes it. @return 0, or 1 after printing the error (out of memory). */
+int kv_print_json(const char *cmd, void *cjson_root);
 
 
 /* Peak resident set size of this process so far, bytes (getrusage). */

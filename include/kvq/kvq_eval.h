@@ -69,8 +69,9 @@ typedef void (*kvq_ppl_progress_fn)(void *user, size_t done, size_t n_total, con
 KVQ_API void kvq_ppl_config_default(struct kvq_ppl_config *cfg);
 
 /** Scores the text ids[0..n) (no BOS) through s, a sequence of model m
- *  (reset before each window; needs kvq_seq_max_ctx(s) >= ctx and a
- *  max_chunk of at least chunk). nll (optional, [n]) gets
+ *  (reset before each window; needs kvq_seq_max_ctx(s) >= ctx; create it
+ *  with max_chunk = chunk, as `kvq ppl` does: kvq_seq_forward splits a
+ *  longer chunk at its max_chunk). nll (optional, [n]) gets
  *  -ln p(ids[i] | its window's prefix), or NAN for a token that is not
  *  predicted (the first of a window without BOS). Each NLL is computed in
  *  double from its logits row (kvq_ppl_token_nll). fn (optional) is called
