@@ -1,11 +1,11 @@
-/* test_codec_tq.c - the TurboQuant row codec: the AVX2 path against the scalar
- * reference (bit for bit), the packed layout against an independent decoder,
- * determinism, zero rows, bad input, and score = <q, decode(row)>. */
+/* test_codec_tq.c - the TurboQuant row codec: the packed layout against an
+ * independent decoder, determinism, zero rows, bad input, and score =
+ * <q, decode(row)>. The AVX2 path against the scalar reference (bit for bit)
+ * is in test_backend_ops (encode, decode, score). */
 #include <stdint.h>
 
 #include "codec_internal.h"
 #include "rotation_internal.h"
-#include "kvq_cpu.h"
 #include "kvq_half.h"
 #include "kvq_rng.h"
 #include "test.h"
@@ -39,60 +39,6 @@ static void fill_vector(kvq_rng *rng, float *x, int d, int kind)
         for (int j = 0; j < d; j++)
             x[j] = (float)scale;
         break;
-    }
-}
-
-static void test_fast_equals_ref(void)
-{
-    if (!kvq_cpu_has_avx2())
-        SKIP("no AVX2 on this CPU (or KVQ_FORCE_SCALAR set)");
-    static const int dims[] = {8, 24, 40, 64, 80, 96, 128, 192, 1024};
-    kvq_rng rng;
-    kvq_rng_init(&rng, 21);
-    for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
-        int d = dims[di];
-        for (int t = KVQ_TYPE_TQ1; t <= KVQ_TYPE_TQ4J; t++) {
-            kvq_codec *c = make((enum kvq_type)t, d);
-            if (!c)
-                continue;
-            const struct kvq_type_traits *tr = kvq_codec_traits(c);
-            size_t rb = kvq_codec_row_bytes(c);
-            int n = d >= 512 ? 40 : 400, bad_enc = 0, bad_dec = 0, bad_score = 0;
-            enum { NR = 3 }; /* rows per batch: odd sizes exercise unaligned norms */
-            float *x = malloc(sizeof(float) * (size_t)d * NR), *y1 = malloc(sizeof(float) * (size_t)d * NR),
-                  *y2 = malloc(sizeof(float) * (size_t)d * NR), *q = malloc(sizeof(float) * (size_t)d),
-                  *qp = malloc(sizeof(float) * 2 * (size_t)d);
-            uint8_t *r1 = malloc(rb * NR), *r2 = malloc(rb * NR);
-            for (int it = 0; it < n && x && y1 && y2 && q && qp && r1 && r2; it++) {
-                for (int k = 0; k < NR; k++)
-                    fill_vector(&rng, x + k * d, d, it + k);
-                fill_vector(&rng, q, d, 0);
-                memset(r1, 0x5a, rb * NR);
-                memset(r2, 0xa5, rb * NR);
-                CHECK_OK(kvq_codec_encode(c, x, NR, r1));
-                CHECK_OK(kvq_codec_encode_ref(c, x, NR, r2));
-                bad_enc += memcmp(r1, r2, rb * NR) != 0;
-                CHECK_OK(kvq_codec_decode(c, r1, NR, y1));
-                CHECK_OK(kvq_codec_decode_ref(c, r1, NR, y2));
-                bad_dec += memcmp(y1, y2, sizeof(float) * (size_t)d * NR) != 0;
-                CHECK_OK(kvq_codec_prepare_query(c, q, qp));
-                for (int k = 0; k < NR; k++) {
-                    struct kvq_row r = kvq_codec_packed_row(c, r1 + k * rb);
-                    float s1 = tr->score(c, qp, &r), s2 = tr->score_ref(c, qp, &r);
-                    bad_score += memcmp(&s1, &s2, sizeof s1) != 0;
-                }
-            }
-            CHECKF(bad_enc == 0 && bad_dec == 0 && bad_score == 0,
-                   "%s d=%d: %d encodes, %d decodes, %d scores differ", tr->name, d, bad_enc, bad_dec, bad_score);
-            free(x);
-            free(y1);
-            free(y2);
-            free(q);
-            free(qp);
-            free(r1);
-            free(r2);
-            kvq_codec_free(c);
-        }
     }
 }
 
@@ -367,7 +313,6 @@ static void test_round_trip_mse(void)
 
 int main(void)
 {
-    RUN(test_fast_equals_ref);
     RUN(test_layout_independent_decode);
     RUN(test_determinism);
     RUN(test_zero_vector);
