@@ -30,11 +30,9 @@ static void usage(FILE *f)
 }
 
 struct opts {
-    const char *model;
+    struct kv_cmd c;              /* --model, --json, --quiet, the KV options */
     struct kvq_passkey_config pk; /* lengths, trials; its seed is --seed */
-    int json, quiet;
-    struct kv_opts kv;
-    double t0; /* progress: when the trials started */
+    double t0;                    /* progress: when the trials started */
 };
 
 static int parse_lengths(const char *s, struct opts *o)
@@ -52,33 +50,29 @@ static int parse_lengths(const char *s, struct opts *o)
     return pk->n_lengths ? 0 : -1;
 }
 
+/* The options of kvq passkey's own (kv_cmd_parse). */
+static int own_option(void *user, const char *a, const char *v)
+{
+    struct opts *o = user;
+    long trials = 0;
+    if (strcmp(a, "--lengths") == 0)
+        return parse_lengths(v, o) ? 1 : 0;
+    if (strcmp(a, "--trials") != 0)
+        return -1;
+    if (cli_parse_int(v, 1, 1 << 20, &trials))
+        return 1;
+    o->pk.trials = (size_t)trials;
+    return 0;
+}
+
 static int parse_args(int argc, char **argv, struct opts *o)
 {
     memset(o, 0, sizeof *o);
     kvq_passkey_config_default(&o->pk);
-    kv_opts_default(&o->kv);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = NULL;
-        int r = kv_opts_arg(CMD, argc, argv, &i, &o->kv, &o->json, &o->quiet, usage, &v), bad = 0;
-        if (r == 1)
-            continue;
-        if (r)
-            return r;
-        if (strcmp(a, "--model") == 0)
-            o->model = v;
-        else if (strcmp(a, "--lengths") == 0)
-            bad = parse_lengths(v, o);
-        else if (strcmp(a, "--trials") == 0) {
-            long trials = 0;
-            bad = cli_parse_int(v, 1, 1 << 20, &trials);
-            o->pk.trials = (size_t)trials;
-        }
-        else
-            return cli_error(CMD, "unknown option '%s' (see kvq passkey --help)", a);
-        if (bad)
-            return cli_error(CMD, "bad value '%s' for %s", v, a);
-    }
-    if (!o->model)
+    int rc = kv_cmd_parse(CMD, argc, argv, &o->c, usage, own_option, o);
+    if (rc)
+        return rc;
+    if (!o->c.model)
         return cli_error(CMD, "--model DIR is required");
     return 0;
 }
@@ -86,13 +80,13 @@ static int parse_args(int argc, char **argv, struct opts *o)
 static void progress(void *user, int li, const struct kvq_passkey_result *r)
 {
     const struct opts *o = user;
-    if (o->quiet)
+    (void)li; /* r says which length */
+    if (o->c.quiet)
         return;
     fprintf(stderr, "\rkvq passkey: length %zu trial %zu/%zu: %zu correct (%.0f s)   ", r->length, r->trials,
             o->pk.trials, r->correct, cli_now() - o->t0);
     if (r->trials == o->pk.trials)
         fputc('\n', stderr);
-    (void)li;
 }
 
 static int run_all(struct opts *o, kvq_model *m, kvq_tokenizer *tok, struct kvq_passkey_result *res)
@@ -103,11 +97,11 @@ static int run_all(struct opts *o, kvq_model *m, kvq_tokenizer *tok, struct kvq_
         return cli_error(CMD, "length %zu plus %zu answer tokens exceeds the model's context of %d",
                          need - o->pk.answer_tokens, o->pk.answer_tokens, c->max_ctx);
     /* --kv-auto plans for the longest prompt and its answer (or --kv-auto-ctx) */
-    int arc = kv_auto_apply(CMD, &o->kv, m, tok, o->model, need, o->quiet);
+    int arc = kv_auto_apply(CMD, &o->c.kv, m, tok, o->c.model, need, o->c.quiet);
     if (arc)
         return arc;
     struct kvq_seq_config sc;
-    kv_opts_seq_config(&o->kv, &sc);
+    kv_opts_seq_config(&o->c.kv, &sc);
     sc.max_ctx = need;
     struct kvq_seq_plan pl;
     kvq_error err = {0};
@@ -119,13 +113,13 @@ static int run_all(struct opts *o, kvq_model *m, kvq_tokenizer *tok, struct kvq_
         return cli_error(CMD, "--kv-budget holds only %zu tokens, the longest prompt needs %zu", pl.max_tokens,
                          sc.max_ctx);
     }
-    o->pk.seed = o->kv.seed;
+    o->pk.seed = o->c.kv.seed;
     o->t0 = cli_now();
     kvq_status st = kvq_passkey_run(s, tok, &o->pk, res, progress, o, &err);
     int rc = 0;
     if (st != KVQ_OK) {
         rc = st == KVQ_ERR_RANGE ? cli_error(CMD, "%s", err.msg) : cli_status_error(CMD, st, "running a prompt");
-        if (!o->quiet)
+        if (!o->c.quiet)
             fputc('\n', stderr); /* the progress line of the length that failed still ends */
     }
     kvq_seq_free(s);
@@ -136,11 +130,11 @@ static int report(const struct opts *o, const kvq_model *m, const struct kvq_pas
 {
     const double trials = (double)o->pk.trials;
     struct kvq_seq_config sc;
-    kv_opts_seq_config(&o->kv, &sc);
+    kv_opts_seq_config(&o->c.kv, &sc);
     char name[2048];
-    kv_opts_name(&o->kv, name, sizeof name);
-    if (!o->json) {
-        printf("passkey  cache %s  seed %llu  %zu trials per length\n", name, (unsigned long long)o->kv.seed,
+    kv_opts_name(&o->c.kv, name, sizeof name);
+    if (!o->c.json) {
+        printf("passkey  cache %s  seed %llu  %zu trials per length\n", name, (unsigned long long)o->c.kv.seed,
                o->pk.trials);
         printf("%8s %12s %8s %9s\n", "length", "mean tokens", "correct", "accuracy");
         for (int i = 0; i < o->pk.n_lengths; i++)
@@ -149,13 +143,13 @@ static int report(const struct opts *o, const kvq_model *m, const struct kvq_pas
         return 0;
     }
     cJSON *root = cJSON_CreateObject(), *arr = cJSON_CreateArray();
-    kv_opts_json(root, &o->kv);
+    kv_opts_json(root, &o->c.kv);
     cJSON_AddNumberToObject(root, "recent_f16", kvq_seq_window_for(&sc, kvq_model_config_of(m)->n_layers));
-    cJSON_AddNumberToObject(root, "sink_tokens", o->kv.sink_tokens);
-    cJSON_AddNumberToObject(root, "seed", (double)o->kv.seed);
+    cJSON_AddNumberToObject(root, "sink_tokens", o->c.kv.sink_tokens);
+    cJSON_AddNumberToObject(root, "seed", (double)o->c.kv.seed);
     cJSON_AddNumberToObject(root, "trials", trials);
     cJSON_AddItemToObject(root, "lengths", arr);
-    kv_auto_json(root, &o->kv, m);
+    kv_auto_json(root, &o->c.kv, m);
     for (int i = 0; i < o->pk.n_lengths; i++) {
         cJSON *e = cJSON_CreateObject();
         cJSON_AddNumberToObject(e, "length", (double)res[i].length);
@@ -167,22 +161,20 @@ static int report(const struct opts *o, const kvq_model *m, const struct kvq_pas
     return kv_print_json(CMD, root);
 }
 
+static int run_and_report(void *user, kvq_model *m, kvq_tokenizer *tok)
+{
+    struct opts *o = user;
+    struct kvq_passkey_result res[KVQ_PASSKEY_MAX_LENGTHS];
+    memset(res, 0, sizeof res);
+    int rc = run_all(o, m, tok, res);
+    return rc ? rc : report(o, m, res);
+}
+
 int cmd_passkey(int argc, char **argv)
 {
     struct opts o;
     int rc = parse_args(argc, argv, &o);
     if (rc)
         return rc < 0 ? 0 : rc;
-    kvq_model *m;
-    kvq_tokenizer *tok;
-    if ((rc = kv_load_model(CMD, o.model, &o.kv, &m, &tok)) != 0)
-        return rc;
-    struct kvq_passkey_result res[KVQ_PASSKEY_MAX_LENGTHS];
-    memset(res, 0, sizeof res);
-    rc = run_all(&o, m, tok, res);
-    if (!rc)
-        rc = report(&o, m, res);
-    kvq_tokenizer_free(tok);
-    kvq_model_free(m);
-    return rc;
+    return kv_with_model(CMD, o.c.model, &o.c.kv, run_and_report, &o);
 }

@@ -30,44 +30,40 @@ static void usage(FILE *f)
 }
 
 struct opts {
-    const char *model, *file;
+    struct kv_cmd c; /* --model, --json, --quiet, the KV options */
+    const char *file;
     long ctx, max_tokens;
     struct kvq_ppl_config ppl;
-    int json, quiet;
-    struct kv_opts kv;
 };
+
+/* The options of kvq ppl's own (kv_cmd_parse). */
+static int own_option(void *user, const char *a, const char *v)
+{
+    struct opts *o = user;
+    long chunk = 0;
+    if (strcmp(a, "--file") == 0)
+        o->file = v;
+    else if (strcmp(a, "--ctx") == 0)
+        return cli_parse_int(v, 2, 1 << 24, &o->ctx) ? 1 : 0;
+    else if (strcmp(a, "--chunk") == 0) {
+        if (cli_parse_int(v, 1, 1 << 16, &chunk))
+            return 1;
+        o->ppl.chunk = (size_t)chunk;
+    } else if (strcmp(a, "--max-tokens") == 0)
+        return cli_parse_int(v, 2, 1l << 40, &o->max_tokens) ? 1 : 0;
+    else
+        return -1;
+    return 0;
+}
 
 static int parse_args(int argc, char **argv, struct opts *o)
 {
     memset(o, 0, sizeof *o);
     kvq_ppl_config_default(&o->ppl);
-    kv_opts_default(&o->kv);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = NULL;
-        int r = kv_opts_arg(CMD, argc, argv, &i, &o->kv, &o->json, &o->quiet, usage, &v), bad = 0;
-        if (r == 1)
-            continue;
-        if (r)
-            return r;
-        if (strcmp(a, "--model") == 0)
-            o->model = v;
-        else if (strcmp(a, "--file") == 0)
-            o->file = v;
-        else if (strcmp(a, "--ctx") == 0)
-            bad = cli_parse_int(v, 2, 1 << 24, &o->ctx);
-        else if (strcmp(a, "--chunk") == 0) {
-            long chunk = 0;
-            bad = cli_parse_int(v, 1, 1 << 16, &chunk);
-            o->ppl.chunk = (size_t)chunk;
-        }
-        else if (strcmp(a, "--max-tokens") == 0)
-            bad = cli_parse_int(v, 2, 1l << 40, &o->max_tokens);
-        else
-            return cli_error(CMD, "unknown option '%s' (see kvq ppl --help)", a);
-        if (bad)
-            return cli_error(CMD, "bad value '%s' for %s", v, a);
-    }
-    if (!o->model || !o->file)
+    int rc = kv_cmd_parse(CMD, argc, argv, &o->c, usage, own_option, o);
+    if (rc)
+        return rc;
+    if (!o->c.model || !o->file)
         return cli_error(CMD, "--model DIR and --file TEXT are required");
     return 0;
 }
@@ -75,7 +71,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 static void progress(void *user, size_t done, size_t total, const struct kvq_ppl_result *r)
 {
     const struct opts *o = user;
-    if (!o->quiet)
+    if (!o->c.quiet)
         fprintf(stderr, "\rkvq ppl: %zu / %zu tokens, ppl so far %.4f   ", done, total, r->ppl);
 }
 
@@ -84,19 +80,19 @@ static int report(const struct opts *o, const struct kvq_seq_config *sc, const s
 {
     const struct kvq_model_config *c = kvq_model_config_of(m);
     char name[2048];
-    kv_opts_name(&o->kv, name, sizeof name);
+    kv_opts_name(&o->c.kv, name, sizeof name);
     double bits = kv_bits_at(pl, c, (size_t)o->ctx); /* f16 window/sink buffers included */
-    if (!o->json) {
+    if (!o->c.json) {
         printf("ppl %.4f  cache %s (%.3f bits/value)  %zu tokens scored in %zu windows of %ld  %.1f s\n", r->ppl,
                name, bits, r->scored, r->windows, o->ctx, r->seconds);
         return 0;
     }
     cJSON *root = cJSON_CreateObject();
-    kv_opts_json(root, &o->kv);
+    kv_opts_json(root, &o->c.kv);
     cJSON_AddNumberToObject(root, "bits_per_value", bits);
     cJSON_AddNumberToObject(root, "bits_per_value_pages", kv_bits_per_value(pl, c));
     cJSON_AddNumberToObject(root, "recent_f16", kvq_seq_window_for(sc, c->n_layers));
-    cJSON_AddNumberToObject(root, "sink_tokens", o->kv.sink_tokens);
+    cJSON_AddNumberToObject(root, "sink_tokens", o->c.kv.sink_tokens);
     cJSON_AddNumberToObject(root, "f16_buffer_bytes", (double)pl->fixed_bytes);
     cJSON_AddNumberToObject(root, "ppl", r->ppl);
     cJSON_AddNumberToObject(root, "nll_mean", r->scored ? r->nll_sum / (double)r->scored : 0);
@@ -106,12 +102,13 @@ static int report(const struct opts *o, const struct kvq_seq_config *sc, const s
     cJSON_AddNumberToObject(root, "ctx", (double)o->ctx);
     cJSON_AddNumberToObject(root, "chunk", (double)o->ppl.chunk);
     cJSON_AddNumberToObject(root, "seconds", r->seconds);
-    kv_auto_json(root, &o->kv, m);
+    kv_auto_json(root, &o->c.kv, m);
     return kv_print_json(CMD, root);
 }
 
-static int score(struct opts *o, kvq_model *m, kvq_tokenizer *tok)
+static int score(void *user, kvq_model *m, kvq_tokenizer *tok)
 {
+    struct opts *o = user;
     const struct kvq_model_config *c = kvq_model_config_of(m);
     size_t len = 0, n = 0;
     int32_t *ids = NULL;
@@ -137,10 +134,10 @@ static int score(struct opts *o, kvq_model *m, kvq_tokenizer *tok)
         rc = cli_error(CMD, "%s has fewer than 2 tokens", o->file);
         goto out;
     }
-    if ((rc = kv_auto_apply(CMD, &o->kv, m, tok, o->model, (size_t)o->ctx, o->quiet)) != 0)
+    if ((rc = kv_auto_apply(CMD, &o->c.kv, m, tok, o->c.model, (size_t)o->ctx, o->c.quiet)) != 0)
         goto out;
     struct kvq_seq_config sc;
-    kv_opts_seq_config(&o->kv, &sc);
+    kv_opts_seq_config(&o->c.kv, &sc);
     sc.max_ctx = (size_t)o->ctx;
     sc.max_chunk = (int)o->ppl.chunk;
     struct kvq_seq_plan pl;
@@ -155,7 +152,7 @@ static int score(struct opts *o, kvq_model *m, kvq_tokenizer *tok)
     struct kvq_ppl_result r;
     o->ppl.ctx = (size_t)o->ctx;
     st = kvq_ppl_score(m, s, &o->ppl, ids, n, NULL, &r, progress, o);
-    if (!o->quiet)
+    if (!o->c.quiet)
         fputc('\n', stderr);
     if (st != KVQ_OK) {
         rc = cli_status_error(CMD, st, "scoring");
@@ -174,12 +171,5 @@ int cmd_ppl(int argc, char **argv)
     int rc = parse_args(argc, argv, &o);
     if (rc)
         return rc < 0 ? 0 : rc;
-    kvq_model *m;
-    kvq_tokenizer *tok;
-    if ((rc = kv_load_model(CMD, o.model, &o.kv, &m, &tok)) != 0)
-        return rc;
-    rc = score(&o, m, tok);
-    kvq_tokenizer_free(tok);
-    kvq_model_free(m);
-    return rc;
+    return kv_with_model(CMD, o.c.model, &o.c.kv, score, &o);
 }

@@ -317,8 +317,10 @@ static int is_eos(const struct kvq_model_config *c, int32_t id)
 
 /* --plan: for every type (as K and V) and the chosen pair, the exact bytes
  * per token and how many tokens the budget holds (whole pages per layer). */
-static int print_plan(const struct opts *o, const kvq_model *m)
+static int print_plan(void *user, kvq_model *m, kvq_tokenizer *tok)
 {
+    const struct opts *o = user;
+    (void)tok;
     const struct kvq_model_config *c = kvq_model_config_of(m);
     printf("KV plan for %s: %d layers x %d KV heads x head_dim %d, context %d, budget ", o->model, c->n_layers,
            c->n_kv_heads, c->head_dim, c->max_ctx);
@@ -369,8 +371,9 @@ static int print_plan(const struct opts *o, const kvq_model *m)
     return 0;
 }
 
-static int run(struct opts *o, kvq_model *m, kvq_tokenizer *tok)
+static int run(void *user, kvq_model *m, kvq_tokenizer *tok)
 {
+    struct opts *o = user;
     const struct kvq_model_config *c = kvq_model_config_of(m);
     int32_t *prompt = NULL, *out = NULL;
     size_t n_prompt = 0, n_out = 0;
@@ -492,12 +495,5 @@ int cmd_run(int argc, char **argv)
     int rc = parse_args(argc, argv, &o);
     if (rc)
         return rc < 0 ? 0 : rc;
-    kvq_model *m;
-    kvq_tokenizer *tok;
-    if ((rc = kv_load_model(CMD, o.model, NULL, &m, &tok)) != 0)
-        return rc;
-    rc = o.plan ? print_plan(&o, m) : run(&o, m, tok);
-    kvq_tokenizer_free(tok);
-    kvq_model_free(m);
-    return rc;
+    return kv_with_model(CMD, o.model, NULL, o.plan ? print_plan : run, &o);
 }

@@ -123,25 +123,42 @@ int kv_opts_flag(const char *a, struct kv_opts *o)
     return 0;
 }
 
-int kv_opts_arg(const char *cmd, int argc, char **argv, int *i, struct kv_opts *o, int *json, int *quiet,
-                void (*usage)(FILE *), const char **val)
+int kv_cmd_parse(const char *cmd, int argc, char **argv, struct kv_cmd *c, void (*usage)(FILE *),
+                 int (*own)(void *user, const char *a, const char *v), void *user)
 {
-    const char *a = argv[*i];
-    if (cli_is_help(a)) {
-        usage(stdout);
-        return -1;
+    memset(c, 0, sizeof *c);
+    kv_opts_default(&c->kv);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (cli_is_help(a)) {
+            usage(stdout);
+            return -1;
+        }
+        if (kv_opts_flag(a, &c->kv))
+            continue;
+        if (strcmp(a, "--json") == 0 || strcmp(a, "--quiet") == 0) {
+            *(a[2] == 'j' ? &c->json : &c->quiet) = 1;
+            continue;
+        }
+        if (i + 1 >= argc)
+            return cli_error(cmd, "%s needs a value (see kvq %s --help)", a, cmd);
+        const char *v = argv[++i];
+        int r = kv_opts_parse(cmd, a, v, &c->kv);
+        if (r == 2)
+            return 2;
+        if (r == 1)
+            continue;
+        if (strcmp(a, "--model") == 0) {
+            c->model = v;
+            continue;
+        }
+        r = own(user, a, v);
+        if (r < 0)
+            return cli_error(cmd, "unknown option '%s' (see kvq %s --help)", a, cmd);
+        if (r)
+            return cli_error(cmd, "bad value '%s' for %s", v, a);
     }
-    if (kv_opts_flag(a, o))
-        return 1;
-    if (strcmp(a, "--json") == 0 || strcmp(a, "--quiet") == 0) {
-        *(a[2] == 'j' ? json : quiet) = 1;
-        return 1;
-    }
-    if (*i + 1 >= argc)
-        return cli_error(cmd, "%s needs a value (see kvq %s --help)", a, cmd);
-    *val = argv[++*i];
-    int r = kv_opts_parse(cmd, a, *val, o);
-    return r == 2 ? 2 : r == 1 ? 1 : 0;
+    return 0;
 }
 
 int kv_opts_check(const char *cmd, const struct kv_opts *o, const kvq_model *m)
@@ -258,7 +275,10 @@ int kv_print_json(const char *cmd, void *cjson_root)
     return js ? 0 : cli_status_error(cmd, KVQ_ERR_NOMEM, "building JSON");
 }
 
-int kv_load_model(const char *cmd, const char *dir, const struct kv_opts *check, kvq_model **m, kvq_tokenizer **tok)
+/* Loads dir's model and tokenizer (kv_with_model). @return 0, or 2/1 after
+ * printing the error (nothing left loaded). */
+static int load_model(const char *cmd, const char *dir, const struct kv_opts *check, kvq_model **m,
+                      kvq_tokenizer **tok)
 {
     kvq_error err = {0};
     *m = NULL;
@@ -290,5 +310,19 @@ int kv_load_model(const char *cmd, const char *dir, const struct kv_opts *check,
         *m = NULL;
         *tok = NULL;
     }
+    return rc;
+}
+
+int kv_with_model(const char *cmd, const char *dir, const struct kv_opts *check,
+                  int (*fn)(void *user, kvq_model *m, kvq_tokenizer *tok), void *user)
+{
+    kvq_model *m;
+    kvq_tokenizer *tok;
+    int rc = load_model(cmd, dir, check, &m, &tok);
+    if (rc)
+        return rc;
+    rc = fn(user, m, tok);
+    kvq_tokenizer_free(tok);
+    kvq_model_free(m);
     return rc;
 }

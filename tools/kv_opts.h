@@ -39,13 +39,21 @@ int kv_opts_parse(const char *cmd, const char *a, const char *v, struct kv_opts 
  * --no-kv-recent-f16, --kv-auto). @return 1 when consumed. */
 int kv_opts_flag(const char *a, struct kv_opts *o);
 
-/* One step of the argument loop of `kvq ppl` and `kvq passkey` over argv[*i]:
- * --help / -h (usage(stdout)), the KV flags, --json, --quiet (*json, *quiet
- * set to 1) and the KV options with a value; any other option takes its value
- * (argv[++*i]) into *val for the caller. @return 1 consumed; 0 *val set;
- * -1 help printed; 2 error printed. */
-int kv_opts_arg(const char *cmd, int argc, char **argv, int *i, struct kv_opts *o, int *json, int *quiet,
-                void (*usage)(FILE *), const char **val);
+/* What `kvq ppl` and `kvq passkey` share: --model, --json, --quiet and the
+ * KV options. */
+struct kv_cmd {
+    const char *model;
+    int json, quiet;
+    struct kv_opts kv;
+};
+
+/* The argument loop of such a command (c is reset first): --help / -h
+ * (usage(stdout)), the KV flags and options, --json, --quiet, --model DIR;
+ * any other option with a value goes to own(user, option, value), which
+ * returns 0 when it took it, 1 for a bad value, -1 for an unknown option.
+ * @return 0; -1 help printed; 2 error printed. */
+int kv_cmd_parse(const char *cmd, int argc, char **argv, struct kv_cmd *c, void (*usage)(FILE *),
+                 int (*own)(void *user, const char *a, const char *v), void *user);
 
 /* After the model is loaded: --layer-types must name every layer.
  * @return 0 or 2 (printed). */
@@ -78,9 +86,11 @@ void kv_opts_usage(FILE *f);
 void kv_opts_seq_config(const struct kv_opts *o, struct kvq_seq_config *sc);
 
 /* Loads dir's model and tokenizer.json (BOS/EOS from the config), then, when
- * check is not NULL, kv_opts_check(cmd, check, model).
- * @return 0, or 2/1 after printing the error (nothing left loaded). */
-int kv_load_model(const char *cmd, const char *dir, const struct kv_opts *check, kvq_model **m, kvq_tokenizer **tok);
+ * check is not NULL, kv_opts_check(cmd, check, model), runs fn(user, model,
+ * tokenizer) and frees both. @return fn's exit status, or 2/1 after printing
+ * a loading error. */
+int kv_with_model(const char *cmd, const char *dir, const struct kv_opts *check,
+                  int (*fn)(void *user, kvq_model *m, kvq_tokenizer *tok), void *user);
 
 /* The cache fields of a command's JSON object (a cJSON *, passed as void *):
  * "cache" (kv_opts_name), "cache_type_k", "cache_type_v". */
