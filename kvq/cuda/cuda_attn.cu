@@ -331,6 +331,7 @@ struct ref_params {
     kvq_dev_codec ck, cv;
     const float *qprep;
     const float *rv; /* row-major R_v, NULL for baseline V */
+    const float *sv; /* row-major S_v, NULL unless V carries QJL signs (tqBj values) */
     float *out;
     int Hq, G, d;
     batch_ids ids;
@@ -353,12 +354,15 @@ __global__ void ref_kernel(const __grid_constant__ ref_params p)
     float *qv = sh;            /* 2d */
     float *acc = sh + 2 * d;   /* 4 x d */
     float *ml = acc + 4 * d;   /* m[4], l[4] */
+    float *accs = ml + 8;      /* 4 x d: tqBj values' sign residual, S domain */
     const float *src = p.qprep + ((size_t)b * p.Hq + hq) * 2 * d;
     for (int i = threadIdx.x; i < 2 * d; i += blockDim.x)
         qv[i] = src[i];
-    float *my = acc + warp * d;
+    float *my = acc + warp * d, *mys = accs + warp * d;
     for (int j = lane; j < d; j += 32)
         my[j] = 0.0f;
+    for (int j = lane; p.sv && j < d; j += 32)
+        mys[j] = 0.0f;
     __syncthreads();
     const kvq_dev_pages &pg = p.pg;
     float m = -INFINITY, l = 0.0f;
@@ -402,6 +406,14 @@ __global__ void ref_kernel(const __grid_constant__ ref_params p)
                                            : baseline_elem(p.cv.type, vcodes, j);
             my[j] = fmaf(pw, val, my[j] * alpha);
         }
+        if (p.sv) { /* value = n R^T (c[idx] + g S^T signs), g = rnorm * kappa */
+            const float gv = nv * kvq_f16_to_f32(*vr.rnorm) * p.cv.kappa;
+            const uint8_t *sg = vr.signs;
+            for (int j = lane; j < d; j += 32) {
+                const float t = ((sg[j >> 3] >> (j & 7)) & 1) ? gv : -gv;
+                mys[j] = fmaf(pw, t, mys[j] * alpha);
+            }
+        }
     }
     if (lane == 0) {
         ml[warp] = m;
@@ -417,12 +429,27 @@ __global__ void ref_kernel(const __grid_constant__ ref_params p)
         L += ml[4 + w] * wgt[w];
     }
     for (int j = threadIdx.x; j < d; j += blockDim.x) {
-        float o = 0.0f;
+        float o = 0.0f, os = 0.0f;
         for (int w = 0; w < 4; w++)
             o += acc[w * d + j] * wgt[w];
         qv[j] = o / L; /* reuse: the rotated-domain output */
+        for (int w = 0; p.sv && w < 4; w++)
+            os += accs[w * d + j] * wgt[w];
+        qv[d + j] = os / L; /* its sign residual, S domain */
     }
     __syncthreads();
+    if (p.sv) {
+        for (int i = threadIdx.x; i < d; i += blockDim.x) {
+            float y = 0.0f;
+            for (int j = 0; j < d; j++)
+                y = fmaf(p.sv[(size_t)j * d + i], qv[d + j], y);
+            acc[i] = qv[i] + y; /* acc is free again */
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < d; i += blockDim.x)
+            qv[i] = acc[i];
+        __syncthreads();
+    }
     float *dst = p.out + ((size_t)b * p.Hq + hq) * d;
     for (int i = threadIdx.x; i < d; i += blockDim.x) {
         float y = qv[i];
@@ -583,6 +610,7 @@ static kvq_status attend_chunk(kvq_cuda_cache *c, int nb, const int *seqs, const
     rp.cv = c->dv;
     rp.qprep = c->qprep_d;
     rp.rv = c->dv.rotated ? c->rv_dense : NULL;
+    rp.sv = c->dv.qjl ? c->sv_dense : NULL;
     rp.out = out;
     rp.Hq = Hq;
     rp.G = G;
@@ -591,7 +619,7 @@ static kvq_status attend_chunk(kvq_cuda_cache *c, int nb, const int *seqs, const
         rp.ids.seq[i] = seqs[i];
         rp.ids.len[i] = (int)c->len[seqs[i]];
     }
-    const size_t smem = (6 * (size_t)d + 8) * sizeof(float);
+    const size_t smem = (10 * (size_t)d + 8) * sizeof(float);
     if (smem > 48 * 1024)
         KVQ_CU_TRY(cudaFuncSetAttribute(ref_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     ref_kernel<<<dim3((unsigned)Hq, (unsigned)nb), 128, smem, c->stream>>>(rp);

@@ -234,7 +234,7 @@ static kvq_status cache_init(kvq_cuda_cache *c)
     const int d = cfg->cache.head_dim;
     const size_t dense = (size_t)d * d;
     const size_t nk = kvq_cu_codec_table_floats(c->ck), nv = kvq_cu_codec_table_floats(c->cv);
-    KVQ_CU_TRY(cudaMalloc(&c->tables_d, (nk + nv + 3 * dense) * sizeof(float)));
+    KVQ_CU_TRY(cudaMalloc(&c->tables_d, (nk + nv + 4 * dense) * sizeof(float)));
     st = kvq_cu_codec_upload(c->ck, c->tables_d, &c->dk);
     if (st == KVQ_OK)
         st = kvq_cu_codec_upload(c->cv, c->tables_d + nk, &c->dv);
@@ -243,11 +243,14 @@ static kvq_status cache_init(kvq_cuda_cache *c)
     c->rk_dense = c->tables_d + nk + nv;
     c->sk_dense = c->rk_dense + dense;
     c->rv_dense = c->sk_dense + dense;
+    c->sv_dense = c->rv_dense + dense;
     st = dense_upload(c->dk.rotated ? c->ck->rot : NULL, d, 1, c->rk_dense);
     if (st == KVQ_OK)
         st = dense_upload(c->dk.qjl ? c->ck->qjl : NULL, d, 1, c->sk_dense);
     if (st == KVQ_OK)
         st = dense_upload(c->dv.rotated ? c->cv->rot : NULL, d, 0, c->rv_dense);
+    if (st == KVQ_OK) /* tqBj values: the reference kernel adds their QJL residual */
+        st = dense_upload(c->dv.qjl ? c->cv->qjl : NULL, d, 0, c->sv_dense);
     if (st == KVQ_OK)
         st = tok_reserve(c, 256);
     if (st == KVQ_OK)

@@ -92,7 +92,7 @@ struct kvq_cuda_cache {
     /* codec tables on the device: signs and mix of R and S for K and V,
      * dense rotations for queries (R_k, S_k) and outputs (R_v). */
     float *tables_d;
-    float *rk_dense, *sk_dense, *rv_dense; /* d x d row-major: y = M x */
+    float *rk_dense, *sk_dense, *rv_dense, *sv_dense; /* d x d row-major: y = M x */
 
     /* encode scratch */
     int *flag_d;             /* input check result */
