@@ -29,6 +29,26 @@ struct kvq_layer_weights {
     const float *bdown;     /* [hidden] or NULL */
 };
 
+/* The projections of a layer, as the backends' linear op names them
+ * (backend.h: KVQ_W_QKV, KVQ_W_O, KVQ_W_GATE_UP, KVQ_W_DOWN, in that order). */
+enum { KVQ_WEIGHT_QKV, KVQ_WEIGHT_O, KVQ_WEIGHT_GATE_UP, KVQ_WEIGHT_DOWN };
+
+/* Matrix, bias and shape of projection `which` of a layer whose weights w
+ * point to host or device memory alike (each backend keeps its own copy of
+ * this struct). */
+static inline void kvq_weight_pick(const struct kvq_layer_weights *w, int which, int hidden, int ffn, int q_dim,
+                                   int qkv_dim, const float **mat, const float **bias, int *in, int *out)
+{
+    *in = hidden;
+    *out = hidden;
+    switch (which) {
+    case KVQ_WEIGHT_QKV: *mat = w->wqkv, *bias = w->bqkv, *out = qkv_dim; break;
+    case KVQ_WEIGHT_O: *mat = w->wo, *bias = w->bo, *in = q_dim; break;
+    case KVQ_WEIGHT_GATE_UP: *mat = w->wgu, *bias = w->bgu, *out = 2 * ffn; break;
+    default: *mat = w->wdown, *bias = w->bdown, *in = ffn; break;
+    }
+}
+
 #define KVQ_PATH_MAX 4096
 
 /* The mapped safetensors files of a model (weight_files.c). */

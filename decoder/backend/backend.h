@@ -24,18 +24,17 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "decoder_internal.h"
 #include "kvq_model.h"
 #include "kvq_sampler.h"
 #include "kvq_status.h"
 
-struct kvq_model;
-
 /* The projections of a layer; each comes with its optional bias. */
 enum kvq_weight {
-    KVQ_W_QKV,     /* [q_dim + 2 kv_dim][hidden]: q, k and v rows of one matmul */
-    KVQ_W_O,       /* [hidden][q_dim] */
-    KVQ_W_GATE_UP, /* [2 ffn][hidden]: gate rows, then up rows */
-    KVQ_W_DOWN     /* [hidden][ffn] */
+    KVQ_W_QKV = KVQ_WEIGHT_QKV,         /* [q_dim + 2 kv_dim][hidden]: q, k and v rows of one matmul */
+    KVQ_W_O = KVQ_WEIGHT_O,             /* [hidden][q_dim] */
+    KVQ_W_GATE_UP = KVQ_WEIGHT_GATE_UP, /* [2 ffn][hidden]: gate rows, then up rows */
+    KVQ_W_DOWN = KVQ_WEIGHT_DOWN        /* [hidden][ffn] */
 };
 
 /* The norms of a layer, and the one before the LM head (layer ignored). */

@@ -106,16 +106,9 @@ static void cpu_linear(kvq_backend *b, enum kvq_weight which, int layer, const f
                        int accumulate)
 {
     const kvq_model *m = b->m;
-    const struct kvq_layer_weights *w = &m->layers[layer];
-    const int h = m->cfg.hidden, f = m->cfg.ffn;
-    const float *W = NULL, *bias = NULL;
-    int in = h, out = h;
-    switch (which) {
-    case KVQ_W_QKV: W = w->wqkv, bias = w->bqkv, out = m->qkv_dim; break;
-    case KVQ_W_O: W = w->wo, bias = w->bo, in = m->q_dim; break;
-    case KVQ_W_GATE_UP: W = w->wgu, bias = w->bgu, out = 2 * f; break;
-    case KVQ_W_DOWN: W = w->wdown, bias = w->bdown, in = f; break;
-    }
+    const float *W, *bias;
+    int in, out;
+    kvq_weight_pick(&m->layers[layer], which, m->cfg.hidden, m->cfg.ffn, m->q_dim, m->qkv_dim, &W, &bias, &in, &out);
     matmul(x, W, y, T, in, out, accumulate);
     for (size_t t = 0; bias && t < T; t++)
         for (int i = 0; i < out; i++)

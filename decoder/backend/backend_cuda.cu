@@ -25,14 +25,10 @@
 
 namespace {
 
-struct dev_layer {
-    float *attn_norm, *ffn_norm, *wqkv, *bqkv, *q_norm, *k_norm, *wo, *bo, *wgu, *bgu, *wdown, *bdown;
-};
-
 struct cuda_backend {
     struct kvq_backend base;
     cublasHandle_t blas;
-    struct dev_layer *layers; /* [n_layers], device pointers */
+    struct kvq_layer_weights *layers; /* [n_layers], device pointers */
     float *embed;             /* [vocab][hidden] */
     float *lm;                /* [vocab][hidden] */
     float *final_norm;        /* [hidden] */
@@ -242,7 +238,7 @@ void cuda_norm(kvq_backend *b, enum kvq_norm_site site, int layer, const float *
 {
     cuda_backend *cb = cb_of(b);
     const struct kvq_model_config *c = &b->m->cfg;
-    const float *w = site == KVQ_NORM_FINAL ? cb->final_norm
+    const float *w = site == KVQ_NORM_FINAL ? (const float *)cb->final_norm
                      : site == KVQ_NORM_ATTN ? cb->layers[layer].attn_norm
                                              : cb->layers[layer].ffn_norm;
     norm_kernel<<<(unsigned)T, kThreads>>>(x, w, y, c->hidden, c->rms_eps, c->arch.norm == KVQ_NORM_RMS_UNIT_OFFSET);
@@ -253,16 +249,9 @@ void cuda_linear(kvq_backend *b, enum kvq_weight which, int layer, const float *
 {
     cuda_backend *cb = cb_of(b);
     const kvq_model *m = b->m;
-    const dev_layer *w = &cb->layers[layer];
-    const int h = m->cfg.hidden, f = m->cfg.ffn;
-    const float *W = nullptr, *bias = nullptr;
-    int in = h, out = h;
-    switch (which) {
-    case KVQ_W_QKV: W = w->wqkv, bias = w->bqkv, out = m->qkv_dim; break;
-    case KVQ_W_O: W = w->wo, bias = w->bo, in = m->q_dim; break;
-    case KVQ_W_GATE_UP: W = w->wgu, bias = w->bgu, out = 2 * f; break;
-    case KVQ_W_DOWN: W = w->wdown, bias = w->bdown, in = f; break;
-    }
+    const float *W, *bias;
+    int in, out;
+    kvq_weight_pick(&cb->layers[layer], which, m->cfg.hidden, m->cfg.ffn, m->q_dim, m->qkv_dim, &W, &bias, &in, &out);
     gemm(cb, x, W, y, T, in, out, acc);
     if (bias) {
         bias_kernel<<<(unsigned)T, kThreads>>>(y, bias, out);
@@ -331,11 +320,11 @@ void cuda_free(kvq_backend *b)
     cuda_backend *cb = cb_of(b);
     if (cb->layers)
         for (int l = 0; l < b->m->cfg.n_layers; l++) {
-            dev_layer *w = &cb->layers[l];
-            float *p[] = {w->attn_norm, w->ffn_norm, w->wqkv, w->bqkv, w->q_norm, w->k_norm,
-                          w->wo, w->bo, w->wgu, w->bgu, w->wdown, w->bdown};
-            for (float *q : p)
-                cudaFree(q);
+            const kvq_layer_weights *w = &cb->layers[l];
+            const float *p[] = {w->attn_norm, w->ffn_norm, w->wqkv, w->bqkv, w->q_norm, w->k_norm,
+                                w->wo,        w->bo,       w->wgu,  w->bgu,  w->wdown,  w->bdown};
+            for (const float *q : p)
+                cudaFree(const_cast<float *>(q));
         }
     free(cb->layers);
     void *p[] = {cb->embed, cb->lm, cb->final_norm, cb->rope_cos, cb->rope_sin, cb->lm_x, cb->logits, cb->ids, cb->best,
@@ -353,15 +342,24 @@ const struct kvq_backend_ops cuda_ops = {
 };
 
 /* Uploads n floats of host memory (NULL gives NULL). */
-kvq_status upload(const float *host, size_t n, float **dev)
+kvq_status upload(const float *host, size_t n, const float **dev)
 {
     *dev = nullptr;
     if (!host)
         return KVQ_OK;
-    if (cudaMalloc(dev, n * sizeof(float)) != cudaSuccess)
+    float *d = nullptr;
+    if (cudaMalloc(&d, n * sizeof(float)) != cudaSuccess)
         return KVQ_ERR_NOMEM;
-    return cudaMemcpy(*dev, host, n * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess ? KVQ_OK
-                                                                                            : KVQ_ERR_DEVICE;
+    *dev = d;
+    return cudaMemcpy(d, host, n * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess ? KVQ_OK : KVQ_ERR_DEVICE;
+}
+
+kvq_status upload(const float *host, size_t n, float **dev)
+{
+    const float *d = nullptr;
+    kvq_status st = upload(host, n, &d);
+    *dev = const_cast<float *>(d);
+    return st;
 }
 
 kvq_status alloc(float **dev, size_t n)
@@ -375,17 +373,17 @@ kvq_status upload_model(cuda_backend *cb)
     const struct kvq_model_config *c = &m->cfg;
     const size_t h = (size_t)c->hidden, f = (size_t)c->ffn, d = (size_t)c->head_dim;
     const size_t qkv = (size_t)m->qkv_dim, qd = (size_t)m->q_dim;
-    cb->layers = static_cast<dev_layer *>(calloc((size_t)c->n_layers, sizeof *cb->layers));
+    cb->layers = static_cast<kvq_layer_weights *>(calloc((size_t)c->n_layers, sizeof *cb->layers));
     if (!cb->layers)
         return KVQ_ERR_NOMEM;
     kvq_status st = KVQ_OK;
     for (int l = 0; l < c->n_layers && st == KVQ_OK; l++) {
         const struct kvq_layer_weights *w = &m->layers[l];
-        dev_layer *o = &cb->layers[l];
+        kvq_layer_weights *o = &cb->layers[l];
         struct {
             const float *src;
             size_t n;
-            float **dst;
+            const float **dst;
         } t[] = {{w->attn_norm, h, &o->attn_norm}, {w->ffn_norm, h, &o->ffn_norm}, {w->wqkv, qkv * h, &o->wqkv},
                  {w->bqkv, qkv, &o->bqkv},         {w->q_norm, d, &o->q_norm},     {w->k_norm, d, &o->k_norm},
                  {w->wo, h * qd, &o->wo},          {w->bo, h, &o->bo},             {w->wgu, 2 * f * h, &o->wgu},
