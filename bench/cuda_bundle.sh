@@ -17,7 +17,9 @@ build=${1:-build}
 dev="$build/dev"
 mkdir -p "$dev/tests" "$dev/bench" "$dev/lib" "$dev/obj"
 cat >"$dev/obj/blas_shim.c" <<'EOF'
-/* Naive CBLAS subset (row/column major, transposes), for the GPU bundle only. */
+/* Naive CBLAS subset (row/column major, transposes), for the GPU bundle only;
+ * rows of a product in parallel (OpenMP), each computed alone, so results do
+ * not depend on the thread count. */
 enum { RowMajor = 101, NoTrans = 111 };
 #define AT(M, ld, r, c, rowmajor) ((rowmajor) ? (M)[(long)(r) * (ld) + (c)] : (M)[(long)(c) * (ld) + (r)])
 void openblas_set_num_threads(int n) { (void)n; }
@@ -37,6 +39,7 @@ void cblas_sgemv(int order, int ta, int m, int n, float alpha, const float *a, i
               int ldb, T beta, T *c, int ldc)                                                            \
     {                                                                                                    \
         int rm = order == RowMajor;                                                                      \
+        _Pragma("omp parallel for schedule(static)")                                                     \
         for (int i = 0; i < m; i++)                                                                      \
             for (int j = 0; j < n; j++) {                                                                \
                 double s = 0.0;                                                                          \
@@ -50,12 +53,12 @@ void cblas_sgemv(int order, int ta, int m, int n, float alpha, const float *a, i
 GEMM(cblas_sgemm, float)
 GEMM(cblas_dgemm, double)
 EOF
-cc -O2 -c "$dev/obj/blas_shim.c" -o "$dev/obj/blas_shim.o"
+cc -O2 -fopenmp -c "$dev/obj/blas_shim.c" -o "$dev/obj/blas_shim.o"
 # cuBLAS (the decoder's CUDA backend) stays a shared library: the GPU
 # machine's toolkit has it under /usr/local/cuda/lib64 (rpath), and it is far
 # larger than the transfer limit, so it is never copied into the bundle.
 tool_objs=$(ls "$build"/obj/tools/*.o | grep -v '/kvq\.o$')
-libs="$build/lib/libkvq.a $dev/obj/blas_shim.o -Wl,-Bstatic -lfftw3f -Wl,-Bdynamic -lcjson -lm -lpthread"
+libs="$build/lib/libkvq.a $dev/obj/blas_shim.o -fopenmp -Wl,-Bstatic -lfftw3f -Wl,-Bdynamic -lcjson -lm -lpthread"
 libs="$libs -L/usr/local/cuda/lib64 -lcudart_static -lcublas -Wl,-rpath,/usr/local/cuda/lib64 -ldl -lrt -lstdc++"
 for t in test_cuda test_decoder_cuda test_backend_ops; do
     [ -f "$build/obj/tests/$t.o" ] && cc -o "$dev/tests/$t" "$build/obj/tests/$t.o" $tool_objs $libs

@@ -96,6 +96,17 @@ int kv_opts_parse(const char *cmd, const char *a, const char *v, struct kv_opts 
         o->auto_calib = v;
         return 1;
     }
+    if (strcmp(a, "--device") == 0) {
+        if (strcmp(v, "cpu") == 0)
+            o->device = KVQ_DEVICE_CPU;
+        else if (strcmp(v, "cuda") == 0)
+            o->device = KVQ_DEVICE_CUDA;
+        else {
+            cli_error(cmd, "bad value '%s' for --device (cpu or cuda)", v);
+            return 2;
+        }
+        return 1;
+    }
     if (strcmp(a, "--seed") == 0) {
         if (cli_parse_u64(v, &o->seed)) {
             cli_error(cmd, "bad value '%s' for --seed", v);
@@ -231,7 +242,10 @@ void kv_opts_usage(FILE *f)
                "                       compressed types (everything but f32 and f16)\n"
                "  --no-kv-recent-f16   no such window: every token is read from the packed pages\n"
                "  --kv-sink N          also keep the first N tokens (0..%d) in f16 for good\n"
-               "  --seed S             cache-rotation (and sampler) seed (default 0)\n",
+               "  --seed S             cache-rotation (and sampler) seed (default 0)\n"
+               "  --device cpu|cuda    where the model runs (default cpu); cuda: weights, activations\n"
+               "                       and the KV pages on the GPU (no recent-token window there yet:\n"
+               "                       add --no-kv-recent-f16 for compressed types)\n",
             KVQ_CACHE_MAX_SINK_TOKENS);
 }
 
@@ -246,6 +260,7 @@ void kv_opts_seq_config(const struct kv_opts *o, struct kvq_seq_config *sc)
     sc->v_norm_correct = o->v_norm_correct;
     sc->recent_f16 = o->recent_f16;
     sc->sink_tokens = o->sink_tokens;
+    sc->device = o->device;
 }
 
 size_t kv_peak_rss(void)

@@ -21,6 +21,7 @@ struct kv_opts {
                              as the library decides (kvq_seq_window_for: on when some layer's K
                              or V type is compressed); 1 --kv-recent-f16, 0 --no-kv-recent-f16 */
     int sink_tokens;      /* --kv-sink N: the first N tokens also in f16 (0 = off) */
+    enum kvq_device device; /* --device cpu|cuda (default cpu) */
     /* --kv-auto (kv_auto.h): per-layer types chosen for budget at a context */
     int kv_auto;
     size_t auto_ctx;                     /* --kv-auto-ctx N, 0 = the command's context */
