@@ -4,10 +4,11 @@
  * (kvq_cuda.h), appended by the GPU encoder (bit-identical to the CPU
  * encoder) and attended by the fused kernel where it applies, the reference
  * kernel elsewhere. A decode step of several sequences is one batched append
- * and one batched attend per layer. The device kernel attends one query
- * position per sequence, so a prefill chunk is appended and attended one
- * position at a time (T calls per layer); a chunked prefill kernel that
- * attends a whole chunk on tensor cores is the next step (issue 18).
+ * and one batched attend per layer. A prefill chunk is appended in one call
+ * and attended by the decode kernel with one entry per position over the
+ * growing prefixes (kvq_cuda_cache_attend_prefix): causal, and exactly what
+ * position-by-position generation computes; a prefill kernel that runs the
+ * chunk's queries together on tensor cores is the next step (issue 18).
  *
  * Not on the device yet, refused at create with one line: the recent-token
  * f16 window and sink tokens (the device cache has no f16 override rows) and
@@ -23,6 +24,9 @@
 struct cuda_store {
     struct kvq_kv_store base;
     kvq_cuda_cache **caches; /* [n_layers] */
+    int *rep;                /* [max_rows] one sequence id, repeated: a prefill chunk's entries */
+    size_t *lens;            /* [max_rows] their causal prefix lengths */
+    size_t max_rows;
     int n_kv, n_heads, head_dim;
     size_t row_bytes;        /* K + V bytes of one token of one layer, all KV heads */
 };
@@ -44,16 +48,21 @@ static kvq_status cuda_append_attend(kvq_kv_store *base, int layer, int n_seqs, 
                 kvq_cuda_cache_truncate(c, seqs[i], kvq_cuda_cache_len(c, seqs[i]) - 1);
         return st;
     }
+    /* a chunk: appended at once, then attended causally by T entries of
+     * the sequence over growing prefixes */
+    if (T > s->max_rows)
+        return KVQ_ERR_INVALID_ARG;
     for (int i = 0; i < n_seqs; i++) {
         const int seq = seqs[i];
-        const size_t pos0 = kvq_cuda_cache_len(c, seq);
-        kvq_status st = KVQ_OK;
-        for (size_t t = 0; t < T && st == KVQ_OK; t++) {
-            const size_t r = (size_t)i * T + t;
-            st = kvq_cuda_cache_append(c, seq, 1, k + r * kvd, v + r * kvd);
-            if (st == KVQ_OK)
-                st = kvq_cuda_cache_attend(c, 1, &seq, q + r * qd, s->n_heads, scale, out + r * qd, NULL);
+        const size_t pos0 = kvq_cuda_cache_len(c, seq), r = (size_t)i * T;
+        kvq_status st = kvq_cuda_cache_append(c, seq, T, k + r * kvd, v + r * kvd);
+        for (size_t t = 0; t < T; t++) {
+            s->rep[t] = seq;
+            s->lens[t] = pos0 + t + 1;
         }
+        if (st == KVQ_OK)
+            st = kvq_cuda_cache_attend_prefix(c, (int)T, s->rep, s->lens, q + r * qd, s->n_heads, scale,
+                                              out + r * qd, NULL);
         if (st != KVQ_OK) { /* all or nothing over the call's sequences */
             kvq_cuda_cache_truncate(c, seq, pos0);
             for (int j = 0; j < i; j++)
@@ -118,6 +127,8 @@ static void cuda_free_store(kvq_kv_store *base)
     for (int l = 0; s->caches && l < base->n_layers; l++)
         kvq_cuda_cache_free(s->caches[l]);
     free(s->caches);
+    free(s->rep);
+    free(s->lens);
     free(s);
 }
 
@@ -143,10 +154,13 @@ kvq_status kvq_kv_store_cuda_create(const struct kvq_kv_store_config *cfg, kvq_k
     if (cfg->v_norm_correct)
         return kvq_error_set(err, KVQ_ERR_UNSUPPORTED, "the value-norm correction is not on the GPU yet");
     struct cuda_store *s = calloc(1, sizeof *s);
-    if (!s || !(s->caches = calloc((size_t)cfg->n_layers, sizeof *s->caches))) {
-        free(s);
+    if (!s || !(s->caches = calloc((size_t)cfg->n_layers, sizeof *s->caches)) ||
+        !(s->rep = malloc(cfg->max_rows * sizeof *s->rep)) || !(s->lens = malloc(cfg->max_rows * sizeof *s->lens))) {
+        if (s)
+            cuda_free_store(&s->base);
         return kvq_error_set(err, KVQ_ERR_NOMEM, "out of memory");
     }
+    s->max_rows = cfg->max_rows;
     s->base.ops = &cuda_store_ops;
     s->base.n_layers = cfg->n_layers;
     s->base.max_seqs = cfg->max_seqs;

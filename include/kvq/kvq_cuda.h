@@ -220,6 +220,19 @@ KVQ_API kvq_status kvq_cuda_cache_attend(kvq_cuda_cache *c, int n_seqs, const in
                                  int n_q_heads, float scale, float *out_dev,
                                  const struct kvq_cuda_attn_opts *opts);
 
+/** Attention over prefixes, for a prefill chunk: as kvq_cuda_cache_attend,
+ *  but entry i attends only to the first lens[i] tokens of seqs[i]
+ *  (1 <= lens[i] <= the sequence's length), and n is not limited by max_seqs
+ *  (entries run in batches). A chunk of T tokens appended to seq at pos0
+ *  attends causally with T entries of seq and lens pos0 + 1 .. pos0 + T:
+ *  exactly what appending and attending one token at a time computes.
+ *  seqs and lens are host arrays of n entries.
+ *  @return as kvq_cuda_cache_attend; KVQ_ERR_INVALID_ARG also for lens NULL
+ *  or a length outside [1, len]. */
+KVQ_API kvq_status kvq_cuda_cache_attend_prefix(kvq_cuda_cache *c, int n, const int *seqs, const size_t *lens,
+                                                const float *q_dev, int n_q_heads, float scale, float *out_dev,
+                                                const struct kvq_cuda_attn_opts *opts);
+
 #ifdef __cplusplus
 }
 #endif

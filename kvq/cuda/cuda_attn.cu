@@ -525,8 +525,9 @@ int kvq_cuda_fast_supported(const kvq_cuda_cache *c, int n_q_heads)
 
 /* ---- attend -------------------------------------------------------------- */
 
-static kvq_status attend_chunk(kvq_cuda_cache *c, int nb, const int *seqs, const float *q, int Hq, float scale,
-                               float *out, int use_fast, int n_splits)
+/* Entry i attends to the first lens[i] tokens of seqs[i] (lens NULL: all). */
+static kvq_status attend_chunk(kvq_cuda_cache *c, int nb, const int *seqs, const size_t *lens, const float *q,
+                               int Hq, float scale, float *out, int use_fast, int n_splits)
 {
     const int H = c->cfg.cache.n_kv_heads, G = Hq / H, d = c->cfg.cache.head_dim;
     if (use_fast) {
@@ -551,7 +552,7 @@ static kvq_status attend_chunk(kvq_cuda_cache *c, int nb, const int *seqs, const
             p.lut_v = tq3_lut_make(c->dv.centroids, c->alpha_v);
         for (int i = 0; i < nb; i++) {
             p.seq[i] = seqs[i];
-            p.len[i] = (int)c->len[seqs[i]];
+            p.len[i] = (int)(lens ? lens[i] : c->len[seqs[i]]);
         }
         prep_call pc;
         pc.q = q;
@@ -617,7 +618,7 @@ static kvq_status attend_chunk(kvq_cuda_cache *c, int nb, const int *seqs, const
     rp.d = d;
     for (int i = 0; i < nb; i++) {
         rp.ids.seq[i] = seqs[i];
-        rp.ids.len[i] = (int)c->len[seqs[i]];
+        rp.ids.len[i] = (int)(lens ? lens[i] : c->len[seqs[i]]);
     }
     const size_t smem = (10 * (size_t)d + 8) * sizeof(float);
     if (smem > 48 * 1024)
@@ -627,17 +628,22 @@ static kvq_status attend_chunk(kvq_cuda_cache *c, int nb, const int *seqs, const
     return KVQ_OK;
 }
 
-kvq_status kvq_cuda_cache_attend(kvq_cuda_cache *c, int n_seqs, const int *seqs, const float *q_dev,
-                                 int n_q_heads, float scale, float *out_dev, const struct kvq_cuda_attn_opts *opts)
+/* Both entry points: lens NULL attends to whole sequences (at most max_seqs
+ * entries), else entry i to the first lens[i] tokens of seqs[i]. */
+static kvq_status attend(kvq_cuda_cache *c, int n_seqs, const int *seqs, const size_t *lens, const float *q_dev,
+                         int n_q_heads, float scale, float *out_dev, const struct kvq_cuda_attn_opts *opts)
 {
-    if (!c || n_seqs < 1 || !seqs || !q_dev || !out_dev || n_seqs > c->cfg.max_seqs)
+    if (!c || n_seqs < 1 || !seqs || !q_dev || !out_dev || (!lens && n_seqs > c->cfg.max_seqs))
         return KVQ_ERR_INVALID_ARG;
     const int H = c->cfg.cache.n_kv_heads;
     if (n_q_heads < H || n_q_heads % H != 0 || n_q_heads / H > c->cfg.max_q_per_kv || !isfinite(scale))
         return KVQ_ERR_INVALID_ARG;
-    for (int i = 0; i < n_seqs; i++)
+    for (int i = 0; i < n_seqs; i++) {
         if (seqs[i] < 0 || seqs[i] >= c->cfg.max_seqs || c->len[seqs[i]] == 0 || c->len[seqs[i]] > INT32_MAX / 2)
             return KVQ_ERR_INVALID_ARG;
+        if (lens && (lens[i] == 0 || lens[i] > c->len[seqs[i]]))
+            return KVQ_ERR_INVALID_ARG;
+    }
     /* as an int: a C caller may pass any value */
     const int kern = opts ? (int)opts->kernel : KVQ_CUDA_KERNEL_AUTO;
     const int fast_ok = kvq_cuda_fast_supported(c, n_q_heads);
@@ -651,10 +657,25 @@ kvq_status kvq_cuda_cache_attend(kvq_cuda_cache *c, int n_seqs, const int *seqs,
     const int cap = batch_cap(c);
     for (int off = 0; off < n_seqs; off += cap) {
         const int nb = n_seqs - off < cap ? n_seqs - off : cap;
-        kvq_status st = attend_chunk(c, nb, seqs + off, q_dev + (size_t)off * row, n_q_heads, scale,
-                                     out_dev + (size_t)off * row, use_fast, n_splits);
+        kvq_status st = attend_chunk(c, nb, seqs + off, lens ? lens + off : NULL, q_dev + (size_t)off * row,
+                                     n_q_heads, scale, out_dev + (size_t)off * row, use_fast, n_splits);
         if (st != KVQ_OK)
             return st;
     }
     return KVQ_OK;
+}
+
+kvq_status kvq_cuda_cache_attend(kvq_cuda_cache *c, int n_seqs, const int *seqs, const float *q_dev,
+                                 int n_q_heads, float scale, float *out_dev, const struct kvq_cuda_attn_opts *opts)
+{
+    return attend(c, n_seqs, seqs, NULL, q_dev, n_q_heads, scale, out_dev, opts);
+}
+
+kvq_status kvq_cuda_cache_attend_prefix(kvq_cuda_cache *c, int n, const int *seqs, const size_t *lens,
+                                        const float *q_dev, int n_q_heads, float scale, float *out_dev,
+                                        const struct kvq_cuda_attn_opts *opts)
+{
+    if (!lens)
+        return KVQ_ERR_INVALID_ARG;
+    return attend(c, n, seqs, lens, q_dev, n_q_heads, scale, out_dev, opts);
 }

@@ -197,6 +197,14 @@ kvq_status kvq_cuda_cache_attend(kvq_cuda_cache *c, int n_seqs, const int *seqs,
     return KVQ_ERR_NO_DEVICE;
 }
 
+kvq_status kvq_cuda_cache_attend_prefix(kvq_cuda_cache *c, int n, const int *seqs, const size_t *lens,
+                                        const float *q_dev, int n_q_heads, float scale, float *out_dev,
+                                        const struct kvq_cuda_attn_opts *opts)
+{
+    (void)c, (void)n, (void)seqs, (void)lens, (void)q_dev, (void)n_q_heads, (void)scale, (void)out_dev, (void)opts;
+    return KVQ_ERR_NO_DEVICE;
+}
+
 #else
 /* Built with CUDA: the real definitions are in the .cu files. ISO C wants
  * at least one declaration in a translation unit. */
