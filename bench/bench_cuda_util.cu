@@ -5,32 +5,11 @@
 #include <stdlib.h>
 
 #include "bench_cuda_util.h"
+#include "cuda_internal.cuh" /* KVQ_CU_TRY, kvq_cuda_status_of: libkvq.a's, linked statically */
 #include "kvq_cuda.h"
 #include "kvq_rng.h"
 
 namespace {
-
-kvq_status status_of(cudaError_t e)
-{
-    switch (e) {
-    case cudaSuccess:
-        return KVQ_OK;
-    case cudaErrorMemoryAllocation:
-        return KVQ_ERR_NOMEM;
-    case cudaErrorNoDevice:
-    case cudaErrorInsufficientDriver:
-        return KVQ_ERR_NO_DEVICE;
-    default:
-        return KVQ_ERR_DEVICE;
-    }
-}
-
-#define TRY_CU(call)                                                                               \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess)                                                                     \
-            return status_of(e_);                                                                  \
-    } while (0)
 
 /* 16-byte loads from every SM, folded into one word that is stored only
  * when sink is set (never, from bench_cuda_touch) so the loads cannot be
@@ -81,12 +60,12 @@ kvq_status bench_cuda_touch(const void *dev, size_t bytes)
     if (bytes == 0)
         return KVQ_OK;
     int d = 0, n_sm = 0;
-    TRY_CU(cudaGetDevice(&d));
-    TRY_CU(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, d));
+    KVQ_CU_TRY(cudaGetDevice(&d));
+    KVQ_CU_TRY(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, d));
     /* enough 16-byte loads in flight to saturate HBM, no more blocks than the data needs */
     const size_t want = (bytes / 16 + 255) / 256, cap = (size_t)n_sm * 8;
     touch_kernel<<<(unsigned)(want < 1 ? 1 : want < cap ? want : cap), 256>>>((const unsigned char *)dev, bytes, NULL);
-    TRY_CU(cudaGetLastError());
+    KVQ_CU_TRY(cudaGetLastError());
     return KVQ_OK;
 }
 
@@ -100,7 +79,7 @@ kvq_status bench_cuda_fill_normal(float *x_dev, size_t n, uint64_t seed, float s
         return KVQ_OK;
     size_t blocks = (n + 255) / 256;
     fill_normal_kernel<<<(unsigned)(blocks < 8192 ? blocks : 8192), 256>>>(x_dev, n, seed, sigma);
-    TRY_CU(cudaGetLastError());
+    KVQ_CU_TRY(cudaGetLastError());
     return KVQ_OK;
 }
 
@@ -139,7 +118,7 @@ kvq_status bench_cuda_timer_start(bench_cuda_timer *t)
 {
     if (!t)
         return KVQ_ERR_INVALID_ARG;
-    TRY_CU(cudaEventRecord(t->a, 0));
+    KVQ_CU_TRY(cudaEventRecord(t->a, 0));
     return KVQ_OK;
 }
 
@@ -148,9 +127,9 @@ kvq_status bench_cuda_timer_stop(bench_cuda_timer *t, double *ms)
     if (!t || !ms)
         return KVQ_ERR_INVALID_ARG;
     float f = 0.0f;
-    TRY_CU(cudaEventRecord(t->b, 0));
-    TRY_CU(cudaEventSynchronize(t->b));
-    TRY_CU(cudaEventElapsedTime(&f, t->a, t->b));
+    KVQ_CU_TRY(cudaEventRecord(t->b, 0));
+    KVQ_CU_TRY(cudaEventSynchronize(t->b));
+    KVQ_CU_TRY(cudaEventElapsedTime(&f, t->a, t->b));
     *ms = (double)f;
     return KVQ_OK;
 }

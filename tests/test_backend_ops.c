@@ -20,9 +20,12 @@
  *           has AVX2, the fast paths are the AVX2 kernels), kvq_attn_kernels_avx2
  *   avx512  kvq_attn_kernels_avx512 (tq rows 16 coordinates at a time)
  *   lib     the FFTW (DCT) and OpenBLAS (Gaussian) paths of kvq_rotation_apply
- *   cuda    the GPU encoder (pages read back with kvq_cuda_cache_read_page) and
+ *   cuda    the GPU encoder (pages read back with kvq_cuda_cache_read_page;
+ *           Hadamard and identity rotations, page sizes 16 to 64, appends in
+ *           chunks, single-token steps and a two-sequence step) and
  *           kvq_cuda_cache_attend with the AUTO kernel choice
- *   cuda-fused, cuda-ref   kvq_cuda_cache_attend with the fused / reference kernel
+ *   cuda-fused, cuda-ref   kvq_cuda_cache_attend with the fused / reference
+ *           kernel (fused: its own split count, then forced 1, 4, 7 and 128)
  * The library picks the CPU kernels itself inside kvq_cache_* and
  * kvq_attn_causal: the cases of ops "cache" and "causal" carry the backend
  * that pick makes in this process (KVQ_FORCE_SCALAR=1 or KVQ_ATTN_NO_AVX512=1
@@ -100,11 +103,11 @@ struct probe {
 
 struct shape {
     int dim;
-    int page_tokens;        /* 0: KVQ_DEFAULT_PAGE_TOKENS */
+    int page_tokens;        /* 0: KVQ_DEFAULT_PAGE_TOKENS (row ops: the GPU encoder's per-dim choice) */
     size_t n_tokens;        /* tokens in the cache (cache, attn, causal) */
     size_t pos0;            /* causal: position of the chunk's first query */
     int G;                  /* attend: query heads per KV head */
-    enum kvq_rot_kind rot;  /* attend: the caches' rotation */
+    enum kvq_rot_kind rot;  /* attend: the caches' rotation; row ops: the codec's (R and S) */
     const struct probe *probes;
     int n_probes;
 };
@@ -134,6 +137,13 @@ enum { N_ROTS = (int)(sizeof ROTS / sizeof ROTS[0]) };
 static const struct shape SH_ROW[] = {{.dim = 8},  {.dim = 9},  {.dim = 15},  {.dim = 24},  {.dim = 40},
                                       {.dim = 64}, {.dim = 80}, {.dim = 96},  {.dim = 100}, {.dim = 128},
                                       {.dim = 192}, {.dim = 256}, {.dim = 1024}};
+/* The rotated types once more without a rotation (R = S = I): every op,
+ * the GPU encoder included. */
+static const struct shape SH_ROW_IDENTITY[] = {{.dim = 128, .rot = KVQ_ROT_IDENTITY}};
+/* The GPU encoder at page sizes its per-dim default (cuda_encode_prepare)
+ * does not give: encode only, the cuda backend only. */
+static const struct shape SH_ROW_PAGES[] = {{.dim = 128, .page_tokens = 16}, {.dim = 128, .page_tokens = 32},
+                                            {.dim = 80, .page_tokens = 64},  {.dim = 256, .page_tokens = 16}};
 /* Rotations: Hadamard at powers of two and Kronecker dims (m up to 511);
  * the library paths (FFTW, OpenBLAS) at a few dims, d = 3 included. */
 static const struct shape SH_HAD[] = {{.dim = 8},    {.dim = 16},   {.dim = 32},   {.dim = 64},   {.dim = 128},
@@ -391,11 +401,27 @@ static int rows_of(int t, int d)
     return d > 256 ? n / 10 : n;
 }
 
+/* test_codec_make (ORTHO QJL) with the shape's rotation kind, for R and
+ * the S of a tqBj type, as a cache of that rotation makes its codecs. */
+static kvq_codec *row_codec(const struct tcase *c, int t, uint64_t seed)
+{
+    struct kvq_codec_config cfg;
+    kvq_codec_config_default(&cfg, (enum kvq_type)t, c->sh->dim);
+    cfg.seed = seed;
+    cfg.rot = c->sh->rot;
+    cfg.qjl = KVQ_QJL_ORTHO;
+    kvq_codec *cd = NULL;
+    const kvq_status st = kvq_codec_create(&cfg, &cd);
+    CHECKF(st == KVQ_OK, "create %s at d=%d, %s: %s", tname(t), c->sh->dim, kvq_rot_kind_name(c->sh->rot),
+           kvq_status_str(st));
+    return cd;
+}
+
 static void *row_setup(const struct tcase *c)
 {
     struct row_fx *f = calloc(1, sizeof *f);
     const int d = c->sh->dim;
-    f->c = test_codec_make((enum kvq_type)c->tk, d, case_seed(c), KVQ_QJL_ORTHO);
+    f->c = row_codec(c, c->tk, case_seed(c));
     if (!f->c) {
         row_free(f);
         return NULL;
@@ -456,8 +482,7 @@ static int gpu_v_type(int t, int d)
 static int cuda_encode_prepare(struct row_fx *f, const struct tcase *c)
 {
     const int H = 3, d = f->d, t = c->tk, tv = gpu_v_type(t, d);
-    f->cv = test_codec_make((enum kvq_type)tv, d, kvq_seed_derive(case_seed(c), KVQ_CACHE_SEED_STREAM_V),
-                            KVQ_QJL_ORTHO);
+    f->cv = row_codec(c, tv, kvq_seed_derive(case_seed(c), KVQ_CACHE_SEED_STREAM_V));
     if (!f->cv)
         return 0;
     const size_t rbv = kvq_codec_row_bytes(f->cv);
@@ -484,7 +509,12 @@ static int cuda_encode_prepare(struct row_fx *f, const struct tcase *c)
     cfg.cache.type_k = (enum kvq_type)t;
     cfg.cache.type_v = (enum kvq_type)tv;
     cfg.cache.seed = case_seed(c);
-    cfg.cache.page_tokens = d > 256 ? 16 : d % 3 == 0 ? 48 : d % 128 == 0 ? 64 : 32;
+    cfg.cache.rot = c->sh->rot;
+    cfg.cache.page_tokens = c->sh->page_tokens ? c->sh->page_tokens
+                          : d > 256            ? 16
+                          : d % 3 == 0         ? 48
+                          : d % 128 == 0       ? 64
+                                               : 32;
     cfg.check_input = t % 2; /* without the check, appends return without synchronising */
     CHECK_OK(kvq_cuda_cache_create(&cfg, &f->g));
     f->kd = test_to_dev(k, nr * (size_t)d);
@@ -616,7 +646,7 @@ static double row_error(void *p, const struct tcase *c, enum backend b)
 static int row_supports(const struct tcase *c, enum backend b)
 {
     if (b == BE_AVX2)
-        return 1;
+        return !c->sh->page_tokens; /* SH_ROW_PAGES: the GPU encoder's page sizes */
     /* the GPU encoder: f32, f16 and the tq types (q8_0/q4_0 pages are uploaded) */
     return b == BE_CUDA && c->op == OP_ENCODE && c->tk != KVQ_TYPE_Q8_0 && c->tk != KVQ_TYPE_Q4_0;
 }
@@ -949,6 +979,7 @@ enum { ATTEND_HEADS = 2, ATTEND_LENS = 4 };
 
 struct attend_fx {
     int d, Hq, nb; /* nb: batch entries (every length, then the longest again) */
+    int small;     /* KVQ_CUDA_TEST_SMALL=1: shorter sequences, no 128-split call */
     size_t lens[ATTEND_LENS];
     int seqs[ATTEND_LENS + 1];
     float scale;
@@ -981,7 +1012,8 @@ static void *attend_setup(const struct tcase *c)
     f->Hq = ATTEND_HEADS * c->sh->G;
     f->nb = ATTEND_LENS + 1;
     f->scale = 1.0f / sqrtf((float)f->d);
-    memcpy(f->lens, sm && sm[0] == '1' ? small : full, sizeof f->lens);
+    f->small = sm && sm[0] == '1';
+    memcpy(f->lens, f->small ? small : full, sizeof f->lens);
     for (int i = 0; i < ATTEND_LENS; i++) {
         f->seqs[i] = i;
         f->cpu[i] = filled_cache(c, ATTEND_HEADS, f->lens[i], case_seed(c)); /* one seed: one config */
@@ -1043,7 +1075,11 @@ static void attend_exec(void *p, const struct tcase *c, enum backend b)
 }
 
 /* The largest relative error of any (sequence, KV head); the fused kernel
- * also with forced split counts 1, 4 and 7. */
+ * also with forced split counts 1, 4, 7 and 128: 128 (94 on 32-token
+ * stages) is more than one wave of blocks on a GPU of up to 230 SMs, where
+ * the integer-score kernel reads a query block made by the prep kernel
+ * instead of preparing its own queries, and the split lengths taper (not in
+ * KVQ_CUDA_TEST_SMALL runs). */
 static double attend_error(void *p, const struct tcase *c, enum backend b)
 {
     struct attend_fx *f = p;
@@ -1052,10 +1088,11 @@ static double attend_error(void *p, const struct tcase *c, enum backend b)
     const size_t group = (size_t)c->sh->G * (size_t)f->d, n = (size_t)f->nb * ATTEND_HEADS;
     if (b == BE_CUDA_FUSED)
         CHECKF(kvq_cuda_fast_supported(f->g, f->Hq), "the fused kernel does not apply");
+    static const int splits[] = {0, 1, 4, 7, 128}; /* 0: the call attend_exec made (the kernel's own count) */
     double worst = 0;
-    for (int splits = 0; splits <= 7; splits += splits ? 3 : 1) {
-        if (splits)
-            attend_call(f, b, splits);
+    for (int k = 0; k < COUNT(splits) - f->small; k++) {
+        if (splits[k])
+            attend_call(f, b, splits[k]);
         CHECK_OK(kvq_cuda_memcpy_d2h(f->out, f->od, n * group * sizeof(float)));
         for (size_t i = 0; i < n; i++)
             worst = fmax(worst, test_rel_err(f->out + i * group, f->ref + i * group, group));
@@ -1128,11 +1165,18 @@ static void add_case(enum op op, int tk, int tv, const struct shape *sh)
 
 static void build_cases(void)
 {
-    for (int t = 0; t < KVQ_TYPE_COUNT; t++)
+    for (int t = 0; t < KVQ_TYPE_COUNT; t++) {
         for (int i = 0; i < COUNT(SH_ROW); i++)
             if (kvq_type_check_dim((enum kvq_type)t, SH_ROW[i].dim) == KVQ_OK)
                 for (int op = OP_ENCODE; op <= OP_SCORE; op++)
                     add_case((enum op)op, t, -1, &SH_ROW[i]);
+        if (type_class(t) != CL_BASE)
+            for (int op = OP_ENCODE; op <= OP_SCORE; op++)
+                add_case((enum op)op, t, -1, &SH_ROW_IDENTITY[0]);
+        for (int i = 0; i < COUNT(SH_ROW_PAGES); i++)
+            if (t != Q8 && t != Q4 && kvq_type_check_dim((enum kvq_type)t, SH_ROW_PAGES[i].dim) == KVQ_OK)
+                add_case(OP_ENCODE, t, -1, &SH_ROW_PAGES[i]);
+    }
     for (int r = 0; r < N_ROTS; r++) {
         const int had = ROTS[r].kind == KVQ_ROT_HADAMARD;
         for (int i = 0; i < (had ? COUNT(SH_HAD) : COUNT(SH_LIBROT)); i++)
@@ -1195,6 +1239,10 @@ static const char *shape_label(const struct tcase *c, char *buf, size_t n)
 {
     const struct shape *s = c->sh;
     int at = snprintf(buf, n, "d=%d", s->dim);
+    if (c->op <= OP_SCORE && s->page_tokens)
+        at += snprintf(buf + at, n - (size_t)at, " P=%d", s->page_tokens);
+    if (c->op <= OP_SCORE && s->rot != KVQ_ROT_HADAMARD)
+        at += snprintf(buf + at, n - (size_t)at, " %s", kvq_rot_kind_name(s->rot));
     if (c->op == OP_CACHE || c->op == OP_ATTN || c->op == OP_CAUSAL)
         at += snprintf(buf + at, n - (size_t)at, " P=%d n=%zu", s->page_tokens ? s->page_tokens : KVQ_DEFAULT_PAGE_TOKENS,
                        s->n_tokens);
