@@ -17,13 +17,11 @@
 #include "kvq_safetensors.h"
 #include "kvq_tokenizer.h"
 #include "test.h"
+#include "test_fixture.h"
 #include "test_util.h"
 
-#define N_GREEDY 24
-
-static kvq_model *model;
-static kvq_st_file *ref;
-static cJSON *ref_json;
+static struct test_fixture fx;
+static kvq_model *model; /* fx.model */
 
 #define NEED_GPU()                                                                   \
     do {                                                                             \
@@ -32,13 +30,6 @@ static cJSON *ref_json;
             return;                                                                  \
         }                                                                            \
     } while (0)
-
-static int32_t *ref_ints(const char *name, const char *field, size_t *n)
-{
-    char key[128];
-    snprintf(key, sizeof key, "%s.%s", name, field);
-    return test_st_ints(ref, key, n);
-}
 
 static kvq_seq *new_seq(enum kvq_device dev, enum kvq_type k, enum kvq_type v, int window)
 {
@@ -54,73 +45,37 @@ static kvq_seq *new_seq(enum kvq_device dev, enum kvq_type k, enum kvq_type v, i
     return s;
 }
 
-static double rel_diff(const float *a, const float *b, int n, int *am_a, int *am_b)
-{
-    double maxabs = 0, diff = 0;
-    *am_a = *am_b = 0;
-    for (int j = 0; j < n; j++) {
-        maxabs = fmax(maxabs, fabs(a[j]));
-        diff = fmax(diff, fabs((double)a[j] - b[j]));
-        if (a[j] > a[*am_a])
-            *am_a = j;
-        if (b[j] > b[*am_b])
-            *am_b = j;
-    }
-    return diff / maxabs;
-}
-
 static void check_case(kvq_seq *gpu, kvq_seq *cpu, const char *name, double *worst_hf, double *worst_cpu)
 {
-    size_t n_ids, n_pos, n_greedy;
-    int32_t *ids = ref_ints(name, "ids", &n_ids);
-    int32_t *pos = ref_ints(name, "logit_positions", &n_pos);
-    int32_t *greedy = ref_ints(name, "greedy", &n_greedy);
-    char key[128];
-    snprintf(key, sizeof key, "%s.logits", name);
-    const struct kvq_st_tensor *lt = kvq_st_find(ref, key);
-    CHECK(ids && pos && greedy && lt && n_greedy == N_GREEDY);
+    struct test_fixture_case fc;
     const int V = kvq_model_config_of(model)->vocab;
-    float *want = lt ? malloc(lt->n_elements * sizeof *want) : NULL;
     float *g = malloc((size_t)V * sizeof *g), *c = malloc((size_t)V * sizeof *c);
-    if (!ids || !pos || !greedy || !want)
+    if (!test_fixture_case_load(&fx, name, &fc))
         goto out;
-    kvq_st_to_f32(lt, want, lt->n_elements);
     kvq_seq_reset(gpu);
     kvq_seq_reset(cpu);
     size_t done = 0;
-    for (size_t i = 0; i < n_pos; i++) {
-        size_t p = (size_t)pos[i];
-        CHECK_OK(kvq_seq_forward(gpu, ids + done, p + 1 - done, p - done, g, NULL));
-        CHECK_OK(kvq_seq_forward(cpu, ids + done, p + 1 - done, p - done, c, NULL));
+    for (size_t i = 0; i < fc.n_pos; i++) {
+        size_t p = (size_t)fc.pos[i];
+        CHECK_OK(kvq_seq_forward(gpu, fc.ids + done, p + 1 - done, p - done, g, NULL));
+        CHECK_OK(kvq_seq_forward(cpu, fc.ids + done, p + 1 - done, p - done, c, NULL));
         done = p + 1;
         int a_w, a_g, a_c, a_g2;
-        double e_hf = rel_diff(want + i * (size_t)V, g, V, &a_w, &a_g);
-        double e_cpu = rel_diff(c, g, V, &a_c, &a_g2);
+        double e_hf = test_logits_rel_diff(fc.logits + i * (size_t)V, g, V, &a_w, &a_g);
+        double e_cpu = test_logits_rel_diff(c, g, V, &a_c, &a_g2);
         *worst_hf = fmax(*worst_hf, e_hf);
         *worst_cpu = fmax(*worst_cpu, e_cpu);
         CHECKF(e_hf <= 1e-3, "%s pos %zu: GPU vs HF %.3g x max|logit|", name, p, e_hf);
         CHECKF(e_cpu <= 1e-3, "%s pos %zu: GPU vs CPU %.3g x max|logit|", name, p, e_cpu);
         CHECKF(a_w == a_g && a_c == a_g, "%s pos %zu: argmax GPU %d, HF %d, CPU %d", name, p, a_g, a_w, a_c);
     }
-    kvq_seq_reset(gpu);
-    struct kvq_gen_params gp;
-    kvq_gen_params_default(&gp);
-    gp.max_tokens = N_GREEDY;
-    int32_t out[N_GREEDY];
     size_t n_out = 0;
-    CHECK_OK(kvq_seq_generate(gpu, ids, n_ids, &gp, out, N_GREEDY, &n_out, NULL, NULL));
-    int32_t eos = kvq_model_config_of(model)->eos_ids[0];
-    int same = n_out >= 1 && (n_out == N_GREEDY || out[n_out - 1] == eos);
-    for (size_t i = 0; i < N_GREEDY && same; i++)
-        same = i < n_out ? out[i] == greedy[i] : greedy[i] == eos;
-    CHECKF(same, "%s: GPU greedy continuation (%zu tokens) differs from HF's", name, n_out);
+    CHECKF(test_fixture_greedy_matches(&fx, gpu, &fc, &n_out),
+           "%s: GPU greedy continuation (%zu tokens) differs from HF's", name, n_out);
 out:
-    free(want);
     free(g);
     free(c);
-    free(ids);
-    free(pos);
-    free(greedy);
+    test_fixture_case_free(&fc);
 }
 
 static void test_fixture_cases_f32(void)
@@ -131,7 +86,7 @@ static void test_fixture_cases_f32(void)
     double worst_hf = 0, worst_cpu = 0;
     const cJSON *c;
     int n = 0;
-    cJSON_ArrayForEach(c, cJSON_GetObjectItem(ref_json, "cases"))
+    cJSON_ArrayForEach(c, test_fixture_cases(&fx))
     {
         if (gpu && cpu)
             check_case(gpu, cpu, cJSON_GetObjectItem(c, "name")->valuestring, &worst_hf, &worst_cpu);
@@ -144,21 +99,6 @@ static void test_fixture_cases_f32(void)
     kvq_seq_free(cpu);
 }
 
-static int prompt_key(const char *text, char *key, size_t cap)
-{
-    const char *p = strstr(text, "The pass key is ");
-    if (!p)
-        return -1;
-    p += strlen("The pass key is ");
-    size_t n = 0;
-    while (p[n] >= '0' && p[n] <= '9' && n + 1 < cap) {
-        key[n] = p[n];
-        n++;
-    }
-    key[n] = 0;
-    return n >= 5 ? 0 : -1;
-}
-
 static void test_passkey_compressed(void)
 {
     NEED_GPU();
@@ -167,32 +107,19 @@ static void test_passkey_compressed(void)
     kvq_seq *s = new_seq(KVQ_DEVICE_CUDA, KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, 0);
     const cJSON *c;
     int n = 0;
-    cJSON_ArrayForEach(c, cJSON_GetObjectItem(ref_json, "cases"))
+    cJSON_ArrayForEach(c, test_fixture_cases(&fx))
     {
         const char *name = cJSON_GetObjectItem(c, "name")->valuestring;
         if (!s || !tok || strncmp(name, "passkey", 7) != 0)
             continue;
-        char key[16];
-        CHECK(prompt_key(cJSON_GetObjectItem(c, "text")->valuestring, key, sizeof key) == 0);
-        size_t n_ids;
-        int32_t *ids = ref_ints(name, "ids", &n_ids);
-        kvq_seq_reset(s);
-        struct kvq_gen_params gp;
-        kvq_gen_params_default(&gp);
-        gp.max_tokens = 12;
-        int32_t out[12];
-        size_t n_out = 0;
-        CHECK_OK(kvq_seq_generate(s, ids, n_ids, &gp, out, 12, &n_out, NULL, NULL));
-        char text[256] = "";
-        size_t len;
-        CHECK_OK(kvq_tokenizer_decode(tok, out, n_out, KVQ_DETOK_SKIP_CONTROL, text, sizeof text, &len));
-        CHECKF(strstr(text, key) != NULL, "%s: GPU answer '%s' lacks the key %s", name, text, key);
+        char key[16], text[256];
+        CHECKF(test_fixture_passkey(&fx, s, tok, c, key, sizeof key, text, sizeof text),
+               "%s: GPU answer '%s' lacks the key %s", name, text, key);
         struct kvq_seq_stats st;
         kvq_seq_get_stats(s, &st);
         printf("  %-10s key %s -> '%s' (GPU, tq3j/tq3); KV %zu bytes vs f16 %zu\n", name, key, text,
                st.kv_bytes_used, st.kv_bytes_f16);
         CHECK(st.kv_bytes_used > 0 && st.kv_bytes_used * 4 < st.kv_bytes_f16);
-        free(ids);
         n++;
     }
     CHECK(n == 2);
@@ -230,12 +157,13 @@ static void test_ppl_matches_cpu(void)
     size_t len = 0, n = 0;
     char *text = test_read_file(TEST_REF_DIR "/valid.txt", &len);
     const size_t N = 4096;
-    int32_t *ids = malloc(N * 4 * sizeof *ids);
+    const size_t text_max = 40000; /* bytes of valid.txt: comfortably over N tokens */
+    int32_t *ids = malloc((text_max + 1) * sizeof *ids);
     const int V = kvq_model_config_of(model)->vocab;
     float *logits = malloc(256 * (size_t)V * sizeof *logits);
     if (!tok || !text || !ids || !logits)
         goto out;
-    CHECK_OK(kvq_tokenizer_encode(tok, text, len < 40000 ? len : 40000, 0, ids, N * 4, &n));
+    CHECK_OK(kvq_tokenizer_encode(tok, text, len < text_max ? len : text_max, 0, ids, text_max + 1, &n));
     CHECK(n >= N);
     n = N;
     kvq_seq *g = new_seq(KVQ_DEVICE_CUDA, KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, 0);
@@ -277,22 +205,13 @@ static void test_refusals(void)
 
 int main(void)
 {
-    kvq_error err = {0};
-    size_t len = 0;
-    char *json = test_read_file(TEST_REF_DIR "/reference.json", &len);
-    ref_json = json ? cJSON_Parse(json) : NULL;
-    free(json);
-    if (kvq_model_load(TEST_MODEL_DIR, NULL, &model, &err) != KVQ_OK ||
-        kvq_st_open(TEST_REF_DIR "/reference.safetensors", &ref, &err) != KVQ_OK || !ref_json) {
-        fprintf(stderr, "cannot load the fixtures: %s\n", err.msg);
+    if (test_fixture_open(&fx, "test_decoder_cuda") != 0)
         return 1;
-    }
+    model = fx.model;
     RUN(test_refusals);
     RUN(test_fixture_cases_f32);
     RUN(test_passkey_compressed);
     RUN(test_ppl_matches_cpu);
-    cJSON_Delete(ref_json);
-    kvq_st_close(ref);
-    kvq_model_free(model);
+    test_fixture_close(&fx);
     return TEST_END("test_decoder_cuda");
 }

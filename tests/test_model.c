@@ -8,21 +8,11 @@
 #include "kvq_safetensors.h"
 #include "kvq_tokenizer.h"
 #include "test.h"
+#include "test_fixture.h"
 #include "test_util.h"
 
-#define N_GREEDY 24
-
-static kvq_model *model;
-static kvq_st_file *ref;
-static cJSON *ref_json;
-
-/* NAME.FIELD of the reference file as int32 (ids, positions, greedy). */
-static int32_t *ref_ints(const char *name, const char *field, size_t *n)
-{
-    char key[128];
-    snprintf(key, sizeof key, "%s.%s", name, field);
-    return test_st_ints(ref, key, n);
-}
+static struct test_fixture fx;
+static kvq_model *model; /* fx.model */
 
 static kvq_seq *new_seq(enum kvq_type k, enum kvq_type v)
 {
@@ -40,64 +30,36 @@ static kvq_seq *new_seq(enum kvq_type k, enum kvq_type v)
  * of HF, same argmax; then the 24 greedy tokens. */
 static void check_case(kvq_seq *s, const char *name)
 {
-    size_t n_ids, n_pos, n_greedy;
-    int32_t *ids = ref_ints(name, "ids", &n_ids);
-    int32_t *pos = ref_ints(name, "logit_positions", &n_pos);
-    int32_t *greedy = ref_ints(name, "greedy", &n_greedy);
-    char key[128];
-    snprintf(key, sizeof key, "%s.logits", name);
-    const struct kvq_st_tensor *lt = kvq_st_find(ref, key);
-    CHECK(ids && pos && greedy && lt && n_greedy == N_GREEDY);
-    if (!ids || !pos || !greedy || !lt)
+    struct test_fixture_case fc;
+    if (!test_fixture_case_load(&fx, name, &fc)) {
+        test_fixture_case_free(&fc);
         return;
+    }
     int V = kvq_model_config_of(model)->vocab;
-    float *want = malloc(lt->n_elements * sizeof *want), *got = malloc((size_t)V * sizeof *got);
-    kvq_st_to_f32(lt, want, lt->n_elements);
+    float *got = malloc((size_t)V * sizeof *got);
     kvq_seq_reset(s);
     size_t done = 0;
     double worst = 0;
-    for (size_t i = 0; i < n_pos; i++) {
-        size_t p = (size_t)pos[i];
+    for (size_t i = 0; i < fc.n_pos; i++) {
+        size_t p = (size_t)fc.pos[i];
         /* Run up to and including position p; logits of its row only. */
-        CHECK_OK(kvq_seq_forward(s, ids + done, p + 1 - done, p - done, got, NULL));
+        CHECK_OK(kvq_seq_forward(s, fc.ids + done, p + 1 - done, p - done, got, NULL));
         done = p + 1;
-        const float *w = want + i * (size_t)V;
-        double maxabs = 0, diff = 0;
-        int am_w = 0, am_g = 0;
-        for (int j = 0; j < V; j++) {
-            maxabs = fmax(maxabs, fabs(w[j]));
-            diff = fmax(diff, fabs((double)w[j] - got[j]));
-            if (w[j] > w[am_w])
-                am_w = j;
-            if (got[j] > got[am_g])
-                am_g = j;
-        }
-        worst = fmax(worst, diff / maxabs);
-        CHECKF(diff <= 1e-3 * maxabs, "%s pos %zu: max |diff| %.3g > 1e-3 x %.3g", name, p, diff, maxabs);
+        int am_w, am_g;
+        const double e = test_logits_rel_diff(fc.logits + i * (size_t)V, got, V, &am_w, &am_g);
+        worst = fmax(worst, e);
+        CHECKF(e <= 1e-3, "%s pos %zu: max |diff| %.3g x max|logit| > 1e-3", name, p, e);
         CHECKF(am_w == am_g, "%s pos %zu: argmax %d, reference %d", name, p, am_g, am_w);
     }
-    printf("  %-10s %5zu tokens: worst logit error %.2e x max|logit|\n", name, n_ids, worst);
+    printf("  %-10s %5zu tokens: worst logit error %.2e x max|logit|\n", name, fc.n_ids, worst);
 
     /* Greedy continuation from a fresh state. */
-    kvq_seq_reset(s);
-    struct kvq_gen_params gp;
-    kvq_gen_params_default(&gp);
-    gp.max_tokens = N_GREEDY;
-    int32_t out[N_GREEDY];
     size_t n_out = 0;
-    CHECK_OK(kvq_seq_generate(s, ids, n_ids, &gp, out, N_GREEDY, &n_out, NULL, NULL));
-    /* HF pads after EOS with EOS (pad = eos): we stop at the first EOS. */
-    int32_t eos = kvq_model_config_of(model)->eos_ids[0];
-    int same = n_out >= 1 && (n_out == N_GREEDY || out[n_out - 1] == eos);
-    for (size_t i = 0; i < N_GREEDY && same; i++)
-        same = i < n_out ? out[i] == greedy[i] : greedy[i] == eos;
-    CHECKF(same, "%s: greedy continuation (%zu tokens) differs from NAME.greedy", name, n_out);
-    CHECK(kvq_seq_pos(s) == n_ids + n_out - 1);
-    free(want);
+    CHECKF(test_fixture_greedy_matches(&fx, s, &fc, &n_out),
+           "%s: greedy continuation (%zu tokens) differs from NAME.greedy", name, n_out);
+    CHECK(kvq_seq_pos(s) == fc.n_ids + n_out - 1);
     free(got);
-    free(ids);
-    free(pos);
-    free(greedy);
+    test_fixture_case_free(&fc);
 }
 
 static void test_fixture_cases_f32(void)
@@ -107,29 +69,13 @@ static void test_fixture_cases_f32(void)
         return;
     const cJSON *c;
     int n = 0;
-    cJSON_ArrayForEach(c, cJSON_GetObjectItem(ref_json, "cases"))
+    cJSON_ArrayForEach(c, test_fixture_cases(&fx))
     {
         check_case(s, cJSON_GetObjectItem(c, "name")->valuestring);
         n++;
     }
     CHECK(n == 6);
     kvq_seq_free(s);
-}
-
-/* The key as written in the prompt: "The pass key is KEY. Remember it." */
-static int prompt_key(const char *text, char *key, size_t cap)
-{
-    const char *p = strstr(text, "The pass key is ");
-    if (!p)
-        return -1;
-    p += strlen("The pass key is ");
-    size_t n = 0;
-    while (p[n] >= '0' && p[n] <= '9' && n + 1 < cap) {
-        key[n] = p[n];
-        n++;
-    }
-    key[n] = 0;
-    return n >= 5 ? 0 : -1;
 }
 
 /* tq3j keys / tq3 values (the default cache) still retrieve both keys. */
@@ -142,32 +88,19 @@ static void test_passkey_compressed(void)
         goto out;
     const cJSON *c;
     int n = 0;
-    cJSON_ArrayForEach(c, cJSON_GetObjectItem(ref_json, "cases"))
+    cJSON_ArrayForEach(c, test_fixture_cases(&fx))
     {
         const char *name = cJSON_GetObjectItem(c, "name")->valuestring;
         if (strncmp(name, "passkey", 7) != 0)
             continue;
-        char key[16];
-        CHECK(prompt_key(cJSON_GetObjectItem(c, "text")->valuestring, key, sizeof key) == 0);
-        size_t n_ids;
-        int32_t *ids = ref_ints(name, "ids", &n_ids);
-        kvq_seq_reset(s);
-        struct kvq_gen_params gp;
-        kvq_gen_params_default(&gp);
-        gp.max_tokens = 12;
-        int32_t out[12];
-        size_t n_out = 0;
-        CHECK_OK(kvq_seq_generate(s, ids, n_ids, &gp, out, 12, &n_out, NULL, NULL));
-        char text[256] = "";
-        size_t len;
-        CHECK_OK(kvq_tokenizer_decode(tok, out, n_out, KVQ_DETOK_SKIP_CONTROL, text, sizeof text, &len));
-        CHECKF(strstr(text, key) != NULL, "%s: answer '%s' lacks the key %s", name, text, key);
+        char key[16], text[256];
+        CHECKF(test_fixture_passkey(&fx, s, tok, c, key, sizeof key, text, sizeof text),
+               "%s: answer '%s' lacks the key %s", name, text, key);
         struct kvq_seq_stats st;
         kvq_seq_get_stats(s, &st);
         printf("  %-10s key %s -> '%s'; KV %zu bytes vs f16 %zu (%.2fx)\n", name, key, text, st.kv_bytes_used,
                st.kv_bytes_f16, (double)st.kv_bytes_f16 / (double)st.kv_bytes_used);
         CHECK(st.kv_bytes_used > 0 && st.kv_bytes_used * 4 < st.kv_bytes_f16);
-        free(ids);
         n++;
     }
     CHECK(n == 2);
@@ -182,7 +115,7 @@ static void test_states_share_model(void)
 {
     kvq_seq *a = new_seq(KVQ_TYPE_F32, KVQ_TYPE_F32), *b = new_seq(KVQ_TYPE_F32, KVQ_TYPE_F32);
     size_t n;
-    int32_t *ids = ref_ints("valid_1", "ids", &n);
+    int32_t *ids = test_fixture_ints(&fx, "valid_1", "ids", &n);
     if (!a || !b || !ids)
         goto out;
     int32_t g1[16], g2[16], g3[16];
@@ -314,23 +247,14 @@ static void test_config_parse(void)
 
 int main(void)
 {
-    kvq_error err = {0};
-    size_t len;
-    char *js = test_read_file(TEST_REF_DIR "/reference.json", &len);
-    ref_json = js ? cJSON_Parse(js) : NULL;
-    free(js);
-    if (kvq_model_load(TEST_MODEL_DIR, NULL, &model, &err) != KVQ_OK ||
-        kvq_st_open(TEST_REF_DIR "/reference.safetensors", &ref, &err) != KVQ_OK || !ref_json) {
-        fprintf(stderr, "test_model: cannot load the fixtures: %s\n", err.msg);
+    if (test_fixture_open(&fx, "test_model") != 0)
         return 1;
-    }
+    model = fx.model;
     RUN(test_config_parse);
     RUN(test_fixture_cases_f32);
     RUN(test_passkey_compressed);
     RUN(test_states_share_model);
     RUN(test_bad_input);
-    kvq_model_free(model);
-    kvq_st_close(ref);
-    cJSON_Delete(ref_json);
+    test_fixture_close(&fx);
     return TEST_END("test_model");
 }
