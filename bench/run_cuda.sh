@@ -5,7 +5,8 @@
 #
 #   sh bench/run_cuda.sh BUILD OUTDIR [STAGES]
 #
-# BUILD holds tests/test_cuda and bench/bench_cuda (built with nvcc present);
+# BUILD holds tests/test_cuda, test_backend_ops, test_decoder_cuda and
+# bench/bench_cuda (built with nvcc present);
 # STAGES is a comma list of test,bench,sdpa,ncu,ncu4,sass,sanitize (default:
 # test,bench,sdpa,sanitize; ncu profiles one fused-kernel launch, ncu4 one of
 # its integer-key-score kernel, sass dumps that kernel's machine code).
@@ -25,13 +26,21 @@ say "== device"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem,driver_version --format=csv 2>&1 | tee -a "$log"
 status=0
 
+# The GPU tests: the CUDA cache and kernels, the GPU cases of the backend
+# table (encode bytes and attention against the CPU references), the
+# decoder on the GPU against HF and the CPU decoder.
 if has test; then
-    say "== test_cuda"
-    timeout 300 "$build/tests/test_cuda" >>"$log" 2>&1
-    rc=$?
-    grep -E "^(ok|FAIL|test_cuda:)|rel err|check failed|differ" "$log" | tail -n 60
-    say "test_cuda exit $rc"
-    [ $rc -eq 0 ] || status=1
+    for t in test_cuda test_backend_ops test_decoder_cuda; do
+        [ -x "$build/tests/$t" ] || continue
+        say "== $t"
+        args=""
+        [ $t = test_backend_ops ] && args="-o encode,attend -b cuda*"
+        timeout 400 "$build/tests/$t" $args >"$out/$t.log" 2>&1
+        rc=$?
+        grep -E "^(ok|FAIL|$t:)|rel err|check failed|differ|perplexity|worst" "$out/$t.log" | tail -n 40 | tee -a "$log"
+        say "$t exit $rc"
+        [ $rc -eq 0 ] || status=1
+    done
 fi
 
 if has bench; then
@@ -116,14 +125,19 @@ fi
 
 if has sanitize; then
     for tool in memcheck racecheck; do
-        say "== compute-sanitizer $tool (KVQ_CUDA_TEST_SMALL=1)"
-        KVQ_CUDA_TEST_SMALL=1 timeout ${KVQ_SANITIZE_TIMEOUT:-240} compute-sanitizer --tool $tool --error-exitcode 9 \
-            $( [ $tool = racecheck ] && echo --racecheck-report all ) \
-            "$build/tests/test_cuda" >"$out/$tool.log" 2>&1
-        rc=$?
-        grep -E "ERROR SUMMARY|RACECHECK SUMMARY|test_cuda:" "$out/$tool.log" | tee -a "$log"
-        say "$tool exit $rc"
-        [ $rc -eq 0 ] || status=1
+        for t in test_cuda test_backend_ops test_decoder_cuda; do
+            [ -x "$build/tests/$t" ] || continue
+            args=""
+            [ $t = test_backend_ops ] && args="-o encode,attend -b cuda*"
+            say "== compute-sanitizer $tool $t (KVQ_CUDA_TEST_SMALL=1)"
+            KVQ_CUDA_TEST_SMALL=1 timeout ${KVQ_SANITIZE_TIMEOUT:-240} compute-sanitizer --tool $tool --error-exitcode 9 \
+                $( [ $tool = racecheck ] && echo --racecheck-report all ) \
+                "$build/tests/$t" $args >"$out/$tool-$t.log" 2>&1
+            rc=$?
+            grep -E "ERROR SUMMARY|RACECHECK SUMMARY|$t:" "$out/$tool-$t.log" | tee -a "$log"
+            say "$tool $t exit $rc"
+            [ $rc -eq 0 ] || status=1
+        done
     done
     # the benchmark's own GPU helpers (bench-only code: the plain read at odd
     # alignments and lengths)

@@ -548,6 +548,66 @@ static void test_attend_fixture(void)
 }
 
 /* Truncate, re-append, attend over the shorter sequence, pages still equal. */
+/* kvq_cuda_cache_attend_prefix: a prefill chunk's queries over growing
+ * prefixes (more entries than max_seqs and than one batch of 128) equal the
+ * CPU reference at each prefix length, on the fused and the reference
+ * kernel, for the second of two sequences; bad lengths are refused. */
+static void test_attend_prefix(void)
+{
+    REQUIRE_GPU();
+    const int H = 2, d = 128, G = 4, Hq = H * G;
+    const size_t pos0 = 100, T = 150, N = pos0 + T;
+    const float scale = 1.0f / sqrtf((float)d);
+    struct kvq_cache_config cc = cache_cfg(KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, H, d, N, 32, 21, KVQ_ROT_HADAMARD);
+    float *k = test_outlier_rows(N * H, d, 81, 4.0), *v = test_outlier_rows(N * H, d, 82, 1.0);
+    float *q = test_outlier_rows(T * Hq, d, 83, 2.0);
+    float *out = malloc(T * Hq * d * sizeof *out), ref[8 * 128];
+    int *seqs = malloc(T * sizeof *seqs);
+    size_t *lens = malloc(T * sizeof *lens);
+    kvq_cache *cpu = NULL;
+    CHECK_OK(kvq_cache_create(&cc, &cpu));
+    kvq_cuda_cache *g = gpu_cache(&cc, 2, 4);
+    float *kd = test_to_dev(k, N * H * d), *vd = test_to_dev(v, N * H * d), *qd = test_to_dev(q, T * Hq * d);
+    float *od = NULL;
+    if (!cpu || !g || !kd || !vd || !qd || !out || !seqs || !lens ||
+        kvq_cuda_malloc((void **)&od, T * Hq * d * sizeof(float)) != KVQ_OK)
+        goto done;
+    CHECK_OK(kvq_cache_append(cpu, N, k, v));
+    CHECK_OK(kvq_cuda_cache_append(g, 1, N, kd, vd));
+    for (size_t t = 0; t < T; t++) {
+        seqs[t] = 1;
+        lens[t] = pos0 + t + 1;
+    }
+    const enum kvq_cuda_kernel kernels[2] = {KVQ_CUDA_KERNEL_FUSED, KVQ_CUDA_KERNEL_REF};
+    for (int kk = 0; kk < 2; kk++) {
+        struct kvq_cuda_attn_opts o = {.kernel = kernels[kk], .n_splits = 0};
+        CHECK_OK(kvq_cuda_cache_attend_prefix(g, (int)T, seqs, lens, qd, Hq, scale, od, &o));
+        CHECK_OK(kvq_cuda_memcpy_d2h(out, od, T * Hq * d * sizeof *out));
+        double worst = 0;
+        for (size_t t = 0; t < T; t += 7) {
+            cpu_attend(cpu, lens[t], q + t * Hq * d, H, G, d, scale, ref);
+            const double e = test_rel_err(out + t * Hq * d, ref, (size_t)Hq * d);
+            worst = e > worst ? e : worst;
+        }
+        CHECKF(worst <= TOL, "attend_prefix (%s): rel err %.3g", kk ? "ref" : "fused", worst);
+        printf("  attend_prefix %zu entries over lengths %zu..%zu (%s): worst rel err %.2e\n", T, pos0 + 1, N,
+               kk ? "reference" : "fused", worst);
+    }
+    lens[3] = 0;
+    CHECK_STATUS(kvq_cuda_cache_attend_prefix(g, (int)T, seqs, lens, qd, Hq, scale, od, NULL), KVQ_ERR_INVALID_ARG);
+    lens[3] = N + 1;
+    CHECK_STATUS(kvq_cuda_cache_attend_prefix(g, (int)T, seqs, lens, qd, Hq, scale, od, NULL), KVQ_ERR_INVALID_ARG);
+    CHECK_STATUS(kvq_cuda_cache_attend_prefix(g, (int)T, seqs, NULL, qd, Hq, scale, od, NULL), KVQ_ERR_INVALID_ARG);
+    lens[3] = 4;
+    seqs[0] = 0; /* empty sequence */
+    CHECK_STATUS(kvq_cuda_cache_attend_prefix(g, (int)T, seqs, lens, qd, Hq, scale, od, NULL), KVQ_ERR_INVALID_ARG);
+done:
+    kvq_cuda_free(kd), kvq_cuda_free(vd), kvq_cuda_free(qd), kvq_cuda_free(od);
+    kvq_cuda_cache_free(g);
+    kvq_cache_free(cpu);
+    free(k), free(v), free(q), free(out), free(seqs), free(lens);
+}
+
 static void test_truncate_reappend(void)
 {
     REQUIRE_GPU();
@@ -754,6 +814,7 @@ int main(void)
     RUN(test_f16_overrides_refused);
     RUN(test_encode_errors);
     RUN(test_truncate_reappend);
+    RUN(test_attend_prefix);
     RUN(test_attend_bad_args);
     RUN(test_attend_nonfinite_query);
     RUN(test_attend_queued);
