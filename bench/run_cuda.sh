@@ -124,8 +124,10 @@ if has sass; then
 fi
 
 if has sanitize; then
+    # test_decoder_cuda is not here yet: under memcheck its first f32 fixture
+    # case did not finish in 420 s (docs/decoder.md)
     for tool in memcheck racecheck; do
-        for t in test_cuda test_backend_ops test_decoder_cuda; do
+        for t in test_cuda test_backend_ops; do
             [ -x "$build/tests/$t" ] || continue
             args=""
             [ $t = test_backend_ops ] && args="-o encode,attend -b cuda*"
