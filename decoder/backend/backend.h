@@ -53,6 +53,22 @@ struct kvq_acts {
     float *h;    /* [ffn] act(gate) * up */
 };
 
+/* The buffers of a, with the floats each holds for rows rows of model m, in
+ * one table, so that every backend allocates and frees the same set. */
+#define KVQ_N_ACTS 9
+static inline void kvq_acts_table(struct kvq_acts *a, const struct kvq_model *m, size_t rows,
+                                  float **slot[KVQ_N_ACTS], size_t floats[KVQ_N_ACTS])
+{
+    const size_t h = (size_t)m->cfg.hidden, f = (size_t)m->cfg.ffn;
+    float **s[KVQ_N_ACTS] = {&a->x, &a->xn, &a->qkv, &a->q, &a->k, &a->v, &a->attn, &a->gu, &a->h};
+    const size_t n[KVQ_N_ACTS] = {h, h, (size_t)m->qkv_dim, (size_t)m->q_dim, (size_t)m->kv_dim,
+                                  (size_t)m->kv_dim, (size_t)m->q_dim, 2 * f, f};
+    for (int i = 0; i < KVQ_N_ACTS; i++) {
+        slot[i] = s[i];
+        floats[i] = rows * n[i];
+    }
+}
+
 typedef struct kvq_backend kvq_backend;
 
 struct kvq_backend_ops {

@@ -209,10 +209,13 @@ static kvq_status cpu_sample(kvq_backend *b, kvq_sampler *smp, const float *logi
 static void cpu_free(kvq_backend *b)
 {
     struct cpu_backend *cb = (struct cpu_backend *)b;
-    float *fl[] = {b->acts.x, b->acts.xn, b->acts.qkv, b->acts.q, b->acts.k, b->acts.v,
-                   b->acts.attn, b->acts.gu, b->acts.h, cb->lm_x, cb->lm_out};
-    for (size_t i = 0; i < sizeof fl / sizeof fl[0]; i++)
-        free(fl[i]);
+    float **slot[KVQ_N_ACTS];
+    size_t floats[KVQ_N_ACTS];
+    kvq_acts_table(&b->acts, b->m, 0, slot, floats);
+    for (int i = 0; i < KVQ_N_ACTS; i++)
+        free(*slot[i]);
+    free(cb->lm_x);
+    free(cb->lm_out);
     free(cb->lm_best);
     free(cb);
 }
@@ -243,22 +246,16 @@ kvq_status kvq_backend_cpu_create(const kvq_model *m, size_t max_rows, kvq_backe
     b->name = "cpu";
     b->m = m;
     b->max_rows = max_rows;
-    const size_t mr = max_rows, h = (size_t)m->cfg.hidden, f = (size_t)m->cfg.ffn;
-    struct kvq_acts *a = &b->acts;
-    a->x = alloc_f(mr * h);
-    a->xn = alloc_f(mr * h);
-    a->qkv = alloc_f(mr * (size_t)m->qkv_dim);
-    a->q = alloc_f(mr * (size_t)m->q_dim);
-    a->k = alloc_f(mr * (size_t)m->kv_dim);
-    a->v = alloc_f(mr * (size_t)m->kv_dim);
-    a->attn = alloc_f(mr * (size_t)m->q_dim);
-    a->gu = alloc_f(mr * 2 * f);
-    a->h = alloc_f(mr * f);
-    cb->lm_x = alloc_f(mr * h);
-    cb->lm_out = alloc_f(mr * (size_t)m->max_lm_rows);
-    cb->lm_best = malloc(mr * sizeof *cb->lm_best);
-    if (!a->x || !a->xn || !a->qkv || !a->q || !a->k || !a->v || !a->attn || !a->gu || !a->h || !cb->lm_x ||
-        !cb->lm_out || !cb->lm_best) {
+    float **slot[KVQ_N_ACTS];
+    size_t floats[KVQ_N_ACTS];
+    kvq_acts_table(&b->acts, m, max_rows, slot, floats);
+    int ok = 1;
+    for (int i = 0; i < KVQ_N_ACTS; i++)
+        ok &= (*slot[i] = alloc_f(floats[i])) != NULL;
+    cb->lm_x = alloc_f(max_rows * (size_t)m->cfg.hidden);
+    cb->lm_out = alloc_f(max_rows * (size_t)m->max_lm_rows);
+    cb->lm_best = malloc(max_rows * sizeof *cb->lm_best);
+    if (!ok || !cb->lm_x || !cb->lm_out || !cb->lm_best) {
         cpu_free(b);
         return KVQ_ERR_NOMEM;
     }

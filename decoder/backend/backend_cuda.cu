@@ -327,11 +327,14 @@ void cuda_free(kvq_backend *b)
                 cudaFree(const_cast<float *>(q));
         }
     free(cb->layers);
-    void *p[] = {cb->embed, cb->lm, cb->final_norm, cb->rope_cos, cb->rope_sin, cb->lm_x, cb->logits, cb->ids, cb->best,
-                 b->acts.x, b->acts.xn, b->acts.qkv, b->acts.q, b->acts.k, b->acts.v, b->acts.attn, b->acts.gu,
-                 b->acts.h};
+    void *p[] = {cb->embed, cb->lm, cb->final_norm, cb->rope_cos, cb->rope_sin, cb->lm_x, cb->logits, cb->ids, cb->best};
     for (void *q : p)
         cudaFree(q);
+    float **slot[KVQ_N_ACTS];
+    size_t floats[KVQ_N_ACTS];
+    kvq_acts_table(&b->acts, b->m, 0, slot, floats);
+    for (int i = 0; i < KVQ_N_ACTS; i++)
+        cudaFree(*slot[i]);
     if (cb->blas)
         cublasDestroy(cb->blas);
     delete cb;
@@ -444,25 +447,17 @@ extern "C" kvq_status kvq_backend_cuda_create(const kvq_model *m, size_t max_row
         cuda_free(b);
         return KVQ_ERR_DEVICE;
     }
-    const size_t mr = max_rows, h = (size_t)m->cfg.hidden, f = (size_t)m->cfg.ffn;
-    struct kvq_acts *a = &b->acts;
     kvq_status st = upload_model(cb);
-    struct {
-        float **p;
-        size_t n;
-    } bufs[] = {{&a->x, mr * h},
-                {&a->xn, mr * h},
-                {&a->qkv, mr * (size_t)m->qkv_dim},
-                {&a->q, mr * (size_t)m->q_dim},
-                {&a->k, mr * (size_t)m->kv_dim},
-                {&a->v, mr * (size_t)m->kv_dim},
-                {&a->attn, mr * (size_t)m->q_dim},
-                {&a->gu, mr * 2 * f},
-                {&a->h, mr * f},
-                {&cb->lm_x, mr * h},
-                {&cb->logits, mr * (size_t)m->cfg.vocab}};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0] && st == KVQ_OK; i++)
-        st = alloc(bufs[i].p, bufs[i].n);
+    float **slot[KVQ_N_ACTS];
+    size_t floats[KVQ_N_ACTS];
+    kvq_acts_table(&b->acts, m, max_rows, slot, floats);
+    for (int i = 0; i < KVQ_N_ACTS && st == KVQ_OK; i++)
+        st = alloc(slot[i], floats[i]);
+    if (st == KVQ_OK)
+        st = alloc(&cb->lm_x, max_rows * (size_t)m->cfg.hidden);
+    if (st == KVQ_OK)
+        st = alloc(&cb->logits, max_rows * (size_t)m->cfg.vocab);
+    const size_t mr = max_rows;
     if (st == KVQ_OK && (cudaMalloc(&cb->ids, mr * sizeof(int32_t)) != cudaSuccess ||
                          cudaMalloc(&cb->best, mr * sizeof(int32_t)) != cudaSuccess))
         st = KVQ_ERR_NOMEM;
