@@ -31,10 +31,11 @@ struct kvq_kv_store_ops {
     /* Appends the T new tokens of each of seqs[0..n_seqs) to layer's rows
      * and writes the attention of their queries over everything the
      * sequence then holds, causally (query t of a sequence of length L
-     * before the call sees tokens [0, L + t]). On error the layer holds
-     * what it held before for every sequence. */
+     * before the call sees tokens [0, L + t]). The store may rescale v in
+     * place (the value-norm correction). On error the layer holds what it
+     * held before for every sequence. */
     kvq_status (*append_attend)(kvq_kv_store *s, int layer, int n_seqs, const int *seqs, size_t T,
-                                const float *k, const float *v, const float *q, float *out);
+                                const float *k, float *v, const float *q, float *out);
     /* Makes room for n more tokens of seq in every layer, so that appends of
      * up to n tokens cannot fail for want of memory. */
     kvq_status (*reserve)(kvq_kv_store *s, int seq, size_t n);

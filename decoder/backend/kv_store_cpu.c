@@ -112,7 +112,7 @@ static kvq_status append_attend_each(struct cpu_store *s, kvq_cache *cache, size
 }
 
 static kvq_status cpu_append_attend(kvq_kv_store *base, int layer, int n_seqs, const int *seqs, size_t T,
-                                    const float *k, const float *v, const float *q, float *out)
+                                    const float *k, float *v, const float *q, float *out)
 {
     struct cpu_store *s = (struct cpu_store *)base;
     const size_t kvd = (size_t)s->n_kv * s->head_dim, qd = (size_t)s->n_heads * s->head_dim;
@@ -120,7 +120,7 @@ static kvq_status cpu_append_attend(kvq_kv_store *base, int layer, int n_seqs, c
         kvq_cache *cache = cache_of(s, layer, seqs[i]);
         size_t pos0 = kvq_cache_len(cache);
         const float *ki = k + (size_t)i * T * kvd, *qi = q + (size_t)i * T * qd;
-        float *vi = (float *)v + (size_t)i * T * kvd, *oi = out + (size_t)i * T * qd;
+        float *vi = v + (size_t)i * T * kvd, *oi = out + (size_t)i * T * qd;
         kvq_status st = norm_correct_v(s, cache, vi, T);
         if (st == KVQ_OK) {
             if (s->recent_f16 && T > 1)

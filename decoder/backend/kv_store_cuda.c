@@ -32,7 +32,7 @@ struct cuda_store {
 };
 
 static kvq_status cuda_append_attend(kvq_kv_store *base, int layer, int n_seqs, const int *seqs, size_t T,
-                                     const float *k, const float *v, const float *q, float *out)
+                                     const float *k, float *v, const float *q, float *out)
 {
     struct cuda_store *s = (struct cuda_store *)base;
     kvq_cuda_cache *c = s->caches[layer];
