@@ -41,7 +41,7 @@ static void run_model(kvq_model *m, int32_t *greedy, float *logits)
 
 static void test_shard_roundtrip(void)
 {
-    struct kvq_shard_opts o = {5.0, 3}; /* ~4.7 MB per bf16 layer: one layer per shard */
+    struct kvq_shard_opts o = {5.0, 3, 0}; /* ~4.7 MB per bf16 layer: one layer per shard */
     kvq_error err = {0};
     CHECKF(kvq_shard_write(TEST_MODEL_DIR, shard, &o, &err) == KVQ_OK, "%s", err.msg);
     char p[160];

@@ -12,12 +12,14 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: kvq shard --model HF_DIR --out DIR [--max-shard-mb M] [--lm-head-shards N]\n"
+    fprintf(f, "usage: kvq shard --model HF_DIR --out DIR [--force] [--max-shard-mb M] [--lm-head-shards N]\n"
                "       kvq shard --model HF_DIR --plan [--max-shard-mb M]\n\n"
                "Writes layer-group shards of at most M MiB (at least one layer each; default 256),\n"
                "N vocabulary slices of the LM head (default 1), the embedding table as its own\n"
                "file, config.json, tokenizer.json and runtime_meta.json (the manifest `kvq run`\n"
-               "validates before loading). --plan prints, per layer, the parameter count implied\n"
+               "validates before loading). DIR must be absent or empty (--force replaces a\n"
+               "directory of files) and not HF_DIR; the output is built beside DIR and moved\n"
+               "onto it at the end, so an interrupted run leaves DIR as it was. --plan prints, per layer, the parameter count implied\n"
                "by config.json beside the bytes measured in the checkpoint, and the grouping.\n");
 }
 
@@ -66,15 +68,15 @@ int cmd_shard(int argc, char **argv)
     const char *model = NULL, *out = NULL;
     double max_mb = 0;
     long lm = 1;
-    int do_plan = 0;
+    int do_plan = 0, force = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (cli_is_help(a)) {
             usage(stdout);
             return 0;
         }
-        if (strcmp(a, "--plan") == 0) {
-            do_plan = 1;
+        if (strcmp(a, "--plan") == 0 || strcmp(a, "--force") == 0) {
+            *(a[2] == 'p' ? &do_plan : &force) = 1;
             continue;
         }
         if (i + 1 >= argc)
@@ -99,7 +101,7 @@ int cmd_shard(int argc, char **argv)
         return plan(model, max_mb);
     if (!out)
         return cli_error(CMD, "--out DIR is required (or --plan)");
-    struct kvq_shard_opts o = {max_mb, (int)lm};
+    struct kvq_shard_opts o = {.max_shard_mb = max_mb, .lm_head_shards = (int)lm, .force = force};
     kvq_error err = {0};
     double t0 = cli_now();
     kvq_status st = kvq_shard_write(model, out, &o, &err);

@@ -16,6 +16,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "kvq_file.h"
+
 static const char *const kind_names[] = {"embed", "layers", "lm_head"};
 
 uint64_t kvq_fnv1a64(const void *data, size_t n, uint64_t h)
@@ -357,10 +359,9 @@ kvq_status kvq_manifest_write(const struct kvq_manifest *m, const char *path, kv
     cJSON_Delete(shards);
     if (!text)
         return kvq_error_set(err, KVQ_ERR_NOMEM, "out of memory writing %s", path);
-    FILE *f = fopen(path, "w");
-    int wrote = f && fputs(text, f) >= 0 && fputc('\n', f) != EOF;
-    if (f && fclose(f) != 0)
-        wrote = 0;
+    size_t len = strlen(text);
+    text[len] = '\n'; /* replaces the NUL: written with its length */
+    kvq_status st = kvq_write_file_atomic(path, text, len + 1, err);
     free(text);
-    return wrote ? KVQ_OK : kvq_error_set(err, KVQ_ERR_IO, "%s: cannot write", path);
+    return st;
 }

@@ -2,12 +2,15 @@
  *
  * The header is built with cJSON, padded with spaces to a multiple of 8 bytes
  * (as the reference writer does) so that data stays aligned for readers that
- * map the file, and the file is written under a temporary name and renamed:
- * an interrupted write never leaves a file that looks complete.
+ * map the file, and the file goes through kvq_out_file (kvq_file.h): an
+ * interrupted or concurrent write never leaves a file that looks complete.
  */
 #include "kvq_safetensors.h"
 
+#include "kvq_file.h"
+
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -155,21 +158,13 @@ kvq_status kvq_st_writer_write(const kvq_st_writer *w, const char *path, kvq_err
         return kvq_error_set(err, KVQ_ERR_NOMEM, "%s: out of memory building the header", path);
     size_t jlen = strlen(json);
     size_t hlen = (jlen + 7) & ~(size_t)7;
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + 5);
-    if (!tmp) {
+    kvq_out_file *of;
+    kvq_status st = kvq_out_file_create(path, &of, err);
+    if (st != KVQ_OK) {
         free(json);
-        return kvq_error_set(err, KVQ_ERR_NOMEM, "%s: out of memory", path);
+        return st;
     }
-    memcpy(tmp, path, plen);
-    memcpy(tmp + plen, ".tmp", 5);
-
-    kvq_status st = KVQ_OK;
-    FILE *fp = fopen(tmp, "wb");
-    if (!fp) {
-        st = kvq_error_set(err, KVQ_ERR_IO, "%s: cannot create", tmp);
-        goto out;
-    }
+    FILE *fp = kvq_out_file_stream(of);
     uint8_t len8[8];
     for (int i = 0; i < 8; i++)
         len8[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
@@ -178,14 +173,13 @@ kvq_status kvq_st_writer_write(const kvq_st_writer *w, const char *path, kvq_err
         ok = fputc(' ', fp) != EOF;
     for (size_t i = 0; ok && i < w->n; i++)
         ok = w->e[i].nbytes == 0 || fwrite(w->e[i].data, 1, w->e[i].nbytes, fp) == w->e[i].nbytes;
-    if (fclose(fp) != 0)
-        ok = 0;
-    if (!ok || rename(tmp, path) != 0) {
-        remove(tmp);
-        st = kvq_error_set(err, KVQ_ERR_IO, "%s: write failed", path);
+    if (ok)
+        st = kvq_out_file_commit(of, err); /* reports late errors too (full disk at flush) */
+    else {
+        int e = errno ? errno : EIO;
+        kvq_out_file_free(of);
+        st = kvq_error_set(err, KVQ_ERR_IO, "%s: write failed: %s", path, strerror(e));
     }
-out:
-    free(tmp);
     free(json);
     return st;
 }

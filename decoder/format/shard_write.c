@@ -7,13 +7,19 @@
  * of the embedding table when the model ties them), so no conversion happens
  * and a sharded model computes exactly what the original does.
  */
+#define _GNU_SOURCE /* renameat2 (RENAME_EXCHANGE) */
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "decoder_internal.h"
+#include "format_internal.h"
+#include "kvq_file.h"
 #include "kvq_manifest.h"
 
 /* Layer index of a "model.layers.N.xxx" name, or -1. */
@@ -89,15 +95,13 @@ static kvq_status copy_file(const char *src_dir, const char *out_dir, const char
     if (kvq_path_join(src, sizeof src, src_dir, name) != 0 || kvq_path_join(dst, sizeof dst, out_dir, name) != 0)
         return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "path too long");
     size_t len;
+    errno = 0;
     char *buf = kvq_read_text(src, 1u << 30, &len);
     if (!buf)
-        return kvq_error_set(err, KVQ_ERR_IO, "%s: cannot read", src);
-    FILE *f = fopen(dst, "wb");
-    int ok = f && fwrite(buf, 1, len, f) == len;
-    if (f && fclose(f) != 0)
-        ok = 0;
+        return kvq_error_set(err, KVQ_ERR_IO, "%s: cannot read: %s", src, strerror(errno ? errno : EIO));
+    kvq_status st = kvq_write_file_atomic(dst, buf, len, err);
     free(buf);
-    return ok ? KVQ_OK : kvq_error_set(err, KVQ_ERR_IO, "%s: cannot write", dst);
+    return st;
 }
 
 /* Writes one shard file and records it (size and checksum) in the manifest. */
@@ -108,7 +112,7 @@ static kvq_status finish_shard(kvq_st_writer *w, const char *out_dir, struct kvq
         return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "%s: path too long", out_dir);
     kvq_status st = kvq_st_writer_write(w, path, err);
     if (st == KVQ_OK && kvq_file_checksum(path, &sh->fnv1a64, &sh->bytes) != KVQ_OK)
-        st = kvq_error_set(err, KVQ_ERR_IO, "%s: cannot read back", path);
+        st = kvq_error_set(err, KVQ_ERR_IO, "%s: cannot read back: %s", path, strerror(errno ? errno : EIO));
     return st;
 }
 
@@ -235,12 +239,134 @@ static kvq_status run(struct job *J, const char *src_dir, const struct kvq_shard
     return st;
 }
 
+/* Removes dir and the plain files in it (the temporaries and replaced
+ * outputs this file creates hold nothing else). */
+static void remove_flat_dir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    char path[KVQ_PATH_MAX];
+    while (d && (e = readdir(d)) != NULL)
+        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0 &&
+            kvq_path_join(path, sizeof path, dir, e->d_name) == 0)
+            unlink(path);
+    if (d)
+        closedir(d);
+    rmdir(dir);
+}
+
+/* Refuses an out_dir whose use would lose data: a non-directory, the source
+ * itself, a non-empty directory without force, one holding a subdirectory
+ * (force replaces only plain files). */
+static kvq_status check_out(const char *src_dir, const char *out_dir, int force, kvq_error *err)
+{
+    struct stat so, ss;
+    if (stat(out_dir, &so) != 0)
+        return errno == ENOENT ? KVQ_OK : kvq_error_set(err, KVQ_ERR_IO, "%s: %s", out_dir, strerror(errno));
+    if (!S_ISDIR(so.st_mode))
+        return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "%s: exists and is not a directory", out_dir);
+    if (stat(src_dir, &ss) == 0 && ss.st_dev == so.st_dev && ss.st_ino == so.st_ino)
+        return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "%s: is the source model directory; give another --out",
+                             out_dir);
+    DIR *d = opendir(out_dir);
+    if (!d)
+        return kvq_error_set(err, KVQ_ERR_IO, "%s: %s", out_dir, strerror(errno));
+    kvq_status st = KVQ_OK;
+    struct dirent *e;
+    char path[KVQ_PATH_MAX];
+    while (st == KVQ_OK && (e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+            continue;
+        struct stat sb;
+        if (!force)
+            st = kvq_error_set(err, KVQ_ERR_INVALID_ARG, "%s: exists and is not empty (holds '%s'); --force replaces it",
+                               out_dir, e->d_name);
+        else if (kvq_path_join(path, sizeof path, out_dir, e->d_name) == 0 && lstat(path, &sb) == 0 &&
+                 S_ISDIR(sb.st_mode))
+            st = kvq_error_set(err, KVQ_ERR_INVALID_ARG,
+                               "%s: holds the subdirectory '%s'; --force replaces only a directory of files", out_dir,
+                               e->d_name);
+    }
+    closedir(d);
+    return st;
+}
+
+/* out_dir without trailing slashes, and the temporary directory template
+ * beside it: "PARENT/.NAME.kvq-tmp-XXXXXX". @return 0 or -1 (too long). */
+static int temp_dir_name(const char *out_dir, char *out, char *tmpl, size_t cap)
+{
+    size_t n = strlen(out_dir);
+    while (n > 1 && out_dir[n - 1] == '/')
+        n--;
+    if (n + 1 > cap)
+        return -1;
+    memcpy(out, out_dir, n);
+    out[n] = 0;
+    const char *slash = strrchr(out, '/');
+    size_t dlen = slash ? (size_t)(slash - out) + 1 : 0;
+    int w = snprintf(tmpl, cap, "%.*s.%s.kvq-tmp-XXXXXX", (int)dlen, out, out + dlen);
+    return w > 0 && (size_t)w < cap ? 0 : -1;
+}
+
+/* Messages from the writers name files in the temporary directory; the
+ * user knows only out_dir. */
+static void untemp_message(kvq_error *err, const char *tmp, const char *out)
+{
+    char *at;
+    if (!err || !(at = strstr(err->msg, tmp)))
+        return;
+    char msg[KVQ_ERROR_MSG_MAX];
+    if (snprintf(msg, sizeof msg, "%.*s%s%s", (int)(at - err->msg), err->msg, out, at + strlen(tmp)) < 0)
+        return;
+    memcpy(err->msg, msg, sizeof msg);
+}
+
+static void sync_path(const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd >= 0) {
+        fsync(fd);
+        close(fd);
+    }
+}
+
+/* Moves the finished temporary directory onto out. */
+static kvq_status publish(const char *tmp, const char *out, int force, kvq_error *err)
+{
+    if (rename(tmp, out) == 0) /* out absent or an empty directory */
+        return KVQ_OK;
+    int e = errno;
+    if ((e == ENOTEMPTY || e == EEXIST) && !force)
+        return kvq_error_set(err, KVQ_ERR_IO, "%s: another writer filled it meanwhile; nothing written (--force "
+                             "replaces it)", out);
+    if (e != ENOTEMPTY && e != EEXIST)
+        return kvq_error_set(err, KVQ_ERR_IO, "%s: cannot move the output into place: %s", out, strerror(e));
+    /* One atomic swap: readers see the old directory or the new one. */
+#ifdef RENAME_EXCHANGE
+    if (renameat2(AT_FDCWD, tmp, AT_FDCWD, out, RENAME_EXCHANGE) == 0) {
+        remove_flat_dir(tmp); /* now the old output */
+        return KVQ_OK;
+    }
+    if (errno != EINVAL && errno != ENOSYS)
+        return kvq_error_set(err, KVQ_ERR_IO, "%s: cannot replace it: %s", out, strerror(errno));
+#endif
+    /* No exchange on this file system: move the old one aside first (a
+     * moment without out_dir, but never a mixed one). */
+    char old[KVQ_PATH_MAX];
+    snprintf(old, sizeof old, "%s", tmp);
+    memcpy(old + strlen(old) - 6, "XXXXXX", 6);
+    if (!mkdtemp(old) || rename(out, old) != 0 || rename(tmp, out) != 0)
+        return kvq_error_set(err, KVQ_ERR_IO, "%s: cannot replace it: %s", out, strerror(errno));
+    remove_flat_dir(old);
+    return KVQ_OK;
+}
+
 kvq_status kvq_shard_write(const char *src_dir, const char *out_dir, const struct kvq_shard_opts *opts,
                            kvq_error *err)
 {
-    if (!src_dir || !out_dir)
+    if (!src_dir || !out_dir || !out_dir[0])
         return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "kvq_shard_write: NULL argument");
-    struct kvq_shard_opts o = {0, 1};
+    struct kvq_shard_opts o = {0, 1, 0};
     if (opts)
         o = *opts;
     if (o.max_shard_mb < 0 || o.lm_head_shards < 0)
@@ -252,8 +378,15 @@ kvq_status kvq_shard_write(const char *src_dir, const char *out_dir, const struc
     if (o.lm_head_shards > cfg.vocab)
         return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "%d LM-head shards for a vocabulary of %d", o.lm_head_shards,
                              cfg.vocab);
-    if (mkdir(out_dir, 0777) != 0 && errno != EEXIST)
-        return kvq_error_set(err, KVQ_ERR_IO, "%s: cannot create the directory", out_dir);
+    char out[KVQ_PATH_MAX], tmp[KVQ_PATH_MAX];
+    if (temp_dir_name(out_dir, out, tmp, sizeof tmp) != 0)
+        return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "%s: path too long", out_dir);
+    if ((st = check_out(src_dir, out, o.force, err)) != KVQ_OK)
+        return st;
+    if (!mkdtemp(tmp))
+        return kvq_error_set(err, KVQ_ERR_IO, "%s: cannot create the output directory beside it: %s", out,
+                             strerror(errno));
+    chmod(tmp, 0777 & ~kvq_umask_now()); /* mkdtemp makes 0700; the output is an ordinary directory */
 
     struct kvq_file_set fs = {0};
     struct kvq_manifest man;
@@ -279,9 +412,20 @@ kvq_status kvq_shard_write(const char *src_dir, const char *out_dir, const struc
     man.max_ctx = cfg.max_ctx;
     if ((st = kvq_files_open_hf(&fs, src_dir, err)) != KVQ_OK)
         goto out;
-    struct job J = {out_dir, &cfg, &fs, &man, err};
+    struct job J = {tmp, &cfg, &fs, &man, err};
     st = run(&J, src_dir, &o, layer_bytes, groups);
+    if (st == KVQ_OK)
+        st = publish(tmp, out, o.force, err);
+    if (st == KVQ_OK) {
+        char parent[KVQ_PATH_MAX + 4];
+        if (snprintf(parent, sizeof parent, "%s/..", out) > 0)
+            sync_path(parent); /* the rename itself survives a crash */
+    }
 out:
+    if (st != KVQ_OK) {
+        remove_flat_dir(tmp);
+        untemp_message(err, tmp, out);
+    }
     kvq_files_close(&fs);
     kvq_manifest_clear(&man);
     free(layer_bytes);

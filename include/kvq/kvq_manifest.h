@@ -101,6 +101,7 @@ KVQ_API kvq_status kvq_file_checksum(const char *path, uint64_t *fnv, uint64_t *
 struct kvq_shard_opts {
     double max_shard_mb;  /* layer groups up to this size (at least one layer each); 0 = 256 */
     int lm_head_shards;   /* vocabulary slices of the LM head; 0 = 1 */
+    int force;            /* replace a non-empty out_dir (of plain files only) */
 };
 
 /* The grouping kvq_shard_write would choose: groups[i] = first layer of
@@ -115,11 +116,19 @@ KVQ_API int kvq_shard_plan_groups(const size_t *layer_bytes, int n_layers, doubl
 KVQ_API kvq_status kvq_shard_measure(const char *src_dir, struct kvq_model_config *cfg, size_t *layer_bytes, int max_layers,
                              kvq_error *err);
 
-/** Splits the Hugging Face model in src_dir into out_dir (created if
- *  missing): shards, a copy of config.json and tokenizer.json, and
- *  runtime_meta.json (written last, so a partial run leaves no manifest).
+/** Splits the Hugging Face model in src_dir into out_dir: shards, a copy of
+ *  config.json and tokenizer.json, and runtime_meta.json. out_dir must be
+ *  absent or empty, or opts->force set (then it may hold only files, no
+ *  subdirectory), and never src_dir itself. Everything is written into a
+ *  temporary directory beside out_dir (".NAME.kvq-tmp-XXXXXX") that is
+ *  renamed onto out_dir at the end (exchanged with it under force), so a
+ *  crash or a concurrent writer leaves the old complete directory or the new
+ *  complete one, never a mix; a killed run leaves only its temporary
+ *  directory. Of two concurrent writers without force, the second to finish
+ *  fails (out_dir filled meanwhile).
  *  @return KVQ_OK; KVQ_ERR_IO; KVQ_ERR_FORMAT (bad source model);
- *  KVQ_ERR_INVALID_ARG (lm_head_shards > vocab); KVQ_ERR_NOMEM. */
+ *  KVQ_ERR_INVALID_ARG (lm_head_shards > vocab, out_dir not empty or the
+ *  source); KVQ_ERR_NOMEM. */
 KVQ_API kvq_status kvq_shard_write(const char *src_dir, const char *out_dir, const struct kvq_shard_opts *opts,
                            kvq_error *err);
 
