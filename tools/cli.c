@@ -101,6 +101,15 @@ int cli_parse_size(const char *s, size_t *out)
     return -1;
 }
 
+const char *cli_lower(const char *s, char *buf, size_t cap)
+{
+    size_t i = 0;
+    for (; s[i] && i + 1 < cap; i++)
+        buf[i] = (char)((s[i] >= 'A' && s[i] <= 'Z') ? s[i] - 'A' + 'a' : s[i]);
+    buf[i] = 0;
+    return buf;
+}
+
 int cli_is_help(const char *arg)
 {
     return arg && (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0);
@@ -115,7 +124,8 @@ double cli_now(void)
 
 char *cli_read_file(const char *path, size_t *len)
 {
-    FILE *f = fopen(path, "rb");
+    int is_stdin = strcmp(path, "-") == 0;
+    FILE *f = is_stdin ? stdin : fopen(path, "rb");
     if (!f)
         return NULL;
     size_t cap = 1 << 16, n = 0, got;
@@ -130,13 +140,137 @@ char *cli_read_file(const char *path, size_t *len)
         }
     }
     if (buf && ferror(f)) {
+        int e = errno;
         free(buf);
         buf = NULL;
-    }
-    fclose(f);
+        errno = e;
+    } else if (!buf)
+        errno = ENOMEM;
+    if (!is_stdin)
+        fclose(f);
     if (buf) {
         buf[n] = 0;
         *len = n;
     }
     return buf;
+}
+
+/* Options that take no value, over all subcommands: the token after any
+ * other option is its value and is left alone. */
+static const char *const value_less[] = {
+    "--help", "-h", "--json", "--quiet", "--plan", "--force", "--no-eos", "--v-norm-correct", "--kv-recent-f16",
+    "--no-kv-recent-f16", "--kv-auto", "--sweep", "--per-layer", "--synthetic", "--compute", "--emit-c",
+    "--mse-table", "--version",
+};
+
+int cli_value_less(const char *arg)
+{
+    for (size_t i = 0; i < sizeof value_less / sizeof value_less[0]; i++)
+        if (strcmp(arg, value_less[i]) == 0)
+            return 1;
+    return 0;
+}
+
+static const struct {
+    const char *alias, *name, *only; /* only: the one command it applies to, or NULL */
+} aliases[] = {
+    {"-m", "--model", NULL},          {"-p", "--prompt", NULL},         {"-f", "--prompt-file", "run"},
+    {"-f", "--file", "ppl"},          {"--file", "--prompt-file", "run"}, {"-n", "--max-tokens", NULL},
+    {"--n-predict", "--max-tokens", NULL}, {"-c", "--ctx", NULL},        {"--ctx-size", "--ctx", NULL},
+    {"-t", "--threads", NULL},        {"-s", "--seed", NULL},           {"-ctk", "--cache-type-k", NULL},
+    {"-ctv", "--cache-type-v", NULL},
+};
+
+static const char *alias_of(const char *cmd, const char *a)
+{
+    for (size_t i = 0; i < sizeof aliases / sizeof aliases[0]; i++)
+        if (strcmp(a, aliases[i].alias) == 0 && (!aliases[i].only || strcmp(cmd, aliases[i].only) == 0))
+            return aliases[i].name;
+    return a;
+}
+
+char **cli_normalize_args(int argc, char **argv, int *new_argc)
+{
+    /* "--a=v" splits in two: at most twice as many tokens. */
+    char **out = calloc(2 * (size_t)argc + 1, sizeof *out);
+    if (!out)
+        return NULL;
+    int n = 0, value_next = 0;
+    out[n++] = argv[0];
+    for (int i = 1; i < argc; i++) {
+        char *a = argv[i];
+        if (value_next || a[0] != '-' || strcmp(a, "-") == 0) {
+            out[n++] = a; /* a value or a positional argument, as given */
+            value_next = 0;
+            continue;
+        }
+        if (strcmp(a, "--") == 0) { /* the rest is positional */
+            while (++i < argc)
+                out[n++] = argv[i];
+            break;
+        }
+        char *eq = a[1] == '-' ? strchr(a, '=') : NULL;
+        if (eq) {
+            *eq = 0; /* argv's strings are the program's to modify */
+            out[n++] = (char *)alias_of(argv[0], a);
+            out[n++] = eq + 1;
+            continue;
+        }
+        out[n++] = (char *)alias_of(argv[0], a);
+        value_next = !cli_value_less(out[n - 1]);
+    }
+    out[n] = NULL;
+    *new_argc = n;
+    return out;
+}
+
+int cli_finish_stdout(const char *cmd, int rc)
+{
+    /* A write error may have happened long before (streamed text): the
+     * stream's error flag keeps it, errno of the last failed write says why. */
+    errno = 0;
+    int bad = fflush(stdout) != 0;
+    int e = errno;
+    bad |= ferror(stdout) != 0;
+    if (fclose(stdout) != 0 && !bad) {
+        bad = 1;
+        e = errno;
+    }
+    if (!bad)
+        return rc;
+    fprintf(stderr, "kvq %s: error: writing the output: %s\n", cmd, e ? strerror(e) : "write error");
+    return rc ? rc : 1;
+}
+
+long cli_utf8_invalid_at(const char *str, size_t len)
+{
+    const unsigned char *s = (const unsigned char *)str;
+    size_t i = 0;
+    while (i < len) {
+        unsigned c = s[i];
+        size_t n;
+        unsigned cp, min;
+        if (c < 0x80) {
+            i++;
+            continue;
+        } else if (c >= 0xC2 && c <= 0xDF)
+            n = 1, cp = c & 0x1F, min = 0x80;
+        else if (c >= 0xE0 && c <= 0xEF)
+            n = 2, cp = c & 0x0F, min = 0x800;
+        else if (c >= 0xF0 && c <= 0xF4)
+            n = 3, cp = c & 0x07, min = 0x10000;
+        else
+            return (long)i;
+        if (len - i <= n)
+            return (long)i;
+        for (size_t k = 1; k <= n; k++) {
+            if ((s[i + k] & 0xC0) != 0x80)
+                return (long)i;
+            cp = (cp << 6) | (s[i + k] & 0x3F);
+        }
+        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+            return (long)i;
+        i += n + 1;
+    }
+    return -1;
 }

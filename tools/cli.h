@@ -40,8 +40,43 @@ int cli_parse_size(const char *s, size_t *out);
 /* True when argv[i] is "--help" or "-h". */
 int cli_is_help(const char *arg);
 
+/* Rewrites a subcommand's argv (argv[0] = its name) into the spelling the
+ * subcommands parse, so every command takes the habits people bring from
+ * llama.cpp and GNU tools: "--opt=value" becomes "--opt" "value"; the short
+ * aliases -m -p -f -n -c -t -s -ctk -ctv and the long --ctx-size,
+ * --n-predict, --threads spellings become their kvq names (-f is
+ * --prompt-file for run, --file for ppl). A token that is the value of the
+ * option before it is never rewritten, so "-p -n" is the prompt "-n"; to know
+ * that, options without a value are listed in cli.c (cli_value_less).
+ * argv's strings must be writable ("--opt=value" is cut at the '=').
+ * @return the new argv (malloc'ed, free() it; the strings are argv's or
+ * static), or NULL when out of memory. */
+char **cli_normalize_args(int argc, char **argv, int *new_argc);
+
+/* True for an option that takes no value (--json, --quiet, --plan, ...). */
+int cli_value_less(const char *arg);
+
+/* After a command ran: flushes and closes stdout and turns a write error
+ * (a full disk, a closed pipe) into "kvq CMD: error: writing the output:
+ * REASON" and exit status 1. @return the status the process should end with. */
+int cli_finish_stdout(const char *cmd, int rc);
+
+/* Byte offset of the first invalid UTF-8 sequence in s[0..len), or -1 when
+ * all of it is valid (overlong forms, surrogates and values above U+10FFFF
+ * are invalid). */
+long cli_utf8_invalid_at(const char *s, size_t len);
+
+/* s in lower case, in buf (cap bytes; longer names are cut, so they stay
+ * unknown): cache-type names are matched in any case ("TQ3J", "Q8_0"). */
+const char *cli_lower(const char *s, char *buf, size_t cap);
+
+/* Sizes accepted by cli_parse_size, for --help texts. */
+#define CLI_SIZE_HELP "sizes: 4096 (bytes), 512KiB, 48MiB, 2GiB (powers of 1024; K/M/G alone too)\n" \
+                      "or 512kB, 48MB, 2GB (powers of 1000), any case"
+
 /* Reads a whole file into a NUL-terminated malloc'ed buffer (free() it);
- * *len excludes the NUL. @return NULL when it cannot be opened or read. */
+ * *len excludes the NUL; "-" reads standard input. @return NULL when it
+ * cannot be opened or read (errno says why). */
 char *cli_read_file(const char *path, size_t *len);
 
 /* Monotonic wall clock in seconds. */

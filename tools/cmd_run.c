@@ -14,12 +14,14 @@
 #include "cli.h"
 #include "kv_auto.h"
 #include "kv_opts.h"
+#include "kvq_file.h"
 #include "kvq_model.h"
 #include "kvq_qkv_dump.h"
 #include "kvq_tokenizer.h"
 
 #define CMD "run"
 #define DUMP_Q_LAST 256 /* queries kept by --dump-qkv, as in the reference dumps */
+#define MAX_TOKENS (1 << 24)
 
 static void usage(FILE *f)
 {
@@ -30,9 +32,10 @@ static void usage(FILE *f)
             "go to stderr.\n\n"
             "  --model DIR          model directory\n"
             "  --prompt TEXT        prompt text (BOS is prepended)\n"
-            "  --prompt-file F      prompt from a file (one trailing newline is dropped)\n"
+            "  --prompt-file F      prompt from a file, '-' for stdin (one trailing newline is dropped)\n"
             "  --prompt-ids IDS     prompt as token ids, e.g. 1,450,3791 (no BOS added)\n"
-            "  --max-tokens N       tokens to generate (default 64; 0 = prefill only)\n"
+            "  --max-tokens N       tokens to generate (default 64; 0 = prefill only; at most %d)\n"
+            "  --ctx N              context size in tokens, prompt included (default: the model's)\n"
             "  --temp X             temperature (default 0 = greedy)\n"
             "  --top-k K            keep the K most likely tokens (default 0 = all)\n"
             "  --top-p P            nucleus sampling mass in (0, 1] (default 1)\n"
@@ -41,8 +44,11 @@ static void usage(FILE *f)
             "  --json               print one JSON object instead of streaming text\n"
             "  --dump-qkv FILE      write post-RoPE q/k/v of all cached tokens (kvq eval format)\n"
             "  --plan               print bytes per token and the longest context fitting the\n"
-            "                       budget for every cache type, then exit (no prompt needed)\n",
-            KVQ_MAX_DRAFT);
+            "                       budget for every cache type and for the chosen types\n"
+            "                       (--layer-types, --kv-auto included), then exit (no prompt needed)\n"
+            "short forms: -m --model, -p --prompt, -f --prompt-file, -n --max-tokens, -c --ctx,\n"
+            "-s --seed, -ctk/-ctv --cache-type-k/-v; --opt=VALUE works for every option\n",
+            MAX_TOKENS, KVQ_MAX_DRAFT);
     kv_opts_usage(f); /* the cache options, --seed included, as kv_opts_parse reads them */
     fprintf(f, "\nexit status: 0 done; 1 failure; 2 bad input (also: the prompt does not fit the\n"
                "budget or context); 3 stopped early because the KV budget or the context ran\n"
@@ -51,7 +57,7 @@ static void usage(FILE *f)
 
 struct opts {
     const char *model, *prompt, *prompt_file, *prompt_ids, *dump;
-    long max_tokens, top_k, speculative;
+    long max_tokens, top_k, speculative, ctx;
     double temp, top_p;
     int json, no_eos, plan;
     struct kv_opts kvx; /* cache types, budget, seed (also the sampler's) and the other KV options */
@@ -83,10 +89,14 @@ static int parse_args(int argc, char **argv, struct opts *o)
         }
         if (kv_opts_flag(a, &o->kvx))
             continue;
+        if (a[0] != '-')
+            return cli_error(CMD, "unexpected argument '%s': options start with -- (the prompt goes after "
+                                  "--prompt or -p)", a);
         if (i + 1 >= argc)
             return cli_error(CMD, "%s needs a value (see kvq run --help)", a);
         const char *v = argv[++i];
         int bad = 0;
+        const char *range = ""; /* said after a bad value */
         if (strcmp(a, "--model") == 0)
             o->model = v;
         else if (strcmp(a, "--prompt") == 0)
@@ -98,15 +108,17 @@ static int parse_args(int argc, char **argv, struct opts *o)
         else if (strcmp(a, "--dump-qkv") == 0)
             o->dump = v;
         else if (strcmp(a, "--max-tokens") == 0)
-            bad = cli_parse_int(v, 0, 1 << 24, &o->max_tokens);
+            bad = cli_parse_int(v, 0, MAX_TOKENS, &o->max_tokens), range = " (an integer, 0 to 16777216)";
+        else if (strcmp(a, "--ctx") == 0)
+            bad = cli_parse_int(v, 1, 1l << 30, &o->ctx), range = " (tokens, 1 or more)";
         else if (strcmp(a, "--top-k") == 0)
-            bad = cli_parse_int(v, 0, 1 << 30, &o->top_k);
+            bad = cli_parse_int(v, 0, 1 << 30, &o->top_k), range = " (an integer, 0 = all)";
         else if (strcmp(a, "--speculative") == 0)
-            bad = cli_parse_int(v, 0, KVQ_MAX_DRAFT, &o->speculative);
+            bad = cli_parse_int(v, 0, KVQ_MAX_DRAFT, &o->speculative), range = " (an integer, 0 to the drafts limit)";
         else if (strcmp(a, "--temp") == 0)
-            bad = cli_parse_double(v, &o->temp) || o->temp < 0;
+            bad = cli_parse_double(v, &o->temp) || o->temp < 0, range = " (0 or more)";
         else if (strcmp(a, "--top-p") == 0)
-            bad = cli_parse_double(v, &o->top_p) || !(o->top_p > 0 && o->top_p <= 1);
+            bad = cli_parse_double(v, &o->top_p) || !(o->top_p > 0 && o->top_p <= 1), range = " (in (0, 1])";
         else {
             const int kv = kv_opts_parse(CMD, a, v, &o->kvx); /* --cache-type-k, --kv-budget, --seed, ... */
             if (kv == 2)
@@ -115,7 +127,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
                 return cli_error(CMD, "unknown option '%s' (see kvq run --help)", a);
         }
         if (bad)
-            return cli_error(CMD, "bad value '%s' for %s", v, a);
+            return cli_error(CMD, "bad value '%s' for %s%s", v, a, range);
     }
     if (!o->model)
         return cli_error(CMD, "--model DIR is required");
@@ -170,7 +182,7 @@ static int on_token(void *user, int32_t id)
         fwrite(text, 1, len, stdout);
         fflush(stdout);
     }
-    return 0;
+    return ferror(stdout) != 0; /* nobody reads the rest: stop (cli_finish_stdout says why) */
 }
 
 static double mib(size_t b)
@@ -293,12 +305,21 @@ static int get_prompt(const struct opts *o, const kvq_tokenizer *tok, int32_t **
     if (o->prompt_file) {
         text = cli_read_file(o->prompt_file, &len);
         if (!text)
-            return cli_error(CMD, "%s: cannot read the prompt file", o->prompt_file);
+            return cli_error(CMD, "%s: cannot read the prompt file: %s", o->prompt_file, strerror(errno));
         if (len && text[len - 1] == '\n')
             text[--len] = 0; /* editors end files with a newline the prompt did not mean */
     }
     const char *p = text ? text : o->prompt;
-    kvq_status st = kvq_tokenizer_encode_alloc(tok, p, text ? len : strlen(p), 1, ids, n);
+    if (!text)
+        len = strlen(p);
+    long bad = cli_utf8_invalid_at(p, len);
+    if (bad >= 0) {
+        int rc = cli_error(CMD, "%s: not valid UTF-8 at byte %ld (0x%02x); the prompt must be UTF-8 text",
+                           o->prompt_file ? o->prompt_file : "--prompt", bad, (unsigned char)p[bad]);
+        free(text);
+        return rc;
+    }
+    kvq_status st = kvq_tokenizer_encode_alloc(tok, p, len, 1, ids, n);
     free(text);
     if (st != KVQ_OK)
         return cli_status_error(CMD, st, "encoding the prompt");
@@ -315,20 +336,25 @@ static int is_eos(const struct kvq_model_config *c, int32_t id)
     return 0;
 }
 
-/* --plan: for every type (as K and V) and the chosen pair, the exact bytes
- * per token and how many tokens the budget holds (whole pages per layer). */
+/* --plan: for every type (as K and V) and the chosen types (one pair, the
+ * --layer-types list, or what --kv-auto picks), the exact bytes per token
+ * and how many tokens the budget holds (whole pages per layer). */
 static int print_plan(void *user, kvq_model *m, kvq_tokenizer *tok)
 {
-    const struct opts *o = user;
-    (void)tok;
+    struct opts *o = user;
     const struct kvq_model_config *c = kvq_model_config_of(m);
+    int rc = kv_opts_check(CMD, &o->kvx, m);
+    if (!rc)
+        rc = kv_auto_apply(CMD, &o->kvx, m, tok, o->model, o->ctx ? (size_t)o->ctx : (size_t)c->max_ctx, 0);
+    if (rc)
+        return rc;
     printf("KV plan for %s: %d layers x %d KV heads x head_dim %d, context %d, budget ", o->model, c->n_layers,
            c->n_kv_heads, c->head_dim, c->max_ctx);
     if (o->kvx.budget)
         printf("%zu bytes (%.2f MiB)\n\n", o->kvx.budget, mib(o->kvx.budget));
     else
         printf("none (--kv-budget SIZE)\n\n");
-    printf("%-12s %10s %12s %13s %14s %12s %10s\n", "K/V", "bits/value", "bytes/token", "full ctx MiB",
+    printf("%-15s %10s %12s %13s %14s %12s %10s\n", "K/V", "bits/value", "bytes/token", "full ctx MiB",
            "budget tokens", "max context", "vs f16");
     struct kvq_seq_config sc;
     kvq_seq_config_default(&sc);
@@ -343,12 +369,17 @@ static int print_plan(void *user, kvq_model *m, kvq_tokenizer *tok)
     for (int i = -1; i < KVQ_TYPE_COUNT; i++) {
         sc.type_k = i < 0 ? o->kvx.tk : (enum kvq_type)i;
         sc.type_v = i < 0 ? o->kvx.tv : (enum kvq_type)i;
+        /* the chosen row: per-layer types when given or chosen */
+        sc.layer_types = i < 0 && o->kvx.n_layer_types ? o->kvx.layer_types : NULL;
         struct kvq_seq_plan pl;
         if (kvq_seq_plan_of(m, &sc, &pl) != KVQ_OK)
             continue;
         char name[40];
-        snprintf(name, sizeof name, "%s/%s%s%s", kvq_type_traits(sc.type_k)->name, kvq_type_traits(sc.type_v)->name,
-                 kvq_seq_window_for(&sc, c->n_layers) ? "+win" : "", i < 0 ? "*" : "");
+        if (sc.layer_types)
+            snprintf(name, sizeof name, "per-layer%s*", kvq_seq_window_for(&sc, c->n_layers) ? "+win" : "");
+        else
+            snprintf(name, sizeof name, "%s/%s%s%s", kvq_type_traits(sc.type_k)->name, kvq_type_traits(sc.type_v)->name,
+                     kvq_seq_window_for(&sc, c->n_layers) ? "+win" : "", i < 0 ? "*" : "");
         any_buffers |= pl.fixed_bytes > 0;
         double bits = kv_bits_at(&pl, c, (size_t)c->max_ctx); /* f16 window/sink buffers included */
         char bt[32] = "unlimited", ratio[32] = "-";
@@ -357,12 +388,17 @@ static int print_plan(void *user, kvq_model *m, kvq_tokenizer *tok)
             if (f16.budget_tokens)
                 snprintf(ratio, sizeof ratio, "%.2fx", (double)pl.budget_tokens / (double)f16.budget_tokens);
         }
-        printf("%-12s %10.3f %12zu %13.2f %14s %12zu %10s\n", name, bits, pl.bytes_per_token,
+        printf("%-15s %10.3f %12zu %13.2f %14s %12zu %10s\n", name, bits, pl.bytes_per_token,
                mib(pl.bytes_per_token * (size_t)c->max_ctx + pl.fixed_bytes), bt, pl.max_tokens, ratio);
     }
-    printf("\n* the selected pair (--cache-type-k/--cache-type-v). budget tokens: whole %zu-token pages in\n"
-           "  each layer's equal share of the budget; max context: that, capped at the model's context;\n"
-           "  vs f16: budget tokens relative to an f16 cache.\n",
+    if (o->kvx.n_layer_types) {
+        char types[2048];
+        kv_opts_name(&o->kvx, types, sizeof types);
+        printf("\n* per-layer types (%s): %s\n", o->kvx.kv_auto ? "--kv-auto" : "--layer-types", types);
+    }
+    printf("\n* the selected types (--cache-type-k/-v, --layer-types or --kv-auto). budget tokens:\n"
+           "  whole %zu-token pages in each layer's equal share of the budget; max context: that,\n"
+           "  capped at the model's context; vs f16: budget tokens relative to an f16 cache.\n",
            f16.page_tokens);
     if (any_buffers)
         printf("  +win (the recent-token f16 window, the default for compressed types; --no-kv-recent-f16\n"
@@ -389,15 +425,17 @@ static int run(void *user, kvq_model *m, kvq_tokenizer *tok)
             rc = cli_error(CMD, "prompt token id %d is outside the vocabulary [0, %d)", prompt[i], c->vocab);
             goto out;
         }
-    if (n_prompt > (size_t)c->max_ctx) {
-        rc = cli_error(CMD, "the prompt has %zu tokens, longer than the model's context of %d", n_prompt, c->max_ctx);
+    const size_t ctx = o->ctx ? (size_t)o->ctx : (size_t)c->max_ctx;
+    if (n_prompt > ctx) {
+        rc = cli_error(CMD, "the prompt has %zu tokens, longer than the %s of %zu", n_prompt,
+                       o->ctx ? "--ctx context" : "model's context", ctx);
         goto out;
     }
-    if ((rc = kv_opts_check(CMD, &o->kvx, m)) != 0 ||
-        (rc = kv_auto_apply(CMD, &o->kvx, m, tok, o->model, (size_t)c->max_ctx, 0)) != 0)
+    if ((rc = kv_opts_check(CMD, &o->kvx, m)) != 0 || (rc = kv_auto_apply(CMD, &o->kvx, m, tok, o->model, ctx, 0)) != 0)
         goto out;
     struct kvq_seq_config sc;
     kv_opts_seq_config(&o->kvx, &sc);
+    sc.max_ctx = (size_t)o->ctx; /* 0: the model's */
     if (kvq_seq_create(m, &sc, &s, &err) != KVQ_OK) {
         rc = cli_error(CMD, "%s", err.msg);
         goto out;
@@ -495,5 +533,8 @@ int cmd_run(int argc, char **argv)
     int rc = parse_args(argc, argv, &o);
     if (rc)
         return rc < 0 ? 0 : rc;
+    kvq_error err = {0};
+    if (o.dump && !o.plan && kvq_out_path_check(o.dump, &err) != KVQ_OK) /* before minutes of work */
+        return cli_error(CMD, "--dump-qkv %s", err.msg);
     return kv_with_model(CMD, o.model, NULL, o.plan ? print_plan : run, &o);
 }

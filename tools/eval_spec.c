@@ -13,7 +13,8 @@ static kvq_status bad_item(kvq_error *err, const char *item, const char *why)
 
 static kvq_status parse_type(const char *item, const char *name, enum kvq_type *out, kvq_error *err)
 {
-    if (kvq_type_from_name(name, out) == KVQ_OK)
+    char low[64];
+    if (kvq_type_from_name(cli_lower(name, low, sizeof low), out) == KVQ_OK)
         return KVQ_OK;
     char known[256];
     size_t used = 0;

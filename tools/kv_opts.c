@@ -19,7 +19,8 @@ void kv_opts_default(struct kv_opts *o)
 
 int kv_parse_type(const char *cmd, const char *s, enum kvq_type *t)
 {
-    if (kvq_type_from_name(s, t) == KVQ_OK)
+    char low[64];
+    if (kvq_type_from_name(cli_lower(s, low, sizeof low), t) == KVQ_OK)
         return 0;
     char names[256] = "";
     for (int i = 0; i < KVQ_TYPE_COUNT; i++) {

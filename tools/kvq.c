@@ -1,9 +1,14 @@
 /* kvq.c - the kvq command: one binary, git-style subcommands.
  * Each subcommand is tools/cmd_NAME.c; this file only dispatches. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
+
+#ifndef KVQ_VERSION_STRING
+#define KVQ_VERSION_STRING "0.1.0"
+#endif
 
 int cmd_types(int argc, char **argv);
 int cmd_run(int argc, char **argv);
@@ -26,27 +31,73 @@ static const struct cli_command commands[] = {
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: kvq COMMAND [options]   (kvq COMMAND --help for its options)\n\n"
+    fprintf(f, "usage: kvq COMMAND [options]   (kvq help COMMAND, or kvq COMMAND --help, for its options)\n"
+               "       kvq --version\n\n"
                "kvq compresses transformer KV caches (TurboQuant: rotation + Lloyd-Max codes\n"
                "+ QJL sign residual) and runs Llama-family models on the compressed cache.\n\n"
                "commands:\n");
     for (size_t i = 0; i < N_COMMANDS; i++)
         fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
+    fprintf(f, "  %-10s %s\n", "help", "kvq help COMMAND prints that command's options");
+    fprintf(f, "\noptions take --opt VALUE or --opt=VALUE; llama.cpp's short forms work too: -m MODEL,\n"
+               "-p PROMPT, -f FILE, -n N (--max-tokens), -c N (--ctx), -t N (--threads), -s SEED,\n"
+               "-ctk/-ctv TYPE (--cache-type-k/-v; type names in any case). A file argument '-'\n"
+               "reads standard input.\n" CLI_SIZE_HELP ".\n"
+               "exit status: 0 done, 1 the work failed (also: writing the output failed),\n"
+               "2 bad usage or bad input; kvq run also 3 (stopped early, see its --help)\n");
+}
+
+static const struct cli_command *find(const char *name)
+{
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        if (strcmp(name, commands[i].name) == 0)
+            return &commands[i];
+    return NULL;
+}
+
+/* Runs a command on normalized arguments (cli_normalize_args), then checks
+ * that everything it printed reached stdout. */
+static int dispatch(const struct cli_command *c, int argc, char **argv)
+{
+    int n;
+    char **args = cli_normalize_args(argc, argv, &n);
+    if (!args) {
+        fprintf(stderr, "kvq %s: error: out of memory\n", c->name);
+        return 1;
+    }
+    int rc = c->run(n, args);
+    free(args);
+    return cli_finish_stdout(c->name, rc);
 }
 
 int main(int argc, char **argv)
 {
     if (argc < 2 || cli_is_help(argv[1])) {
         usage(argc < 2 ? stderr : stdout);
-        return argc < 2 ? 2 : 0;
+        return argc < 2 ? 2 : cli_finish_stdout("help", 0);
     }
-    if (strcmp(argv[1], "--version") == 0) {
-        printf("kvq 0.1.0\n");
-        return 0;
+    if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0) {
+        printf("kvq %s\n", KVQ_VERSION_STRING);
+        return cli_finish_stdout("version", 0);
     }
-    for (size_t i = 0; i < N_COMMANDS; i++)
-        if (strcmp(argv[1], commands[i].name) == 0)
-            return commands[i].run(argc - 1, argv + 1);
+    if (strcmp(argv[1], "help") == 0) {
+        if (argc < 3) {
+            usage(stdout);
+            return cli_finish_stdout("help", 0);
+        }
+        const struct cli_command *c = find(argv[2]);
+        if (!c) {
+            fprintf(stderr, "kvq help: error: unknown command '%s'\n", argv[2]);
+            usage(stderr);
+            return 2;
+        }
+        char help[] = "--help";
+        char *args[] = {argv[2], help, NULL};
+        return dispatch(c, 2, args);
+    }
+    const struct cli_command *c = find(argv[1]);
+    if (c)
+        return dispatch(c, argc - 1, argv + 1);
     fprintf(stderr, "kvq: error: unknown command '%s'\n", argv[1]);
     usage(stderr);
     return 2;
