@@ -40,7 +40,7 @@ CFLAGS   ?= -O2 -g
 ALL_CFLAGS = -std=c11 -D_DEFAULT_SOURCE -D_POSIX_C_SOURCE=200809L -fPIC $(WARN) \
              $(if $(filter 1,$(WERROR)),-Werror) $(addprefix -I,$(INCDIRS)) $(VIS) -MMD -MP $(CFLAGS)
 SIMD_FLAGS := -mavx2 -mfma -mf16c
-LDLIBS   := -lfftw3f -lopenblas -lcjson -lm -lpthread
+LDLIBS   := -lfftw3f -lopenblas -lcjson -lpcre2-8 -lutf8proc -lm -lpthread
 
 LIB_SRC   := $(sort $(wildcard kvq/*/*.c) $(wildcard codebooks/*.c) $(wildcard decoder/*.c decoder/*/*.c) \
                    $(wildcard eval/*.c))

@@ -7,7 +7,8 @@ missing=""
 # libopenblas, so each package is checked by compiling and linking against it.
 have_lib() {
     tmp=$(mktemp -d) || return 1
-    printf '#include <%s>\nint main(void) { return 0; }\n' "$1" > "$tmp/t.c"
+    # (pcre2.h wants its code unit width chosen; the others ignore the macro.)
+    printf '#define PCRE2_CODE_UNIT_WIDTH 8\n#include <%s>\nint main(void) { return 0; }\n' "$1" > "$tmp/t.c"
     ${CC:-cc} "$tmp/t.c" -o "$tmp/t" "$2" >/dev/null 2>&1
     rc=$?
     rm -rf "$tmp"
@@ -16,6 +17,9 @@ have_lib() {
 have_lib fftw3.h       -lfftw3f  || missing="$missing libfftw3-dev"
 have_lib cblas.h       -lopenblas || missing="$missing libopenblas-dev"
 have_lib cjson/cJSON.h -lcjson   || missing="$missing libcjson-dev"
+# The tokenizer's regexes (Split, ByteLevel) and Unicode normalization.
+have_lib pcre2.h       -lpcre2-8 || missing="$missing libpcre2-dev"
+have_lib utf8proc.h    -lutf8proc || missing="$missing libutf8proc-dev"
 command -v gnuplot >/dev/null 2>&1 || missing="$missing gnuplot-nox"
 [ -z "$missing" ] && exit 0
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
