@@ -5,6 +5,7 @@
  * the errors against exact double-precision attention (kvq_eval.h).
  */
 #include <cblas.h>
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,7 @@
 
 #include "cli.h"
 #include "eval_output.h"
+#include "kvq_file.h"
 #include "eval_spec.h"
 
 #define CMD "eval"
@@ -48,15 +50,17 @@ static void usage(FILE *f)
             "output:\n"
             "  --per-layer        one table line per layer too\n"
             "  --csv FILE         every number, per configuration and layer\n"
-            "  --json FILE        the same as JSON\n"
+            "  --json             the same as JSON on stdout, instead of the tables\n"
+            "  --json-out FILE    the JSON into FILE (the old spelling --json FILE still works\n"
+            "                     for a FILE not ending in .safetensors)\n"
             "  --plot FILE.png    error and KL against bits per value (gnuplot); with several\n"
             "                     inputs, one plot each (FILE-NAME.png)\n"
             "  --quiet            no progress on stderr\n");
 }
 
 struct opts {
-    const char *types, *csv, *json, *plot, *layers;
-    int sweep, per_layer, quiet, synthetic, have_data_seed;
+    const char *types, *csv, *json_out, *plot, *layers;
+    int sweep, per_layer, quiet, synthetic, have_data_seed, json;
     size_t max_queries;
     uint64_t data_seed;
     struct kvq_eval_config def;
@@ -131,6 +135,15 @@ static int parse_opts(int argc, char **argv, struct opts *o)
             o->quiet = 1;
         } else if (strcmp(a, "--synthetic") == 0) {
             o->synthetic = 1;
+        } else if (strcmp(a, "--json") == 0) {
+            /* --json FILE was the file form (now --json-out): a next token
+             * that cannot be a dump is taken as that file */
+            const char *n = i + 1 < argc ? argv[i + 1] : NULL;
+            size_t len = n ? strlen(n) : 0;
+            if (n && n[0] != '-' && (len < 12 || strcmp(n + len - 12, ".safetensors") != 0))
+                o->json_out = argv[++i];
+            else
+                o->json = 1;
         } else if (a[0] == '-' && a[1] == '-') {
             if (need_arg(i, argc, argv))
                 return 2;
@@ -139,8 +152,8 @@ static int parse_opts(int argc, char **argv, struct opts *o)
                 o->types = val;
             } else if (strcmp(a, "--csv") == 0) {
                 o->csv = val;
-            } else if (strcmp(a, "--json") == 0) {
-                o->json = val;
+            } else if (strcmp(a, "--json-out") == 0) {
+                o->json_out = val;
             } else if (strcmp(a, "--plot") == 0) {
                 o->plot = val;
             } else if (strcmp(a, "--layers") == 0) {
@@ -205,6 +218,16 @@ static int parse_opts(int argc, char **argv, struct opts *o)
     if (o->sweep && o->types)
         return cli_error(CMD, "--sweep and --types are exclusive");
     o->synth.seed = o->have_data_seed ? o->data_seed : o->def.seed;
+    /* Output paths are checked before minutes of work, not after. */
+    const char *outs[2] = {o->csv, o->json_out};
+    for (int k = 0; k < 2; k++) {
+        kvq_error err = {0};
+        if (outs[k] && kvq_out_path_check(outs[k], &err) != KVQ_OK)
+            return cli_error(CMD, "%s %s", k ? "--json-out" : "--csv", err.msg);
+    }
+    char why[256];
+    if (o->plot && eval_plot_check(o->plot, why, sizeof why))
+        return cli_error(CMD, "--plot %s: %s", o->plot, why);
     return 0;
 }
 
@@ -372,17 +395,38 @@ int cmd_eval(int argc, char **argv)
         rc = eval_one(&o, &data[i], cfgs, n_cfg, &runs[i], t0);
         if (rc)
             break;
-        eval_print_table(stdout, &runs[i], o.per_layer);
-        fflush(stdout);
+        if (!o.json) {
+            eval_print_table(stdout, &runs[i], o.per_layer);
+            fflush(stdout);
+        }
         if (!o.quiet)
             fprintf(stderr, "kvq eval: %s: %zu configurations in %.2f s\n", data[i].name, n_cfg, cli_now() - ti);
     }
     if (!rc && !o.quiet)
         fprintf(stderr, "kvq eval: total %.2f s (single thread)\n", cli_now() - t0);
-    if (!rc && o.csv && eval_write_csv(o.csv, runs, (size_t)n_in))
-        rc = cli_error(CMD, "cannot write %s", o.csv);
-    if (!rc && o.json && eval_write_json(o.json, runs, (size_t)n_in))
-        rc = cli_error(CMD, "cannot write %s", o.json);
+    if (!rc && o.csv && eval_write_csv(o.csv, runs, (size_t)n_in, &err)) {
+        cli_error(CMD, "--csv %s", err.msg);
+        rc = 1;
+    }
+    for (int pretty = 0; !rc && pretty < 2; pretty++) {
+        /* --json: one line on stdout, as every command prints it; --json-out: indented */
+        if (pretty ? !o.json_out : !o.json)
+            continue;
+        char *text = eval_json_text(runs, (size_t)n_in, pretty);
+        if (!text) {
+            rc = cli_status_error(CMD, KVQ_ERR_NOMEM, "building the JSON");
+            break;
+        }
+        size_t len = strlen(text);
+        text[len] = '\n'; /* replaces the NUL: written with its length */
+        if (!pretty)
+            fwrite(text, 1, len + 1, stdout);
+        else if (kvq_write_file_atomic(o.json_out, text, len + 1, &err) != KVQ_OK) {
+            cli_error(CMD, "--json-out %s", err.msg);
+            rc = 1;
+        }
+        cJSON_free(text);
+    }
     for (int i = 0; !rc && o.plot && i < n_in; i++) {
         char path[1024], why[256];
         eval_plot_path(o.plot, &runs[i], (size_t)n_in, path, sizeof path);

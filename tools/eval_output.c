@@ -2,9 +2,9 @@
 #include "eval_output.h"
 
 #include <cjson/cJSON.h>
-#include <errno.h>
 #include <string.h>
 
+#include "kvq_file.h"
 #include "kvq_rotation.h"
 
 static int is_floor(const struct kvq_eval_config *c)
@@ -134,11 +134,12 @@ static void csv_line(FILE *f, const struct eval_run *run, const struct eval_resu
             m.ip_rel_rms, m.ip_bias, m.tv, m.kl, m.top1, m.top8, m.out_err, m.out_err_max, r->front_out, r->front_kl);
 }
 
-int eval_write_csv(const char *path, const struct eval_run *runs, size_t n_runs)
+int eval_write_csv(const char *path, const struct eval_run *runs, size_t n_runs, kvq_error *err)
 {
-    FILE *f = fopen(path, "w");
-    if (!f)
+    kvq_out_file *of;
+    if (kvq_out_file_create(path, &of, err) != KVQ_OK)
         return -1;
+    FILE *f = kvq_out_file_stream(of);
     fprintf(f, "input,config,k_type,v_type,rot,qjl,seed,layer,row_bytes_k,row_bytes_v,bits_k,bits_v,bits,ratio_f16,"
                "key_mse,val_mse,ip_rel_rms,ip_bias,tv,kl,top1,top8,out_err,out_err_max,pareto_out,pareto_kl\n");
     for (size_t i = 0; i < n_runs; i++)
@@ -148,13 +149,7 @@ int eval_write_csv(const char *path, const struct eval_run *runs, size_t n_runs)
             for (int l = 0; l < runs[i].n_layers; l++)
                 csv_line(f, &runs[i], r, runs[i].layers[l], &r->layers[l]);
         }
-    int bad = ferror(f);
-    if (fclose(f) || bad) {
-        if (!errno)
-            errno = EIO;
-        return -1;
-    }
-    return 0;
+    return kvq_out_file_commit(of, err) == KVQ_OK ? 0 : -1; /* reports any failed write above */
 }
 
 static cJSON *stats_json(const struct kvq_eval_sums *s)
@@ -203,7 +198,7 @@ static cJSON *result_json(const struct eval_run *run, const struct eval_result *
     return o;
 }
 
-int eval_write_json(const char *path, const struct eval_run *runs, size_t n_runs)
+char *eval_json_text(const struct eval_run *runs, size_t n_runs, int pretty)
 {
     cJSON *root = cJSON_CreateObject();
     cJSON *inputs = cJSON_AddArrayToObject(root, "inputs");
@@ -229,18 +224,7 @@ int eval_write_json(const char *path, const struct eval_run *runs, size_t n_runs
             cJSON_AddItemToArray(cf, result_json(&runs[i], &runs[i].res[c]));
         cJSON_AddItemToArray(inputs, in);
     }
-    char *text = cJSON_Print(root);
+    char *text = pretty ? cJSON_Print(root) : cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
-    if (!text) {
-        errno = ENOMEM;
-        return -1;
-    }
-    FILE *f = fopen(path, "w");
-    int rc = -1;
-    if (f) {
-        int bad = fputs(text, f) < 0 || fputc('\n', f) == EOF;
-        rc = (fclose(f) || bad) ? -1 : 0;
-    }
-    cJSON_free(text);
-    return rc;
+    return text;
 }

@@ -9,6 +9,7 @@
 #include <stdio.h>
 
 #include "kvq_eval.h"
+#include "kvq_status.h"
 
 struct eval_result {
     struct kvq_eval_config cfg;
@@ -42,9 +43,17 @@ int eval_is_lossless(const struct eval_run *run, const struct eval_result *r, in
 /* Readable table; per_layer adds one line per layer under each configuration. */
 void eval_print_table(FILE *f, const struct eval_run *run, int per_layer);
 
-/* @return 0, or -1 with errno set (the file could not be written). */
-int eval_write_csv(const char *path, const struct eval_run *runs, size_t n_runs);
-int eval_write_json(const char *path, const struct eval_run *runs, size_t n_runs);
+/* Writes the CSV to path, whole or not at all (kvq_file.h).
+ * @return 0, or -1 with the reason in err. */
+int eval_write_csv(const char *path, const struct eval_run *runs, size_t n_runs, kvq_error *err);
+
+/* The JSON document of every run (cJSON_free it): one line, or indented
+ * when pretty. NULL when out of memory. */
+char *eval_json_text(const struct eval_run *runs, size_t n_runs, int pretty);
+
+/* Whether --plot can work, before any work: gnuplot installed, the path
+ * plain, its directory writable. @return 0, or -1 with the reason in why. */
+int eval_plot_check(const char *png_path, char *why, size_t why_len);
 
 /* Plots attention-output error and KL against bits per value with gnuplot,
  * one point per configuration, Pareto fronts drawn, the f32 floor as a line.

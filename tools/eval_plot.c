@@ -4,9 +4,13 @@
  * kvq needs no plotting library; without gnuplot only --plot fails. */
 #include "eval_output.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include "kvq_file.h"
 
 static int is_floor(const struct kvq_eval_config *c)
 {
@@ -134,23 +138,50 @@ static void panel(FILE *s, const struct eval_run *run, const char *dat, int whic
             front_block);
 }
 
-static int run_gnuplot(const char *script, const char *term, char *why, size_t why_len)
+/* The first line gnuplot wrote to errs (its own complaint), "" if none. */
+static void first_line(const char *errs, char *line, size_t cap)
 {
-    char cmd[1024];
-    int n = snprintf(cmd, sizeof cmd, "gnuplot -e \"set terminal %s\" '%s' 2>/dev/null", term, script);
+    line[0] = 0;
+    FILE *f = fopen(errs, "r");
+    char buf[512];
+    while (f && fgets(buf, sizeof buf, f)) {
+        buf[strcspn(buf, "\r\n")] = 0;
+        const char *p = buf + strspn(buf, " \t^");
+        if (*p) {
+            snprintf(line, cap, ": %s", p);
+            break;
+        }
+    }
+    if (f)
+        fclose(f);
+}
+
+static int run_gnuplot(const char *script, const char *term, const char *errs, char *why, size_t why_len)
+{
+    char cmd[1536];
+    int n = snprintf(cmd, sizeof cmd, "gnuplot -e \"set terminal %s\" '%s' 2>'%s'", term, script, errs);
     if (n < 0 || (size_t)n >= sizeof cmd) {
         snprintf(why, why_len, "temporary path too long");
         return -1;
     }
     int rc = system(cmd);
-    if (rc != 0) {
-        snprintf(why, why_len, "gnuplot failed (exit status %d) with terminal %s", rc, term);
-        return -1;
-    }
-    return 0;
+    if (rc == 0)
+        return 0;
+    char said[200];
+    first_line(errs, said, sizeof said);
+    /* system() returns a wait status, not gnuplot's exit code */
+    if (rc == -1)
+        snprintf(why, why_len, "cannot start gnuplot");
+    else if (WIFEXITED(rc))
+        snprintf(why, why_len, "gnuplot exited with status %d (terminal %s)%s", WEXITSTATUS(rc), term, said);
+    else if (WIFSIGNALED(rc))
+        snprintf(why, why_len, "gnuplot was killed by signal %d (terminal %s)", WTERMSIG(rc), term);
+    else
+        snprintf(why, why_len, "gnuplot failed (terminal %s)%s", term, said);
+    return -1;
 }
 
-int eval_plot(const char *png_path, const struct eval_run *run, char *why, size_t why_len)
+int eval_plot_check(const char *png_path, char *why, size_t why_len)
 {
     if (strpbrk(png_path, "'\"\\\n$`")) {
         snprintf(why, why_len, "plot path '%s' has quotes or special characters", png_path);
@@ -160,12 +191,26 @@ int eval_plot(const char *png_path, const struct eval_run *run, char *why, size_
         snprintf(why, why_len, "gnuplot is not installed (--plot needs it: apt-get install gnuplot-nox)");
         return -1;
     }
+    kvq_error err = {0};
+    if (kvq_out_path_check(png_path, &err) != KVQ_OK) {
+        snprintf(why, why_len, "%s", err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+int eval_plot(const char *png_path, const struct eval_run *run, char *why, size_t why_len)
+{
+    if (eval_plot_check(png_path, why, why_len))
+        return -1;
     const char *tmp = getenv("TMPDIR");
     if (!tmp || !*tmp || strpbrk(tmp, "'\"\\\n$`"))
         tmp = "/tmp";
-    char dat[512], scr[512];
+    char dat[512], scr[512], errs[520];
     snprintf(dat, sizeof dat, "%s/kvq-eval-XXXXXX", tmp);
     snprintf(scr, sizeof scr, "%s/kvq-eval-XXXXXX", tmp);
+    kvq_out_file *png = NULL; /* gnuplot writes the temporary; commit renames it into place */
+    kvq_error err = {0};
     int fd1 = mkstemp(dat), fd2 = fd1 < 0 ? -1 : mkstemp(scr);
     if (fd1 < 0 || fd2 < 0) {
         if (fd1 >= 0) {
@@ -175,8 +220,13 @@ int eval_plot(const char *png_path, const struct eval_run *run, char *why, size_
         snprintf(why, why_len, "cannot create temporary files in %s", tmp);
         return -1;
     }
+    snprintf(errs, sizeof errs, "%s.err", scr);
     FILE *fd = fdopen(fd1, "w"), *fs = fdopen(fd2, "w");
     int rc = -1;
+    if (kvq_out_file_create(png_path, &png, &err) != KVQ_OK) {
+        snprintf(why, why_len, "%s", err.msg);
+        goto out;
+    }
     if (!fd || !fs || write_data(fd, run)) {
         snprintf(why, why_len, "cannot write temporary plot data in %s", tmp);
         goto out;
@@ -184,7 +234,7 @@ int eval_plot(const char *png_path, const struct eval_run *run, char *why, size_
     const struct kvq_eval_data *d = run->data;
     /* The terminal comes from the command line so one script serves both
      * the cairo terminal and the plain gd fallback. */
-    fprintf(fs, "set termoption noenhanced\nset output '%s'\n", png_path);
+    fprintf(fs, "set termoption noenhanced\nset output '%s'\n", kvq_out_file_temp_path(png));
     fprintf(fs, "set multiplot layout 1,2 title '%s: %d of %d layers, %zu tokens, %zu query positions, head dim %d'\n",
             d->name, run->n_layers, d->n_layers, d->n_tokens, run->queries_used, d->head_dim);
     /* x from 0 to just past the widest plotted point (lossless ones are not plotted) */
@@ -208,10 +258,16 @@ int eval_plot(const char *png_path, const struct eval_run *run, char *why, size_
         goto out;
     }
     fd = fs = NULL;
-    if (run_gnuplot(scr, "pngcairo size 1700,700 font 'sans,9'", why, why_len) == 0 ||
-        run_gnuplot(scr, "png size 1700,700", why, why_len) == 0)
-        rc = 0;
+    if (run_gnuplot(scr, "pngcairo size 1700,700 font 'sans,9'", errs, why, why_len) == 0 ||
+        run_gnuplot(scr, "png size 1700,700", errs, why, why_len) == 0) {
+        rc = kvq_out_file_commit(png, &err) == KVQ_OK ? 0 : -1;
+        png = NULL;
+        if (rc)
+            snprintf(why, why_len, "%s", err.msg);
+    }
 out:
+    kvq_out_file_free(png);
+    unlink(errs);
     if (fd)
         fclose(fd);
     if (fs)

@@ -12,8 +12,9 @@
 
 struct kvq_out_file {
     FILE *fp;
-    char *path; /* the target */
-    char *tmp;  /* the temporary beside it */
+    char *path; /* the target (a symbolic link resolved: the file it names is replaced) */
+    char *tmp;  /* the temporary beside it; NULL when writing straight to a
+                   target that is not a regular file (/dev/stdout, a pipe) */
 };
 
 /* "dir/.name.XXXXXX" for path "dir/name" (or ".name.XXXXXX"). */
@@ -82,10 +83,31 @@ kvq_status kvq_out_file_create(const char *path, kvq_out_file **out, kvq_error *
         return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "kvq_out_file_create: no path");
     *out = NULL;
     struct stat sb;
-    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
+    int exists = stat(path, &sb) == 0;
+    if (exists && S_ISDIR(sb.st_mode))
         return kvq_error_set(err, KVQ_ERR_IO, "%s: is a directory", path);
     kvq_out_file *f = calloc(1, sizeof *f);
-    if (!f || !(f->path = strdup(path)) || !(f->tmp = temp_template(path))) {
+    if (!f)
+        return kvq_error_set(err, KVQ_ERR_NOMEM, "%s: out of memory", path);
+    if (exists && !S_ISREG(sb.st_mode)) {
+        /* A device or pipe is a stream, not a file to replace: renaming
+         * over /dev/stdout or /dev/null would put a regular file there. */
+        f->path = strdup(path);
+        if (f->path && !(f->fp = fopen(path, "wb"))) {
+            int e = errno;
+            kvq_out_file_free(f);
+            return kvq_error_set(err, KVQ_ERR_IO, "%s: cannot open: %s", path, strerror(e));
+        }
+        if (!f->path) {
+            kvq_out_file_free(f);
+            return kvq_error_set(err, KVQ_ERR_NOMEM, "%s: out of memory", path);
+        }
+        *out = f;
+        return KVQ_OK;
+    }
+    struct stat lsb;
+    f->path = exists && lstat(path, &lsb) == 0 && S_ISLNK(lsb.st_mode) ? realpath(path, NULL) : strdup(path);
+    if (!f->path || !(f->tmp = temp_template(f->path))) {
         kvq_out_file_free(f);
         return kvq_error_set(err, KVQ_ERR_NOMEM, "%s: out of memory", path);
     }
@@ -111,6 +133,11 @@ kvq_status kvq_out_file_create(const char *path, kvq_out_file **out, kvq_error *
 FILE *kvq_out_file_stream(kvq_out_file *f)
 {
     return f ? f->fp : NULL;
+}
+
+const char *kvq_out_file_temp_path(const kvq_out_file *f)
+{
+    return f ? f->tmp : NULL;
 }
 
 void kvq_out_file_free(kvq_out_file *f)
@@ -146,17 +173,17 @@ kvq_status kvq_out_file_commit(kvq_out_file *f, kvq_error *err)
     int e = 0;
     if (ferror(f->fp))
         e = errno ? errno : EIO;
-    else if (fflush(f->fp) != 0 || fsync(fileno(f->fp)) != 0)
+    else if (fflush(f->fp) != 0 || (f->tmp && fsync(fileno(f->fp)) != 0))
         e = errno;
     if (fclose(f->fp) != 0 && !e)
         e = errno;
     f->fp = NULL;
-    if (!e && rename(f->tmp, f->path) != 0)
+    if (!e && f->tmp && rename(f->tmp, f->path) != 0)
         e = errno;
     kvq_status st = KVQ_OK;
     if (e)
         st = kvq_error_set(err, KVQ_ERR_IO, "%s: write failed: %s", f->path, strerror(e));
-    else {
+    else if (f->tmp) {
         free(f->tmp); /* renamed: nothing to remove */
         f->tmp = NULL;
         sync_dir(f->path); /* best effort: some file systems refuse a directory fsync */
@@ -167,6 +194,10 @@ kvq_status kvq_out_file_commit(kvq_out_file *f, kvq_error *err)
 
 kvq_status kvq_out_path_check(const char *path, kvq_error *err)
 {
+    struct stat sb;
+    if (path && stat(path, &sb) == 0 && !S_ISREG(sb.st_mode) && !S_ISDIR(sb.st_mode))
+        return access(path, W_OK) == 0 ? KVQ_OK /* a device or pipe: opening it may block or consume */
+                                       : kvq_error_set(err, KVQ_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     kvq_out_file *f;
     kvq_status st = kvq_out_file_create(path, &f, err);
     kvq_out_file_free(f);

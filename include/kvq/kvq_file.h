@@ -34,6 +34,10 @@ KVQ_API kvq_status kvq_out_file_create(const char *path, kvq_out_file **out, kvq
 /** The stream to write to (binary). Do not fclose it. */
 KVQ_API FILE *kvq_out_file_stream(kvq_out_file *f);
 
+/** The temporary's path, for a program that writes the file itself (gnuplot
+ *  opens it by name; commit then renames it into place). */
+KVQ_API const char *kvq_out_file_temp_path(const kvq_out_file *f);
+
 /** Flushes, fsyncs and closes the stream, renames the temporary over the
  *  target and fsyncs the directory; any write error since create (full
  *  disk, I/O error) fails here with its reason and removes the temporary.
