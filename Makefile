@@ -161,6 +161,7 @@ $(BUILD)/bench/bench_cuda: $(BENCH_CUDA_OBJ)
 
 tests: $(TEST_BIN) $(KVQ)
 test: tests
+	@sh tests/tokenizer/fetch.sh build/tokenizer-data
 	@KVQ_BUILD=$(BUILD) sh tests/run.sh $(BUILD) $(TEST_BIN) tests/test_boundaries.sh tests/cuda/test_emulate_v4.sh
 
 benches: $(BENCH_BIN) $(KVQ)

@@ -153,8 +153,9 @@ kvq_status kvq_tokenizer_create_from_memory(const char *json, size_t len, kvq_to
     if (!cJSON_IsObject(root))
         st = kvq_error_set(err, KVQ_ERR_FORMAT, "tokenizer.json: the top level is not an object");
     else if (!(st = tok_load_model(&L, root)) && !(st = tok_load_normalizer(&L, root)) &&
-             !(st = tok_load_pre_tokenizer(&L, root)))
-        st = tok_load_decoder(&L, root);
+             !(st = tok_load_pre_tokenizer(&L, root)) && !(st = tok_load_post_processor(&L, root)) &&
+             !(st = tok_load_decoder(&L, root)))
+        st = tok_index_added(&L);
     cJSON_Delete(root);
     if (st) {
         kvq_tokenizer_free(t);
@@ -165,6 +166,9 @@ kvq_status kvq_tokenizer_create_from_memory(const char *json, size_t len, kvq_to
         t->bos = id;
     if (kvq_tokenizer_token_id(t, "</s>", 4, &id) == KVQ_OK)
         t->eos = id;
+    /* A template that starts with a special token names the BOS (Gemma's <bos>). */
+    if (t->bos < 0 && t->n_tpl_pre > 0)
+        t->bos = t->tpl_pre[0];
     *out = t;
     return KVQ_OK;
 }
@@ -222,11 +226,22 @@ void kvq_tokenizer_free(kvq_tokenizer *t)
     free(t->vocab.slot);
     free(t->merges);
     free(t->added);
-    free(t->added_order);
+    free(t->trie_raw.node);
+    free(t->trie_norm.node);
     free(t->added_map.slot);
-    for (int i = 0; i < t->n_norm; i++) {
+    free(t->tpl_pre);
+    free(t->tpl_post);
+    free(t->dec_first_off);
+    free(t->dec_first_len);
+    /* Every slot: a step that failed half-way may hold a compiled regex. */
+    for (int i = 0; i < TOK_MAX_STEPS; i++) {
         free(t->norm[i].pattern.s);
         free(t->norm[i].content.s);
+        if (t->norm[i].re)
+            tok_regex_free(t->norm[i].re);
+        free(t->pre[i].pattern.s);
+        if (t->pre[i].re)
+            tok_regex_free(t->pre[i].re);
     }
     free(t);
 }

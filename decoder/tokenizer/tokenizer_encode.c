@@ -1,11 +1,15 @@
 /* tokenizer_encode.c - text -> ids, step for step as HF tokenizers does it:
  *
- *   1. cut the added tokens out of the raw text (leftmost-longest);
- *   2. normalize each remaining segment (Replace, Prepend);
- *   3. pre-tokenize it into words (Metaspace, Digits), each word remembering
- *      whether it starts at offset 0 of the original text (Metaspace "first");
+ *   1. cut the added tokens with normalized=false out of the raw text
+ *      (leftmost-longest, with their single_word / lstrip / rstrip rules);
+ *   2. normalize each remaining segment (Replace, Prepend, NFC..., Strip, ...),
+ *      then cut the normalized=true added tokens out of the result;
+ *   3. pre-tokenize each piece into words (Split, ByteLevel, Metaspace,
+ *      Digits, Punctuation, Whitespace...), each word remembering whether it
+ *      starts at offset 0 of the original text (Metaspace "first");
  *   4. BPE each word: characters -> ids (byte fallback / unk), then apply the
- *      lowest-ranked merge, leftmost first, until none applies.
+ *      lowest-ranked merge, leftmost first, until none applies;
+ *   5. the post-processor's template ids around it all, when asked for.
  *
  * Step 4 uses a binary heap of candidate pairs keyed (rank, position), so a
  * word of n symbols costs O(n log n); stale heap entries are recognised and
@@ -13,6 +17,9 @@
  * call: encoding is not on the per-token hot path.
  */
 #include "tokenizer_internal.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
 
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +39,12 @@ typedef struct cand {
     int32_t rank, pos, id;
 } cand;
 
+/* One piece of a split: [start, end) and whether the pattern matched it. */
+typedef struct piece {
+    size_t start, end;
+    int match;
+} piece;
+
 typedef struct enc {
     const kvq_tokenizer *t;
     int32_t *ids;
@@ -44,6 +57,15 @@ typedef struct enc {
     size_t cap_syms;
     cand *heap;
     size_t cap_heap, n_heap;
+    piece *pieces;
+    size_t cap_pieces;
+    char *tmp; /* ByteLevel scratch */
+    size_t cap_tmp;
+    char *ntext; /* the normalized text of the current raw gap */
+    size_t cap_ntext;
+    pcre2_match_data *md;
+    pcre2_match_context *mctx;
+    pcre2_jit_stack *jit;
 } enc;
 
 static int grow(void **p, size_t *cap, size_t need, size_t elem)
@@ -220,7 +242,151 @@ static kvq_status bpe_word(enc *e, const char *w, size_t n)
     return KVQ_OK;
 }
 
+/* memmem is not C11/POSIX. */
+static const char *find_str(const char *h, size_t hn, const char *nd, size_t nn)
+{
+    if (nn == 0 || nn > hn)
+        return NULL;
+    for (const char *p = h, *end = h + hn - nn; p <= end;) {
+        const char *q = memchr(p, nd[0], (size_t)(end - p) + 1);
+        if (!q)
+            return NULL;
+        if (memcmp(q, nd, nn) == 0)
+            return q;
+        p = q + 1;
+    }
+    return NULL;
+}
+
+/* ---- regex matching ------------------------------------------------------- */
+
+static kvq_status regex_ready(enc *e)
+{
+    if (e->md)
+        return KVQ_OK;
+    e->md = pcre2_match_data_create(16, NULL);
+    e->mctx = pcre2_match_context_create(NULL);
+    /* Patterns like \s+(?!\S) backtrack over whole whitespace runs: give JIT
+     * more than its default 32 KiB of stack. */
+    e->jit = pcre2_jit_stack_create(32 * 1024, 16 * 1024 * 1024, NULL);
+    if (!e->md || !e->mctx || !e->jit)
+        return KVQ_ERR_NOMEM;
+    pcre2_jit_stack_assign(e->mctx, NULL, e->jit);
+    return KVQ_OK;
+}
+
+/* Next match of re in s[0..n) at or after *pos: KVQ_OK with [*ms, *me), or
+ * *ms = n when there is none. Empty matches are skipped. */
+static kvq_status regex_next(enc *e, const void *re, const char *s, size_t n, size_t pos, size_t *ms,
+                             size_t *me)
+{
+    kvq_status st = regex_ready(e);
+    if (st)
+        return st;
+    while (pos <= n) {
+        int rc = pcre2_match((const pcre2_code *)re, (PCRE2_SPTR)s, n, pos, PCRE2_NO_UTF_CHECK, e->md, e->mctx);
+        if (rc == PCRE2_ERROR_NOMATCH)
+            break;
+        if (rc < 0)
+            return KVQ_ERR_NOMEM; /* match or JIT stack limit: pathological input */
+        PCRE2_SIZE *ov = pcre2_get_ovector_pointer(e->md);
+        if (ov[1] > ov[0]) {
+            *ms = ov[0];
+            *me = ov[1];
+            return KVQ_OK;
+        }
+        /* Empty match: HF drops empty pieces; step over one character. */
+        if (ov[0] >= n)
+            break;
+        uint32_t cp;
+        pos = ov[0] + tok_utf8_next(s + ov[0], n - ov[0], &cp);
+    }
+    *ms = *me = n;
+    return KVQ_OK;
+}
+
 /* ---- normalizer ------------------------------------------------------------ */
+
+static int is_ws_at(const char *s, size_t n, size_t i, size_t *cl)
+{
+    uint32_t cp;
+    *cl = tok_utf8_next(s + i, n - i, &cp);
+    return tok_is_whitespace(cp);
+}
+
+/* One normalizer step from src[0..n) into buf[dst]; *n updated. */
+static kvq_status norm_step(enc *e, const tok_norm *nm, const char *src, int dst, size_t *np)
+{
+    size_t n = *np;
+    if (nm->kind == TOK_NORM_PREPEND) {
+        if (n == 0)
+            return KVQ_OK; /* HF prepends to non-empty strings only */
+        if (!grow((void **)&e->buf[dst], &e->cap[dst], n + nm->content.n + 1, 1))
+            return KVQ_ERR_NOMEM;
+        memcpy(e->buf[dst], nm->content.s, nm->content.n);
+        memcpy(e->buf[dst] + nm->content.n, src, n);
+        *np = n + nm->content.n;
+        return KVQ_OK;
+    }
+    if (nm->kind == TOK_NORM_REPLACE) {
+        /* Literal content, also for regex patterns (HF does not expand $1). */
+        size_t o = 0, i = 0;
+        while (i < n) {
+            size_t ms, me;
+            if (nm->re) {
+                kvq_status st = regex_next(e, nm->re, src, n, i, &ms, &me);
+                if (st)
+                    return st;
+            } else {
+                const char *hit = find_str(src + i, n - i, nm->pattern.s, nm->pattern.n);
+                ms = hit ? (size_t)(hit - src) : n;
+                me = hit ? ms + nm->pattern.n : n;
+            }
+            size_t need = o + (ms - i) + (ms < n ? nm->content.n : 0) + 1;
+            if (!grow((void **)&e->buf[dst], &e->cap[dst], need, 1))
+                return KVQ_ERR_NOMEM;
+            memcpy(e->buf[dst] + o, src + i, ms - i);
+            o += ms - i;
+            if (ms < n) {
+                memcpy(e->buf[dst] + o, nm->content.s, nm->content.n);
+                o += nm->content.n;
+            }
+            i = me;
+        }
+        *np = o;
+        return KVQ_OK;
+    }
+    if (nm->kind == TOK_NORM_STRIP) {
+        size_t lo = 0, hi = n, cl;
+        while (nm->strip_left && lo < hi && is_ws_at(src, hi, lo, &cl))
+            lo += cl;
+        while (nm->strip_right && hi > lo) {
+            size_t j = hi - 1;
+            while (j > lo && ((unsigned char)src[j] & 0xC0) == 0x80)
+                j--;
+            if (!is_ws_at(src, hi, j, &cl))
+                break;
+            hi = j;
+        }
+        if (!grow((void **)&e->buf[dst], &e->cap[dst], hi - lo + 1, 1))
+            return KVQ_ERR_NOMEM;
+        memcpy(e->buf[dst], src + lo, hi - lo);
+        *np = hi - lo;
+        return KVQ_OK;
+    }
+    size_t out_n;
+    char *m = tok_unicode_map(nm->kind, src, n, &out_n);
+    if (!m)
+        return KVQ_ERR_NOMEM;
+    int ok = grow((void **)&e->buf[dst], &e->cap[dst], out_n + 1, 1);
+    if (ok)
+        memcpy(e->buf[dst], m, out_n);
+    free(m);
+    if (!ok)
+        return KVQ_ERR_NOMEM;
+    *np = out_n;
+    return KVQ_OK;
+}
 
 /* Runs the normalizer over s[0..n); the result is in e->buf[*which][0..*out_n). */
 static kvq_status normalize(enc *e, const char *s, size_t n, int *which, size_t *out_n)
@@ -231,36 +397,10 @@ static kvq_status normalize(enc *e, const char *s, size_t n, int *which, size_t 
         return KVQ_ERR_NOMEM;
     memcpy(e->buf[0], s, n);
     for (int k = 0; k < t->n_norm; k++) {
-        const tok_norm *nm = &t->norm[k];
-        const char *src = e->buf[cur];
-        int dst = !cur;
-        if (nm->kind == TOK_NORM_PREPEND) {
-            if (n == 0)
-                continue; /* HF prepends to non-empty strings only */
-            if (!grow((void **)&e->buf[dst], &e->cap[dst], n + nm->content.n + 1, 1))
-                return KVQ_ERR_NOMEM;
-            memcpy(e->buf[dst], nm->content.s, nm->content.n);
-            memcpy(e->buf[dst] + nm->content.n, src, n);
-            n += nm->content.n;
-        } else {
-            size_t worst = nm->content.n > nm->pattern.n ? n / nm->pattern.n * nm->content.n + n : n;
-            if (!grow((void **)&e->buf[dst], &e->cap[dst], worst + 1, 1))
-                return KVQ_ERR_NOMEM;
-            src = e->buf[cur];
-            char *w = e->buf[dst];
-            size_t o = 0;
-            for (size_t i = 0; i < n;) {
-                if (i + nm->pattern.n <= n && memcmp(src + i, nm->pattern.s, nm->pattern.n) == 0) {
-                    memcpy(w + o, nm->content.s, nm->content.n);
-                    o += nm->content.n;
-                    i += nm->pattern.n;
-                } else {
-                    w[o++] = src[i++];
-                }
-            }
-            n = o;
-        }
-        cur = dst;
+        kvq_status st = norm_step(e, &t->norm[k], e->buf[cur], !cur, &n);
+        if (st)
+            return st;
+        cur = !cur;
     }
     *which = cur;
     *out_n = n;
@@ -365,22 +505,187 @@ static kvq_status digits(sink *k, const tok_pre *p, const char *s, size_t n, int
     return sink_span(k, start, origin && first);
 }
 
-/* Normalizes, pre-tokenizes and BPEs one segment of text between added tokens. */
-static kvq_status segment(enc *e, const char *s, size_t n, int origin)
+static kvq_status add_piece(enc *e, size_t *np, size_t start, size_t end, int match)
 {
+    if (!grow((void **)&e->pieces, &e->cap_pieces, *np + 1, sizeof *e->pieces))
+        return KVQ_ERR_NOMEM;
+    piece pc = {start, end, match};
+    e->pieces[(*np)++] = pc;
+    return KVQ_OK;
+}
+
+/* The matches of p's pattern in s[0..n), as HF's Pattern::find_matches lists
+ * them: consecutive pieces covering s, each flagged match or not. */
+static kvq_status find_matches(enc *e, const tok_pre *p, const char *s, size_t n, size_t *np)
+{
+    kvq_status st;
+    size_t prev = 0, i = 0;
+    *np = 0;
+    if (p->kind == TOK_PRE_PUNCT || p->kind == TOK_PRE_WSPLIT) {
+        /* A character predicate: every such character is a match of its own. */
+        while (i < n) {
+            uint32_t cp;
+            size_t cl = tok_utf8_next(s + i, n - i, &cp);
+            int hit = p->kind == TOK_PRE_PUNCT ? tok_is_punct(cp) : tok_is_whitespace(cp);
+            if (hit) {
+                if (prev < i && (st = add_piece(e, np, prev, i, 0)))
+                    return st;
+                if ((st = add_piece(e, np, i, i + cl, 1)))
+                    return st;
+                prev = i + cl;
+            }
+            i += cl;
+        }
+    } else {
+        while (i < n) {
+            size_t ms, me;
+            if (p->re) {
+                if ((st = regex_next(e, p->re, s, n, i, &ms, &me)))
+                    return st;
+            } else {
+                const char *hit = find_str(s + i, n - i, p->pattern.s, p->pattern.n);
+                ms = hit ? (size_t)(hit - s) : n;
+                me = hit ? ms + p->pattern.n : n;
+            }
+            if (ms >= n)
+                break;
+            if (prev < ms && (st = add_piece(e, np, prev, ms, 0)))
+                return st;
+            if ((st = add_piece(e, np, ms, me, 1)))
+                return st;
+            prev = i = me;
+        }
+    }
+    if (prev < n && (st = add_piece(e, np, prev, n, 0)))
+        return st;
+    return KVQ_OK;
+}
+
+/* HF's SplitDelimiterBehavior over the pieces, in place; pieces to drop keep
+ * match = 1, the others match = 0. */
+static size_t apply_behavior(piece *pc, size_t n, enum tok_behavior b, int invert)
+{
+    if (invert)
+        for (size_t i = 0; i < n; i++)
+            pc[i].match = !pc[i].match;
+    size_t w = 0;
+    int prev_match = 0;
+    switch (b) {
+    case TOK_B_REMOVED:
+        return n;
+    case TOK_B_ISOLATED:
+        for (size_t i = 0; i < n; i++)
+            pc[i].match = 0;
+        return n;
+    case TOK_B_PREV:
+        for (size_t i = 0; i < n; i++) {
+            if (pc[i].match && !prev_match && w > 0)
+                pc[w - 1].end = pc[i].end;
+            else
+                pc[w++] = (piece){pc[i].start, pc[i].end, 0};
+            prev_match = pc[i].match;
+        }
+        return w;
+    case TOK_B_CONTIGUOUS:
+        for (size_t i = 0; i < n; i++) {
+            if (pc[i].match == prev_match && w > 0)
+                pc[w - 1].end = pc[i].end;
+            else
+                pc[w++] = (piece){pc[i].start, pc[i].end, 0};
+            prev_match = pc[i].match;
+        }
+        return w;
+    case TOK_B_NEXT: {
+        /* Right to left, writing from the end, then moved to the front. */
+        size_t r = n;
+        for (size_t i = n; i-- > 0;) {
+            if (pc[i].match && !prev_match && r < n)
+                pc[r].start = pc[i].start;
+            else
+                pc[--r] = (piece){pc[i].start, pc[i].end, 0};
+            prev_match = pc[i].match;
+        }
+        memmove(pc, pc + r, (n - r) * sizeof *pc);
+        return n - r;
+    }
+    }
+    return n;
+}
+
+/* ByteLevel's byte -> character mapping of s[0..n) into the sink. */
+static kvq_status sink_bytelevel(sink *k, const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        size_t cl;
+        const char *c = tok_bytelevel_char((unsigned char)s[i], &cl);
+        kvq_status st = sink_text(k, c, cl);
+        if (st)
+            return st;
+    }
+    return KVQ_OK;
+}
+
+/* Split, Punctuation, Whitespace, WhitespaceSplit and ByteLevel: find the
+ * matches, apply the behaviour, emit the pieces kept. */
+static kvq_status split_step(sink *k, const tok_pre *p, const char *s, size_t n, int origin)
+{
+    enc *e = k->e;
+    kvq_status st;
+    const char *text = s;
+    if (p->kind == TOK_PRE_BYTELEVEL && p->add_prefix_space && (n == 0 || s[0] != ' ')) {
+        if (!grow((void **)&e->tmp, &e->cap_tmp, n + 2, 1))
+            return KVQ_ERR_NOMEM;
+        e->tmp[0] = ' ';
+        memcpy(e->tmp + 1, s, n);
+        text = e->tmp;
+        n++;
+    }
     if (n == 0)
         return KVQ_OK;
+    size_t np = 0;
+    if (p->kind == TOK_PRE_BYTELEVEL && !p->re) {
+        if ((st = add_piece(e, &np, 0, n, 0)))
+            return st;
+    } else {
+        if ((st = find_matches(e, p, text, n, &np)))
+            return st;
+        enum tok_behavior b = p->behavior;
+        int invert = p->invert;
+        if (p->kind == TOK_PRE_BYTELEVEL)
+            b = TOK_B_ISOLATED;
+        else if (p->kind == TOK_PRE_WSPLIT)
+            b = TOK_B_REMOVED, invert = 0;
+        else if (p->kind == TOK_PRE_WHITESPACE)
+            b = TOK_B_REMOVED, invert = 1;
+        np = apply_behavior(e->pieces, np, b, invert);
+    }
+    for (size_t i = 0; i < np; i++) {
+        piece pc = e->pieces[i];
+        if (pc.match || pc.end == pc.start)
+            continue;
+        size_t start = k->n_text;
+        st = p->kind == TOK_PRE_BYTELEVEL ? sink_bytelevel(k, text + pc.start, pc.end - pc.start)
+                                          : sink_text(k, text + pc.start, pc.end - pc.start);
+        if (st || (st = sink_span(k, start, origin && pc.start == 0)))
+            return st;
+    }
+    return KVQ_OK;
+}
+
+/* Pre-tokenizes and BPEs one piece of normalized text (not in buf[]). */
+static kvq_status pretok_bpe(enc *e, const char *text, size_t n, int origin)
+{
     const kvq_tokenizer *t = e->t;
-    int cur;
-    size_t len;
-    kvq_status st = normalize(e, s, n, &cur, &len);
-    if (st)
-        return st;
-    if (len == 0)
+    kvq_status st;
+    if (n == 0)
         return KVQ_OK;
+    int cur = 0;
+    if (!grow((void **)&e->buf[cur], &e->cap[cur], n + 1, 1))
+        return KVQ_ERR_NOMEM;
+    memcpy(e->buf[cur], text, n);
     if (!grow((void **)&e->spans[cur], &e->cap_spans[cur], 1, sizeof(span)))
         return KVQ_ERR_NOMEM;
-    span whole = {0, len, origin};
+    span whole = {0, n, origin};
     e->spans[cur][0] = whole;
     size_t n_spans = 1;
     for (int k = 0; k < t->n_pre; k++) {
@@ -388,9 +693,11 @@ static kvq_status segment(enc *e, const char *s, size_t n, int origin)
         for (size_t i = 0; i < n_spans; i++) {
             span sp = e->spans[cur][i];
             /* sink_text may move buf[dst] but never buf[cur]. */
-            const char *src = e->buf[cur] + sp.off;
-            st = t->pre[k].kind == TOK_PRE_METASPACE ? metaspace(&out, &t->pre[k], src, sp.len, sp.origin)
-                                                     : digits(&out, &t->pre[k], src, sp.len, sp.origin);
+            const char *s = e->buf[cur] + sp.off;
+            const tok_pre *p = &t->pre[k];
+            st = p->kind == TOK_PRE_METASPACE ? metaspace(&out, p, s, sp.len, sp.origin)
+                 : p->kind == TOK_PRE_DIGITS  ? digits(&out, p, s, sp.len, sp.origin)
+                                              : split_step(&out, p, s, sp.len, sp.origin);
             if (st)
                 return st;
         }
@@ -405,35 +712,138 @@ static kvq_status segment(enc *e, const char *s, size_t n, int origin)
     return KVQ_OK;
 }
 
+/* Leftmost-longest added token of trie at s[i..n): its added[] index, or -1. */
+static int32_t trie_match(const tok_trie *tr, const char *s, size_t n, size_t i, size_t *len)
+{
+    int32_t node = tr->root[(unsigned char)s[i]], best = -1;
+    size_t j = i + 1;
+    while (node >= 0) {
+        if (tr->node[node].added >= 0) {
+            best = tr->node[node].added;
+            *len = j - i;
+        }
+        if (j >= n)
+            break;
+        unsigned char c = (unsigned char)s[j++];
+        node = tr->node[node].child;
+        while (node >= 0 && tr->node[node].byte != c)
+            node = tr->node[node].sibling;
+    }
+    return best;
+}
+
+static int word_before(const char *s, size_t i)
+{
+    if (i == 0)
+        return 0;
+    size_t j = i - 1;
+    while (j > 0 && ((unsigned char)s[j] & 0xC0) == 0x80)
+        j--;
+    uint32_t cp;
+    tok_utf8_next(s + j, i - j, &cp);
+    return tok_is_word(cp);
+}
+
+static int word_after(const char *s, size_t n, size_t i)
+{
+    uint32_t cp;
+    if (i >= n)
+        return 0;
+    tok_utf8_next(s + i, n - i, &cp);
+    return tok_is_word(cp);
+}
+
+/* Splits s[0..n) at the added tokens of tr, as HF's find_matches does;
+ * each gap goes to fn(gap start, gap end), each token is pushed. */
+typedef kvq_status (*gap_fn)(enc *e, const char *s, size_t a, size_t b, void *arg);
+static kvq_status split_added(enc *e, const tok_trie *tr, const char *s, size_t n, gap_fn fn, void *arg)
+{
+    const kvq_tokenizer *t = e->t;
+    kvq_status st;
+    size_t done = 0; /* text before this is consumed */
+    for (size_t i = 0; i < n;) {
+        size_t ml = 0;
+        int32_t a = tr->root[(unsigned char)s[i]] >= 0 ? trie_match(tr, s, n, i, &ml) : -1;
+        if (a < 0) {
+            i++;
+            continue;
+        }
+        const tok_added *ad = &t->added[a];
+        size_t start = i, stop = i + ml;
+        i = stop; /* matches never overlap, also when one is discarded */
+        if (ad->single_word && (word_before(s, start) || word_after(s, n, stop)))
+            continue;
+        if (ad->lstrip) {
+            size_t j = start, cl;
+            while (j > done) {
+                size_t k = j - 1;
+                while (k > 0 && ((unsigned char)s[k] & 0xC0) == 0x80)
+                    k--;
+                if (!is_ws_at(s, j, k, &cl))
+                    break;
+                j = k;
+            }
+            start = j;
+        }
+        if (ad->rstrip) {
+            size_t cl;
+            while (stop < n && is_ws_at(s, n, stop, &cl))
+                stop += cl;
+            i = stop;
+        }
+        if (done < start && (st = fn(e, s, done, start, arg)))
+            return st;
+        if ((st = push_id(e, ad->id)))
+            return st;
+        done = stop;
+    }
+    return done < n ? fn(e, s, done, n, arg) : KVQ_OK;
+}
+
+/* A gap of normalized text: pre-tokenize and BPE it. arg: origin flag. */
+static kvq_status norm_gap(enc *e, const char *s, size_t a, size_t b, void *arg)
+{
+    return pretok_bpe(e, s + a, b - a, *(const int *)arg && a == 0);
+}
+
+/* A gap of raw text between non-normalized added tokens: normalize it, then
+ * split at the normalized added tokens. */
+static kvq_status raw_gap(enc *e, const char *s, size_t a, size_t b, void *arg)
+{
+    (void)arg;
+    int cur;
+    size_t len;
+    kvq_status st = normalize(e, s + a, b - a, &cur, &len);
+    if (st || len == 0)
+        return st;
+    /* pretok_bpe reuses buf[]: the normalized text moves out first. */
+    if (!grow((void **)&e->ntext, &e->cap_ntext, len + 1, 1))
+        return KVQ_ERR_NOMEM;
+    memcpy(e->ntext, e->buf[cur], len);
+    int origin = a == 0;
+    if (e->t->trie_norm.n == 0)
+        return pretok_bpe(e, e->ntext, len, origin);
+    return split_added(e, &e->t->trie_norm, e->ntext, len, norm_gap, &origin);
+}
+
 static kvq_status encode_all(enc *e, const char *text, size_t len, int add_bos)
 {
     const kvq_tokenizer *t = e->t;
     kvq_status st;
-    if (add_bos && t->bos >= 0 && (st = push_id(e, t->bos)))
+    if (add_bos && t->has_template) {
+        for (int i = 0; i < t->n_tpl_pre; i++)
+            if ((st = push_id(e, t->tpl_pre[i])))
+                return st;
+    } else if (add_bos && t->bos >= 0 && (st = push_id(e, t->bos))) {
         return st;
-    size_t seg = 0;
-    for (size_t i = 0; i < len;) {
-        unsigned c = (unsigned char)text[i];
-        int32_t hit = -1;
-        size_t hit_len = 0;
-        for (int32_t k = t->first_start[c]; k < t->first_start[c + 1]; k++) {
-            const tok_added *a = &t->added[t->added_order[k]];
-            if (a->len <= len - i && memcmp(text + i, t->arena + a->off, a->len) == 0) {
-                hit = a->id; /* longest first, so the first hit is the longest */
-                hit_len = a->len;
-                break;
-            }
-        }
-        if (hit < 0) {
-            i++;
-            continue;
-        }
-        if ((st = segment(e, text + seg, i - seg, seg == 0)) || (st = push_id(e, hit)))
-            return st;
-        i += hit_len;
-        seg = i;
     }
-    return segment(e, text + seg, len - seg, seg == 0);
+    if ((st = split_added(e, &t->trie_raw, text, len, raw_gap, NULL)))
+        return st;
+    if (add_bos && t->has_template)
+        for (int i = 0; i < t->n_tpl_post; i++)
+            if ((st = push_id(e, t->tpl_post[i])))
+                return st;
+    return KVQ_OK;
 }
 
 static void enc_free(enc *e)
@@ -444,6 +854,12 @@ static void enc_free(enc *e)
     free(e->spans[1]);
     free(e->syms);
     free(e->heap);
+    free(e->pieces);
+    free(e->tmp);
+    free(e->ntext);
+    pcre2_match_data_free(e->md);
+    pcre2_match_context_free(e->mctx);
+    pcre2_jit_stack_free(e->jit);
 }
 
 kvq_status kvq_tokenizer_encode_alloc(const kvq_tokenizer *tok, const char *text, size_t len,

