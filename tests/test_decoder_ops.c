@@ -108,7 +108,9 @@ static void test_rope_kinds(void)
     fill(qkv, (size_t)m->qkv_dim, 3);
     for (int kind = 0; kind < 2; kind++) {
         model->cfg.arch.rope = (enum kvq_rope_kind)kind;
-        be->ops->qkv_rope(be, 0, qkv, 1, pos, q, k, v);
+        const int32_t pos32 = (int32_t)pos;
+        be->ops->set_pos(be, &pos32, 1);
+        be->ops->qkv_rope(be, 0, qkv, 1, be->pos, q, k, v);
         const float *x = qkv + m->q_dim; /* KV head 0 (no k norm in the bundled model) */
         for (int i = 0; i < half; i++) {
             int i0 = kind == KVQ_ROPE_INTERLEAVED ? 2 * i : i, i1 = kind == KVQ_ROPE_INTERLEAVED ? 2 * i + 1 : i + half;

@@ -9,7 +9,8 @@
  * struct kvq_model_arch (kvq_model.h), decided once when config.json is
  * parsed, never as a model_type string.
  *
- * A backend instance belongs to one sequence state. Its buffers are float
+ * A backend instance belongs to one sequence state or one batch (kvq_batch.h:
+ * rows of several sequences in one forward). Its buffers are float
  * arrays in the backend's memory, row-major [rows][cols] with rows <=
  * max_rows (host pointers for the CPU backend). Ops never allocate.
  *
@@ -82,9 +83,11 @@ struct kvq_backend_ops {
     void (*linear)(kvq_backend *b, enum kvq_weight w, int layer, const float *x, float *y, size_t T,
                    int accumulate);
     /* qkv[T] -> q, k, v: the optional per-head q/k norm, then RoPE (arch.rope,
-     * arch.rotary_dim) at positions pos0 .. pos0 + T - 1 */
-    void (*qkv_rope)(kvq_backend *b, int layer, const float *qkv, size_t T, size_t pos0, float *q, float *k,
-                     float *v);
+     * arch.rotary_dim), row t at position pos[t]: pos is backend memory
+     * (b->pos, as set_pos filled it), so rows of several sequences, each at
+     * its own position, go through one call */
+    void (*qkv_rope)(kvq_backend *b, int layer, const float *qkv, size_t T, const int32_t *pos, float *q,
+                     float *k, float *v);
     /* h[T][ffn] = act(gate) * up from gu[T][2 ffn] (arch.act) */
     void (*glu)(kvq_backend *b, const float *gu, float *h, size_t T);
     /* final norm and LM head of rows x[0..R): logits [R][vocab] (host, if not
@@ -94,6 +97,9 @@ struct kvq_backend_ops {
     /* one token from host logits[vocab] with the sampler's settings and RNG */
     kvq_status (*sample)(kvq_backend *b, kvq_sampler *smp, const float *logits, int32_t *tok);
     void (*free)(kvq_backend *b);
+    /* copies the host positions pos[0..T) of a forward's rows into b->pos
+     * (once per forward, not per layer: a device backend uploads them) */
+    void (*set_pos)(kvq_backend *b, const int32_t *pos, size_t T);
 };
 
 struct kvq_backend {
@@ -103,6 +109,7 @@ struct kvq_backend {
     size_t max_rows;      /* rows of every activation buffer */
     int device;           /* 1: the buffers are device memory (not readable by the host) */
     struct kvq_acts acts; /* owned by the backend */
+    int32_t *pos;         /* [max_rows] row positions in the backend's memory (set_pos) */
 };
 
 #ifdef __cplusplus

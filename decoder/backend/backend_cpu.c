@@ -115,8 +115,13 @@ static void cpu_linear(kvq_backend *b, enum kvq_weight which, int layer, const f
             y[t * (size_t)out + i] += bias[i];
 }
 
-static void cpu_qkv_rope(kvq_backend *b, int layer, const float *qkv, size_t T, size_t pos0, float *q, float *k,
-                         float *v)
+static void cpu_set_pos(kvq_backend *b, const int32_t *pos, size_t T)
+{
+    memcpy(b->pos, pos, T * sizeof *pos);
+}
+
+static void cpu_qkv_rope(kvq_backend *b, int layer, const float *qkv, size_t T, const int32_t *pos, float *q,
+                         float *k, float *v)
 {
     const kvq_model *m = b->m;
     const struct kvq_model_config *c = &m->cfg;
@@ -124,8 +129,8 @@ static void cpu_qkv_rope(kvq_backend *b, int layer, const float *qkv, size_t T, 
     const int d = c->head_dim, rd = c->arch.rotary_dim, half = rd / 2;
     for (size_t t = 0; t < T; t++) {
         const float *row = qkv + t * (size_t)m->qkv_dim;
-        const float *cs = m->rope_cos + (pos0 + t) * (size_t)half;
-        const float *sn = m->rope_sin + (pos0 + t) * (size_t)half;
+        const float *cs = m->rope_cos + (size_t)pos[t] * (size_t)half;
+        const float *sn = m->rope_sin + (size_t)pos[t] * (size_t)half;
         float *qt = q + t * (size_t)m->q_dim, *kt = k + t * (size_t)m->kv_dim;
         for (int hd = 0; hd < c->n_heads; hd++) {
             float *qh = qt + (size_t)hd * d;
@@ -217,6 +222,7 @@ static void cpu_free(kvq_backend *b)
     free(cb->lm_x);
     free(cb->lm_out);
     free(cb->lm_best);
+    free(b->pos);
     free(cb);
 }
 
@@ -229,6 +235,7 @@ static const struct kvq_backend_ops cpu_ops = {
     .lm_head = cpu_lm_head,
     .sample = cpu_sample,
     .free = cpu_free,
+    .set_pos = cpu_set_pos,
 };
 
 static float *alloc_f(size_t n)
@@ -255,7 +262,8 @@ kvq_status kvq_backend_cpu_create(const kvq_model *m, size_t max_rows, kvq_backe
     cb->lm_x = alloc_f(max_rows * (size_t)m->cfg.hidden);
     cb->lm_out = alloc_f(max_rows * (size_t)m->max_lm_rows);
     cb->lm_best = malloc(max_rows * sizeof *cb->lm_best);
-    if (!ok || !cb->lm_x || !cb->lm_out || !cb->lm_best) {
+    b->pos = malloc(max_rows * sizeof *b->pos);
+    if (!ok || !cb->lm_x || !cb->lm_out || !cb->lm_best || !b->pos) {
         cpu_free(b);
         return KVQ_ERR_NOMEM;
     }

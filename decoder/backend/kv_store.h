@@ -43,6 +43,9 @@ struct kvq_kv_store_ops {
     void (*truncate)(kvq_kv_store *s, int seq, int n_layers, size_t n);
     /* Empties seq in every layer (pages may be kept for reuse). */
     void (*reset)(kvq_kv_store *s, int seq);
+    /* Gives back the pages seq's tokens do not use (after reset or
+     * truncate), so sequences that come and go share one memory budget. */
+    void (*trim)(kvq_kv_store *s, int seq);
     /* Bytes and rows of seq, summed over layers. */
     void (*stats)(const kvq_kv_store *s, int seq, struct kvq_cache_stats *sum);
     /* The host cache of (layer, seq) where the store has one, else NULL. */

@@ -166,6 +166,13 @@ static void cpu_reset(kvq_kv_store *base, int seq)
         kvq_cache_reset(cache_of(s, l, seq));
 }
 
+static void cpu_trim(kvq_kv_store *base, int seq)
+{
+    struct cpu_store *s = (struct cpu_store *)base;
+    for (int l = 0; l < base->n_layers; l++)
+        kvq_cache_trim(cache_of(s, l, seq));
+}
+
 static void cpu_stats(const kvq_kv_store *base, int seq, struct kvq_cache_stats *sum)
 {
     const struct cpu_store *s = (const struct cpu_store *)base;
@@ -205,6 +212,7 @@ static const struct kvq_kv_store_ops cpu_ops = {
     .reserve = cpu_reserve,
     .truncate = cpu_truncate,
     .reset = cpu_reset,
+    .trim = cpu_trim,
     .stats = cpu_stats,
     .cache = cpu_cache,
     .free = cpu_free,

@@ -96,6 +96,13 @@ static void cuda_reset(kvq_kv_store *base, int seq)
     cuda_truncate(base, seq, base->n_layers, 0);
 }
 
+/* Truncation already returns a device sequence's pages to the layer's pool. */
+static void cuda_trim(kvq_kv_store *base, int seq)
+{
+    (void)base;
+    (void)seq;
+}
+
 static void cuda_stats(const kvq_kv_store *base, int seq, struct kvq_cache_stats *sum)
 {
     const struct cuda_store *s = (const struct cuda_store *)base;
@@ -137,6 +144,7 @@ static const struct kvq_kv_store_ops cuda_store_ops = {
     .reserve = cuda_reserve,
     .truncate = cuda_truncate,
     .reset = cuda_reset,
+    .trim = cuda_trim,
     .stats = cuda_stats,
     .cache = cuda_cache,
     .free = cuda_free_store,

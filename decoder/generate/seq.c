@@ -66,8 +66,8 @@ static size_t layer_row_bytes(const struct kvq_model_config *c, const struct kvq
 _Static_assert(KVQ_MAX_DRAFT + 1 <= KVQ_CACHE_F16_SLACK, "speculative rollback stays within the f16 ring");
 
 /* Layer l's cache config (types, override buffers, context) without seed and budget. */
-static void layer_cache_config(const struct kvq_model_config *c, const struct kvq_seq_config *sc, int l,
-                               size_t max_ctx, struct kvq_cache_config *cc)
+void kvq_layer_cache_config(const struct kvq_model_config *c, const struct kvq_seq_config *sc, int l,
+                            size_t max_ctx, struct kvq_cache_config *cc)
 {
     kvq_cache_config_default(cc, c->n_kv_heads, c->head_dim, max_ctx);
     types_of(sc, l, &cc->type_k, &cc->type_v);
@@ -80,7 +80,7 @@ static size_t layer_fixed_bytes(const struct kvq_model_config *c, const struct k
                                 size_t max_ctx)
 {
     struct kvq_cache_config cc;
-    layer_cache_config(c, sc, l, max_ctx, &cc);
+    kvq_layer_cache_config(c, sc, l, max_ctx, &cc);
     return kvq_cache_bytes_for(&cc, 0);
 }
 
@@ -129,7 +129,7 @@ kvq_status kvq_seq_plan_of(const kvq_model *m, const struct kvq_seq_config *cfg,
             if (!kvq_type_traits(tk) || !kvq_type_traits(tv))
                 return KVQ_ERR_INVALID_ARG;
             struct kvq_cache_config cc;
-            layer_cache_config(c, cfg, l, max_ctx, &cc);
+            kvq_layer_cache_config(c, cfg, l, max_ctx, &cc);
             size_t pt = (size_t)(cc.page_tokens ? cc.page_tokens : KVQ_DEFAULT_PAGE_TOKENS);
             size_t fx = kvq_cache_bytes_for(&cc, 0), all = kvq_cache_bytes_for(&cc, pt);
             size_t pb = all - fx, rb = layer_row_bytes(c, cfg, l);
@@ -201,7 +201,7 @@ kvq_status kvq_seq_create(const kvq_model *m, const struct kvq_seq_config *cfg, 
     if (!ccs)
         goto nomem;
     for (int l = 0; l < c->n_layers; l++) {
-        layer_cache_config(c, &sc, l, s->max_ctx, &ccs[l]);
+        kvq_layer_cache_config(c, &sc, l, s->max_ctx, &ccs[l]);
         if (!kvq_type_traits(ccs[l].type_k) || !kvq_type_traits(ccs[l].type_v)) {
             free(ccs);
             kvq_seq_free(s);
@@ -232,12 +232,13 @@ kvq_status kvq_seq_create(const kvq_model *m, const struct kvq_seq_config *cfg, 
     s->draft = malloc((KVQ_MAX_DRAFT + 1) * sizeof *s->draft);
     s->verify = malloc((KVQ_MAX_DRAFT + 1) * sizeof *s->verify);
     s->tokens = malloc((s->max_ctx + 1) * sizeof *s->tokens);
+    s->row_pos = malloc((size_t)s->max_chunk * sizeof *s->row_pos);
     s->ngram_mask = 1;
     while (s->ngram_mask < 2 * s->max_ctx)
         s->ngram_mask <<= 1;
     s->ngram_pos = malloc((size_t)s->cfg.ngram * s->ngram_mask * sizeof *s->ngram_pos);
     s->ngram_mask--;
-    if (!s->logits || !s->draft || !s->verify || !s->tokens || !s->ngram_pos)
+    if (!s->logits || !s->draft || !s->verify || !s->tokens || !s->ngram_pos || !s->row_pos)
         goto nomem;
     kvq_seq_reset(s);
     *out = s;
@@ -259,6 +260,7 @@ void kvq_seq_free(kvq_seq *s)
     free(s->verify);
     free(s->tokens);
     free(s->ngram_pos);
+    free(s->row_pos);
     free(s);
 }
 

@@ -1,4 +1,5 @@
-/* forward.c - one chunk of T tokens through every layer, in backend ops.
+/* forward.c - rows of one or several sequences through every layer, in
+ * backend ops.
  *
  * Per layer (the architecture's kinds come from struct kvq_model_arch):
  *   x += Wo . attn(RoPE(norm_q(Wq . norm(x))), RoPE(norm_k(Wk . norm(x))), Wv . norm(x))
@@ -6,47 +7,126 @@
  * The backend (backend.h) computes, the KV store (kv_store.h) keeps the keys
  * and values and attends; this file only orders the steps, times them and
  * rolls the store back when a step fails.
+ *
+ * A forward carries segments: T rows of one store sequence at positions
+ * pos0.. each (a sequence state's chunk is one segment; a batch step is a
+ * decode row for each of many sequences plus prefill chunks). Every op but
+ * attention is row-wise, so all rows go through one call; attention goes to
+ * the store per run of segments with equal T. On the CPU the projections are
+ * split so that every row meets the kernel it would meet if its sequence ran
+ * alone (see linear_rows): batching never changes a sequence's bits.
  */
 #include "backend.h"
 #include "decoder_internal.h"
 #include "kv_store.h"
+#include "matvec_internal.h"
 
-/* Timed op: matmul time is reported apart from attention and host work. */
-static void linear_timed(kvq_seq *s, enum kvq_weight w, int layer, const float *x, float *y, size_t T, int acc)
+/* The CPU backend picks its kernel by row count: the batch-invariant few-row
+ * kernel up to KVQ_MATVEC_MAX_M rows, sgemm above. A segment longer than
+ * that goes alone (sgemm of exactly the rows it would have alone); shorter
+ * segments share calls of at most KVQ_MATVEC_MAX_M rows, where each row's
+ * result does not depend on its neighbours. A device backend takes all rows
+ * in one call. */
+static void linear_rows(const struct kvq_fwd *f, const struct kvq_fwd_seg *segs, int n_segs, size_t rows,
+                        enum kvq_weight w, int layer, const float *x, float *y, int acc)
 {
+    kvq_backend *be = f->be;
     double t0 = kvq_now();
-    s->be->ops->linear(s->be, w, layer, x, y, T, acc);
-    s->tm.matmul += kvq_now() - t0;
+    if (be->device || n_segs == 1) {
+        be->ops->linear(be, w, layer, x, y, rows, acc);
+    } else {
+        const struct kvq_model *m = f->m;
+        const float *W, *B;
+        int in, out;
+        kvq_weight_pick(&m->layers[layer], (int)w, m->cfg.hidden, m->cfg.ffn, m->q_dim, m->qkv_dim, &W, &B, &in,
+                        &out);
+        size_t r0 = 0;
+        for (int i = 0; i < n_segs;) {
+            size_t n = segs[i].T;
+            int j = i + 1;
+            if (n <= KVQ_MATVEC_MAX_M)
+                while (j < n_segs && segs[j].T <= KVQ_MATVEC_MAX_M && n + segs[j].T <= KVQ_MATVEC_MAX_M)
+                    n += segs[j++].T;
+            be->ops->linear(be, w, layer, x + r0 * (size_t)in, y + r0 * (size_t)out, n, acc);
+            r0 += n;
+            i = j;
+        }
+    }
+    f->tm->matmul += kvq_now() - t0;
+}
+
+/* Appends and attends layer l for every segment, one store call per run of
+ * segments with the same T (their rows are the store's [n_seqs][T] layout). */
+static kvq_status attend_rows(const struct kvq_fwd *f, const struct kvq_fwd_seg *segs, int n_segs, int l)
+{
+    kvq_kv_store *kv = f->kv;
+    const struct kvq_acts *a = &f->be->acts;
+    const size_t qd = (size_t)f->m->q_dim, kvd = (size_t)f->m->kv_dim;
+    size_t r0 = 0;
+    for (int i = 0; i < n_segs;) {
+        int j = i + 1;
+        while (j < n_segs && segs[j].T == segs[i].T && f->seq_ids)
+            j++;
+        const int *ids = &segs[i].seq;
+        if (j - i > 1) {
+            for (int k = i; k < j; k++)
+                f->seq_ids[k - i] = segs[k].seq;
+            ids = f->seq_ids;
+        }
+        kvq_status st = kv->ops->append_attend(kv, l, j - i, ids, segs[i].T, a->k + r0 * kvd, a->v + r0 * kvd,
+                                               a->q + r0 * qd, a->attn + r0 * qd);
+        if (st != KVQ_OK)
+            return st;
+        r0 += (size_t)(j - i) * segs[i].T;
+        i = j;
+    }
+    return KVQ_OK;
+}
+
+kvq_status kvq_forward_rows(const struct kvq_fwd *f, const int32_t *ids, const struct kvq_fwd_seg *segs, int n_segs)
+{
+    kvq_backend *be = f->be;
+    const struct kvq_backend_ops *op = be->ops;
+    const struct kvq_acts *a = &be->acts;
+    const int n_layers = f->m->cfg.n_layers;
+    size_t T = 0;
+    for (int i = 0; i < n_segs; i++)
+        for (size_t t = 0; t < segs[i].T; t++)
+            f->pos[T++] = (int32_t)(segs[i].pos0 + t);
+    if (T == 0 || T > be->max_rows)
+        return KVQ_ERR_INVALID_ARG;
+    op->set_pos(be, f->pos, T);
+    op->embed(be, ids, T, a->x);
+    for (int l = 0; l < n_layers; l++) {
+        op->norm(be, KVQ_NORM_ATTN, l, a->x, a->xn, T);
+        linear_rows(f, segs, n_segs, T, KVQ_W_QKV, l, a->xn, a->qkv, 0);
+        op->qkv_rope(be, l, a->qkv, T, be->pos, a->q, a->k, a->v);
+        if (f->hook && !be->device) /* the hook reads host memory */
+            for (int i = 0, r = 0; i < n_segs; r += (int)segs[i++].T)
+                f->hook(f->hook_user, l, segs[i].pos0, segs[i].T, a->q + (size_t)r * f->m->q_dim,
+                        a->k + (size_t)r * f->m->kv_dim, a->v + (size_t)r * f->m->kv_dim);
+
+        double t0 = kvq_now();
+        kvq_status st = attend_rows(f, segs, n_segs, l);
+        if (st != KVQ_OK) { /* layers [0, l] back at each segment's pos0 */
+            for (int i = 0; i < n_segs; i++)
+                f->kv->ops->truncate(f->kv, segs[i].seq, l + 1, segs[i].pos0);
+            return st;
+        }
+        f->tm->attn += kvq_now() - t0;
+
+        linear_rows(f, segs, n_segs, T, KVQ_W_O, l, a->attn, a->x, 1);
+        op->norm(be, KVQ_NORM_FFN, l, a->x, a->xn, T);
+        linear_rows(f, segs, n_segs, T, KVQ_W_GATE_UP, l, a->xn, a->gu, 0);
+        op->glu(be, a->gu, a->h, T);
+        linear_rows(f, segs, n_segs, T, KVQ_W_DOWN, l, a->h, a->x, 1);
+    }
+    return KVQ_OK;
 }
 
 kvq_status kvq_forward_chunk(kvq_seq *s, const int32_t *ids, size_t T)
 {
-    kvq_backend *be = s->be;
-    const struct kvq_backend_ops *op = be->ops;
-    const struct kvq_acts *a = &be->acts;
-    const int n_layers = s->m->cfg.n_layers;
-    op->embed(be, ids, T, a->x);
-    for (int l = 0; l < n_layers; l++) {
-        op->norm(be, KVQ_NORM_ATTN, l, a->x, a->xn, T);
-        linear_timed(s, KVQ_W_QKV, l, a->xn, a->qkv, T, 0);
-        op->qkv_rope(be, l, a->qkv, T, s->pos, a->q, a->k, a->v);
-        if (s->hook && !be->device) /* the hook reads host memory */
-            s->hook(s->hook_user, l, s->pos, T, a->q, a->k, a->v);
-
-        double t0 = kvq_now();
-        const int seq = 0;
-        kvq_status st = s->kv->ops->append_attend(s->kv, l, 1, &seq, T, a->k, a->v, a->q, a->attn);
-        if (st != KVQ_OK) {
-            s->kv->ops->truncate(s->kv, 0, l, s->pos); /* layer l is already back at pos */
-            return st;
-        }
-        s->tm.attn += kvq_now() - t0;
-
-        linear_timed(s, KVQ_W_O, l, a->attn, a->x, T, 1);
-        op->norm(be, KVQ_NORM_FFN, l, a->x, a->xn, T);
-        linear_timed(s, KVQ_W_GATE_UP, l, a->xn, a->gu, T, 0);
-        op->glu(be, a->gu, a->h, T);
-        linear_timed(s, KVQ_W_DOWN, l, a->h, a->x, T, 1);
-    }
-    return KVQ_OK;
+    const struct kvq_fwd f = {s->m, s->be, s->kv, &s->tm, s->hook, s->hook_user, s->row_pos, NULL};
+    const struct kvq_fwd_seg seg = {0, s->pos, T};
+    return kvq_forward_rows(&f, ids, &seg, 1);
 }

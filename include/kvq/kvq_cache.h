@@ -120,6 +120,12 @@ KVQ_API size_t kvq_cache_len(const kvq_cache *c);
 /** Forgets all tokens; keeps the pages for reuse. */
 KVQ_API void kvq_cache_reset(kvq_cache *c);
 
+/** Frees the pages no held token uses (reset and truncate keep them for
+ *  reuse): a pool of sequences that come and go (kvq_batch.h) gives their
+ *  memory back. Pages reserved by kvq_cache_reserve beyond len are freed too.
+ *  @return the bytes freed (0 when c is NULL). */
+KVQ_API size_t kvq_cache_trim(kvq_cache *c);
+
 /** Drops tokens [n, len) (speculative decoding rollback). n > len is an error.
  *  With recent_f16, see above for what a truncation by more than
  *  KVQ_CACHE_F16_SLACK tokens does to the f16 copies.

@@ -377,6 +377,15 @@ void kvq_cache_reset(kvq_cache *c)
     }
 }
 
+size_t kvq_cache_trim(kvq_cache *c)
+{
+    if (!c)
+        return 0;
+    const size_t had = c->n_pages;
+    drop_pages(c, pages_for(c->len, c->layout.page_tokens));
+    return (had - c->n_pages) * c->layout.page_bytes;
+}
+
 kvq_status kvq_cache_truncate(kvq_cache *c, size_t n)
 {
     if (!c || n > c->len)

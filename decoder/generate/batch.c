@@ -1,0 +1,388 @@
+/* batch.c - slots of one KV store advanced together (kvq_batch.h).
+ *
+ * The store holds max_seqs sequences; a step lays its items' tokens out as
+ * consecutive rows, one forward segment per item (forward.c), and runs the
+ * LM head on the last row of each item that wants an output. Pages are
+ * counted here, over all slots, against one pool; the CPU caches have no
+ * budget of their own (they allocate pages on demand and the batch never
+ * lets them exceed the pool), the device caches get the pool as theirs.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "decoder_internal.h"
+#include "kv_store.h"
+#include "kvq_batch.h"
+#include "kvq_rng.h"
+#include "matvec_internal.h"
+
+#define DEFAULT_SEQS 8
+#define DEFAULT_CHUNK 256
+
+struct kvq_batch {
+    const kvq_model *m;
+    struct kvq_seq_config cfg; /* recent_f16 resolved */
+    int max_seqs;
+    size_t max_rows, max_ctx, page_tokens;
+    kvq_backend *be;
+    kvq_kv_store *kv;
+    struct kvq_fwd fwd;
+    int *taken;                /* [max_seqs] */
+    size_t *len;               /* [max_seqs] tokens held */
+    unsigned *mark;            /* [max_seqs] step stamp: one item per slot */
+    unsigned stamp;
+    int active;
+    size_t pages_total, pages_used, page_bytes, fixed_bytes, bytes_per_token;
+    int32_t *ids;              /* [max_rows] a step's tokens */
+    struct kvq_fwd_seg *segs;  /* [max_seqs] */
+    int *seq_ids;              /* [max_seqs] */
+    float *logits;             /* [max_seqs][vocab] */
+    int32_t *argmax;           /* [max_seqs] */
+    size_t *out_rows;          /* [max_seqs] rows whose LM head a step runs */
+    struct kvq_seq_timers tm;
+    size_t steps, rows;
+    double t_total;
+};
+
+void kvq_batch_config_default(struct kvq_batch_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    kvq_seq_config_default(&cfg->seq);
+    cfg->max_seqs = DEFAULT_SEQS;
+}
+
+size_t kvq_batch_pages_for(const kvq_batch *b, size_t n)
+{
+    return b ? (n + b->page_tokens - 1) / b->page_tokens : 0;
+}
+
+/* Pool size and per-layer cache configs from the budget: every slot's f16
+ * buffers first, then whole pages of page_tokens tokens in every layer. */
+static kvq_status plan_pool(kvq_batch *b, struct kvq_cache_config *ccs, kvq_error *err)
+{
+    const struct kvq_model_config *c = &b->m->cfg;
+    size_t page_set = 0, fixed = 0, *page_l = calloc((size_t)c->n_layers, sizeof *page_l);
+    if (!page_l)
+        return kvq_error_set(err, KVQ_ERR_NOMEM, "out of memory");
+    for (int l = 0; l < c->n_layers; l++) {
+        struct kvq_cache_config *cc = &ccs[l];
+        kvq_layer_cache_config(c, &b->cfg, l, b->max_ctx, cc);
+        if (!kvq_type_traits(cc->type_k) || !kvq_type_traits(cc->type_v)) {
+            free(page_l);
+            return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "unknown cache type for layer %d", l);
+        }
+        cc->seed = kvq_seed_derive(b->cfg.seed, (uint64_t)l);
+        b->page_tokens = (size_t)(cc->page_tokens ? cc->page_tokens : KVQ_DEFAULT_PAGE_TOKENS);
+        size_t fx = kvq_cache_bytes_for(cc, 0), all = kvq_cache_bytes_for(cc, b->page_tokens);
+        size_t rk = kvq_type_row_bytes(cc->type_k, c->head_dim), rv = kvq_type_row_bytes(cc->type_v, c->head_dim);
+        if (!all || all <= fx || !rk || !rv) {
+            free(page_l);
+            return kvq_error_set(err, KVQ_ERR_UNSUPPORTED, "cache types %s/%s do not support head_dim %d",
+                                 kvq_type_traits(cc->type_k)->name, kvq_type_traits(cc->type_v)->name, c->head_dim);
+        }
+        page_l[l] = all - fx;
+        page_set += all - fx;
+        fixed += fx;
+        b->bytes_per_token += (rk + rv) * (size_t)c->n_kv_heads;
+    }
+    b->page_bytes = page_set;
+    b->fixed_bytes = fixed * (size_t)b->max_seqs;
+    const size_t per_seq = kvq_batch_pages_for(b, b->max_ctx);
+    b->pages_total = per_seq * (size_t)b->max_seqs;
+    if (b->cfg.kv_budget) {
+        if (b->cfg.kv_budget < b->fixed_bytes || (b->cfg.kv_budget - b->fixed_bytes) / page_set == 0) {
+            free(page_l);
+            return kvq_error_set(err, KVQ_ERR_BUDGET,
+                                 "a KV budget of %zu bytes does not hold %d slots' f16 buffers (%zu bytes) "
+                                 "and one page (%zu bytes)",
+                                 b->cfg.kv_budget, b->max_seqs, b->fixed_bytes, page_set);
+        }
+        size_t pool = (b->cfg.kv_budget - b->fixed_bytes) / page_set;
+        b->pages_total = pool < b->pages_total ? pool : b->pages_total;
+        /* a device store sizes its pool from max_bytes; host caches are held to it here */
+        for (int l = 0; l < c->n_layers; l++)
+            ccs[l].max_bytes = b->cfg.device == KVQ_DEVICE_CUDA ? b->pages_total * page_l[l] : 0;
+    }
+    free(page_l);
+    return KVQ_OK;
+}
+
+kvq_status kvq_batch_create(const kvq_model *m, const struct kvq_batch_config *cfg, kvq_batch **out,
+                            kvq_error *err)
+{
+    if (!m || !out)
+        return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "kvq_batch_create: NULL argument");
+    struct kvq_batch_config bc;
+    kvq_batch_config_default(&bc);
+    if (cfg)
+        bc = *cfg;
+    const struct kvq_model_config *c = &m->cfg;
+    if (bc.max_seqs < 1 || bc.max_rows < 0)
+        return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "max_seqs %d must be positive, max_rows %d not negative",
+                             bc.max_seqs, bc.max_rows);
+    if (bc.seq.max_ctx > (size_t)c->max_ctx)
+        return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "context %zu exceeds the model's maximum %d", bc.seq.max_ctx,
+                             c->max_ctx);
+    if (bc.seq.device != KVQ_DEVICE_CPU && bc.seq.device != KVQ_DEVICE_CUDA)
+        return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "unknown device %d", (int)bc.seq.device);
+    if (bc.seq.recent_f16 < KVQ_WINDOW_AUTO || bc.seq.recent_f16 > 1 || bc.seq.sink_tokens < 0 ||
+        bc.seq.sink_tokens > KVQ_CACHE_MAX_SINK_TOKENS)
+        return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "bad recent_f16 %d or sink_tokens %d", bc.seq.recent_f16,
+                             bc.seq.sink_tokens);
+    kvq_batch *b = calloc(1, sizeof *b);
+    if (!b)
+        return kvq_error_set(err, KVQ_ERR_NOMEM, "out of memory");
+    b->m = m;
+    b->cfg = bc.seq;
+    b->cfg.recent_f16 = kvq_seq_window_for(&bc.seq, c->n_layers);
+    b->max_seqs = bc.max_seqs;
+    b->max_ctx = bc.seq.max_ctx ? bc.seq.max_ctx : (size_t)c->max_ctx;
+    b->max_rows = bc.max_rows ? (size_t)bc.max_rows : DEFAULT_CHUNK + (size_t)bc.max_seqs;
+    const size_t S = (size_t)bc.max_seqs;
+    struct kvq_cache_config *ccs = calloc((size_t)c->n_layers, sizeof *ccs);
+    kvq_status st = ccs ? plan_pool(b, ccs, err) : kvq_error_set(err, KVQ_ERR_NOMEM, "out of memory");
+    if (st == KVQ_OK) {
+        struct kvq_kv_store_config kc = {ccs, c->n_layers, bc.max_seqs, c->n_heads, b->max_rows,
+                                         bc.seq.v_norm_correct};
+        st = bc.seq.device == KVQ_DEVICE_CUDA ? kvq_kv_store_cuda_create(&kc, &b->kv, err)
+                                              : kvq_kv_store_cpu_create(&kc, &b->kv, err);
+    }
+    free(ccs);
+    if (st == KVQ_OK) {
+        const int cuda = bc.seq.device == KVQ_DEVICE_CUDA;
+        st = cuda ? kvq_backend_cuda_create(m, b->max_rows, &b->be) : kvq_backend_cpu_create(m, b->max_rows, &b->be);
+        if (st != KVQ_OK)
+            kvq_error_set(err, st, "cannot create the %s backend: %s", cuda ? "CUDA" : "CPU", kvq_status_str(st));
+    }
+    if (st != KVQ_OK) {
+        kvq_batch_free(b);
+        return st;
+    }
+    b->taken = calloc(S, sizeof *b->taken);
+    b->len = calloc(S, sizeof *b->len);
+    b->mark = calloc(S, sizeof *b->mark);
+    b->ids = malloc(b->max_rows * sizeof *b->ids);
+    b->segs = malloc(S * sizeof *b->segs);
+    b->seq_ids = malloc(S * sizeof *b->seq_ids);
+    b->logits = malloc(S * (size_t)c->vocab * sizeof *b->logits);
+    b->argmax = malloc(S * sizeof *b->argmax);
+    b->out_rows = malloc(S * sizeof *b->out_rows);
+    int32_t *pos = malloc(b->max_rows * sizeof *pos);
+    b->fwd = (struct kvq_fwd){m, b->be, b->kv, &b->tm, NULL, NULL, pos, b->seq_ids};
+    if (!b->taken || !b->len || !b->mark || !b->ids || !b->segs || !b->seq_ids || !b->logits || !b->argmax || !b->out_rows || !pos) {
+        kvq_batch_free(b);
+        return kvq_error_set(err, KVQ_ERR_NOMEM, "out of memory for the batch");
+    }
+    *out = b;
+    return KVQ_OK;
+}
+
+void kvq_batch_free(kvq_batch *b)
+{
+    if (!b)
+        return;
+    kvq_kv_store_free(b->kv);
+    kvq_backend_free(b->be);
+    free(b->taken);
+    free(b->len);
+    free(b->mark);
+    free(b->ids);
+    free(b->segs);
+    free(b->seq_ids);
+    free(b->logits);
+    free(b->argmax);
+    free(b->out_rows);
+    free(b->fwd.pos);
+    free(b);
+}
+
+kvq_status kvq_batch_add(kvq_batch *b, int *slot)
+{
+    if (!b || !slot)
+        return KVQ_ERR_INVALID_ARG;
+    for (int i = 0; i < b->max_seqs; i++)
+        if (!b->taken[i]) {
+            b->taken[i] = 1;
+            b->len[i] = 0;
+            b->active++;
+            *slot = i;
+            return KVQ_OK;
+        }
+    return KVQ_ERR_BUDGET;
+}
+
+static int valid(const kvq_batch *b, int slot)
+{
+    return b && slot >= 0 && slot < b->max_seqs && b->taken[slot];
+}
+
+kvq_status kvq_batch_truncate(kvq_batch *b, int slot, size_t n)
+{
+    if (!valid(b, slot) || n > b->len[slot])
+        return KVQ_ERR_INVALID_ARG;
+    b->kv->ops->truncate(b->kv, slot, b->m->cfg.n_layers, n);
+    b->kv->ops->trim(b->kv, slot);
+    b->pages_used -= kvq_batch_pages_for(b, b->len[slot]) - kvq_batch_pages_for(b, n);
+    b->len[slot] = n;
+    return KVQ_OK;
+}
+
+void kvq_batch_remove(kvq_batch *b, int slot)
+{
+    if (!valid(b, slot))
+        return;
+    kvq_batch_truncate(b, slot, 0);
+    b->kv->ops->reset(b->kv, slot);
+    b->taken[slot] = 0;
+    b->active--;
+}
+
+size_t kvq_batch_len(const kvq_batch *b, int slot)
+{
+    return valid(b, slot) ? b->len[slot] : 0;
+}
+
+/* Checks the items and counts rows and new pages; nothing changes. */
+static kvq_status check_items(kvq_batch *b, const struct kvq_batch_item *items, int n_items, size_t *rows,
+                              size_t *new_pages, kvq_error *err)
+{
+    const int32_t vocab = b->m->cfg.vocab;
+    b->stamp++;
+    *rows = *new_pages = 0;
+    if (n_items < 1 || n_items > b->max_seqs)
+        return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "a step takes 1..%d items, not %d", b->max_seqs, n_items);
+    for (int i = 0; i < n_items; i++) {
+        const struct kvq_batch_item *it = &items[i];
+        if (!valid(b, it->slot) || b->mark[it->slot] == b->stamp || !it->ids || it->n == 0)
+            return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "item %d: free or repeated slot %d, or no tokens", i,
+                                 it->slot);
+        b->mark[it->slot] = b->stamp;
+        if (it->n > b->max_rows - *rows)
+            return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "a step of more than %zu rows", b->max_rows);
+        *rows += it->n;
+        for (size_t t = 0; t < it->n; t++)
+            if (it->ids[t] < 0 || it->ids[t] >= vocab)
+                return kvq_error_set(err, KVQ_ERR_RANGE, "item %d: token id %d outside [0, %d)", i, it->ids[t],
+                                     vocab);
+        const size_t len = b->len[it->slot];
+        if (it->n > b->max_ctx - len)
+            return kvq_error_set(err, KVQ_ERR_CONTEXT_FULL, "slot %d: %zu + %zu tokens exceed the context %zu",
+                                 it->slot, len, it->n, b->max_ctx);
+        *new_pages += kvq_batch_pages_for(b, len + it->n) - kvq_batch_pages_for(b, len);
+    }
+    if (*new_pages > b->pages_total - b->pages_used)
+        return kvq_error_set(err, KVQ_ERR_BUDGET, "the step needs %zu pages, %zu of %zu are free", *new_pages,
+                             b->pages_total - b->pages_used, b->pages_total);
+    return KVQ_OK;
+}
+
+/* LM head over the wanted rows: runs of consecutive rows, at most
+ * KVQ_MATVEC_MAX_M at a time on the CPU so that each row meets the kernel
+ * it meets alone. outs[j] is the row of output j. */
+static kvq_status head(kvq_batch *b, const size_t *outs, int n_out, int with_logits)
+{
+    const size_t h = (size_t)b->m->cfg.hidden, V = (size_t)b->m->cfg.vocab;
+    const size_t cap = b->be->device ? b->max_rows : KVQ_MATVEC_MAX_M;
+    kvq_status res = KVQ_OK;
+    for (int j = 0; j < n_out;) {
+        int k = j + 1;
+        while (k < n_out && outs[k] == outs[k - 1] + 1 && (size_t)(k - j) < cap)
+            k++;
+        kvq_status st = b->be->ops->lm_head(b->be, b->be->acts.x + outs[j] * h, (size_t)(k - j),
+                                            with_logits ? b->logits + (size_t)j * V : NULL, b->argmax + j);
+        if (st != KVQ_OK && res == KVQ_OK)
+            res = st;
+        j = k;
+    }
+    return res;
+}
+
+kvq_status kvq_batch_step(kvq_batch *b, const struct kvq_batch_item *items, int n_items, kvq_error *err)
+{
+    if (!b || !items)
+        return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "kvq_batch_step: NULL argument");
+    size_t rows, new_pages;
+    kvq_status st = check_items(b, items, n_items, &rows, &new_pages, err);
+    if (st != KVQ_OK)
+        return st;
+    double t0 = kvq_now();
+    /* With the recent window a failed chunk could not restore the f16 copies
+     * it overwrote, so pages are taken before the first append (seq.c). */
+    for (int i = 0; b->cfg.recent_f16 && i < n_items; i++)
+        if ((st = b->kv->ops->reserve(b->kv, items[i].slot, items[i].n)) != KVQ_OK) {
+            for (int j = 0; j <= i; j++)
+                b->kv->ops->trim(b->kv, items[j].slot);
+            return kvq_error_set(err, st, "cannot reserve pages: %s", kvq_status_str(st));
+        }
+    size_t r = 0;
+    int n_out = 0, with_logits = 0;
+    size_t *out_rows = b->out_rows;
+    for (int i = 0; i < n_items; i++) {
+        const struct kvq_batch_item *it = &items[i];
+        memcpy(b->ids + r, it->ids, it->n * sizeof *it->ids);
+        b->segs[i] = (struct kvq_fwd_seg){it->slot, b->len[it->slot], it->n};
+        r += it->n;
+        if (it->logits || it->argmax)
+            out_rows[n_out++] = r - 1;
+        with_logits |= it->logits != NULL;
+    }
+    st = kvq_forward_rows(&b->fwd, b->ids, b->segs, n_items);
+    if (st != KVQ_OK) {
+        for (int i = 0; i < n_items; i++)
+            b->kv->ops->trim(b->kv, items[i].slot);
+        return kvq_error_set(err, st, "batched forward failed: %s", kvq_status_str(st));
+    }
+    for (int i = 0; i < n_items; i++)
+        b->len[items[i].slot] += items[i].n;
+    b->pages_used += new_pages;
+    double t1 = kvq_now();
+    st = head(b, out_rows, n_out, with_logits);
+    b->tm.lm_head += kvq_now() - t1;
+    for (int i = 0, j = 0; i < n_items; i++) {
+        const struct kvq_batch_item *it = &items[i];
+        if (!it->logits && !it->argmax)
+            continue;
+        if (it->logits)
+            memcpy(it->logits, b->logits + (size_t)j * (size_t)b->m->cfg.vocab,
+                   (size_t)b->m->cfg.vocab * sizeof *it->logits);
+        if (it->argmax)
+            *it->argmax = b->argmax[j];
+        j++;
+    }
+    b->steps++;
+    b->rows += rows;
+    b->t_total += kvq_now() - t0;
+    if (st != KVQ_OK)
+        return kvq_error_set(err, st, "LM head: %s", kvq_status_str(st));
+    return KVQ_OK;
+}
+
+void kvq_batch_get_stats(const kvq_batch *b, struct kvq_batch_stats *st)
+{
+    memset(st, 0, sizeof *st);
+    if (!b)
+        return;
+    st->max_seqs = b->max_seqs;
+    st->active = b->active;
+    st->max_rows = b->max_rows;
+    st->max_ctx = b->max_ctx;
+    st->page_tokens = b->page_tokens;
+    st->page_bytes = b->page_bytes;
+    st->pages_total = b->pages_total;
+    st->pages_used = b->pages_used;
+    st->bytes_per_token = b->bytes_per_token;
+    st->fixed_bytes = b->fixed_bytes;
+    st->kv_budget = b->cfg.kv_budget;
+    for (int i = 0; i < b->max_seqs; i++) {
+        struct kvq_cache_stats cs;
+        b->kv->ops->stats(b->kv, i, &cs);
+        st->bytes_allocated += cs.bytes_allocated;
+    }
+    st->steps = b->steps;
+    st->rows = b->rows;
+    st->t_matmul = b->tm.matmul;
+    st->t_attn = b->tm.attn;
+    st->t_lm_head = b->tm.lm_head;
+    st->t_total = b->t_total;
+}

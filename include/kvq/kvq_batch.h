@@ -1,0 +1,121 @@
+/* kvq_batch.h - many sequences of one model over one KV page pool, advanced
+ * together: one forward per step carries a decode row for each running
+ * sequence and chunks of prompts being prefilled (continuous batching, as a
+ * server runs it).
+ *
+ * A batch owns one backend (activation buffers for max_rows rows) and one KV
+ * store of max_seqs slots. All slots share one budget: cfg.seq.kv_budget
+ * bytes hold every slot's f16 override buffers (recent window, sinks;
+ * allocated at create) and a pool of pages, where one page is page_tokens
+ * tokens of one sequence in every layer. A slot of n tokens holds
+ * ceil(n / page_tokens) pages; a step that would need more pages than the
+ * pool has free is refused as a whole (KVQ_ERR_BUDGET) before anything
+ * runs, so a scheduler can admit work by kvq_batch_pages_for and always
+ * knows where it stands. Removing a slot gives its pages back at once.
+ *
+ * Determinism: on the CPU a sequence's logits are bit-identical whether it
+ * runs alone or batched with any others, for the same chunk boundaries (its
+ * rows meet the same kernels: see decoder/model/forward.c); so greedy and
+ * seeded sampled tokens are too. A sequence state (kvq_seq) prefilling in
+ * chunks of max_chunk and decoding one token at a time computes the same
+ * logits as a slot fed the same chunks.
+ *
+ * Threading: one thread drives a batch; the model may be shared.
+ */
+#ifndef KVQ_BATCH_H
+#define KVQ_BATCH_H
+
+#include "kvq_export.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvq_model.h"
+#include "kvq_status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvq_batch kvq_batch;
+
+struct kvq_batch_config {
+    struct kvq_seq_config seq; /* device, cache types, codec seed, window, sinks, max_ctx
+                                * (per slot), and kv_budget: the whole pool, all slots */
+    int max_seqs;              /* slots (default 8) */
+    int max_rows;              /* rows of one step over all its sequences (default 256 + max_seqs) */
+};
+
+/** kvq_seq_config_default for seq, 8 slots, max_rows 0 (= 256 + max_seqs). */
+KVQ_API void kvq_batch_config_default(struct kvq_batch_config *cfg);
+
+/** Creates the batch: backend, store, slots (all free), page accounting.
+ *  @return KVQ_OK and *out; KVQ_ERR_INVALID_ARG; KVQ_ERR_UNSUPPORTED (a
+ *  cache type for this head_dim, or a device limitation); KVQ_ERR_BUDGET
+ *  (kv_budget does not hold every slot's f16 buffers plus one page);
+ *  KVQ_ERR_NOMEM; KVQ_ERR_NO_DEVICE. err gets one line. */
+KVQ_API kvq_status kvq_batch_create(const kvq_model *m, const struct kvq_batch_config *cfg, kvq_batch **out,
+                                    kvq_error *err);
+
+/** Frees b; accepts NULL. */
+KVQ_API void kvq_batch_free(kvq_batch *b);
+
+/** Takes a free slot (empty). @return KVQ_OK and *slot; KVQ_ERR_BUDGET when
+ *  every slot is taken. */
+KVQ_API kvq_status kvq_batch_add(kvq_batch *b, int *slot);
+
+/** Empties slot and frees it; its pages go back to the pool. Accepts a free
+ *  or out-of-range slot (no-op). */
+KVQ_API void kvq_batch_remove(kvq_batch *b, int slot);
+
+/** Drops tokens [n, len) of slot (pages past n go back to the pool).
+ *  @return KVQ_OK or KVQ_ERR_INVALID_ARG (free slot, n > len). */
+KVQ_API kvq_status kvq_batch_truncate(kvq_batch *b, int slot, size_t n);
+
+/** Tokens slot holds (0 for a free slot). */
+KVQ_API size_t kvq_batch_len(const kvq_batch *b, int slot);
+
+/** Pages a sequence of n tokens holds: ceil(n / page_tokens). */
+KVQ_API size_t kvq_batch_pages_for(const kvq_batch *b, size_t n);
+
+/* One sequence's part of a step: n tokens appended at the slot's length. */
+struct kvq_batch_item {
+    int slot;
+    const int32_t *ids; /* [n], each in [0, vocab) */
+    size_t n;           /* >= 1 */
+    float *logits;      /* [vocab] logits after the item's last token, or NULL */
+    int32_t *argmax;    /* greedy token after the last token (lowest id on ties), or NULL */
+};
+
+/** Runs every item in one forward (items in order: put decode rows first;
+ *  at most one item per slot; the sum of n at most max_rows). Items with
+ *  logits or argmax get the LM head of their last row only.
+ *  @return KVQ_OK; KVQ_ERR_INVALID_ARG (free or repeated slot, n = 0, rows
+ *  over max_rows: nothing run); KVQ_ERR_RANGE (an id out of range: nothing
+ *  run); KVQ_ERR_CONTEXT_FULL (an item past max_ctx: nothing run);
+ *  KVQ_ERR_BUDGET (not enough free pages: nothing run); another error from
+ *  the forward (every item rolled back); KVQ_ERR_NONFINITE (NaN/Inf logits:
+ *  the tokens stay appended). */
+KVQ_API kvq_status kvq_batch_step(kvq_batch *b, const struct kvq_batch_item *items, int n_items, kvq_error *err);
+
+struct kvq_batch_stats {
+    int max_seqs, active;     /* slots, slots taken */
+    size_t max_rows;          /* rows per step */
+    size_t max_ctx;           /* tokens per slot */
+    size_t page_tokens;       /* tokens per page */
+    size_t page_bytes;        /* bytes of one page: page_tokens tokens in every layer */
+    size_t pages_total;       /* the pool (SIZE_MAX / page_tokens when there is no budget) */
+    size_t pages_used;        /* held by the slots' tokens */
+    size_t bytes_per_token;   /* encoded K+V bytes of one token, all layers */
+    size_t fixed_bytes;       /* f16 override buffers of all slots */
+    size_t kv_budget;         /* as configured (0 = none) */
+    size_t bytes_allocated;   /* memory the slots' caches hold now: pages and f16 buffers */
+    size_t steps, rows;       /* forwards run, rows through them */
+    double t_matmul, t_attn, t_lm_head, t_total; /* seconds in steps */
+};
+KVQ_API void kvq_batch_get_stats(const kvq_batch *b, struct kvq_batch_stats *st);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVQ_BATCH_H */

@@ -1,0 +1,310 @@
+/* test_batch.c - kvq_batch: sequences batched together compute exactly what
+ * each computes alone (bitwise logits, greedy and seeded sampled tokens),
+ * against a kvq_seq per sequence as the independent reference; the shared
+ * page pool refuses a step that does not fit without changing anything, and
+ * gives pages (and memory) back when a slot goes. */
+#include <stdint.h>
+
+#include "kvq_batch.h"
+#include "kvq_model.h"
+#include "kvq_rng.h"
+#include "kvq_sampler.h"
+#include "test.h"
+
+#define N_SEQS 4
+#define GEN 10
+#define CHUNK 256
+
+static kvq_model *model;
+static const size_t prompt_len[N_SEQS] = {530, 37, 5, 300};
+static int32_t *prompts[N_SEQS];
+
+struct run_out {
+    int32_t tok[N_SEQS][GEN];
+    float *logits[N_SEQS]; /* [GEN][vocab]: the logits each token was chosen from */
+};
+
+static void run_out_init(struct run_out *o)
+{
+    const size_t V = (size_t)kvq_model_config_of(model)->vocab;
+    for (int i = 0; i < N_SEQS; i++)
+        o->logits[i] = calloc(GEN * V, sizeof(float));
+}
+
+static void run_out_free(struct run_out *o)
+{
+    for (int i = 0; i < N_SEQS; i++)
+        free(o->logits[i]);
+}
+
+static kvq_sampler *make_sampler(int i, int sampled)
+{
+    kvq_sampler_params p = kvq_sampler_params_default();
+    if (sampled) {
+        p.temperature = 0.9f;
+        p.top_p = 0.95f;
+        p.seed = 1000 + (uint64_t)i;
+    }
+    kvq_sampler *s = NULL;
+    kvq_sampler_create(kvq_model_config_of(model)->vocab, &p, &s);
+    return s;
+}
+
+/* Each sequence alone through kvq_seq: prefill (chunks of CHUNK), then one
+ * token per forward. */
+static void run_solo(const struct kvq_seq_config *sc, int sampled, struct run_out *o)
+{
+    const size_t V = (size_t)kvq_model_config_of(model)->vocab;
+    for (int i = 0; i < N_SEQS; i++) {
+        kvq_seq *s = NULL;
+        CHECK_OK(kvq_seq_create(model, sc, &s, NULL));
+        kvq_sampler *smp = make_sampler(i, sampled);
+        if (!s || !smp)
+            return;
+        float *lg = o->logits[i];
+        CHECK_OK(kvq_seq_forward(s, prompts[i], prompt_len[i], prompt_len[i] - 1, lg, NULL));
+        for (int g = 0; g < GEN; g++) {
+            CHECK_OK(kvq_sampler_sample(smp, lg + g * V, &o->tok[i][g]));
+            if (g + 1 < GEN)
+                CHECK_OK(kvq_seq_forward(s, &o->tok[i][g], 1, 0, lg + (g + 1) * V, NULL));
+        }
+        kvq_sampler_free(smp);
+        kvq_seq_free(s);
+    }
+}
+
+/* All sequences in one batch: sequence i joins at step 2 i; every step
+ * carries a decode row for each sequence past its prompt, then the next
+ * prompt chunks (CHUNK-aligned, as kvq_seq cuts them) that fit. */
+static void run_batched(const struct kvq_seq_config *sc, int sampled, struct run_out *o)
+{
+    const size_t V = (size_t)kvq_model_config_of(model)->vocab;
+    struct kvq_batch_config bc;
+    kvq_batch_config_default(&bc);
+    bc.seq = *sc;
+    bc.max_seqs = N_SEQS;
+    bc.max_rows = CHUNK + N_SEQS;
+    kvq_batch *b = NULL;
+    kvq_error err = {0};
+    CHECK_OK(kvq_batch_create(model, &bc, &b, &err));
+    if (!b) {
+        fprintf(stderr, "  %s\n", err.msg);
+        return;
+    }
+    int slot[N_SEQS], gen[N_SEQS] = {0}, joined = 0;
+    size_t done[N_SEQS] = {0};
+    kvq_sampler *smp[N_SEQS];
+    for (int i = 0; i < N_SEQS; i++)
+        smp[i] = make_sampler(i, sampled);
+    int32_t argmax[N_SEQS];
+    for (int step = 0; step < 200; step++) {
+        if (joined < N_SEQS && step == 2 * joined)
+            CHECK_OK(kvq_batch_add(b, &slot[joined++]));
+        struct kvq_batch_item items[N_SEQS];
+        int n = 0;
+        size_t rows = 0;
+        for (int i = 0; i < joined; i++)
+            if (done[i] == prompt_len[i] && gen[i] > 0 && gen[i] < GEN) {
+                items[n] = (struct kvq_batch_item){slot[i], &o->tok[i][gen[i] - 1], 1, o->logits[i] + gen[i] * V,
+                                                   &argmax[i]};
+                rows++, n++;
+            }
+        for (int i = 0; i < joined; i++)
+            if (done[i] < prompt_len[i]) {
+                size_t c = prompt_len[i] - done[i] < CHUNK ? prompt_len[i] - done[i] : CHUNK;
+                if (c > bc.max_rows - rows)
+                    continue;
+                int last = done[i] + c == prompt_len[i];
+                items[n++] = (struct kvq_batch_item){slot[i], prompts[i] + done[i], c, last ? o->logits[i] : NULL,
+                                                     NULL};
+                rows += c;
+            }
+        if (n == 0) {
+            if (joined == N_SEQS)
+                break;
+            continue;
+        }
+        CHECK_OK(kvq_batch_step(b, items, n, &err));
+        for (int k = 0; k < n; k++) {
+            int i = 0;
+            while (slot[i] != items[k].slot)
+                i++;
+            if (done[i] < prompt_len[i])
+                done[i] += items[k].n;
+            if (done[i] == prompt_len[i] && (items[k].logits || items[k].argmax)) {
+                CHECK_OK(kvq_sampler_sample(smp[i], o->logits[i] + gen[i] * V, &o->tok[i][gen[i]]));
+                if (!sampled) /* the step's own greedy token agrees */
+                    CHECK(items[k].argmax == NULL || *items[k].argmax == o->tok[i][gen[i]]);
+                gen[i]++;
+            }
+        }
+    }
+    for (int i = 0; i < N_SEQS; i++) {
+        CHECK(gen[i] == GEN);
+        CHECK(kvq_batch_len(b, slot[i]) == prompt_len[i] + GEN - 1);
+        kvq_sampler_free(smp[i]);
+    }
+    kvq_batch_free(b);
+}
+
+static void compare(const struct kvq_seq_config *sc, int sampled)
+{
+    const size_t V = (size_t)kvq_model_config_of(model)->vocab;
+    struct run_out solo, batched;
+    run_out_init(&solo);
+    run_out_init(&batched);
+    run_solo(sc, sampled, &solo);
+    run_batched(sc, sampled, &batched);
+    for (int i = 0; i < N_SEQS; i++) {
+        CHECKF(memcmp(solo.tok[i], batched.tok[i], sizeof solo.tok[i]) == 0, "sequence %d: tokens differ", i);
+        CHECKF(memcmp(solo.logits[i], batched.logits[i], GEN * V * sizeof(float)) == 0,
+               "sequence %d: logits differ bitwise", i);
+    }
+    run_out_free(&solo);
+    run_out_free(&batched);
+}
+
+/* tq3j/tq3 with the recent f16 window (the default), greedy. */
+static void test_greedy_identical_compressed(void)
+{
+    struct kvq_seq_config sc;
+    kvq_seq_config_default(&sc);
+    compare(&sc, 0);
+}
+
+/* f32 cache (no window), greedy: the same with sgemm chunks and the plain append. */
+static void test_greedy_identical_f32(void)
+{
+    struct kvq_seq_config sc;
+    kvq_seq_config_default(&sc);
+    sc.type_k = sc.type_v = KVQ_TYPE_F32;
+    compare(&sc, 0);
+}
+
+/* Seeded sampling: the same draws alone and batched. */
+static void test_sampled_identical(void)
+{
+    struct kvq_seq_config sc;
+    kvq_seq_config_default(&sc);
+    compare(&sc, 1);
+}
+
+/* The pool: pages counted per slot, a step that does not fit changes
+ * nothing, removal gives pages and memory back. */
+static void test_page_pool(void)
+{
+    struct kvq_batch_config bc;
+    kvq_batch_config_default(&bc);
+    bc.max_seqs = 3;
+    bc.max_rows = 512;
+    bc.seq.type_k = KVQ_TYPE_Q8_0;
+    bc.seq.type_v = KVQ_TYPE_Q8_0;
+    bc.seq.recent_f16 = 0;
+    kvq_batch *b = NULL;
+    CHECK_OK(kvq_batch_create(model, &bc, &b, NULL));
+    struct kvq_batch_stats st;
+    kvq_batch_get_stats(b, &st);
+    const size_t P = st.page_tokens;
+    /* a budget of exactly 5 pages */
+    kvq_batch_free(b);
+    bc.seq.kv_budget = 5 * st.page_bytes + st.page_bytes / 2;
+    CHECK_OK(kvq_batch_create(model, &bc, &b, NULL));
+    kvq_batch_get_stats(b, &st);
+    CHECK(st.pages_total == 5 && st.pages_used == 0 && st.bytes_allocated == 0);
+    int s0, s1, s2, s3;
+    CHECK_OK(kvq_batch_add(b, &s0));
+    CHECK_OK(kvq_batch_add(b, &s1));
+    CHECK_OK(kvq_batch_add(b, &s2));
+    CHECK_STATUS(kvq_batch_add(b, &s3), KVQ_ERR_BUDGET);
+    CHECK(kvq_batch_pages_for(b, 0) == 0 && kvq_batch_pages_for(b, 1) == 1 && kvq_batch_pages_for(b, P + 1) == 2);
+    CHECK(s0 >= 0 && s1 >= 0 && s2 >= 0 && s0 < 3 && s1 < 3 && s2 < 3);
+    int32_t *ids = prompts[0];
+    struct kvq_batch_item a[2] = {{s0, ids, 3 * P, NULL, NULL}, {s1, ids, 2 * P + 1, NULL, NULL}};
+    kvq_error err = {0};
+    CHECK_STATUS(kvq_batch_step(b, a, 2, &err), KVQ_ERR_BUDGET); /* 3 + 3 pages: no */
+    CHECK(kvq_batch_len(b, s0) == 0 && kvq_batch_len(b, s1) == 0);
+    a[1].n = P; /* 3 + 1 pages */
+    CHECK_OK(kvq_batch_step(b, a, 2, &err));
+    kvq_batch_get_stats(b, &st);
+    CHECK(st.pages_used == 4 && st.bytes_allocated == 4 * st.page_bytes);
+    struct kvq_batch_item c = {s2, ids, P + 1, NULL, NULL};
+    CHECK_STATUS(kvq_batch_step(b, &c, 1, &err), KVQ_ERR_BUDGET);
+    kvq_batch_get_stats(b, &st);
+    CHECK(st.pages_used == 4 && kvq_batch_len(b, s2) == 0 && st.bytes_allocated == 4 * st.page_bytes);
+    kvq_batch_remove(b, s0);
+    kvq_batch_get_stats(b, &st);
+    CHECK(st.pages_used == 1 && st.active == 2 && st.bytes_allocated == st.page_bytes);
+    CHECK_OK(kvq_batch_step(b, &c, 1, &err));
+    CHECK_OK(kvq_batch_truncate(b, s2, 1));
+    kvq_batch_get_stats(b, &st);
+    CHECK(st.pages_used == 2 && kvq_batch_len(b, s2) == 1 && st.bytes_allocated == 2 * st.page_bytes);
+    CHECK_OK(kvq_batch_add(b, &s3));
+    CHECK(s3 == s0);
+    kvq_batch_free(b);
+}
+
+/* Bad steps are refused before anything runs. */
+static void test_bad_steps(void)
+{
+    struct kvq_batch_config bc;
+    kvq_batch_config_default(&bc);
+    bc.max_seqs = 2;
+    bc.max_rows = 8;
+    bc.seq.max_ctx = 64;
+    kvq_batch *b = NULL;
+    CHECK_OK(kvq_batch_create(model, &bc, &b, NULL));
+    int s0;
+    CHECK_OK(kvq_batch_add(b, &s0));
+    int32_t ids[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9}, bad = 1 << 20, out;
+    struct kvq_batch_item it = {s0, ids, 9, NULL, &out};
+    CHECK_STATUS(kvq_batch_step(b, &it, 1, NULL), KVQ_ERR_INVALID_ARG); /* rows over max_rows */
+    struct kvq_batch_item two[2] = {{s0, ids, 1, NULL, NULL}, {s0, ids, 1, NULL, NULL}};
+    CHECK_STATUS(kvq_batch_step(b, two, 2, NULL), KVQ_ERR_INVALID_ARG); /* repeated slot */
+    two[1].slot = 1;
+    CHECK_STATUS(kvq_batch_step(b, two, 2, NULL), KVQ_ERR_INVALID_ARG); /* free slot */
+    it = (struct kvq_batch_item){s0, &bad, 1, NULL, &out};
+    CHECK_STATUS(kvq_batch_step(b, &it, 1, NULL), KVQ_ERR_RANGE);
+    CHECK(kvq_batch_len(b, s0) == 0);
+    for (int i = 0; i < 8; i++) {
+        it = (struct kvq_batch_item){s0, ids, 8, NULL, &out};
+        CHECK_OK(kvq_batch_step(b, &it, 1, NULL));
+    }
+    it.n = 1;
+    CHECK_STATUS(kvq_batch_step(b, &it, 1, NULL), KVQ_ERR_CONTEXT_FULL);
+    CHECK(kvq_batch_len(b, s0) == 64);
+    CHECK_STATUS(kvq_batch_truncate(b, s0, 65), KVQ_ERR_INVALID_ARG);
+    kvq_batch_remove(b, 7);
+    kvq_batch_remove(b, s0);
+    CHECK(kvq_batch_len(b, s0) == 0);
+    kvq_batch_free(b);
+    kvq_batch_free(NULL);
+    bc.seq.kv_budget = 100; /* holds no page */
+    kvq_error err = {0};
+    CHECK_STATUS(kvq_batch_create(model, &bc, &b, &err), KVQ_ERR_BUDGET);
+    CHECK(strstr(err.msg, "budget") != NULL);
+}
+
+int main(void)
+{
+    kvq_error err = {0};
+    if (kvq_model_load(TEST_MODEL_DIR, NULL, &model, &err) != KVQ_OK) {
+        fprintf(stderr, "test_batch: cannot load %s: %s\n", TEST_MODEL_DIR, err.msg);
+        return 1;
+    }
+    kvq_rng rng;
+    kvq_rng_init(&rng, 7);
+    for (int i = 0; i < N_SEQS; i++) {
+        prompts[i] = malloc(prompt_len[i] * sizeof(int32_t));
+        for (size_t t = 0; t < prompt_len[i]; t++)
+            prompts[i][t] = (int32_t)(kvq_rng_next(&rng) % (uint64_t)kvq_model_config_of(model)->vocab);
+    }
+    RUN(test_greedy_identical_compressed);
+    RUN(test_greedy_identical_f32);
+    RUN(test_sampled_identical);
+    RUN(test_page_pool);
+    RUN(test_bad_steps);
+    for (int i = 0; i < N_SEQS; i++)
+        free(prompts[i]);
+    kvq_model_free(model);
+    return TEST_END("test_batch");
+}
