@@ -224,7 +224,11 @@ static void test_config_parse(void)
         {"{\"model_type\":\"llama\",\"hidden_size\":64,\"num_hidden_layers\":2,\"num_attention_heads\":4,"
          "\"intermediate_size\":128,\"vocab_size\":100,\"max_position_embeddings\":64,"
          "\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8}}",
-         KVQ_ERR_UNSUPPORTED, "rope type 'llama3'"},
+         KVQ_ERR_FORMAT, "rope type 'llama3' needs 'original_max_position_embeddings'"},
+        {"{\"model_type\":\"llama\",\"hidden_size\":64,\"num_hidden_layers\":2,\"num_attention_heads\":4,"
+         "\"intermediate_size\":128,\"vocab_size\":100,\"max_position_embeddings\":64,"
+         "\"rope_scaling\":{\"rope_type\":\"mrope\"}}",
+         KVQ_ERR_UNSUPPORTED, "rope type 'mrope' is not supported"},
         {"{\"model_type\":\"llama\",\"hidden_size\":64,\"num_hidden_layers\":2,\"num_attention_heads\":4,"
          "\"intermediate_size\":128,\"vocab_size\":100,\"max_position_embeddings\":64,\"eos_token_id\":100}",
          KVQ_ERR_FORMAT, "eos_token_id 100"},

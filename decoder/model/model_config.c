@@ -77,46 +77,188 @@ static kvq_status arch_from_type(const cJSON *root, const char *type, struct kvq
         a->mlp_bias = get_bool(root, "mlp_bias");
     } else if (strcmp(type, "qwen2") == 0) {
         a->qkv_bias = 1; /* Qwen2 always has q/k/v biases and none elsewhere */
+    } else if (strcmp(type, "phi3") == 0) {
+        a->fused_proj = 1; /* qkv_proj and gate_up_proj, no biases */
     } else if (strcmp(type, "qwen3") == 0) {
         a->qkv_bias = a->o_bias = attention_bias;
         a->qk_norm = 1;
     } else {
         return kvq_error_set(err, KVQ_ERR_UNSUPPORTED,
-                             "config.json: model_type '%s' is not supported (llama, mistral, qwen2, qwen3)", type);
+                             "config.json: model_type '%s' is not supported (llama, mistral, qwen2, qwen3, phi3)", type);
     }
     return KVQ_OK;
 }
 
-/* rope_theta at top level (older HF) or in rope_parameters (newer); only the
- * default (unscaled) RoPE is implemented. */
-static kvq_status parse_rope(const cJSON *root, double *theta, kvq_error *err)
+/* A number key of obj: *out = def when absent or null; else must be finite
+ * and >= lo. */
+static kvq_status get_num(const cJSON *obj, const char *key, double def, double lo, double *out, kvq_error *err)
 {
-    const cJSON *params = cJSON_GetObjectItemCaseSensitive(root, "rope_parameters");
-    const cJSON *scaling = cJSON_GetObjectItemCaseSensitive(root, "rope_scaling");
-    const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "rope_theta");
-    const cJSON *kinds[2] = {params, scaling};
-    for (int i = 0; i < 2; i++) {
-        if (!kinds[i] || cJSON_IsNull(kinds[i]))
-            continue;
-        if (!cJSON_IsObject(kinds[i]))
-            return kvq_error_set(err, KVQ_ERR_FORMAT, "config.json: '%s' is not an object",
-                                 i ? "rope_scaling" : "rope_parameters");
-        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(kinds[i], "rope_type");
-        if (!ty)
-            ty = cJSON_GetObjectItemCaseSensitive(kinds[i], "type");
-        if (ty && !(cJSON_IsString(ty) && strcmp(ty->valuestring, "default") == 0))
-            return kvq_error_set(err, KVQ_ERR_UNSUPPORTED, "config.json: rope type '%s' is not supported (default only)",
-                                 cJSON_IsString(ty) ? ty->valuestring : "?");
-        if (!t || cJSON_IsNull(t))
-            t = cJSON_GetObjectItemCaseSensitive(kinds[i], "rope_theta");
-    }
-    if (!t || cJSON_IsNull(t)) {
-        *theta = 10000.0; /* the Llama default when a config omits it */
+    const cJSON *j = obj ? cJSON_GetObjectItemCaseSensitive(obj, key) : NULL;
+    if (!j || cJSON_IsNull(j)) {
+        *out = def;
         return KVQ_OK;
     }
-    if (!cJSON_IsNumber(t) || !(t->valuedouble > 1.0) || !isfinite(t->valuedouble))
+    if (!cJSON_IsNumber(j) || !isfinite(j->valuedouble) || !(j->valuedouble >= lo))
+        return kvq_error_set(err, KVQ_ERR_FORMAT, "config.json: rope '%s' must be a number >= %g", key, lo);
+    *out = j->valuedouble;
+    return KVQ_OK;
+}
+
+/* longrope's short_factor / long_factor: exactly n positive numbers. */
+static kvq_status get_factors(const cJSON *obj, const char *key, int n, float *out, kvq_error *err)
+{
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) != n)
+        return kvq_error_set(err, KVQ_ERR_FORMAT, "config.json: longrope '%s' must be a list of %d numbers (rotary_dim / 2)",
+                             key, n);
+    int i = 0;
+    for (const cJSON *e = a->child; e; e = e->next, i++) {
+        if (!cJSON_IsNumber(e) || !(e->valuedouble > 0) || !isfinite(e->valuedouble))
+            return kvq_error_set(err, KVQ_ERR_FORMAT, "config.json: longrope '%s'[%d] is not a positive number", key, i);
+        out[i] = (float)e->valuedouble;
+    }
+    return KVQ_OK;
+}
+
+/* The RoPE object of a config: rope_parameters (transformers 5) or
+ * rope_scaling (older), whichever names a type; NULL for plain RoPE. */
+static kvq_status rope_object(const cJSON *root, const cJSON **obj, kvq_error *err)
+{
+    static const char *keys[2] = {"rope_parameters", "rope_scaling"};
+    *obj = NULL;
+    for (int i = 0; i < 2; i++) {
+        const cJSON *o = cJSON_GetObjectItemCaseSensitive(root, keys[i]);
+        if (!o || cJSON_IsNull(o))
+            continue;
+        if (!cJSON_IsObject(o))
+            return kvq_error_set(err, KVQ_ERR_FORMAT, "config.json: '%s' is not an object", keys[i]);
+        if (!*obj)
+            *obj = o;
+    }
+    return KVQ_OK;
+}
+
+/* rope_theta, partial_rotary_factor and the scaling of transformers' rope
+ * init functions. Keys are read from the RoPE object first, then the top
+ * level (older configs keep rope_theta, partial_rotary_factor and Phi-3's
+ * original_max_position_embeddings there). Needs head_dim and max_ctx. */
+static kvq_status parse_rope(const cJSON *root, struct kvq_model_config *c, kvq_error *err)
+{
+    const cJSON *o;
+    kvq_status st = rope_object(root, &o, err);
+    if (st != KVQ_OK)
+        return st;
+    struct kvq_rope_scaling *rs = &c->arch.rope_scaling;
+    memset(rs, 0, sizeof *rs);
+    rs->truncate = 1;
+    const cJSON *ty = o ? cJSON_GetObjectItemCaseSensitive(o, "rope_type") : NULL;
+    if (o && !ty)
+        ty = cJSON_GetObjectItemCaseSensitive(o, "type");
+    static const struct {
+        const char *name;
+        enum kvq_rope_scaling_kind kind;
+    } kinds[] = {{"default", KVQ_ROPE_SCALE_NONE},    {"linear", KVQ_ROPE_SCALE_LINEAR},
+                 {"dynamic", KVQ_ROPE_SCALE_DYNAMIC}, {"yarn", KVQ_ROPE_SCALE_YARN},
+                 {"llama3", KVQ_ROPE_SCALE_LLAMA3},   {"longrope", KVQ_ROPE_SCALE_LONGROPE}};
+    if (ty && !cJSON_IsNull(ty)) {
+        size_t k = 0;
+        while (k < sizeof kinds / sizeof kinds[0] && !(cJSON_IsString(ty) && strcmp(ty->valuestring, kinds[k].name) == 0))
+            k++;
+        if (k == sizeof kinds / sizeof kinds[0])
+            return kvq_error_set(err, KVQ_ERR_UNSUPPORTED,
+                                 "config.json: rope type '%.40s' is not supported (default, linear, dynamic, yarn, "
+                                 "llama3, longrope)",
+                                 cJSON_IsString(ty) ? ty->valuestring : "?");
+        rs->kind = kinds[k].kind;
+    }
+#define NUM(obj, key, def, lo, dst)                                                                                    \
+    do {                                                                                                               \
+        if ((st = get_num(obj, key, def, lo, dst, err)) != KVQ_OK)                                                     \
+            return st;                                                                                                 \
+    } while (0)
+    /* rope_theta: the object's, else the top level's, else Llama's default */
+    double theta, prf, v;
+    NUM(root, "rope_theta", 10000.0, 1.0, &theta);
+    NUM(o, "rope_theta", theta, 1.0, &theta);
+    if (!(theta > 1.0))
         return kvq_error_set(err, KVQ_ERR_FORMAT, "config.json: rope_theta must be a number > 1");
-    *theta = t->valuedouble;
+    c->rope_theta = theta;
+    NUM(root, "partial_rotary_factor", 1.0, 0.0, &prf);
+    NUM(o, "partial_rotary_factor", prf, 0.0, &prf);
+    if (!(prf > 0.0) || prf > 1.0)
+        return kvq_error_set(err, KVQ_ERR_FORMAT, "config.json: partial_rotary_factor must be in (0, 1]");
+    int rd = (int)(c->head_dim * prf); /* int(head_dim * factor), as transformers */
+    if (rd < 2 || rd % 2)
+        return kvq_error_set(err, KVQ_ERR_UNSUPPORTED, "config.json: rotary dimension %d (head_dim x partial_rotary_factor) must be even",
+                             rd);
+    c->arch.rotary_dim = rd;
+    if (rs->kind == KVQ_ROPE_SCALE_NONE)
+        return KVQ_OK;
+
+    NUM(root, "original_max_position_embeddings", 0.0, 1.0, &v);
+    NUM(o, "original_max_position_embeddings", v, 1.0, &v);
+    if (v > (double)MAX_CTX || floor(v) != v)
+        return kvq_error_set(err, KVQ_ERR_FORMAT, "config.json: original_max_position_embeddings must be an integer in [1, %d]",
+                             MAX_CTX);
+    rs->original_max = (int)v;
+    NUM(o, "factor", 0.0, 0.0, &rs->factor);
+    NUM(o, "attention_factor", 0.0, 0.0, &rs->attention_factor);
+    const char *need = NULL;
+    switch (rs->kind) {
+    case KVQ_ROPE_SCALE_LINEAR:
+        need = rs->factor > 0 ? NULL : "factor";
+        break;
+    case KVQ_ROPE_SCALE_DYNAMIC:
+        /* transformers rescales from max_position_embeddings on, and the
+         * point of it is to run past it: the usable context is factor times */
+        need = rs->factor > 0 ? NULL : "factor";
+        rs->original_max = c->max_ctx;
+        if (rs->factor > 1)
+            c->max_ctx = rs->factor * c->max_ctx < MAX_CTX ? (int)(rs->factor * c->max_ctx) : MAX_CTX;
+        break;
+    case KVQ_ROPE_SCALE_LLAMA3:
+        NUM(o, "low_freq_factor", 0.0, 0.0, &rs->low_freq_factor);
+        NUM(o, "high_freq_factor", 0.0, 0.0, &rs->high_freq_factor);
+        need = !(rs->factor > 0)                                  ? "factor"
+               : !rs->original_max                                ? "original_max_position_embeddings"
+               : !(rs->high_freq_factor > rs->low_freq_factor)    ? "high_freq_factor > low_freq_factor"
+               : !(rs->low_freq_factor > 0)                       ? "low_freq_factor"
+                                                                  : NULL;
+        break;
+    case KVQ_ROPE_SCALE_YARN: {
+        NUM(o, "beta_fast", 0.0, 0.0, &rs->beta_fast);
+        NUM(o, "beta_slow", 0.0, 0.0, &rs->beta_slow);
+        NUM(o, "mscale", 0.0, 0.0, &rs->mscale);
+        NUM(o, "mscale_all_dim", 0.0, 0.0, &rs->mscale_all_dim);
+        const cJSON *tr = cJSON_GetObjectItemCaseSensitive(o, "truncate");
+        rs->truncate = !cJSON_IsFalse(tr);
+        if (!rs->original_max) /* older transformers: the model's own context */
+            rs->original_max = c->max_ctx;
+        if (!(rs->factor > 0))
+            rs->factor = (double)c->max_ctx / rs->original_max;
+        need = rs->factor > 0 ? NULL : "factor";
+        break;
+    }
+    case KVQ_ROPE_SCALE_LONGROPE: {
+        int half = rd / 2;
+        if (half > KVQ_ROPE_MAX_FACTORS)
+            return kvq_error_set(err, KVQ_ERR_UNSUPPORTED, "config.json: longrope with rotary_dim %d is not supported", rd);
+        if ((st = get_factors(o, "short_factor", half, rs->short_factor, err)) ||
+            (st = get_factors(o, "long_factor", half, rs->long_factor, err)))
+            return st;
+        rs->n_factors = half;
+        if (!rs->original_max)
+            rs->original_max = c->max_ctx;
+        if (!(rs->factor > 0))
+            rs->factor = (double)c->max_ctx / rs->original_max;
+        break;
+    }
+    default:
+        break;
+    }
+#undef NUM
+    if (need)
+        return kvq_error_set(err, KVQ_ERR_FORMAT, "config.json: rope type '%s' needs '%s'", ty->valuestring, need);
     return KVQ_OK;
 }
 
@@ -153,7 +295,6 @@ static kvq_status parse_root(const cJSON *root, struct kvq_model_config *c, kvq_
         return st;
     if (c->head_dim < 2 || c->head_dim % 2)
         return kvq_error_set(err, KVQ_ERR_UNSUPPORTED, "config.json: head_dim %d must be even", c->head_dim);
-    c->arch.rotary_dim = c->head_dim;
     if (c->n_heads % c->n_kv_heads || c->n_heads / c->n_kv_heads > KVQ_ATTN_MAX_Q)
         return kvq_error_set(err, KVQ_ERR_FORMAT,
                              "config.json: num_attention_heads %d is not a multiple of num_key_value_heads %d "
@@ -173,7 +314,7 @@ static kvq_status parse_root(const cJSON *root, struct kvq_model_config *c, kvq_
             return kvq_error_set(err, KVQ_ERR_FORMAT, "config.json: rms_norm_eps must be in (0, 1]");
         c->rms_eps = (float)eps->valuedouble;
     }
-    if ((st = parse_rope(root, &c->rope_theta, err)))
+    if ((st = parse_rope(root, c, err)))
         return st;
     int nb;
     if ((st = get_ids(root, "bos_token_id", &c->bos_id, 1, &nb, err)) ||

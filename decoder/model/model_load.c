@@ -150,9 +150,13 @@ static kvq_status load_layer(struct loader *L, int l)
     w->attn_norm = p = take(L, (size_t)h);
     LOAD("input_layernorm.weight", 1, h, 0, p);
     w->wqkv = p = take(L, (size_t)(L->m->qkv_dim * h));
-    LOAD("self_attn.q_proj.weight", 2, q, h, p);
-    LOAD("self_attn.k_proj.weight", 2, kv, h, p + q * h);
-    LOAD("self_attn.v_proj.weight", 2, kv, h, p + (q + kv) * h);
+    if (c->arch.fused_proj) {
+        LOAD("self_attn.qkv_proj.weight", 2, q + 2 * kv, h, p);
+    } else {
+        LOAD("self_attn.q_proj.weight", 2, q, h, p);
+        LOAD("self_attn.k_proj.weight", 2, kv, h, p + q * h);
+        LOAD("self_attn.v_proj.weight", 2, kv, h, p + (q + kv) * h);
+    }
     if (c->arch.qkv_bias) {
         w->bqkv = p = take(L, (size_t)L->m->qkv_dim);
         LOAD("self_attn.q_proj.bias", 1, q, 0, p);
@@ -174,8 +178,12 @@ static kvq_status load_layer(struct loader *L, int l)
     w->ffn_norm = p = take(L, (size_t)h);
     LOAD("post_attention_layernorm.weight", 1, h, 0, p);
     w->wgu = p = take(L, (size_t)(2 * f * h));
-    LOAD("mlp.gate_proj.weight", 2, f, h, p);
-    LOAD("mlp.up_proj.weight", 2, f, h, p + f * h);
+    if (c->arch.fused_proj) {
+        LOAD("mlp.gate_up_proj.weight", 2, 2 * f, h, p);
+    } else {
+        LOAD("mlp.gate_proj.weight", 2, f, h, p);
+        LOAD("mlp.up_proj.weight", 2, f, h, p + f * h);
+    }
     if (c->arch.mlp_bias) {
         w->bgu = p = take(L, (size_t)(2 * f));
         LOAD("mlp.gate_proj.bias", 1, f, 0, p);
@@ -223,28 +231,6 @@ static kvq_status load_lm_head(struct loader *L, int slice_rows)
         m->lm[k].w = all + (size_t)m->lm[k].start * (size_t)h;
     }
     return st;
-}
-
-/* cos/sin of pos * theta^(-2i/rotary_dim) for every position, computed as HF does in
- * float32 (inverse frequency and angle rounded to float), so long-context
- * angles match the reference. */
-static kvq_status build_rope(kvq_model *m)
-{
-    int rd = m->cfg.arch.rotary_dim, half = rd / 2;
-    size_t n = (size_t)m->cfg.max_ctx * (size_t)half;
-    m->rope_cos = malloc(n * sizeof(float));
-    m->rope_sin = malloc(n * sizeof(float));
-    if (!m->rope_cos || !m->rope_sin)
-        return KVQ_ERR_NOMEM;
-    for (int i = 0; i < half; i++) {
-        float inv = (float)(1.0 / pow(m->cfg.rope_theta, (double)(2 * i) / rd));
-        for (int p = 0; p < m->cfg.max_ctx; p++) {
-            float a = (float)p * inv;
-            m->rope_cos[(size_t)p * half + i] = (float)cos((double)a);
-            m->rope_sin[(size_t)p * half + i] = (float)sin((double)a);
-        }
-    }
-    return KVQ_OK;
 }
 
 static kvq_status load(struct loader *L, const struct kvq_model_load_opts *o)
@@ -304,8 +290,6 @@ static kvq_status load(struct loader *L, const struct kvq_model_load_opts *o)
     for (int k = 0; k < m->n_lm; k++)
         if (m->lm[k].count > m->max_lm_rows)
             m->max_lm_rows = m->lm[k].count;
-    if (build_rope(m) != KVQ_OK)
-        return kvq_error_set(L->err, KVQ_ERR_NOMEM, "out of memory for the RoPE tables");
     return KVQ_OK;
 }
 
@@ -345,8 +329,6 @@ void kvq_model_free(kvq_model *m)
     free(m->layers);
     free(m->lm);
     free(m->arena);
-    free(m->rope_cos);
-    free(m->rope_sin);
     free(m);
 }
 

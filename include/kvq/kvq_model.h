@@ -59,6 +59,33 @@ enum kvq_rope_kind {
     KVQ_ROPE_INTERLEAVED = 1 /* pairs (2i, 2i + 1): GPT-J, original Llama weights */
 };
 
+/* How RoPE frequencies are scaled for long contexts (config.json's
+ * rope_parameters / rope_scaling "rope_type"), with the formulas of
+ * transformers' rope init functions (decoder/model/rope.c). */
+enum kvq_rope_scaling_kind {
+    KVQ_ROPE_SCALE_NONE = 0, /* "default" */
+    KVQ_ROPE_SCALE_LINEAR,   /* inv_freq / factor */
+    KVQ_ROPE_SCALE_DYNAMIC,  /* NTK: base grows with the sequence length past max_position_embeddings */
+    KVQ_ROPE_SCALE_YARN,     /* ramp between interpolation and extrapolation, scaled cos/sin */
+    KVQ_ROPE_SCALE_LLAMA3,   /* Llama 3.1: low frequencies / factor, smooth band between */
+    KVQ_ROPE_SCALE_LONGROPE  /* Phi-3: per-frequency short/long factors, scaled cos/sin */
+};
+
+#define KVQ_ROPE_MAX_FACTORS 512 /* longrope factors: rotary_dim / 2 of them */
+
+struct kvq_rope_scaling {
+    enum kvq_rope_scaling_kind kind;
+    double factor;           /* linear, dynamic, yarn, llama3, longrope (0 = derived) */
+    int original_max;        /* original_max_position_embeddings (0 = absent) */
+    double low_freq_factor, high_freq_factor; /* llama3 */
+    double beta_fast, beta_slow;              /* yarn (0 = 32 / 1) */
+    double mscale, mscale_all_dim;            /* yarn (0 = absent) */
+    double attention_factor; /* yarn, longrope: cos/sin multiplier (0 = derived) */
+    int truncate;            /* yarn: floor/ceil the correction range (default 1) */
+    int n_factors;           /* longrope: entries of short_factor and long_factor */
+    float short_factor[KVQ_ROPE_MAX_FACTORS], long_factor[KVQ_ROPE_MAX_FACTORS];
+};
+
 /* The architecture of a checkpoint as the forward pass needs it: every
  * difference between model families is a field here, decided once from
  * model_type and the config keys when config.json is parsed
@@ -68,12 +95,14 @@ struct kvq_model_arch {
     int o_bias;          /* o_proj carries .bias (Llama attention_bias) */
     int mlp_bias;        /* gate/up/down carry .bias (Llama mlp_bias) */
     int qk_norm;         /* per-head RMSNorm of q and k before RoPE (Qwen3) */
+    int fused_proj;      /* the checkpoint stores qkv_proj and gate_up_proj fused (Phi-3) */
     int tied_embeddings; /* LM head = embedding table (tie_word_embeddings) */
     enum kvq_norm_kind norm;
     enum kvq_act_kind act;
     enum kvq_rope_kind rope;
     int rotary_dim;      /* leading coordinates of a head that RoPE rotates (partial
-                            rotary); = head_dim for full rotary */
+                            rotary: head_dim * partial_rotary_factor); = head_dim for full rotary */
+    struct kvq_rope_scaling rope_scaling;
     float embed_scale;   /* embeddings are multiplied by it (1; sqrt(hidden) for Gemma) */
     float final_softcap; /* logits = c * tanh(logits / c) when > 0 */
     float attn_softcap;  /* attention scores capped likewise when > 0 (not supported yet:
@@ -84,7 +113,7 @@ struct kvq_model_arch {
 #define KVQ_MODEL_MAX_EOS 4
 
 struct kvq_model_config {
-    char model_type[32]; /* "llama", "mistral", "qwen2", "qwen3" */
+    char model_type[32]; /* "llama", "mistral", "qwen2", "qwen3", "phi3" */
     int hidden;          /* hidden_size */
     int n_layers;        /* num_hidden_layers */
     int n_heads;         /* num_attention_heads */
@@ -92,7 +121,7 @@ struct kvq_model_config {
     int head_dim;        /* head_dim, or hidden / n_heads */
     int ffn;             /* intermediate_size */
     int vocab;           /* vocab_size */
-    int max_ctx;         /* max_position_embeddings */
+    int max_ctx;         /* max_position_embeddings (times the factor for dynamic RoPE) */
     float rms_eps;       /* rms_norm_eps */
     double rope_theta;   /* rope_theta or rope_parameters.rope_theta */
     int32_t bos_id;      /* -1 when absent */

@@ -1,0 +1,184 @@
+#!/usr/bin/env python3
+"""make_refs.py - tiny random-weight checkpoints of the model families kvq
+decodes, with transformers' float32 logits and greedy ids as the reference.
+
+Run on a machine with torch + transformers (no internet needed):
+
+    python3 tests/models/make_refs.py --out tests/models
+
+For each family it writes OUT/FAMILY/:
+  config.json, model.safetensors   the checkpoint (bf16 weights, as real ones)
+  reference.safetensors            ids [T] int32 (the prompt), logits [T][vocab]
+                                   float32 (every prompt position), greedy [N] int32
+                                   (greedy continuation with the KV cache, as generate)
+  reference.json                   family, prompt length, what the case exercises,
+                                   transformers / torch versions
+
+Weights are random (seeded), saved as bf16, and the reference runs the saved
+checkpoint reloaded in float32 (eager attention, CPU), so the C decoder and
+transformers compute over the same bf16 weights. Norm weights and biases are
+perturbed away from their initial values so that they are exercised. Prompts
+are longer than the original context where the RoPE scaling depends on it
+(dynamic, longrope), so that the scaled frequencies are used.
+
+Self-checks (the script exits non-zero if one fails): the reloaded config
+keeps the RoPE type; the reloaded checkpoint gives the logits that were
+saved; the greedy continuation equals the argmax of a full (cache-free)
+forward wherever the RoPE does not depend on the length; each greedy step's
+top-1 margin is large enough that float32 rounding cannot flip it (else the
+next seed is tried); all fixtures together stay under 8 MB.
+"""
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+
+import torch
+import transformers
+from safetensors.torch import save_file
+
+VOCAB = 256
+N_GREEDY = 16
+MIN_MARGIN = 2e-3  # relative to max|logit|: greedy must not hinge on rounding
+
+
+def base(**kw):
+    c = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-5,
+             max_position_embeddings=256, tie_word_embeddings=False, bos_token_id=1,
+             eos_token_id=None, pad_token_id=None, initializer_range=0.08)
+    c.update(kw)
+    return c
+
+
+# name -> (config class, model class, config kwargs, prompt length, what it exercises)
+FAMILIES = {
+    "llama_llama3": ("LlamaConfig", "LlamaForCausalLM", base(
+        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
+        40, "Llama 3.1 RoPE scaling (high, smoothed and low frequency bands all present)"),
+    "llama_linear": ("LlamaConfig", "LlamaForCausalLM", base(
+        rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}, attention_bias=True),
+        40, "linear RoPE scaling; Llama attention_bias (q/k/v/o biases)"),
+    "llama_dynamic": ("LlamaConfig", "LlamaForCausalLM", base(
+        max_position_embeddings=32, rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}),
+        48, "dynamic NTK RoPE past max_position_embeddings (prompt 48 > 32)"),
+    "qwen2_yarn": ("Qwen2Config", "Qwen2ForCausalLM", base(
+        max_position_embeddings=128, rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                                      "original_max_position_embeddings": 32}),
+        40, "YaRN RoPE (ramp, attention factor); Qwen2 q/k/v biases"),
+    "phi3_longrope": ("Phi3Config", "Phi3ForCausalLM", base(
+        hidden_size=128, max_position_embeddings=128, original_max_position_embeddings=32, partial_rotary_factor=0.5,
+        rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 32,
+                         "short_factor": [1.0 + 0.1 * i for i in range(8)],
+                         "long_factor": [1.5 + 0.4 * i for i in range(8)]}),
+        48, "Phi-3: fused qkv_proj and gate_up_proj, partial rotary (0.5), longrope past the original context"),
+}
+
+LEN_DEPENDENT = {"llama_dynamic", "phi3_longrope"}
+
+
+def perturb(model, gen):
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
+            elif "norm" in name:
+                p.copy_(1.0 + (torch.rand(p.shape, generator=gen) - 0.5))
+
+
+def forward_logits(model, ids):
+    with torch.no_grad():
+        return model(ids[None], use_cache=False).logits[0].float()
+
+
+def greedy(model, ids, n):
+    """Greedy continuation with the KV cache, step by step as generate does."""
+    out, margins = [], []
+    with torch.no_grad():
+        r = model(ids[None], use_cache=True)
+        past, logits = r.past_key_values, r.logits[0, -1].float()
+        for _ in range(n):
+            top = torch.topk(logits, 2).values
+            margins.append(float((top[0] - top[1]) / logits.abs().max()))
+            tok = int(torch.argmax(logits))
+            out.append(tok)
+            r = model(torch.tensor([[tok]]), past_key_values=past, use_cache=True)
+            past, logits = r.past_key_values, r.logits[0, -1].float()
+    return out, min(margins)
+
+
+def build(name, out_dir, seed):
+    cfg_cls, model_cls, kw, T, what = FAMILIES[name]
+    cfg = getattr(transformers, cfg_cls)(**kw)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    model = getattr(transformers, model_cls)(cfg).eval()
+    perturb(model, gen)
+    d = os.path.join(out_dir, name)
+    if os.path.isdir(d):
+        shutil.rmtree(d)
+    model.to(torch.bfloat16).save_pretrained(d, safe_serialization=True)
+    for extra in ("generation_config.json",):
+        if os.path.exists(os.path.join(d, extra)):
+            os.remove(os.path.join(d, extra))
+    # The reference: the saved bf16 checkpoint, reloaded, computed in float32.
+    ref = getattr(transformers, model_cls).from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
+    saved = json.load(open(os.path.join(d, "config.json")))
+    rp = saved.get("rope_parameters") or saved.get("rope_scaling") or {}
+    want = kw.get("rope_parameters", {}).get("rope_type", "default")
+    if rp.get("rope_type", rp.get("type", "default")) != want:
+        sys.exit(f"{name}: config.json lost the rope type {want}: {rp}")
+    ids = torch.cat([torch.tensor([1]), torch.randint(3, VOCAB, (T - 1,), generator=gen)])
+    logits = forward_logits(ref, ids)
+    toks, margin = greedy(ref, ids, N_GREEDY)
+    if margin < MIN_MARGIN:
+        return None, margin
+    if name not in LEN_DEPENDENT:
+        # a full forward over prompt + continuation must agree with the cached steps
+        full = forward_logits(ref, torch.cat([ids, torch.tensor(toks[:-1])]))
+        if [int(t) for t in full[T - 1:].argmax(-1)] != toks:
+            sys.exit(f"{name}: cached greedy steps disagree with a full forward")
+    again = forward_logits(getattr(transformers, model_cls).from_pretrained(d, dtype=torch.float32,
+                                                                            attn_implementation="eager").eval(), ids)
+    if not torch.equal(again, logits):
+        sys.exit(f"{name}: reloading the checkpoint changed the logits")
+    save_file({"ids": ids.to(torch.int32).contiguous(), "logits": logits.contiguous(),
+               "greedy": torch.tensor(toks, dtype=torch.int32)}, os.path.join(d, "reference.safetensors"))
+    meta = {"family": name, "model_type": saved["model_type"], "prompt_tokens": T, "greedy_tokens": N_GREEDY,
+            "exercises": what, "seed": seed, "min_greedy_margin": margin, "torch": torch.__version__,
+            "transformers": transformers.__version__, "compute": "float32, eager attention, CPU, bf16 weights"}
+    with open(os.path.join(d, "reference.json"), "w") as f:
+        json.dump(meta, f, indent=1)
+    return d, margin
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True, help="directory to write the FAMILY/ fixture directories into")
+    ap.add_argument("--only", nargs="*", default=None, help="families to build (default: all)")
+    a = ap.parse_args()
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    os.makedirs(a.out, exist_ok=True)
+    total = 0
+    for name in a.only or FAMILIES:
+        for seed in range(1, 30):
+            d, margin = build(name, a.out, seed)
+            if d:
+                break
+            print(f"{name}: seed {seed}: greedy margin {margin:.2e} too small, next seed", flush=True)
+        else:
+            sys.exit(f"{name}: no seed gives a safe greedy margin")
+        size = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
+        total += size
+        print(f"{name}: {d} ({size / 1e6:.2f} MB, seed {seed}, margin {margin:.2e})", flush=True)
+    if total > 8e6:
+        sys.exit(f"fixtures total {total / 1e6:.1f} MB, over the 8 MB budget")
+    print(f"ok: {total / 1e6:.2f} MB in {a.out}")
+
+
+if __name__ == "__main__":
+    main()
