@@ -134,7 +134,37 @@ struct kvq_seq {
     void *hook_user;
     struct kvq_seq_timers tm;
     struct kvq_seq_stats st;
+    int32_t *row_pos;            /* [max_chunk] positions of a forward's rows (host scratch) */
 };
+
+/* T rows of store sequence seq, at positions pos0 .. pos0 + T - 1. */
+struct kvq_fwd_seg {
+    int seq;
+    size_t pos0, T;
+};
+
+/* What a forward over rows of one or several sequences works with. */
+struct kvq_fwd {
+    const struct kvq_model *m;
+    struct kvq_backend *be;
+    struct kvq_kv_store *kv;
+    struct kvq_seq_timers *tm;
+    kvq_qkv_hook hook;           /* NULL: none */
+    void *hook_user;
+    int32_t *pos;                /* [be->max_rows] host scratch */
+    int *seq_ids;                /* [segments] scratch; NULL: one segment only */
+};
+
+/* seq.c: layer l's cache config (types, override buffers, context) for a
+ * sequence config whose recent_f16 is resolved; without seed and budget. */
+void kvq_layer_cache_config(const struct kvq_model_config *c, const struct kvq_seq_config *sc, int l,
+                            size_t max_ctx, struct kvq_cache_config *cc);
+
+/* forward.c: rows ids[0..sum T) of the segments (in order) through all
+ * layers, appending each segment's keys and values to its store sequence;
+ * leaves the final hidden states in be->acts.x. On error every segment is
+ * rolled back to its pos0. */
+kvq_status kvq_forward_rows(const struct kvq_fwd *f, const int32_t *ids, const struct kvq_fwd_seg *segs, int n_segs);
 
 /* forward.c: one chunk of T <= max_chunk tokens through all layers; leaves
  * the final hidden states in s->be->acts.x. On error the caches are rolled

@@ -32,22 +32,30 @@ struct cpu_backend {
      * layer and reused by the others (rope.c); rope_inv/rope_scale are fixed
      * unless the frequencies depend on the length (kvq_rope_len_dependent) */
     float *rope_cs, *rope_sn; /* [max_rows][rotary_dim / 2] */
-    size_t rope_pos0, rope_n; /* the positions they hold (rope_n 0: none) */
+    int32_t *rope_pos;        /* [max_rows] the positions they hold */
+    size_t rope_n;            /* rows they hold (0: none) */
     float rope_inv[KVQ_MAX_DIM / 2], rope_scale;
 };
 
-/* Makes cb->rope_cs/sn hold the rows of positions pos0 .. pos0 + T - 1.
- * dynamic and longrope take the frequencies of the length the chunk
- * reaches, as transformers' dynamic_rope_update does. */
-static void rope_prepare(struct cpu_backend *cb, size_t pos0, size_t T)
+/* Makes cb->rope_cs/sn hold the rows of pos[0..T). dynamic and longrope
+ * take the frequencies of the longest sequence the call reaches, as
+ * transformers' dynamic_rope_update does for one sequence. */
+static void rope_prepare(struct cpu_backend *cb, const int32_t *pos, size_t T)
 {
     const struct kvq_model_config *c = &cb->base.m->cfg;
-    if (cb->rope_n == T && cb->rope_pos0 == pos0)
+    const int half = c->arch.rotary_dim / 2;
+    if (cb->rope_n == T && memcmp(cb->rope_pos, pos, T * sizeof *pos) == 0)
         return;
-    if (kvq_rope_len_dependent(c))
-        kvq_rope_freqs(c, pos0 + T, cb->rope_inv, &cb->rope_scale);
-    kvq_rope_rows(cb->rope_inv, cb->rope_scale, c->arch.rotary_dim / 2, pos0, T, cb->rope_cs, cb->rope_sn);
-    cb->rope_pos0 = pos0;
+    if (kvq_rope_len_dependent(c)) {
+        int32_t top = 0;
+        for (size_t t = 0; t < T; t++)
+            top = pos[t] > top ? pos[t] : top;
+        kvq_rope_freqs(c, (size_t)top + 1, cb->rope_inv, &cb->rope_scale);
+    }
+    for (size_t t = 0; t < T; t++)
+        kvq_rope_rows(cb->rope_inv, cb->rope_scale, half, (size_t)pos[t], 1, cb->rope_cs + t * (size_t)half,
+                      cb->rope_sn + t * (size_t)half);
+    memcpy(cb->rope_pos, pos, T * sizeof *pos);
     cb->rope_n = T;
 }
 
@@ -136,15 +144,20 @@ static void cpu_linear(kvq_backend *b, enum kvq_weight which, int layer, const f
             y[t * (size_t)out + i] += bias[i];
 }
 
-static void cpu_qkv_rope(kvq_backend *b, int layer, const float *qkv, size_t T, size_t pos0, float *q, float *k,
-                         float *v)
+static void cpu_set_pos(kvq_backend *b, const int32_t *pos, size_t T)
+{
+    memcpy(b->pos, pos, T * sizeof *pos);
+}
+
+static void cpu_qkv_rope(kvq_backend *b, int layer, const float *qkv, size_t T, const int32_t *pos, float *q,
+                         float *k, float *v)
 {
     const kvq_model *m = b->m;
     const struct kvq_model_config *c = &m->cfg;
     const struct kvq_layer_weights *w = &m->layers[layer];
     struct cpu_backend *cb = (struct cpu_backend *)b;
     const int d = c->head_dim, rd = c->arch.rotary_dim, half = rd / 2;
-    rope_prepare(cb, pos0, T);
+    rope_prepare(cb, pos, T);
     for (size_t t = 0; t < T; t++) {
         const float *row = qkv + t * (size_t)m->qkv_dim;
         const float *cs = cb->rope_cs + t * (size_t)half;
@@ -242,6 +255,8 @@ static void cpu_free(kvq_backend *b)
     free(cb->lm_best);
     free(cb->rope_cs);
     free(cb->rope_sn);
+    free(cb->rope_pos);
+    free(b->pos);
     free(cb);
 }
 
@@ -254,6 +269,7 @@ static const struct kvq_backend_ops cpu_ops = {
     .lm_head = cpu_lm_head,
     .sample = cpu_sample,
     .free = cpu_free,
+    .set_pos = cpu_set_pos,
 };
 
 static float *alloc_f(size_t n)
@@ -280,11 +296,14 @@ kvq_status kvq_backend_cpu_create(const kvq_model *m, size_t max_rows, kvq_backe
     cb->lm_x = alloc_f(max_rows * (size_t)m->cfg.hidden);
     cb->lm_out = alloc_f(max_rows * (size_t)m->max_lm_rows);
     cb->lm_best = malloc(max_rows * sizeof *cb->lm_best);
+    b->pos = malloc(max_rows * sizeof *b->pos);
     const size_t half = (size_t)m->cfg.arch.rotary_dim / 2;
     cb->rope_cs = alloc_f(max_rows * half);
     cb->rope_sn = alloc_f(max_rows * half);
+    cb->rope_pos = malloc(max_rows * sizeof *cb->rope_pos);
     kvq_rope_freqs(&m->cfg, 0, cb->rope_inv, &cb->rope_scale);
-    if (!ok || !cb->lm_x || !cb->lm_out || !cb->lm_best || !cb->rope_cs || !cb->rope_sn) {
+    if (!ok || !cb->lm_x || !cb->lm_out || !cb->lm_best || !b->pos || !cb->rope_cs || !cb->rope_sn ||
+        !cb->rope_pos) {
         cpu_free(b);
         return KVQ_ERR_NOMEM;
     }

@@ -95,7 +95,7 @@ __global__ void bias_kernel(float *y, const float *b, int n)
 struct rope_args {
     int qkv_dim, q_dim, kv_dim, n_heads, n_kv, d, rd, interleaved, unit_offset;
     float eps;
-    size_t pos0;
+    const int32_t *pos; /* [T] row positions */
     const float *cos, *sin, *q_norm, *k_norm;
 };
 
@@ -134,7 +134,7 @@ __global__ void qkv_rope_kernel(const float *qkv, rope_args a, float *q, float *
         return w ? (a.unit_offset ? 1.0f + w[i] : w[i]) * (src[i] * r) : src[i];
     };
     const int half = a.rd / 2;
-    const float *cs = a.cos + (a.pos0 + t) * (size_t)half, *sn = a.sin + (a.pos0 + t) * (size_t)half;
+    const float *cs = a.cos + (size_t)a.pos[t] * half, *sn = a.sin + (size_t)a.pos[t] * half;
     for (int i = lane; i < half; i += 32) {
         const int i0 = a.interleaved ? 2 * i : i, i1 = a.interleaved ? 2 * i + 1 : i + half;
         const float x0 = val(i0), x1 = val(i1);
@@ -259,7 +259,13 @@ void cuda_linear(kvq_backend *b, enum kvq_weight which, int layer, const float *
     }
 }
 
-void cuda_qkv_rope(kvq_backend *b, int layer, const float *qkv, size_t T, size_t pos0, float *q, float *k, float *v)
+void cuda_set_pos(kvq_backend *b, const int32_t *pos, size_t T)
+{
+    note(cb_of(b), cudaMemcpy(b->pos, pos, T * sizeof *pos, cudaMemcpyHostToDevice));
+}
+
+void cuda_qkv_rope(kvq_backend *b, int layer, const float *qkv, size_t T, const int32_t *pos, float *q, float *k,
+                   float *v)
 {
     cuda_backend *cb = cb_of(b);
     const kvq_model *m = b->m;
@@ -269,7 +275,7 @@ void cuda_qkv_rope(kvq_backend *b, int layer, const float *qkv, size_t T, size_t
     a.n_heads = c->n_heads, a.n_kv = c->n_kv_heads, a.d = c->head_dim, a.rd = c->arch.rotary_dim;
     a.interleaved = c->arch.rope == KVQ_ROPE_INTERLEAVED;
     a.unit_offset = c->arch.norm == KVQ_NORM_RMS_UNIT_OFFSET;
-    a.eps = c->rms_eps, a.pos0 = pos0, a.cos = cb->rope_cos, a.sin = cb->rope_sin;
+    a.eps = c->rms_eps, a.pos = pos, a.cos = cb->rope_cos, a.sin = cb->rope_sin;
     a.q_norm = cb->layers[layer].q_norm, a.k_norm = cb->layers[layer].k_norm;
     qkv_rope_kernel<<<dim3((unsigned)T, (unsigned)(c->n_heads + 2 * c->n_kv_heads)), 32>>>(qkv, a, q, k, v);
     launched(cb);
@@ -327,7 +333,8 @@ void cuda_free(kvq_backend *b)
                 cudaFree(const_cast<float *>(q));
         }
     free(cb->layers);
-    void *p[] = {cb->embed, cb->lm, cb->final_norm, cb->rope_cos, cb->rope_sin, cb->lm_x, cb->logits, cb->ids, cb->best};
+    void *p[] = {cb->embed, cb->lm, cb->final_norm, cb->rope_cos, cb->rope_sin, cb->lm_x, cb->logits, cb->ids, cb->best,
+                 b->pos};
     for (void *q : p)
         cudaFree(q);
     float **slot[KVQ_N_ACTS];
@@ -342,6 +349,7 @@ void cuda_free(kvq_backend *b)
 
 const struct kvq_backend_ops cuda_ops = {
     cuda_embed, cuda_norm, cuda_linear, cuda_qkv_rope, cuda_glu, cuda_lm_head, cuda_sample, cuda_free,
+    cuda_set_pos,
 };
 
 /* Uploads n floats of host memory (NULL gives NULL). */
@@ -464,7 +472,8 @@ extern "C" kvq_status kvq_backend_cuda_create(const kvq_model *m, size_t max_row
         st = alloc(&cb->logits, max_rows * (size_t)m->cfg.vocab);
     const size_t mr = max_rows;
     if (st == KVQ_OK && (cudaMalloc(&cb->ids, mr * sizeof(int32_t)) != cudaSuccess ||
-                         cudaMalloc(&cb->best, mr * sizeof(int32_t)) != cudaSuccess))
+                         cudaMalloc(&cb->best, mr * sizeof(int32_t)) != cudaSuccess ||
+                         cudaMalloc(&b->pos, mr * sizeof(int32_t)) != cudaSuccess))
         st = KVQ_ERR_NOMEM;
     if (st != KVQ_OK) {
         cuda_free(b);
