@@ -85,11 +85,17 @@ kvq_status kvq_tokenizer_decode_alloc(const kvq_tokenizer *t, const int32_t *ids
         if (!present(t, ids[i]))
             return KVQ_ERR_RANGE;
     strbuf out = {0}, run = {0};
-    int ok = sb_add(&out, "", 0);
+    int ok = sb_add(&out, "", 0), first = 1;
     for (size_t i = 0; ok && i < n; i++) {
         int32_t id = ids[i];
         if (skipped(t, id, flags))
             continue;
+        if (first && t->dec_first_off) {
+            ok = sb_add(&out, t->arena + t->dec_first_off[id], t->dec_first_len[id]);
+            first = 0;
+            continue;
+        }
+        first = 0;
         if (t->dec_byte[id] >= 0) {
             char c = (char)t->dec_byte[id];
             ok = sb_add(&run, &c, 1);
@@ -104,6 +110,17 @@ kvq_status kvq_tokenizer_decode_alloc(const kvq_tokenizer *t, const int32_t *ids
     if (ok && run.n)
         ok = sb_run(&out, run.s, run.n);
     free(run.s);
+    if (ok && t->dec_lossy && !tok_utf8_valid(out.s, out.n)) {
+        char *fixed = malloc(3 * out.n + 1);
+        if (fixed) {
+            out.n = tok_utf8_lossy(out.s, out.n, fixed);
+            fixed[out.n] = 0;
+            free(out.s);
+            out.s = fixed;
+            out.cap = 3 * out.n + 1;
+        }
+        ok = fixed != NULL;
+    }
     if (!ok) {
         free(out.s);
         return KVQ_ERR_NOMEM;
@@ -157,11 +174,16 @@ struct kvq_detok {
     char *out; /* the chunk handed back: room for 3 * run_cap + one piece */
     size_t out_cap;
     int strip_left; /* leading strip characters still to remove */
+    int first;      /* no token rendered yet (Metaspace's first-token rule) */
+    char pend[4];   /* ByteLevel: an incomplete UTF-8 tail held back */
+    size_t pend_len;
 };
 
 static int detok_reserve(kvq_detok *d, size_t run_cap)
 {
-    size_t out_cap = 3 * run_cap + d->t->max_dec_len + 1;
+    /* A flushed run (3 bytes per byte), then room for a ByteLevel token's
+     * lossy text (3x) next to its raw bytes kept at the end (1x). */
+    size_t out_cap = 3 * run_cap + 4 * (d->t->max_dec_len + 4) + 1;
     char *r = realloc(d->run, run_cap);
     if (!r)
         return 0;
@@ -217,6 +239,8 @@ void kvq_detok_reset(kvq_detok *d)
     if (!d)
         return;
     d->run_len = 0;
+    d->pend_len = 0;
+    d->first = 1;
     d->strip_left = initial_strip(d);
     d->out[0] = 0;
 }
@@ -284,8 +308,28 @@ kvq_status kvq_detok_push(kvq_detok *d, int32_t id, const char **text, size_t *l
     }
     size_t o = 0;
     flush_run(d, &o);
-    memcpy(d->out + o, t->arena + t->dec_off[id], t->dec_len[id]);
-    emit(d, o + t->dec_len[id], text, len);
+    const char *piece = t->arena + t->dec_off[id];
+    size_t pl = t->dec_len[id];
+    if (d->first && t->dec_first_off) {
+        piece = t->arena + t->dec_first_off[id];
+        pl = t->dec_first_len[id];
+    }
+    d->first = 0;
+    if (t->dec_lossy) {
+        /* Bytes: complete characters go out now, a partial one waits. */
+        char *tmp = d->out + d->out_cap - (pl + d->pend_len); /* the free end of out */
+        memmove(tmp + d->pend_len, piece, pl);
+        memcpy(tmp, d->pend, d->pend_len);
+        size_t all = pl + d->pend_len, keep = tok_utf8_incomplete_tail(tmp, all);
+        memcpy(d->pend, tmp + all - keep, keep);
+        d->pend_len = keep;
+        /* out_cap leaves the 3x room between o and tmp: no overlap. */
+        size_t w = tok_utf8_lossy(tmp, all - keep, d->out + o);
+        emit(d, o + w, text, len);
+        return KVQ_OK;
+    }
+    memcpy(d->out + o, piece, pl);
+    emit(d, o + pl, text, len);
     return KVQ_OK;
 }
 
@@ -295,9 +339,13 @@ kvq_status kvq_detok_finish(kvq_detok *d, const char **text, size_t *len)
         return KVQ_ERR_INVALID_ARG;
     size_t o = 0;
     flush_run(d, &o);
+    if (d->pend_len) /* a character that never completed */
+        o += tok_utf8_lossy(d->pend, d->pend_len, d->out + o);
     emit(d, o, text, len);
     /* Back to a fresh sequence; the chunk in d->out stays valid. */
     d->run_len = 0;
+    d->pend_len = 0;
+    d->first = 1;
     d->strip_left = initial_strip(d);
     return KVQ_OK;
 }

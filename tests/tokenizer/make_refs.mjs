@@ -22,8 +22,13 @@ for (const fam of families) {
   for (const text of cases) {
     const ids = tok.encode(text, { add_special_tokens: false }).ids;
     const ids_special = tok.encode(text, { add_special_tokens: true }).ids;
-    const decoded = ids.length ? tok.decode(ids, { skip_special_tokens: false }) : "";
-    out.push({ ids, ids_special, decoded });
+    // Plain tokenizers decoding (no transformers-style clean-up of spaces).
+    const dec = (v, skip) => v.length ? tok.decode(v, { skip_special_tokens: skip, clean_up_tokenization_spaces: false }) : "";
+    const decoded = dec(ids, false);
+    // The first half of the ids: cuts characters spelled by several tokens.
+    const prefix_decoded = dec(ids.slice(0, Math.ceil(ids.length / 2)), false);
+    const special_skipped = dec(ids_special, true);
+    out.push({ ids, ids_special, decoded, prefix_decoded, special_skipped });
   }
   const file = path.join(here, "expected", fam + ".json");
   fs.writeFileSync(file, JSON.stringify({
