@@ -34,7 +34,7 @@ if has test; then
         [ -x "$build/tests/$t" ] || continue
         say "== $t"
         args=""
-        [ $t = test_backend_ops ] && args="-o encode,attend -b cuda*"
+        [ $t = test_backend_ops ] && args="-o encode,attend,attend-window -b cuda*"
         timeout 400 "$build/tests/$t" $args >"$out/$t.log" 2>&1
         rc=$?
         grep -E "^(ok|FAIL|$t:)|rel err|check failed|differ|perplexity|worst" "$out/$t.log" | tail -n 40 | tee -a "$log"
@@ -130,7 +130,7 @@ if has sanitize; then
         for t in test_cuda test_backend_ops; do
             [ -x "$build/tests/$t" ] || continue
             args=""
-            [ $t = test_backend_ops ] && args="-o encode,attend -b cuda*"
+            [ $t = test_backend_ops ] && args="-o encode,attend,attend-window -b cuda*"
             say "== compute-sanitizer $tool $t (KVQ_CUDA_TEST_SMALL=1)"
             KVQ_CUDA_TEST_SMALL=1 timeout ${KVQ_SANITIZE_TIMEOUT:-240} compute-sanitizer --tool $tool --error-exitcode 9 \
                 $( [ $tool = racecheck ] && echo --racecheck-report all ) \

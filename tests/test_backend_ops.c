@@ -57,7 +57,7 @@
 
 /* ---- ops, backends, type classes ---------------------------------------- */
 
-enum op { OP_ENCODE, OP_DECODE, OP_SCORE, OP_ROT, OP_ROT_T, OP_CACHE, OP_ATTN, OP_CAUSAL, OP_ATTEND, OP_COUNT };
+enum op { OP_ENCODE, OP_DECODE, OP_SCORE, OP_ROT, OP_ROT_T, OP_CACHE, OP_ATTN, OP_CAUSAL, OP_ATTEND, OP_ATTEND_WIN, OP_COUNT };
 
 enum backend { BE_SCALAR, BE_AVX2, BE_AVX512, BE_LIB, BE_CUDA, BE_CUDA_FUSED, BE_CUDA_REF, BE_COUNT, BE_REF = BE_COUNT };
 static const char *const BE_NAME[BE_COUNT + 1] = {"scalar", "avx2",       "avx512",   "lib",
@@ -92,6 +92,7 @@ static const double TOL[OP_COUNT][CL_COUNT] = {
     [OP_CAUSAL] = {[CL_BASE] = 1e-5, [CL_TQ] = 1e-5, [CL_TQJ] = 1e-5}, /* one decode per position */
     /* The fused GPU kernel multiplies in f16 on tensor cores (test_cuda TOL). */
     [OP_ATTEND] = {[CL_BASE] = 1e-3, [CL_TQ] = 1e-3, [CL_TQJ] = 1e-3},
+    [OP_ATTEND_WIN] = {[CL_BASE] = 1e-3, [CL_TQ] = 1e-3, [CL_TQJ] = 1e-3}, /* the same kernels, + f16 rows in fp32 */
 };
 
 /* ---- shapes and cases ---------------------------------------------------- */
@@ -208,6 +209,19 @@ static const struct attend_case {
     ATT(T2J, T4, 96, 2, 48, HADAMARD),  ATT(Q4, Q8, 64, 4, 32, HADAMARD),   ATT(T2, T1J, 80, 4, 64, HADAMARD),
     ATT(T4, F32, 128, 4, 64, HADAMARD), ATT(T1, T4J, 64, 4, 64, HADAMARD),  ATT(F16, T2J, 128, 4, 64, HADAMARD),
     ATT(T3, T3J, 128, 4, 64, HADAMARD),
+#undef ATT
+};
+
+/* GPU attention with f16 override rows (sinks and the recent window): the
+ * types and rotations the GPU encoder takes, fused and reference kernels. */
+static const struct {
+    int tk, tv;
+    struct shape sh;
+} ATTEND_WIN[] = {
+#define ATT(k, v, d, g, p, r) {k, v, {.dim = d, .G = g, .page_tokens = p, .rot = KVQ_ROT_##r}}
+    ATT(T3J, T3, 128, 4, 64, HADAMARD), ATT(T3J, T3, 128, 8, 16, HADAMARD), ATT(T3, T3, 128, 3, 32, HADAMARD),
+    ATT(F16, F16, 128, 4, 64, HADAMARD), ATT(T3, F16, 128, 8, 64, IDENTITY), ATT(T3J, T3, 96, 4, 64, HADAMARD),
+    ATT(T4J, T2, 128, 4, 48, HADAMARD), ATT(F32, F16, 64, 2, 16, HADAMARD),
 #undef ATT
 };
 
@@ -1112,6 +1126,167 @@ static int attend_supports(const struct tcase *c, enum backend b)
     return b == BE_CUDA || b == BE_CUDA_REF;
 }
 
+/* ---- GPU attention with f16 override rows ---------------------------------- */
+
+/* Sequences of WIN_LENS lengths (one shorter than the sinks), appended to the
+ * device cache by the GPU encoder: all but the last piece of up to a page at
+ * once, then that piece. The reference for a view of n tokens is a CPU cache
+ * with the same config (recent window, WIN_SINKS sinks) holding exactly those
+ * n tokens: what token-by-token generation reads. Checked: the batch's full
+ * views (attend), and every view inside the last piece of WIN_PREFIX_SEQ
+ * (attend_prefix, a prefill chunk's causal views). */
+enum { WIN_HEADS = 2, WIN_LENS = 4, WIN_SINKS = 4, WIN_PREFIX_SEQ = 2 };
+
+struct win_fx {
+    int d, Hq, G, P;
+    size_t lens[WIN_LENS];
+    struct kvq_cache_config cfg;
+    float *k, *v;          /* host rows [max len][WIN_HEADS][d], shared by every sequence */
+    float *q;              /* [max len][Hq][d]: entry i's query is row i */
+    float *ref, *out;      /* [max len][Hq][d] */
+    kvq_cuda_cache *g;
+    float *kd, *vd, *qd, *od;
+    int n_entries;         /* of the last call */
+};
+
+static void win_free(void *p)
+{
+    struct win_fx *f = p;
+    free(f->k);
+    free(f->v);
+    free(f->q);
+    free(f->ref);
+    free(f->out);
+    kvq_cuda_cache_free(f->g);
+    kvq_cuda_free(f->kd);
+    kvq_cuda_free(f->vd);
+    kvq_cuda_free(f->qd);
+    kvq_cuda_free(f->od);
+    free(f);
+}
+
+static void *win_setup(const struct tcase *c)
+{
+    static const size_t full[WIN_LENS] = {3, 77, 600, 3001}, small[WIN_LENS] = {3, 77, 150, 300};
+    const char *sm = getenv("KVQ_CUDA_TEST_SMALL");
+    struct win_fx *f = calloc(1, sizeof *f);
+    f->d = c->sh->dim;
+    f->G = c->sh->G;
+    f->Hq = WIN_HEADS * f->G;
+    f->P = c->sh->page_tokens;
+    memcpy(f->lens, sm && sm[0] == '1' ? small : full, sizeof f->lens);
+    const size_t n = f->lens[WIN_LENS - 1];
+    kvq_cache_config_default(&f->cfg, WIN_HEADS, f->d, n);
+    f->cfg.type_k = (enum kvq_type)c->tk;
+    f->cfg.type_v = (enum kvq_type)c->tv;
+    f->cfg.seed = case_seed(c);
+    f->cfg.rot = c->sh->rot;
+    f->cfg.page_tokens = c->sh->page_tokens;
+    f->cfg.recent_f16 = 1;
+    f->cfg.sink_tokens = WIN_SINKS;
+    f->k = test_outlier_rows(n * WIN_HEADS, f->d, case_seed(c) * 3 + 1, 8.0);
+    f->v = test_outlier_rows(n * WIN_HEADS, f->d, case_seed(c) * 3 + 2, 3.0);
+    f->q = test_outlier_rows(n * (size_t)f->Hq, f->d, case_seed(c) + 3, 1.0);
+    for (size_t i = 0; i < n * (size_t)f->Hq * (size_t)f->d; i++)
+        f->q[i] *= 2.0f; /* a peaky softmax */
+    f->ref = calloc(n * (size_t)f->Hq * (size_t)f->d, sizeof(float));
+    f->out = calloc(n * (size_t)f->Hq * (size_t)f->d, sizeof(float));
+    return f;
+}
+
+/* Rows of the last piece of a sequence of n tokens. */
+static size_t win_piece(const struct win_fx *f, size_t n)
+{
+    return n < (size_t)f->P ? n : (size_t)f->P;
+}
+
+/* The entries of the check: (sequence, view length) pairs. */
+static int win_entries(const struct win_fx *f, int *seqs, size_t *views)
+{
+    int m = 0;
+    for (int i = 0; i < WIN_LENS; i++) {
+        seqs[m] = i;
+        views[m++] = f->lens[i];
+    }
+    const size_t n = f->lens[WIN_PREFIX_SEQ];
+    for (size_t t = n - win_piece(f, n) + 1; t <= n; t++) {
+        seqs[m] = WIN_PREFIX_SEQ;
+        views[m++] = t;
+    }
+    return m;
+}
+
+static void win_exec(void *p, const struct tcase *c, enum backend b)
+{
+    struct win_fx *f = p;
+    (void)c;
+    int seqs[WIN_LENS + 128];
+    size_t views[WIN_LENS + 128];
+    const int m = win_entries(f, seqs, views);
+    const size_t per = (size_t)f->Hq * (size_t)f->d, row = (size_t)WIN_HEADS * (size_t)f->d;
+    f->n_entries = m;
+    if (b == BE_REF) { /* a CPU cache of exactly n tokens per view */
+        kvq_attn_workspace *ws = NULL;
+        CHECK_OK(kvq_attn_workspace_create(f->d, f->G, f->lens[WIN_LENS - 1], &ws));
+        for (int e = 0; e < m && ws; e++) {
+            kvq_cache *kc = NULL;
+            struct kvq_cache_config cc = f->cfg;
+            cc.max_tokens = views[e];
+            CHECK_OK(kvq_cache_create(&cc, &kc));
+            if (kc)
+                CHECK_OK(kvq_cache_append(kc, views[e], f->k, f->v));
+            for (int h = 0; h < WIN_HEADS && kc; h++) {
+                const size_t o = (size_t)e * per + (size_t)h * (size_t)f->G * (size_t)f->d;
+                CHECK_OK(kvq_attn_decode_ref(kc, h, views[e], f->q + o, f->G, 1.0f / sqrtf((float)f->d),
+                                             f->ref + o, ws));
+            }
+            kvq_cache_free(kc);
+        }
+        kvq_attn_workspace_free(ws);
+        return;
+    }
+    if (!f->g) {
+        struct kvq_cuda_cache_config cfg;
+        kvq_cuda_cache_config_default(&cfg, WIN_HEADS, f->d, f->lens[WIN_LENS - 1], WIN_LENS);
+        cfg.cache = f->cfg;
+        CHECK_OK(kvq_cuda_cache_create(&cfg, &f->g));
+        f->kd = test_to_dev(f->k, f->lens[WIN_LENS - 1] * row);
+        f->vd = test_to_dev(f->v, f->lens[WIN_LENS - 1] * row);
+        f->qd = test_to_dev(f->q, (size_t)m * per);
+        CHECK_OK(kvq_cuda_malloc((void **)&f->od, (size_t)m * per * sizeof(float)));
+        for (int i = 0; i < WIN_LENS && f->g && f->kd && f->vd; i++) {
+            const size_t n = f->lens[i], a = n - win_piece(f, n);
+            CHECK_OK(kvq_cuda_cache_append(f->g, i, a, f->kd, f->vd));
+            CHECK_OK(kvq_cuda_cache_append(f->g, i, n - a, f->kd + a * row, f->vd + a * row));
+        }
+    }
+    if (!f->g || !f->qd || !f->od)
+        return;
+    const struct kvq_cuda_attn_opts o = {.kernel = cuda_kernel(b), .n_splits = 0};
+    const float scale = 1.0f / sqrtf((float)f->d);
+    CHECK_OK(kvq_cuda_memset(f->od, 0xff, (size_t)m * per * sizeof(float)));
+    CHECK_OK(kvq_cuda_cache_attend(f->g, WIN_LENS, seqs, f->qd, f->Hq, scale, f->od, &o));
+    CHECK_OK(kvq_cuda_cache_attend_prefix(f->g, m - WIN_LENS, seqs + WIN_LENS, views + WIN_LENS,
+                                          f->qd + WIN_LENS * per, f->Hq, scale, f->od + WIN_LENS * per, &o));
+    CHECK_OK(kvq_cuda_synchronize());
+}
+
+static double win_error(void *p, const struct tcase *c, enum backend b)
+{
+    struct win_fx *f = p;
+    (void)c;
+    if (!f->g || !f->od)
+        return INFINITY;
+    if (b == BE_CUDA_FUSED)
+        CHECKF(kvq_cuda_fast_supported(f->g, f->Hq), "the fused kernel does not apply");
+    const size_t group = (size_t)f->G * (size_t)f->d, n = (size_t)f->n_entries * WIN_HEADS;
+    CHECK_OK(kvq_cuda_memcpy_d2h(f->out, f->od, n * group * sizeof(float)));
+    double worst = 0;
+    for (size_t i = 0; i < n; i++)
+        worst = fmax(worst, test_rel_err(f->out + i * group, f->ref + i * group, group));
+    return worst;
+}
+
 /* ---- the op table --------------------------------------------------------- */
 
 struct op_impl {
@@ -1147,6 +1322,9 @@ static const struct op_impl OPS[OP_COUNT] = {
     [OP_ATTEND] = {"attend", 5, "kvq_cuda_cache_attend: a batch of sequences, every KV head",
                    "max relative L2 error of a (sequence, KV head) group", attend_setup, attend_free, attend_supports,
                    attend_exec, attend_error},
+    [OP_ATTEND_WIN] = {"attend-window", 6, "kvq_cuda_cache_attend + _prefix over f16 sinks and the recent window",
+                       "max relative L2 error of a (view, KV head) group against a CPU cache of that view",
+                       win_setup, win_free, attend_supports, win_exec, win_error},
 };
 
 /* ---- the case list and its filter ------------------------------------------ */
@@ -1198,6 +1376,8 @@ static void build_cases(void)
     }
     for (int i = 0; i < COUNT(ATTEND); i++)
         add_case(OP_ATTEND, ATTEND[i].tk, ATTEND[i].tv, &ATTEND[i].sh);
+    for (int i = 0; i < COUNT(ATTEND_WIN); i++)
+        add_case(OP_ATTEND_WIN, ATTEND_WIN[i].tk, ATTEND_WIN[i].tv, &ATTEND_WIN[i].sh);
 }
 
 static const char *opt_ops, *opt_types, *opt_backends;
@@ -1246,7 +1426,7 @@ static const char *shape_label(const struct tcase *c, char *buf, size_t n)
     if (c->op == OP_CACHE || c->op == OP_ATTN || c->op == OP_CAUSAL)
         at += snprintf(buf + at, n - (size_t)at, " P=%d n=%zu", s->page_tokens ? s->page_tokens : KVQ_DEFAULT_PAGE_TOKENS,
                        s->n_tokens);
-    if (c->op == OP_ATTEND)
+    if (c->op == OP_ATTEND || c->op == OP_ATTEND_WIN)
         snprintf(buf + at, n - (size_t)at, " G=%d P=%d %s", s->G, s->page_tokens, kvq_rot_kind_name(s->rot));
     return buf;
 }

@@ -3,9 +3,9 @@
  *
  *  - f32 cache: logits at every reference position within 1e-3 x max|logit|
  *    of HF and of the CPU decoder, same argmax, the HF greedy continuation;
- *  - tq3j/tq3 (no window: not on the device yet): both passkeys retrieved,
- *    and perplexity over 4K tokens of valid.txt within 0.3% of the CPU
- *    decoder with the same cache.
+ *  - tq3j/tq3 with and without the recent-token f16 window (and with sink
+ *    tokens): both passkeys retrieved, and perplexity over 4K tokens of
+ *    valid.txt within 0.3% of the CPU decoder with the same cache.
  * Without a GPU (or built without CUDA) every test skips, and one test checks
  * that a CUDA sequence is refused with KVQ_ERR_NO_DEVICE. */
 #include <cjson/cJSON.h>
@@ -31,7 +31,7 @@ static kvq_model *model; /* fx.model */
         }                                                                            \
     } while (0)
 
-static kvq_seq *new_seq(enum kvq_device dev, enum kvq_type k, enum kvq_type v, int window)
+static kvq_seq *new_seq_sinks(enum kvq_device dev, enum kvq_type k, enum kvq_type v, int window, int sinks)
 {
     struct kvq_seq_config sc;
     kvq_seq_config_default(&sc);
@@ -39,10 +39,16 @@ static kvq_seq *new_seq(enum kvq_device dev, enum kvq_type k, enum kvq_type v, i
     sc.type_k = k;
     sc.type_v = v;
     sc.recent_f16 = window;
+    sc.sink_tokens = sinks;
     kvq_seq *s = NULL;
     kvq_error err = {0};
     CHECKF(kvq_seq_create(model, &sc, &s, &err) == KVQ_OK, "%s", err.msg);
     return s;
+}
+
+static kvq_seq *new_seq(enum kvq_device dev, enum kvq_type k, enum kvq_type v, int window)
+{
+    return new_seq_sinks(dev, k, v, window, 0);
 }
 
 static void check_case(kvq_seq *gpu, kvq_seq *cpu, const char *name, double *worst_hf, double *worst_cpu)
@@ -104,26 +110,28 @@ static void test_passkey_compressed(void)
     NEED_GPU();
     kvq_tokenizer *tok = NULL;
     CHECK_OK(kvq_tokenizer_create(TEST_MODEL_DIR "/tokenizer.json", &tok, NULL));
-    kvq_seq *s = new_seq(KVQ_DEVICE_CUDA, KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, 0);
     const cJSON *c;
     int n = 0;
-    cJSON_ArrayForEach(c, test_fixture_cases(&fx))
-    {
-        const char *name = cJSON_GetObjectItem(c, "name")->valuestring;
-        if (!s || !tok || strncmp(name, "passkey", 7) != 0)
-            continue;
-        char key[16], text[256];
-        CHECKF(test_fixture_passkey(&fx, s, tok, c, key, sizeof key, text, sizeof text),
-               "%s: GPU answer '%s' lacks the key %s", name, text, key);
-        struct kvq_seq_stats st;
-        kvq_seq_get_stats(s, &st);
-        printf("  %-10s key %s -> '%s' (GPU, tq3j/tq3); KV %zu bytes vs f16 %zu\n", name, key, text,
-               st.kv_bytes_used, st.kv_bytes_f16);
-        CHECK(st.kv_bytes_used > 0 && st.kv_bytes_used * 4 < st.kv_bytes_f16);
-        n++;
+    for (int window = 0; window <= 1; window++) {
+        kvq_seq *s = new_seq(KVQ_DEVICE_CUDA, KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, window);
+        cJSON_ArrayForEach(c, test_fixture_cases(&fx))
+        {
+            const char *name = cJSON_GetObjectItem(c, "name")->valuestring;
+            if (!s || !tok || strncmp(name, "passkey", 7) != 0)
+                continue;
+            char key[16], text[256];
+            CHECKF(test_fixture_passkey(&fx, s, tok, c, key, sizeof key, text, sizeof text),
+                   "%s: GPU answer '%s' lacks the key %s", name, text, key);
+            struct kvq_seq_stats st;
+            kvq_seq_get_stats(s, &st);
+            printf("  %-10s key %s -> '%s' (GPU, tq3j/tq3%s); KV %zu bytes vs f16 %zu\n", name, key, text,
+                   window ? " + window" : "", st.kv_bytes_used, st.kv_bytes_f16);
+            CHECK(st.kv_bytes_used > 0 && st.kv_bytes_used * 4 < st.kv_bytes_f16);
+            n++;
+        }
+        kvq_seq_free(s);
     }
-    CHECK(n == 2);
-    kvq_seq_free(s);
+    CHECK(n == 4);
     kvq_tokenizer_free(tok);
 }
 
@@ -168,16 +176,21 @@ static void test_ppl_matches_cpu(void)
     CHECK_OK(kvq_tokenizer_encode(tok, text, len < text_max ? len : text_max, 0, ids, text_max + 1, &n));
     CHECK(n >= N);
     n = N;
-    kvq_seq *g = new_seq(KVQ_DEVICE_CUDA, KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, 0);
-    kvq_seq *c = new_seq(KVQ_DEVICE_CPU, KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, 0);
-    if (g && c) {
-        double pg = exp(mean_nll(g, ids, n, logits, V)), pc = exp(mean_nll(c, ids, n, logits, V));
-        printf("  perplexity over %zu tokens, tq3j/tq3: GPU %.4f, CPU %.4f (%+.3f%%)\n", n, pg, pc,
-               100.0 * (pg / pc - 1.0));
-        CHECKF(fabs(pg / pc - 1.0) <= 0.003, "GPU perplexity %.4f vs CPU %.4f", pg, pc);
+    /* no window; the window (the default); the window and 4 sink tokens */
+    static const int windows[] = {0, 1, 1}, sinks[] = {0, 0, 4};
+    for (int i = 0; i < 3; i++) {
+        kvq_seq *g = new_seq_sinks(KVQ_DEVICE_CUDA, KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, windows[i], sinks[i]);
+        kvq_seq *c = new_seq_sinks(KVQ_DEVICE_CPU, KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, windows[i], sinks[i]);
+        if (g && c) {
+            double pg = exp(mean_nll(g, ids, n, logits, V)), pc = exp(mean_nll(c, ids, n, logits, V));
+            printf("  perplexity over %zu tokens, tq3j/tq3, window %d, sinks %d: GPU %.4f, CPU %.4f (%+.3f%%)\n", n,
+                   windows[i], sinks[i], pg, pc, 100.0 * (pg / pc - 1.0));
+            CHECKF(fabs(pg / pc - 1.0) <= 0.003, "GPU perplexity %.4f vs CPU %.4f (window %d, sinks %d)", pg, pc,
+                   windows[i], sinks[i]);
+        }
+        kvq_seq_free(g);
+        kvq_seq_free(c);
     }
-    kvq_seq_free(g);
-    kvq_seq_free(c);
 out:
     free(text);
     free(ids);
@@ -199,8 +212,10 @@ static void test_refusals(void)
         CHECK(s == NULL && err.msg[0]);
         return;
     }
-    CHECK_STATUS(kvq_seq_create(model, &sc, &s, &err), KVQ_ERR_UNSUPPORTED); /* window on by default */
-    CHECK(s == NULL && strstr(err.msg, "window"));
+    sc.v_norm_correct = 1;
+    CHECK_STATUS(kvq_seq_create(model, &sc, &s, &err), KVQ_ERR_UNSUPPORTED);
+    CHECK(s == NULL && strstr(err.msg, "value-norm"));
+    sc.v_norm_correct = 0;
     sc.device = (enum kvq_device)7;
     CHECK_STATUS(kvq_seq_create(model, &sc, &s, &err), KVQ_ERR_INVALID_ARG);
 }

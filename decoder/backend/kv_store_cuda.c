@@ -9,10 +9,12 @@
  * growing prefixes (kvq_cuda_cache_attend_prefix): causal, and exactly what
  * position-by-position generation computes; a prefill kernel that runs the
  * chunk's queries together on tensor cores is the next step (issue 18).
+ * With the recent-token f16 window a chunk goes in pieces of at most one
+ * page: the device ring holds a page being filled plus one such piece, so
+ * every position of the chunk sees its page's rows in f16, as on the CPU.
  *
- * Not on the device yet, refused at create with one line: the recent-token
- * f16 window and sink tokens (the device cache has no f16 override rows) and
- * the value-norm correction.
+ * Not on the device yet, refused at create with one line: the value-norm
+ * correction.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -27,6 +29,7 @@ struct cuda_store {
     int *rep;                /* [max_rows] one sequence id, repeated: a prefill chunk's entries */
     size_t *lens;            /* [max_rows] their causal prefix lengths */
     size_t max_rows;
+    size_t piece;            /* most tokens of a chunk appended at once */
     int n_kv, n_heads, head_dim;
     size_t row_bytes;        /* K + V bytes of one token of one layer, all KV heads */
 };
@@ -54,15 +57,19 @@ static kvq_status cuda_append_attend(kvq_kv_store *base, int layer, int n_seqs, 
         return KVQ_ERR_INVALID_ARG;
     for (int i = 0; i < n_seqs; i++) {
         const int seq = seqs[i];
-        const size_t pos0 = kvq_cuda_cache_len(c, seq), r = (size_t)i * T;
-        kvq_status st = kvq_cuda_cache_append(c, seq, T, k + r * kvd, v + r * kvd);
-        for (size_t t = 0; t < T; t++) {
-            s->rep[t] = seq;
-            s->lens[t] = pos0 + t + 1;
+        const size_t pos0 = kvq_cuda_cache_len(c, seq);
+        kvq_status st = KVQ_OK;
+        for (size_t t0 = 0; t0 < T && st == KVQ_OK; t0 += s->piece) {
+            const size_t n = T - t0 < s->piece ? T - t0 : s->piece, r = (size_t)i * T + t0;
+            st = kvq_cuda_cache_append(c, seq, n, k + r * kvd, v + r * kvd);
+            for (size_t t = 0; t < n; t++) {
+                s->rep[t] = seq;
+                s->lens[t] = pos0 + t0 + t + 1;
+            }
+            if (st == KVQ_OK)
+                st = kvq_cuda_cache_attend_prefix(c, (int)n, s->rep, s->lens, q + r * qd, s->n_heads, scale,
+                                                  out + r * qd, NULL);
         }
-        if (st == KVQ_OK)
-            st = kvq_cuda_cache_attend_prefix(c, (int)T, s->rep, s->lens, q + r * qd, s->n_heads, scale,
-                                              out + r * qd, NULL);
         if (st != KVQ_OK) { /* all or nothing over the call's sequences */
             kvq_cuda_cache_truncate(c, seq, pos0);
             for (int j = 0; j < i; j++)
@@ -155,10 +162,6 @@ kvq_status kvq_kv_store_cuda_create(const struct kvq_kv_store_config *cfg, kvq_k
     if (!cfg || !cfg->cfgs || cfg->n_layers < 1 || cfg->max_seqs < 1 || !out)
         return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "kvq_kv_store_cuda_create: bad arguments");
     const struct kvq_cache_config *c0 = &cfg->cfgs[0];
-    if (c0->recent_f16 || c0->sink_tokens)
-        return kvq_error_set(err, KVQ_ERR_UNSUPPORTED,
-                             "the recent-token f16 window and sink tokens are not on the GPU yet "
-                             "(--no-kv-recent-f16, or an f32/f16 cache)");
     if (cfg->v_norm_correct)
         return kvq_error_set(err, KVQ_ERR_UNSUPPORTED, "the value-norm correction is not on the GPU yet");
     struct cuda_store *s = calloc(1, sizeof *s);
@@ -169,6 +172,7 @@ kvq_status kvq_kv_store_cuda_create(const struct kvq_kv_store_config *cfg, kvq_k
         return kvq_error_set(err, KVQ_ERR_NOMEM, "out of memory");
     }
     s->max_rows = cfg->max_rows;
+    s->piece = cfg->max_rows;
     s->base.ops = &cuda_store_ops;
     s->base.n_layers = cfg->n_layers;
     s->base.max_seqs = cfg->max_seqs;
@@ -195,6 +199,10 @@ kvq_status kvq_kv_store_cuda_create(const struct kvq_kv_store_config *cfg, kvq_k
         if (st != KVQ_OK) {
             cuda_free_store(&s->base);
             return kvq_error_set(err, st, "cannot create the device cache of layer %d: %s", l, kvq_status_str(st));
+        }
+        if (cc.cache.recent_f16) {
+            const size_t P = kvq_cuda_cache_layout(s->caches[l])->page_tokens;
+            s->piece = P < s->piece ? P : s->piece;
         }
         if (l == 0)
             s->row_bytes = (kvq_type_row_bytes(cc.cache.type_k, c0->head_dim) +

@@ -13,7 +13,16 @@
  *    each, straight from the packed pages (see docs/attention-cuda.md for
  *    the kernel);
  *  - page copies: kvq_cuda_cache_upload() mirrors a CPU kvq_cache into a
- *    sequence, kvq_cuda_cache_read_page()/write_page() move single pages.
+ *    sequence, kvq_cuda_cache_read_page()/write_page() move single pages;
+ *  - f16 overrides (cache.recent_f16, cache.sink_tokens; kvq_cache.h): the
+ *    sink tokens and a ring of recent rows are also kept in f16 per
+ *    sequence, and attention reads them from there, as the CPU cache does.
+ *    The ring holds 2 * page_tokens + KVQ_CACHE_F16_SLACK rows, so the
+ *    prefix views of an append of up to page_tokens tokens
+ *    (kvq_cuda_cache_attend_prefix) and truncations by up to
+ *    KVQ_CACHE_F16_SLACK tokens see exactly what the CPU cache would; rows
+ *    the ring no longer holds (a longer append, a deeper truncation) are read
+ *    packed until their page fills.
  *
  * Pointers named *_dev are device memory (kvq_cuda_malloc or any cudaMalloc
  * pointer); all others are host memory. Shapes are row-major floats:
@@ -97,11 +106,10 @@ KVQ_API void kvq_cuda_cache_config_default(struct kvq_cuda_cache_config *cfg, in
                                    size_t max_tokens, int max_seqs);
 
 /** Validates cfg, builds the codecs (as kvq_cache_create would), allocates
- *  the page pool (zero-filled), page tables and attention workspace.
+ *  the page pool (zero-filled), page tables, f16 override rows (sinks and
+ *  the recent ring, when configured) and attention workspace.
  *  @return KVQ_OK and *out; KVQ_ERR_INVALID_ARG / KVQ_ERR_UNSUPPORTED (bad
- *  config; also cache.recent_f16 or cache.sink_tokens, whose f16 override
- *  rows the device path does not have, checked before the device);
- *  KVQ_ERR_NO_DEVICE; KVQ_ERR_NOMEM (host or device). */
+ *  config); KVQ_ERR_NO_DEVICE; KVQ_ERR_NOMEM (host or device). */
 KVQ_API kvq_status kvq_cuda_cache_create(const struct kvq_cuda_cache_config *cfg, kvq_cuda_cache **out);
 
 /** Frees c and its device memory; accepts NULL. */
@@ -166,8 +174,8 @@ KVQ_API kvq_status kvq_cuda_cache_append_batch(kvq_cuda_cache *c, int n_seqs, co
  *  its pages are copied host -> device (rewritten into the device page
  *  layout of kvq_layout.h on the way, nothing else changed).
  *  @return KVQ_OK; KVQ_ERR_INVALID_ARG (mismatch, too long); KVQ_ERR_BUDGET;
- *  KVQ_ERR_NOMEM (host staging copy); KVQ_ERR_UNSUPPORTED (host uses
- *  recent_f16 / sink_tokens); KVQ_ERR_DEVICE. */
+ *  KVQ_ERR_NOMEM (host staging copy); KVQ_ERR_UNSUPPORTED (either cache
+ *  keeps f16 override rows: they are not copied); KVQ_ERR_DEVICE. */
 KVQ_API kvq_status kvq_cuda_cache_upload(kvq_cuda_cache *c, int seq, const kvq_cache *host);
 
 /** Copies page i of seq (tokens [i * page_tokens, ...)) to/from host memory

@@ -23,7 +23,20 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 struct batch_ids {
     int seq[KVQ_CU_MAX_BATCH];
+    int lo[KVQ_CU_MAX_BATCH];  /* entry b attends to the packed tokens [lo, len) */
     int len[KVQ_CU_MAX_BATCH];
+};
+
+/* The f16 override rows of a batch (recent window and sinks, kvq_cache.h):
+ * entry b reads tokens [0, se) and [tl, n) of its sequence from f16 rows
+ * (row t for t < sink_rows, else sink_rows + t % ring), the rest packed. */
+struct ov_params {
+    const uint16_t *k, *v; /* [max_seqs][rows_per_seq][H][d] f16 bits */
+    const float *q;        /* [nb][Hq][d], unrotated */
+    float *xtra;           /* out: [nb][Hq][d + 2], unnormalised O, m, l */
+    int rows_per_seq, sink_rows, ring, H, Hq, G, d;
+    float c;               /* score = c q.k, in the exponent base's units */
+    int seq[KVQ_CU_MAX_BATCH], se[KVQ_CU_MAX_BATCH], tl[KVQ_CU_MAX_BATCH], n[KVQ_CU_MAX_BATCH];
 };
 
 /* y = M x for a column-major dense matrix (M[i][j] at j * d + i), thread i. */
@@ -223,10 +236,87 @@ __device__ float block_reduce128(float v, float *red, bool is_max)
  * dependent L2 loads costs, and at batch 1 (~66 splits) the old order took
  * seven. Split weights go to shared memory for the O sum, which adds the
  * splits in order as before (same results to the bit). */
+/* The packed part's normalised output y (normaliser L at reference M) and
+ * the override rows' unnormalised partial x = (O[d], m, l) as one softmax:
+ * (y L b^(M - M') + O b^(m - M')) / (L b^(M - M') + l b^(m - M')). */
+__device__ float merge_override(float y, float L, float M, const float *x, int i, int d, bool base2)
+{
+    const float m = x[d], l = x[d + 1];
+    const float Mx = fmaxf(M, m);
+    if (Mx == -INFINITY)
+        return 0.0f;
+    const float wp = L > 0.0f ? L * (base2 ? exp2f(M - Mx) : expf(M - Mx)) : 0.0f;
+    const float wf = m == -INFINITY ? 0.0f : (base2 ? exp2f(m - Mx) : expf(m - Mx));
+    return (y * wp + x[i] * wf) / (wp + l * wf);
+}
+
+/* Attention of one (query head, entry) over its f16 override rows, fp32:
+ * 4 warps stride over the rows, one online softmax each, merged at the end
+ * into an unnormalised partial. At most sink_rows + page_tokens rows. */
+template <bool BASE2>
+__global__ void ov_kernel(const __grid_constant__ ov_params p)
+{
+    extern __shared__ float sh[];
+    const int d = p.d, hq = blockIdx.x, b = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int h = hq / p.G, seq = p.seq[b], se = p.se[b], tl = p.tl[b], n = p.n[b];
+    float *qv = sh, *acc = sh + d, *ml = acc + 4 * d;
+    const float *src = p.q + ((size_t)b * p.Hq + hq) * d;
+    for (int i = threadIdx.x; i < d; i += blockDim.x)
+        qv[i] = src[i] * p.c;
+    float *my = acc + warp * d;
+    for (int j = lane; j < d; j += 32)
+        my[j] = 0.0f;
+    __syncthreads();
+    float m = -INFINITY, l = 0.0f;
+    const int n_rows = se + (n - tl);
+    for (int r = warp; r < n_rows; r += 4) {
+        const int t = r < se ? r : tl + (r - se);
+        const int row = t < p.sink_rows ? t : p.sink_rows + t % p.ring;
+        const size_t off = (((size_t)seq * p.rows_per_seq + row) * p.H + h) * d;
+        const __half *kr = reinterpret_cast<const __half *>(p.k + off), *vr = reinterpret_cast<const __half *>(p.v + off);
+        float a = 0.0f;
+        for (int j = lane; j < d; j += 32)
+            a = fmaf(qv[j], __half2float(kr[j]), a);
+        for (int o = 16; o; o >>= 1)
+            a += __shfl_xor_sync(0xffffffffu, a, o);
+        const float m_new = fmaxf(m, a);
+        const float alpha = m == -INFINITY ? 0.0f : (BASE2 ? exp2f(m - m_new) : expf(m - m_new));
+        const float pw = BASE2 ? exp2f(a - m_new) : expf(a - m_new);
+        l = l * alpha + pw;
+        m = m_new;
+        for (int j = lane; j < d; j += 32)
+            my[j] = fmaf(pw, __half2float(vr[j]), my[j] * alpha);
+    }
+    if (lane == 0) {
+        ml[warp] = m;
+        ml[4 + warp] = l;
+    }
+    __syncthreads();
+    float M = -INFINITY;
+    for (int w = 0; w < 4; w++)
+        M = fmaxf(M, ml[w]);
+    float *dst = p.xtra + ((size_t)b * p.Hq + hq) * (d + 2);
+    float wgt[4], L = 0.0f;
+    for (int w = 0; w < 4; w++) {
+        wgt[w] = ml[w] == -INFINITY ? 0.0f : (BASE2 ? exp2f(ml[w] - M) : expf(ml[w] - M));
+        L += ml[4 + w] * wgt[w];
+    }
+    for (int j = threadIdx.x; j < d; j += blockDim.x) {
+        float o = 0.0f;
+        for (int w = 0; w < 4; w++)
+            o += acc[w * d + j] * wgt[w];
+        dst[j] = o;
+    }
+    if (threadIdx.x == 0) {
+        dst[d] = M;
+        dst[d + 1] = L;
+    }
+}
+
 template <bool PDL> /* launched early: wait for the fused kernel's partials */
 __global__ void __launch_bounds__(128, 8) /* 8 blocks per SM: one wave up to 32 x 8 x 4 queries */
 finalize_kernel(const float *part, int n_splits, int Hq, int H, int G, int v_f16, rot_arg rv,
-                                float inv_alpha_v, float *out)
+                                float inv_alpha_v, const float *xtra, float *out)
 {
     static_assert(KVQ_CU_MAX_SPLITS <= 256, "finalize_kernel: two splits' m and l per thread");
     constexpr int D = 128, kPre = 16;
@@ -283,7 +373,7 @@ finalize_kernel(const float *part, int n_splits, int Hq, int H, int G, int v_f16
     }
     for (; s < n_splits; s++)
         o = fmaf(ob[(size_t)s * stride], wts[s], o);
-    od[vslot_dim(v_f16, i)] = o * (inv_alpha_v / L);
+    od[vslot_dim(v_f16, i)] = L > 0.0f ? o * (inv_alpha_v / L) : 0.0f; /* no packed token (overrides only): 0 */
     __syncthreads();
     if (rv.mode == ROT_WARP && i < 32) {
         float v[4];
@@ -302,7 +392,8 @@ finalize_kernel(const float *part, int n_splits, int Hq, int H, int G, int v_f16
         for (int j = 0; j < D; j++)
             y = fmaf(rv.dense[(size_t)j * D + i], od[j], y);
     }
-    out[((size_t)b * Hq + (size_t)h * G + qi) * D + i] = y;
+    const size_t row = (size_t)b * Hq + (size_t)h * G + qi;
+    out[row * D + i] = xtra ? merge_override(y, L, M, xtra + row * (D + 2), i, D, true) : y;
 }
 
 /* Reference query prep: qprep[entry][hq] = (scale * R q, S (scale * R q)). */
@@ -333,6 +424,7 @@ struct ref_params {
     const float *rv; /* row-major R_v, NULL for baseline V */
     const float *sv; /* row-major S_v, NULL unless V carries QJL signs (tqBj values) */
     float *out;
+    const float *xtra; /* f16 override partials (ov_kernel, natural units), NULL: none */
     int Hq, G, d;
     batch_ids ids;
 };
@@ -366,7 +458,7 @@ __global__ void ref_kernel(const __grid_constant__ ref_params p)
     __syncthreads();
     const kvq_dev_pages &pg = p.pg;
     float m = -INFINITY, l = 0.0f;
-    for (int tok = warp; tok < len; tok += 4) {
+    for (int tok = p.ids.lo[b] + warp; tok < len; tok += 4) {
         const int32_t page = pg.ptab[(size_t)seq * pg.max_pages_per_seq + (uint32_t)tok / pg.page_tokens];
         const uint32_t slot = (uint32_t)tok % pg.page_tokens;
         uint8_t *base = pg.pool + (uint64_t)page * pg.page_bytes;
@@ -432,10 +524,10 @@ __global__ void ref_kernel(const __grid_constant__ ref_params p)
         float o = 0.0f, os = 0.0f;
         for (int w = 0; w < 4; w++)
             o += acc[w * d + j] * wgt[w];
-        qv[j] = o / L; /* reuse: the rotated-domain output */
         for (int w = 0; p.sv && w < 4; w++)
             os += accs[w * d + j] * wgt[w];
-        qv[d + j] = os / L; /* its sign residual, S domain */
+        qv[j] = L > 0.0f ? o / L : 0.0f;      /* reuse: the rotated-domain output */
+        qv[d + j] = L > 0.0f ? os / L : 0.0f; /* its sign residual, S domain (no packed token: 0) */
     }
     __syncthreads();
     if (p.sv) {
@@ -458,7 +550,7 @@ __global__ void ref_kernel(const __grid_constant__ ref_params p)
             for (int j = 0; j < d; j++)
                 y = fmaf(p.rv[(size_t)j * d + i], qv[j], y);
         }
-        dst[i] = y;
+        dst[i] = p.xtra ? merge_override(y, L, M, p.xtra + ((size_t)b * p.Hq + hq) * (d + 2), i, d, false) : y;
     }
 }
 
@@ -490,6 +582,8 @@ kvq_status kvq_cu_attn_init(kvq_cuda_cache *c)
     KVQ_CU_TRY(cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, dev));
     KVQ_CU_TRY(cudaDeviceGetAttribute(&c->cc_major, cudaDevAttrComputeCapabilityMajor, dev));
     KVQ_CU_TRY(cudaMalloc(&c->qprep_d, nb * H * G * 2 * (size_t)d * sizeof(float)));
+    if (c->ov_rows)
+        KVQ_CU_TRY(cudaMalloc(&c->xtra_d, nb * H * G * ((size_t)d + 2) * sizeof(float)));
     if (d != 128)
         return KVQ_OK; /* the fused kernel's buffers are for d = 128 only */
     KVQ_CU_TRY(cudaMalloc(&c->qfrag_d, nb * H * KVQ_CU_QFRAG_BYTES));
@@ -509,6 +603,7 @@ kvq_status kvq_cu_attn_init(kvq_cuda_cache *c)
 void kvq_cu_attn_free(kvq_cuda_cache *c)
 {
     cudaFree(c->qprep_d);
+    cudaFree(c->xtra_d);
     cudaFree(c->qfrag_d);
     cudaFree(c->part_d);
 }
@@ -525,11 +620,75 @@ int kvq_cuda_fast_supported(const kvq_cuda_cache *c, int n_q_heads)
 
 /* ---- attend -------------------------------------------------------------- */
 
+/* Which of the first n tokens of seq a reader takes from f16 rows: [0, *se)
+ * and [*tl, n); the packed pages serve [*se, *tl). As kvq_cache_f16_view:
+ * the recent window is the last, partly filled page, less the rows the ring
+ * no longer holds (ring_lo). */
+static void override_view(const kvq_cuda_cache *c, int seq, size_t n, int *se, int *tl)
+{
+    const size_t P = c->layout.page_tokens, sinks = (size_t)c->sink_rows;
+    const size_t s = n < sinks ? n : sinks;
+    size_t t = n;
+    if (c->ring && n % P) {
+        t = n - n % P;
+        t = t > c->ring_lo[seq] ? t : c->ring_lo[seq];
+        t = t < n ? t : n;
+    }
+    *se = (int)s;
+    *tl = (int)(t > s ? t : s);
+}
+
+/* Launches the attention over the override rows of entries 0..nb (xtra). */
+static kvq_status attend_overrides(kvq_cuda_cache *c, int nb, const int *seqs, const int *n, const int *se,
+                                   const int *tl, const float *q, int Hq, float scale, bool base2)
+{
+    ov_params op;
+    memset(&op, 0, sizeof op);
+    op.k = c->ov_k_d;
+    op.v = c->ov_v_d;
+    op.q = q;
+    op.xtra = c->xtra_d;
+    op.rows_per_seq = c->ov_rows;
+    op.sink_rows = c->sink_rows;
+    op.ring = c->ring ? c->ring : 1;
+    op.H = c->cfg.cache.n_kv_heads;
+    op.Hq = Hq;
+    op.G = Hq / op.H;
+    op.d = c->cfg.cache.head_dim;
+    op.c = base2 ? scale * kLog2e : scale;
+    for (int i = 0; i < nb; i++) {
+        op.seq[i] = seqs[i];
+        op.n[i] = n[i];
+        op.se[i] = se[i];
+        op.tl[i] = tl[i];
+    }
+    const size_t smem = (5 * (size_t)op.d + 8) * sizeof(float);
+    if (base2)
+        ov_kernel<true><<<dim3((unsigned)Hq, (unsigned)nb), 128, smem, c->stream>>>(op);
+    else
+        ov_kernel<false><<<dim3((unsigned)Hq, (unsigned)nb), 128, smem, c->stream>>>(op);
+    KVQ_CU_TRY(cudaGetLastError());
+    return KVQ_OK;
+}
+
 /* Entry i attends to the first lens[i] tokens of seqs[i] (lens NULL: all). */
 static kvq_status attend_chunk(kvq_cuda_cache *c, int nb, const int *seqs, const size_t *lens, const float *q,
                                int Hq, float scale, float *out, int use_fast, int n_splits)
 {
     const int H = c->cfg.cache.n_kv_heads, G = Hq / H, d = c->cfg.cache.head_dim;
+    /* the packed range [lo, hi) of each entry; the rest from f16 rows first */
+    int n[KVQ_CU_MAX_BATCH], lo[KVQ_CU_MAX_BATCH], hi[KVQ_CU_MAX_BATCH];
+    for (int i = 0; i < nb; i++) {
+        n[i] = (int)(lens ? lens[i] : c->len[seqs[i]]);
+        override_view(c, seqs[i], (size_t)n[i], &lo[i], &hi[i]);
+    }
+    const bool overrides = c->ov_rows > 0;
+    if (overrides) {
+        const kvq_status st = attend_overrides(c, nb, seqs, n, lo, hi, q, Hq, scale, use_fast != 0);
+        if (st != KVQ_OK)
+            return st;
+    }
+    const float *xtra = overrides ? c->xtra_d : NULL;
     if (use_fast) {
         kvq_cu_fast_params p;
         memset(&p, 0, sizeof p);
@@ -552,7 +711,8 @@ static kvq_status attend_chunk(kvq_cuda_cache *c, int nb, const int *seqs, const
             p.lut_v = tq3_lut_make(c->dv.centroids, c->alpha_v);
         for (int i = 0; i < nb; i++) {
             p.seq[i] = seqs[i];
-            p.len[i] = (int)(lens ? lens[i] : c->len[seqs[i]]);
+            p.lo[i] = lo[i];
+            p.len[i] = hi[i];
         }
         prep_call pc;
         pc.q = q;
@@ -594,10 +754,10 @@ static kvq_status attend_chunk(kvq_cuda_cache *c, int nb, const int *seqs, const
         const int v_f16 = c->dv.type == KVQ_TYPE_F16;
         if (p.pdl_used)
             KVQ_CU_TRY(kvq_cu_launch(true, finalize_kernel<true>, fgrid, dim3(128), fsmem, c->stream, c->part_d,
-                                     p.n_splits, Hq, H, G, v_f16, rv, 1.0f / c->alpha_v, out));
+                                     p.n_splits, Hq, H, G, v_f16, rv, 1.0f / c->alpha_v, xtra, out));
         else
             finalize_kernel<false><<<fgrid, 128, fsmem, c->stream>>>(c->part_d, p.n_splits, Hq, H, G, v_f16, rv,
-                                                                     1.0f / c->alpha_v, out);
+                                                                     1.0f / c->alpha_v, xtra, out);
         KVQ_CU_TRY(cudaGetLastError());
         return KVQ_OK;
     }
@@ -613,12 +773,14 @@ static kvq_status attend_chunk(kvq_cuda_cache *c, int nb, const int *seqs, const
     rp.rv = c->dv.rotated ? c->rv_dense : NULL;
     rp.sv = c->dv.qjl ? c->sv_dense : NULL;
     rp.out = out;
+    rp.xtra = xtra;
     rp.Hq = Hq;
     rp.G = G;
     rp.d = d;
     for (int i = 0; i < nb; i++) {
         rp.ids.seq[i] = seqs[i];
-        rp.ids.len[i] = (int)(lens ? lens[i] : c->len[seqs[i]]);
+        rp.ids.lo[i] = lo[i];
+        rp.ids.len[i] = hi[i];
     }
     const size_t smem = (10 * (size_t)d + 8) * sizeof(float);
     if (smem > 48 * 1024)

@@ -75,10 +75,11 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int h = blockIdx.x, b = blockIdx.y, split = blockIdx.z;
-    const int len = p.len[b];
-    const int nseg = (len + 16 * S - 1) / (16 * S); /* stage units of S segments */
-    const int s0 = (int)(((uint64_t)nseg * p.split_at[split]) >> 16);
-    const int s1 = (int)(((uint64_t)nseg * p.split_at[split + 1]) >> 16);
+    /* the entry's tokens [lo, len): its stage units [u0, u1) go to the splits */
+    const int len = p.len[b], lo = p.lo[b];
+    const int u0 = lo / (16 * S), u1 = len > lo ? (len + 16 * S - 1) / (16 * S) : u0;
+    const int s0 = u0 + (int)(((uint64_t)(u1 - u0) * p.split_at[split]) >> 16);
+    const int s1 = u0 + (int)(((uint64_t)(u1 - u0) * p.split_at[split + 1]) >> 16);
 
     /* barriers first, on their own: nothing else touches them until the
      * block barrier below has ordered their initialisation */
@@ -202,15 +203,17 @@ __global__ void __launch_bounds__(NW * 32, GP == 4 ? 4 : 3) fast_kernel(const __
         const int seg = (first + k * NW) * S + j;
         if (S > 1 && seg * 16 >= len)
             break; /* warp-uniform: the second half of the sequence's last unit is empty */
+        if (S > 1 && seg * 16 + 16 <= lo)
+            continue; /* warp-uniform: the first half of the range's first unit is before it */
         /* st: this segment's view of the stage, section offsets shifted by j segments */
         const int jk = j * 768, js = j * 256, jn = j * 32;
         const uint8_t *st = st0;
 
         uint32_t pb0[NT], pb1[NT];
         if constexpr (IM) {
-            im_segment<L>(p, st, jk, js, jn, seg, len, lane, qa, qkeep, qc, m_run, l_run, acc[0], pb0[0], pb1[0]);
+            im_segment<L>(p, st, jk, js, jn, seg, lo, len, lane, qa, qkeep, qc, m_run, l_run, acc[0], pb0[0], pb1[0]);
         } else {
-            st_segment<L, GP, NT>(p, st, jk, js, jn, seg, len, lane, qa, sa, sig2, tneg, kappa, m_run, l_run, acc, pb0,
+            st_segment<L, GP, NT>(p, st, jk, js, jn, seg, lo, len, lane, qa, sa, sig2, tneg, kappa, m_run, l_run, acc, pb0,
                                   pb1);
         }
 
@@ -347,7 +350,7 @@ kvq_status launch_one(kvq_cu_fast_params *p, int n_batch, int n_splits, int max_
     }
     int max_len = 1;
     for (int i = 0; i < n_batch; i++)
-        max_len = p->len[i] > max_len ? p->len[i] : max_len;
+        max_len = p->len[i] - p->lo[i] > max_len ? p->len[i] - p->lo[i] : max_len;
     const int nseg = (max_len + 16 * S - 1) / (16 * S); /* stage units */
     const int pairs = n_batch * p->H;
     if (n_splits <= 0) {

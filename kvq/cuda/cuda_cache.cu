@@ -156,6 +156,9 @@ void kvq_cuda_cache_free(kvq_cuda_cache *c)
     cudaFree(c->tables_d);
     cudaFree(c->flag_d);
     cudaFree(c->tok_d);
+    cudaFree(c->ov_k_d);
+    cudaFree(c->ov_v_d);
+    free(c->ring_lo);
     free(c->ptab_h);
     free(c->len);
     free(c->n_pages);
@@ -172,14 +175,14 @@ static kvq_status tok_reserve(kvq_cuda_cache *c, size_t n)
     size_t cap = c->tok_cap ? c->tok_cap : 256;
     while (cap < n)
         cap *= 2;
-    int32_t *h = (int32_t *)realloc(c->tok_h, 2 * cap * sizeof(int32_t));
+    int32_t *h = (int32_t *)realloc(c->tok_h, 4 * cap * sizeof(int32_t));
     if (!h)
         return KVQ_ERR_NOMEM;
     c->tok_h = h;
     cudaFree(c->tok_d);
     c->tok_d = NULL;
     c->tok_cap = 0;
-    KVQ_CU_TRY(cudaMalloc(&c->tok_d, 2 * cap * sizeof(int32_t)));
+    KVQ_CU_TRY(cudaMalloc(&c->tok_d, 4 * cap * sizeof(int32_t)));
     c->tok_cap = cap;
     return KVQ_OK;
 }
@@ -231,6 +234,25 @@ static kvq_status cache_init(kvq_cuda_cache *c)
     KVQ_CU_TRY(cudaMemset(c->ptab_d, 0, (ntab ? ntab : 1) * sizeof(int32_t)));
     KVQ_CU_TRY(cudaMalloc(&c->flag_d, sizeof(int)));
 
+    /* f16 override rows: the sinks, and a ring that holds a page being
+     * filled plus one append of up to a page (the prefix views of a chunk
+     * appended in pieces of at most page_tokens stay exact) plus the
+     * truncation slack of the CPU cache */
+    c->sink_rows = cfg->cache.sink_tokens;
+    c->ring = cfg->cache.recent_f16 ? (int)(2 * P + KVQ_CACHE_F16_SLACK) : 0;
+    c->ov_rows = c->sink_rows + c->ring;
+    c->ring_lo = (size_t *)calloc((size_t)cfg->max_seqs, sizeof(size_t));
+    if (!c->ring_lo)
+        return KVQ_ERR_NOMEM;
+    if (c->ov_rows) {
+        const size_t ov = (size_t)cfg->max_seqs * (size_t)c->ov_rows * (size_t)cfg->cache.n_kv_heads *
+                          (size_t)cfg->cache.head_dim;
+        KVQ_CU_TRY(cudaMalloc(&c->ov_k_d, ov * sizeof(uint16_t)));
+        KVQ_CU_TRY(cudaMalloc(&c->ov_v_d, ov * sizeof(uint16_t)));
+        KVQ_CU_TRY(cudaMemset(c->ov_k_d, 0, ov * sizeof(uint16_t)));
+        KVQ_CU_TRY(cudaMemset(c->ov_v_d, 0, ov * sizeof(uint16_t)));
+    }
+
     const int d = cfg->cache.head_dim;
     const size_t dense = (size_t)d * d;
     const size_t nk = kvq_cu_codec_table_floats(c->ck), nv = kvq_cu_codec_table_floats(c->cv);
@@ -266,10 +288,8 @@ kvq_status kvq_cuda_cache_create(const struct kvq_cuda_cache_config *cfg, kvq_cu
     if (cfg->max_seqs < 1 || cfg->max_seqs > (1 << 20) || cfg->max_q_per_kv < 0 ||
         cfg->max_q_per_kv > KVQ_ATTN_MAX_Q)
         return KVQ_ERR_INVALID_ARG;
-    /* The device kernels read packed pages only; f16 override rows would be
-     * silently ignored, changing the results. */
-    if (cfg->cache.recent_f16 || cfg->cache.sink_tokens)
-        return KVQ_ERR_UNSUPPORTED;
+    if (cfg->cache.sink_tokens < 0 || cfg->cache.sink_tokens > KVQ_CACHE_MAX_SINK_TOKENS)
+        return KVQ_ERR_INVALID_ARG;
     if (kvq_cuda_require_device() != KVQ_OK)
         return KVQ_ERR_NO_DEVICE;
     kvq_cuda_cache *c = (kvq_cuda_cache *)calloc(1, sizeof *c);
@@ -357,14 +377,36 @@ kvq_status kvq_cuda_cache_truncate(kvq_cuda_cache *c, int seq, size_t n)
     if (!c || seq < 0 || seq >= c->cfg.max_seqs || n > c->len[seq])
         return KVQ_ERR_INVALID_ARG;
     c->len[seq] = n;
+    /* ring rows from n on are rewritten before anything reads them; rows
+     * below ring_lo may be stale */
+    c->ring_lo[seq] = c->ring_lo[seq] < n ? c->ring_lo[seq] : n;
     shrink_pages(c, seq, n);
     return KVQ_OK;
 }
 
 /* ---- append ---------------------------------------------------------- */
 
-/* Encodes n tokens whose pages and slots the caller put in tok_h ([0, n)
- * and [n, 2n)). With the input check on, the check kernel's verdict goes
+/* Override row of token pos of seq in an append ending at end (tokens
+ * [.., end) of seq): its sink row, its ring row when it is among the ring's
+ * last rows, else -1. */
+static int32_t override_row(const kvq_cuda_cache *c, size_t pos, size_t end)
+{
+    if (pos < (size_t)c->sink_rows)
+        return (int32_t)pos;
+    if (c->ring && pos + (size_t)c->ring >= end)
+        return c->sink_rows + (int32_t)(pos % (size_t)c->ring);
+    return -1;
+}
+
+/* The ring's rows below end - ring were overwritten by an append ending at end. */
+static void ring_advance(kvq_cuda_cache *c, int seq, size_t end)
+{
+    if (c->ring && end > (size_t)c->ring && c->ring_lo[seq] < end - (size_t)c->ring)
+        c->ring_lo[seq] = end - (size_t)c->ring;
+}
+
+/* Encodes n tokens whose pages, slots, sequences and override rows the
+ * caller put in tok_h ([0, n), [n, 2n), [2n, 3n), [3n, 4n)). With the input check on, the check kernel's verdict goes
  * to the encode kernel on the device (a refused input writes nothing), and
  * the one host synchronisation of the call comes after both.
  * @return KVQ_OK; KVQ_ERR_NONFINITE / KVQ_ERR_RANGE (nothing written). */
@@ -381,8 +423,11 @@ static kvq_status encode_mapped(kvq_cuda_cache *c, size_t n, const float *k, con
      * returns, so the next call may rewrite tok_h at once (pinned memory with
      * an event guard measured no faster: docs/history/attention-cuda.md,
      * seventh pass) */
-    KVQ_CU_TRY(cudaMemcpyAsync(c->tok_d, c->tok_h, 2 * n * sizeof(int32_t), cudaMemcpyHostToDevice, c->stream));
-    const kvq_status st = kvq_cu_encode_rows(c, n, k, v, c->tok_d, c->tok_d + n, check ? c->flag_d : NULL);
+    const size_t words = c->ov_rows ? 4 * n : 2 * n;
+    KVQ_CU_TRY(cudaMemcpyAsync(c->tok_d, c->tok_h, words * sizeof(int32_t), cudaMemcpyHostToDevice, c->stream));
+    kvq_status st = kvq_cu_encode_rows(c, n, k, v, c->tok_d, c->tok_d + n, check ? c->flag_d : NULL);
+    if (st == KVQ_OK && c->ov_rows)
+        st = kvq_cu_store_overrides(c, n, k, v, c->tok_d + 2 * n, c->tok_d + 3 * n, check ? c->flag_d : NULL);
     if (st != KVQ_OK || !check)
         return st;
     int flag = 0;
@@ -414,6 +459,8 @@ kvq_status kvq_cuda_cache_append(kvq_cuda_cache *c, int seq, size_t n_tokens, co
         for (size_t i = 0; i < n_tokens; i++) {
             c->tok_h[i] = tab[(len + i) / P];
             c->tok_h[n_tokens + i] = (int32_t)((len + i) % P);
+            c->tok_h[2 * n_tokens + i] = seq;
+            c->tok_h[3 * n_tokens + i] = override_row(c, len + i, len + n_tokens);
         }
         st = encode_mapped(c, n_tokens, k_dev, v_dev);
     }
@@ -422,6 +469,7 @@ kvq_status kvq_cuda_cache_append(kvq_cuda_cache *c, int seq, size_t n_tokens, co
         return st;
     }
     c->len[seq] = len + n_tokens;
+    ring_advance(c, seq, len + n_tokens);
     return KVQ_OK;
 }
 
@@ -457,6 +505,8 @@ kvq_status kvq_cuda_cache_append_batch(kvq_cuda_cache *c, int n_seqs, const int 
             size_t pos = c->len[seqs[i]];
             c->tok_h[i] = table_of(c, seqs[i])[pos / P];
             c->tok_h[n_seqs + i] = (int32_t)(pos % P);
+            c->tok_h[2 * n_seqs + i] = seqs[i];
+            c->tok_h[3 * n_seqs + i] = override_row(c, pos, pos + 1);
         }
         st = encode_mapped(c, (size_t)n_seqs, k_dev, v_dev);
     }
@@ -465,8 +515,10 @@ kvq_status kvq_cuda_cache_append_batch(kvq_cuda_cache *c, int n_seqs, const int 
             shrink_pages(c, seqs[i], c->len[seqs[i]]);
         return st;
     }
-    for (int i = 0; i < n_seqs; i++)
+    for (int i = 0; i < n_seqs; i++) {
         c->len[seqs[i]]++;
+        ring_advance(c, seqs[i], c->len[seqs[i]]);
+    }
     return KVQ_OK;
 }
 
@@ -577,8 +629,8 @@ kvq_status kvq_cuda_cache_upload(kvq_cuda_cache *c, int seq, const kvq_cache *ho
     if (!c || !host || seq < 0 || seq >= c->cfg.max_seqs)
         return KVQ_ERR_INVALID_ARG;
     const struct kvq_page_layout *hl = kvq_cache_layout(host);
-    if (kvq_cache_config_of(host)->recent_f16 || kvq_cache_config_of(host)->sink_tokens)
-        return KVQ_ERR_UNSUPPORTED; /* its f16 override rows have no device copy */
+    if (kvq_cache_config_of(host)->recent_f16 || kvq_cache_config_of(host)->sink_tokens || c->ov_rows)
+        return KVQ_ERR_UNSUPPORTED; /* f16 override rows are not copied */
     if (!same_config(&c->cfg.cache, kvq_cache_config_of(host), &c->layout, hl))
         return KVQ_ERR_INVALID_ARG;
     const size_t n = kvq_cache_len(host);

@@ -204,6 +204,27 @@ __global__ void encode_kernel(int64_t n_rows, const float *k, const float *v, kv
     }
 }
 
+/* f16 copies of the override rows (sinks, recent window): token i's rows
+ * of every head go to row tok_row[i] of sequence tok_seq[i] (-1: none).
+ * Writes nothing when flag is set and *flag != 0, like the encoder. */
+__global__ void override_store_kernel(int n, int hd, const float *k, const float *v, const int32_t *tok_seq,
+                                      const int32_t *tok_row, int rows_per_seq, uint16_t *ok, uint16_t *ov,
+                                      const int *flag)
+{
+    if (flag && *flag)
+        return;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < (int64_t)n * hd;
+         e += (int64_t)gridDim.x * blockDim.x) {
+        const int i = (int)(e / hd), j = (int)(e % hd);
+        const int32_t row = tok_row[i];
+        if (row < 0)
+            continue;
+        const size_t dst = ((size_t)tok_seq[i] * rows_per_seq + row) * hd + j;
+        ok[dst] = __half_as_ushort(__float2half_rn(k[e]));
+        ov[dst] = __half_as_ushort(__float2half_rn(v[e]));
+    }
+}
+
 int grid_for(int64_t n_rows)
 {
     int64_t blocks = (n_rows + kWarps - 1) / kWarps;
@@ -233,6 +254,20 @@ kvq_status kvq_cu_encode_rows(const kvq_cuda_cache *c, size_t n_tokens, const fl
     const size_t smem = (size_t)kWarps * c->dk.dim * (2 * sizeof(float) + 2);
     encode_kernel<<<grid_for(n_rows), kWarps * 32, smem, c->stream>>>(n_rows, k, v, c->dk, c->dv, kvq_cu_pages_of(c),
                                                                         tok_page_d, tok_slot_d, flag_d);
+    KVQ_CU_TRY(cudaGetLastError());
+    return KVQ_OK;
+}
+
+kvq_status kvq_cu_store_overrides(const kvq_cuda_cache *c, size_t n_tokens, const float *k, const float *v,
+                                  const int32_t *tok_seq_d, const int32_t *tok_row_d, const int *flag_d)
+{
+    const int hd = c->cfg.cache.n_kv_heads * c->cfg.cache.head_dim;
+    const int64_t n = (int64_t)n_tokens * hd;
+    if (n == 0)
+        return KVQ_OK;
+    const int64_t blocks = (n + 255) / 256;
+    override_store_kernel<<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, 0, c->stream>>>(
+        (int)n_tokens, hd, k, v, tok_seq_d, tok_row_d, c->ov_rows, c->ov_k_d, c->ov_v_d, flag_d);
     KVQ_CU_TRY(cudaGetLastError());
     return KVQ_OK;
 }

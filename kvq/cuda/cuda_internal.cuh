@@ -99,6 +99,17 @@ struct kvq_cuda_cache {
     int32_t *tok_d, *tok_h;  /* per appended token of a call of n: page index [0, n), slot in the page [n, 2n) */
     size_t tok_cap;
 
+    /* f16 override rows (kvq_cache.h: sinks and the recent window), per
+     * sequence: ov_rows = sink_rows + ring rows of [H][d] f16, K and V apart;
+     * token t < sink_rows in row t, a later one in row sink_rows + t % ring.
+     * The ring holds the tokens from ring_lo[seq] on (older rows may have
+     * been overwritten: read packed, as the CPU cache does after a deep
+     * truncation). */
+    uint16_t *ov_k_d, *ov_v_d;
+    int ov_rows, sink_rows, ring;
+    size_t *ring_lo;
+    float *xtra_d;           /* override partials: [KVQ_CU_MAX_BATCH][Hq][d + 2] */
+
     /* attention workspace */
     float *qprep_d;          /* ref kernel: [KVQ_CU_MAX_BATCH][Hq][2d] */
     uint8_t *qfrag_d;        /* fast kernel: per (batch entry, kv head) fragment block */
@@ -127,6 +138,11 @@ kvq_status kvq_cu_check_rows(const kvq_cuda_cache *c, size_t n_tokens, const flo
                              int *flag_d);
 kvq_status kvq_cu_encode_rows(const kvq_cuda_cache *c, size_t n_tokens, const float *k, const float *v,
                               const int32_t *tok_page_d, const int32_t *tok_slot_d, const int *flag_d);
+
+/* Writes the f16 override rows of n tokens (cuda_encode.cu): token i of
+ * k, v goes to row tok_row[i] (-1: none) of sequence tok_seq[i]. */
+kvq_status kvq_cu_store_overrides(const kvq_cuda_cache *c, size_t n_tokens, const float *k, const float *v,
+                                  const int32_t *tok_seq_d, const int32_t *tok_row_d, const int *flag_d);
 
 /* Ends c's open capture (cuda_graph.cu): c issues on its own stream again;
  * *graph is the captured graph or NULL. */
@@ -172,6 +188,7 @@ struct kvq_cu_fast_params {
     kvq_cu::tq3_lut lut_k, lut_v;
     kvq_cu::tq3_ilut ilut_k; /* integer key scores: the K centroids in 16-bit fixed point */
     int seq[KVQ_CU_MAX_BATCH];
+    int lo[KVQ_CU_MAX_BATCH];  /* entry b attends to the packed tokens [lo[b], len[b]) */
     int len[KVQ_CU_MAX_BATCH];
     /* split s of a sequence of n stage units covers units
      * [n * split_at[s] >> 16, n * split_at[s + 1] >> 16); split_at[0] = 0,

@@ -70,7 +70,7 @@ constexpr float kHeadroom = 3.0f;
  * accumulator's columns are (hi, lo) of queries 0..3. */
 template <class L>
 __device__ __forceinline__ void im_segment(const kvq_cu_fast_params &p, const uint8_t *st, int jk, int js, int jn,
-                                           int seg, int len, int lane, const uint4 *qa,
+                                           int seg, int lo, int len, int lane, const uint4 *qa,
                                            const uint4 (&qkeep)[kImKeep], const float *qc,
                                            float &m_run, float &l_run, float (&acc)[8][4], uint32_t &pb0,
                                            uint32_t &pb1)
@@ -129,6 +129,8 @@ __device__ __forceinline__ void im_segment(const kvq_cu_fast_params &p, const ui
         }
         s[r] = x * __half2float(__ushort_as_half(nkp[tk]));
         if (seg * 16 + 16 > len && seg * 16 + tk >= len) /* the last, partial segment */
+            s[r] = -INFINITY;
+        if (seg * 16 < lo && seg * 16 + tk < lo) /* the first, partial segment of a range */
             s[r] = -INFINITY;
     }
 
@@ -189,7 +191,7 @@ __device__ __forceinline__ tq3_lut lut_in_registers(const tq3_lut &T)
  * are 2 sigma and -T of that query (tq3j). */
 template <class L, int GP, int NT>
 __device__ __forceinline__ void st_segment(const kvq_cu_fast_params &p, const uint8_t *st, int jk, int js, int jn,
-                                           int seg, int len, int lane, const uint4 *qa, const uint4 *sa,
+                                           int seg, int lo, int len, int lane, const uint4 *qa, const uint4 *sa,
                                            float sig2, float tneg, float kappa, float &m_run, float &l_run,
                                            float (&acc)[NT][8][4], uint32_t (&pb0)[NT], uint32_t (&pb1)[NT])
 {
@@ -253,11 +255,11 @@ __device__ __forceinline__ void st_segment(const kvq_cu_fast_params &p, const ui
         s[2 * nt + 1] = a1;
     }
     const int tok0 = seg * 16;
-    if (tok0 + 16 > len) { /* the sequence's last, partial segment (warp-uniform) */
+    if (tok0 + 16 > len || tok0 < lo) { /* a range's last or first, partial segment (warp-uniform) */
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int tk = tok0 + 8 * (i >> 1) + 2 * t + (i & 1);
-            if (tk >= len)
+            if (tk >= len || tk < lo)
                 s[i] = -INFINITY;
         }
     }
