@@ -13,7 +13,11 @@
 
 /* Weights of one layer, f32, HF Linear layout [out][in]. Projections that
  * read the same input are fused so one sgemm does them: wqkv = [q; k; v]
- * rows, wgu = [gate; up] rows. Optional tensors are NULL when absent. */
+ * rows, wgu = [gate; up] rows. Optional tensors are NULL when absent.
+ * On the host model the four projection matrices (wqkv, wo, wgu, wdown) are
+ * set only when the model was loaded with weights_f32 (one f32 block each);
+ * otherwise they are NULL and struct kvq_model.mats holds them in the
+ * file's dtype (kvq_wmat, kvq_model_weight_f32). */
 struct kvq_layer_weights {
     const float *attn_norm; /* [hidden] */
     const float *wqkv;      /* [q_dim + 2 kv_dim][hidden] */
@@ -49,6 +53,31 @@ static inline void kvq_weight_pick(const struct kvq_layer_weights *w, int which,
     }
 }
 
+/* One row block of a weight matrix as it lies in memory: mapped from its
+ * safetensors file in the file's dtype, or f32 in the model's arena. */
+struct kvq_wblock {
+    const void *data;          /* [rows][cols] elements of dtype, any alignment */
+    enum kvq_st_dtype dtype;   /* KVQ_ST_F32, KVQ_ST_F16 or KVQ_ST_BF16 */
+    int rows;
+};
+
+/* A projection's matrix [rows][cols] as its row blocks stacked in order
+ * (q, k and v from three tensors; one block for a fused tensor). */
+#define KVQ_MAX_WBLOCKS 3
+struct kvq_wmat {
+    struct kvq_wblock b[KVQ_MAX_WBLOCKS];
+    int n_blocks;
+    int rows, cols;
+};
+
+/* weights.c: the whole matrix widened to f32, [rows][cols] at dst (for a
+ * backend that wants f32, e.g. an upload). */
+void kvq_wmat_to_f32(const struct kvq_wmat *w, float *dst);
+/* Rows [r0, r0 + n) of w widened to f32 at dst ([n][cols]). */
+void kvq_wmat_rows_f32(const struct kvq_wmat *w, int r0, int n, float *dst);
+/* Bytes w occupies in memory. */
+size_t kvq_wmat_bytes(const struct kvq_wmat *w);
+
 #define KVQ_PATH_MAX 4096
 
 /* The mapped safetensors files of a model (weight_files.c). */
@@ -73,7 +102,8 @@ char *kvq_read_text(const char *path, size_t max, size_t *len);
 /* One vocabulary slice of the LM head: rows [start, start + count). */
 struct kvq_lm_slice {
     int32_t start, count;
-    const float *w; /* [count][hidden] */
+    const float *w;     /* [count][hidden] f32, or NULL when kept in the file's dtype */
+    struct kvq_wmat wm; /* the same rows in any dtype (always set) */
 };
 
 struct kvq_model {
@@ -84,10 +114,11 @@ struct kvq_model {
     const struct kvq_st_tensor *embed; /* [vocab][hidden], mapped, any float dtype */
     const float *final_norm;
     struct kvq_layer_weights *layers;
+    struct kvq_wmat (*mats)[4]; /* [n_layers][KVQ_WEIGHT_*]: the projections in memory */
     struct kvq_lm_slice *lm;
     int n_lm;
     int max_lm_rows;            /* largest slice count */
-    float *arena;               /* all converted weights */
+    float *arena;               /* converted weights: norms and biases, and with weights_f32 all matrices */
     size_t arena_floats;
     double load_seconds;
 };

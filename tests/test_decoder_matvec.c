@@ -4,6 +4,7 @@
 #include <stdint.h>
 
 #include "kvq_cpu.h"
+#include "kvq_half.h"
 #include "matvec_internal.h"
 #include "kvq_rng.h"
 #include "test.h"
@@ -76,9 +77,49 @@ static void test_batch_invariance(void)
     free(y);
 }
 
+/* bf16 and f16 weights: the kernel widens them as it loads, so its result
+ * is bit-identical to the f32 kernel over the widened matrix (same
+ * operations on the same values), for every row count; and the scalar
+ * typed reference agrees with the f32 reference likewise. */
+static void test_typed_weights(void)
+{
+    if (!kvq_cpu_has_avx2())
+        SKIP("no AVX2");
+    enum { K = 531, N = 19, MM = KVQ_MATVEC_MAX_M };
+    kvq_rng r;
+    kvq_rng_init(&r, 11);
+    float *x = malloc((size_t)MM * K * sizeof *x), *wf = malloc((size_t)N * K * sizeof *wf);
+    uint16_t *wh = malloc((size_t)N * K * sizeof *wh);
+    float *y1 = malloc((size_t)MM * N * sizeof *y1), *y2 = malloc((size_t)MM * N * sizeof *y2);
+    fill(x, (size_t)MM * K, &r);
+    for (int dt = KVQ_MV_BF16; dt <= KVQ_MV_F16; dt++) {
+        for (size_t i = 0; i < (size_t)N * K; i++) {
+            float v = (float)(kvq_rng_uniform(&r) * 2.0 - 1.0);
+            wh[i] = dt == KVQ_MV_BF16 ? (uint16_t)(kvq_f32_bits(v) >> 16) : kvq_f32_to_f16(v);
+            wf[i] = dt == KVQ_MV_BF16 ? kvq_bits_f32((uint32_t)wh[i] << 16) : kvq_f16_to_f32(wh[i]);
+        }
+        int bad = 0;
+        for (int M = 1; M <= MM; M++) {
+            kvq_matvec_avx2_w(x, K, wh, dt, y1, N, M, N, K, 0);
+            kvq_matvec_avx2(x, K, wf, y2, N, M, N, K, 0);
+            bad += memcmp(y1, y2, (size_t)M * N * sizeof *y1) != 0;
+        }
+        CHECKF(bad == 0, "dtype %d: %d row counts differ from the f32 kernel over the widened weights", dt, bad);
+        kvq_matvec_ref_w(x, K, wh, dt, y1, N, 3, N, K, 0);
+        kvq_matvec_ref(x, K, wf, y2, N, 3, N, K, 0);
+        CHECKF(memcmp(y1, y2, (size_t)3 * N * sizeof *y1) == 0, "dtype %d: typed reference differs", dt);
+    }
+    free(x);
+    free(wf);
+    free(wh);
+    free(y1);
+    free(y2);
+}
+
 int main(void)
 {
     RUN(test_avx2_vs_ref);
     RUN(test_batch_invariance);
+    RUN(test_typed_weights);
     return TEST_END("test_decoder_matvec");
 }

@@ -1,4 +1,5 @@
-/* backend_cpu.c - the decoder's ops on the CPU, over the model's f32 weights.
+/* backend_cpu.c - the decoder's ops on the CPU, over the model's weights in
+ * their stored dtype (f32, bf16, f16; struct kvq_wmat).
  *
  * Projections are row-major x[T][in] . W[out][in]^T: chunks through OpenBLAS
  * sgemm, decode and verification rows through the batch-invariant few-row
@@ -16,6 +17,7 @@
  */
 #include <cblas.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,11 +25,14 @@
 #include "decoder_internal.h"
 #include "matvec_internal.h"
 
+#define WTILE_ROWS 256
+
 struct cpu_backend {
     struct kvq_backend base;
     float *lm_x;       /* [max_rows][hidden] final-normed rows */
     float *lm_out;     /* [max_rows][max_lm_rows] one slice's logits */
     kvq_best *lm_best; /* [max_rows] best token so far per row (greedy) */
+    float *wtile;      /* [WTILE_ROWS][widest input] weight rows widened to f32 for sgemm */
     /* RoPE rows of the current forward's positions, computed by its first
      * layer and reused by the others (rope.c); rope_inv/rope_scale are fixed
      * unless the frequencies depend on the length (kvq_rope_len_dependent) */
@@ -96,14 +101,38 @@ static float act(enum kvq_act_kind kind, float g)
     return g / (1.0f + expf(-g));
 }
 
-/* y[T][out] (+)= x[T][in] . w[out][in]^T. */
-static void matmul(const float *x, const float *w, float *y, size_t T, int in, int out, int accumulate)
+static int mv_dtype(enum kvq_st_dtype t)
 {
-    if (T <= KVQ_MATVEC_MAX_M)
-        kvq_matvec(x, in, w, y, out, (int)T, out, in, accumulate);
-    else
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, out, in, 1.0f, x, in, w, in,
-                    accumulate ? 1.0f : 0.0f, y, out);
+    return t == KVQ_ST_BF16 ? KVQ_MV_BF16 : t == KVQ_ST_F16 ? KVQ_MV_F16 : KVQ_MV_F32;
+}
+
+/* y[T][ldy] (+)= x[T][cols] . w[rows][cols]^T, block by block. Few rows: the
+ * batch-invariant kernel widens the weights as it loads them. More: sgemm,
+ * straight over an aligned f32 block, else over tiles of WTILE_ROWS rows
+ * widened into cb->wtile (prefill pays one widening per chunk, not per row). */
+static void matmul(struct cpu_backend *cb, const struct kvq_wmat *w, const float *x, float *y, int ldy, size_t T,
+                   int accumulate)
+{
+    const int K = w->cols;
+    const float beta = accumulate ? 1.0f : 0.0f;
+    int r0 = 0;
+    for (int i = 0; i < w->n_blocks; i++) {
+        const struct kvq_wblock *b = &w->b[i];
+        if (T <= KVQ_MATVEC_MAX_M) {
+            kvq_matvec_w(x, K, b->data, mv_dtype(b->dtype), y + r0, ldy, (int)T, b->rows, K, accumulate);
+        } else if (b->dtype == KVQ_ST_F32 && (uintptr_t)b->data % sizeof(float) == 0) {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, b->rows, K, 1.0f, x, K, b->data, K, beta,
+                        y + r0, ldy);
+        } else {
+            for (int t0 = 0; t0 < b->rows; t0 += WTILE_ROWS) {
+                int n = b->rows - t0 < WTILE_ROWS ? b->rows - t0 : WTILE_ROWS;
+                kvq_wmat_rows_f32(w, r0 + t0, n, cb->wtile);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, n, K, 1.0f, x, K, cb->wtile, K, beta,
+                            y + r0 + t0, ldy);
+            }
+        }
+        r0 += b->rows;
+    }
 }
 
 static void cpu_embed(kvq_backend *b, const int32_t *ids, size_t T, float *x)
@@ -138,7 +167,7 @@ static void cpu_linear(kvq_backend *b, enum kvq_weight which, int layer, const f
     const float *W, *bias;
     int in, out;
     kvq_weight_pick(&m->layers[layer], which, m->cfg.hidden, m->cfg.ffn, m->q_dim, m->qkv_dim, &W, &bias, &in, &out);
-    matmul(x, W, y, T, in, out, accumulate);
+    matmul((struct cpu_backend *)b, &m->mats[layer][which], x, y, out, T, accumulate);
     for (size_t t = 0; bias && t < T; t++)
         for (int i = 0; i < out; i++)
             y[t * (size_t)out + i] += bias[i];
@@ -206,7 +235,6 @@ static kvq_status cpu_lm_head(kvq_backend *b, const float *x, size_t R, float *l
     struct cpu_backend *cb = (struct cpu_backend *)b;
     const kvq_model *m = b->m;
     const struct kvq_model_config *c = &m->cfg;
-    const int h = c->hidden;
     if (R == 0 || (!logits && !argmax))
         return KVQ_OK;
     cpu_norm(b, KVQ_NORM_FINAL, 0, x, cb->lm_x, R);
@@ -218,11 +246,7 @@ static kvq_status cpu_lm_head(kvq_backend *b, const float *x, size_t R, float *l
         /* With full logits wanted, write each slice straight into its columns. */
         float *out = logits ? logits + sl->start : cb->lm_out;
         int ldc = logits ? c->vocab : sl->count;
-        if (R <= KVQ_MATVEC_MAX_M) /* batch-invariant: verify rows equal decode rows */
-            kvq_matvec(cb->lm_x, h, sl->w, out, ldc, (int)R, sl->count, h, 0);
-        else
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)R, sl->count, h, 1.0f, cb->lm_x, h, sl->w, h,
-                        0.0f, out, ldc);
+        matmul(cb, &sl->wm, cb->lm_x, out, ldc, R, 0); /* few rows: batch-invariant (verify = decode) */
         for (size_t r = 0; c->arch.final_softcap > 0 && r < R; r++)
             softcap(out + r * (size_t)ldc, sl->count, c->arch.final_softcap);
         for (size_t r = 0; argmax && r < R && st == KVQ_OK; r++) {
@@ -253,6 +277,7 @@ static void cpu_free(kvq_backend *b)
     free(cb->lm_x);
     free(cb->lm_out);
     free(cb->lm_best);
+    free(cb->wtile);
     free(cb->rope_cs);
     free(cb->rope_sn);
     free(cb->rope_pos);
@@ -296,13 +321,17 @@ kvq_status kvq_backend_cpu_create(const kvq_model *m, size_t max_rows, kvq_backe
     cb->lm_x = alloc_f(max_rows * (size_t)m->cfg.hidden);
     cb->lm_out = alloc_f(max_rows * (size_t)m->max_lm_rows);
     cb->lm_best = malloc(max_rows * sizeof *cb->lm_best);
+    size_t widest = (size_t)m->cfg.hidden;
+    widest = (size_t)m->cfg.ffn > widest ? (size_t)m->cfg.ffn : widest;
+    widest = (size_t)m->q_dim > widest ? (size_t)m->q_dim : widest;
+    cb->wtile = alloc_f(WTILE_ROWS * widest);
     b->pos = malloc(max_rows * sizeof *b->pos);
     const size_t half = (size_t)m->cfg.arch.rotary_dim / 2;
     cb->rope_cs = alloc_f(max_rows * half);
     cb->rope_sn = alloc_f(max_rows * half);
     cb->rope_pos = malloc(max_rows * sizeof *cb->rope_pos);
     kvq_rope_freqs(&m->cfg, 0, cb->rope_inv, &cb->rope_scale);
-    if (!ok || !cb->lm_x || !cb->lm_out || !cb->lm_best || !b->pos || !cb->rope_cs || !cb->rope_sn ||
+    if (!ok || !cb->lm_x || !cb->lm_out || !cb->lm_best || !cb->wtile || !b->pos || !cb->rope_cs || !cb->rope_sn ||
         !cb->rope_pos) {
         cpu_free(b);
         return KVQ_ERR_NOMEM;

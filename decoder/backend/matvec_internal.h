@@ -18,6 +18,11 @@
 
 #define KVQ_MATVEC_MAX_M 16
 
+/* Weight element types of the _w variants: each weight is widened to f32
+ * exactly before it is used, so the result equals the f32 kernel's over the
+ * widened matrix, bit for bit. */
+enum { KVQ_MV_F32 = 0, KVQ_MV_BF16 = 1, KVQ_MV_F16 = 2 };
+
 /* Dispatches to the AVX2 kernel when the CPU has it, else the scalar one. */
 void kvq_matvec(const float *x, int ldx, const float *w, float *y, int ldy, int M, int N, int K, int accumulate);
 
@@ -28,5 +33,13 @@ void kvq_matvec_ref(const float *x, int ldx, const float *w, float *y, int ldy, 
 /* AVX2 + FMA kernel; call only when kvq_cpu_has_avx2(). */
 void kvq_matvec_avx2(const float *x, int ldx, const float *w, float *y, int ldy, int M, int N, int K,
                      int accumulate);
+
+/* The same over weights w of element type dtype (KVQ_MV_*), any alignment. */
+void kvq_matvec_w(const float *x, int ldx, const void *w, int dtype, float *y, int ldy, int M, int N, int K,
+                  int accumulate);
+void kvq_matvec_ref_w(const float *x, int ldx, const void *w, int dtype, float *y, int ldy, int M, int N, int K,
+                      int accumulate);
+void kvq_matvec_avx2_w(const float *x, int ldx, const void *w, int dtype, float *y, int ldy, int M, int N, int K,
+                       int accumulate);
 
 #endif

@@ -5,9 +5,11 @@
  * weight, the file that must hold it: a plain directory may keep any tensor
  * in any file (the index says where), a sharded one must keep each tensor in
  * the shard the manifest assigns it to. Every tensor's dtype and shape are
- * checked against the config before it is converted, and the converted f32
- * weights go into one arena, laid out so that projections reading the same
- * input are fused ([q; k; v] and [gate; up]).
+ * checked against the config. Weight matrices stay where the mapping puts
+ * them, in the file's dtype (struct kvq_wmat: [q; k; v] and [gate; up] as
+ * stacked blocks, so projections reading the same input are still one
+ * product); norms and biases are converted to f32 in one arena, and with
+ * weights_f32 the matrices too, fused into single f32 blocks.
  */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -27,6 +29,7 @@ struct loader {
     int *layer_file;             /* [n_layers]: file holding layer l, or ANY_FILE */
     int embed_file, norm_file;   /* likewise */
     float *cur;                  /* arena fill pointer */
+    int f32;                     /* kvq_model_load_opts.weights_f32 */
     kvq_error *err;
 };
 
@@ -34,6 +37,7 @@ void kvq_model_load_opts_default(struct kvq_model_load_opts *o)
 {
     o->lm_head_slice_rows = 8192;
     o->verify_checksums = 1;
+    o->weights_f32 = 0;
 }
 
 /* Sharded directory: manifest first, validated against config and files
@@ -115,12 +119,13 @@ static size_t round16(size_t n)
     return (n + 15) & ~(size_t)15;
 }
 
-static size_t arena_size(const kvq_model *m)
+static size_t arena_size(const kvq_model *m, int f32)
 {
     const struct kvq_model_config *c = &m->cfg;
     size_t h = (size_t)c->hidden, f = (size_t)c->ffn;
-    size_t per = round16(h) * 2 + round16((size_t)m->qkv_dim * h) + round16(h * m->q_dim) +
-                 round16(2 * f * h) + round16(h * f);
+    size_t per = round16(h) * 2;
+    if (f32)
+        per += round16((size_t)m->qkv_dim * h) + round16(h * m->q_dim) + round16(2 * f * h) + round16(h * f);
     if (c->arch.qkv_bias)
         per += round16((size_t)m->qkv_dim);
     if (c->arch.qk_norm)
@@ -129,7 +134,40 @@ static size_t arena_size(const kvq_model *m)
         per += round16(h);
     if (c->arch.mlp_bias)
         per += round16(2 * f) + round16(h);
-    return per * (size_t)c->n_layers + round16(h) + round16((size_t)c->vocab * h) + 16 * (size_t)m->n_lm;
+    return per * (size_t)c->n_layers + round16(h) + (f32 ? round16((size_t)c->vocab * h) + 16 * (size_t)m->n_lm : 0);
+}
+
+/* A projection from n stacked tensors dir/model.layers.l.SUFFIX[i] of rows[i]
+ * rows each: mapped blocks in the file's dtype, or (weights_f32) one f32
+ * block in the arena, also returned in *f32. */
+static kvq_status load_mat(struct loader *L, int fi, int l, const char *const *suffix, const int64_t *rows, int n,
+                           int64_t cols, struct kvq_wmat *wm, const float **f32)
+{
+    char name[160];
+    int64_t total = 0;
+    for (int i = 0; i < n; i++)
+        total += rows[i];
+    memset(wm, 0, sizeof *wm);
+    wm->rows = (int)total;
+    wm->cols = (int)cols;
+    float *p = L->f32 ? take(L, (size_t)(total * cols)) : NULL;
+    int64_t off = 0;
+    for (int i = 0; i < n; i++) {
+        snprintf(name, sizeof name, "model.layers.%d.%s", l, suffix[i]);
+        const struct kvq_st_tensor *t;
+        kvq_status st = find(L, fi, name, 2, rows[i], cols, &t);
+        if (st == KVQ_OK && p)
+            st = kvq_st_to_f32(t, p + off * cols, t->n_elements);
+        if (st != KVQ_OK)
+            return st;
+        if (!p)
+            wm->b[wm->n_blocks++] = (struct kvq_wblock){t->data, t->dtype, (int)rows[i]};
+        off += rows[i];
+    }
+    if (p)
+        wm->b[wm->n_blocks++] = (struct kvq_wblock){p, KVQ_ST_F32, (int)total};
+    *f32 = p;
+    return KVQ_OK;
 }
 
 static kvq_status load_layer(struct loader *L, int l)
@@ -147,16 +185,21 @@ static kvq_status load_layer(struct loader *L, int l)
             return st;                                                                           \
     } while (0)
     float *p;
+    struct kvq_wmat *mats = L->m->mats[l];
+    static const char *const qkv3[] = {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"};
+    static const char *const qkv1[] = {"self_attn.qkv_proj.weight"};
+    static const char *const gu2[] = {"mlp.gate_proj.weight", "mlp.up_proj.weight"};
+    static const char *const gu1[] = {"mlp.gate_up_proj.weight"};
+    static const char *const o1[] = {"self_attn.o_proj.weight"};
+    static const char *const down1[] = {"mlp.down_proj.weight"};
+    const int fused = c->arch.fused_proj;
+    const int64_t qkv_rows[3] = {q, kv, kv}, qkv_fused[1] = {q + 2 * kv}, gu_rows[2] = {f, f}, gu_fused[1] = {2 * f};
+    const int64_t hrows[1] = {h};
     w->attn_norm = p = take(L, (size_t)h);
     LOAD("input_layernorm.weight", 1, h, 0, p);
-    w->wqkv = p = take(L, (size_t)(L->m->qkv_dim * h));
-    if (c->arch.fused_proj) {
-        LOAD("self_attn.qkv_proj.weight", 2, q + 2 * kv, h, p);
-    } else {
-        LOAD("self_attn.q_proj.weight", 2, q, h, p);
-        LOAD("self_attn.k_proj.weight", 2, kv, h, p + q * h);
-        LOAD("self_attn.v_proj.weight", 2, kv, h, p + (q + kv) * h);
-    }
+    if ((st = load_mat(L, fi, l, fused ? qkv1 : qkv3, fused ? qkv_fused : qkv_rows, fused ? 1 : 3, h,
+                       &mats[KVQ_WEIGHT_QKV], &w->wqkv)) != KVQ_OK)
+        return st;
     if (c->arch.qkv_bias) {
         w->bqkv = p = take(L, (size_t)L->m->qkv_dim);
         LOAD("self_attn.q_proj.bias", 1, q, 0, p);
@@ -169,34 +212,50 @@ static kvq_status load_layer(struct loader *L, int l)
         w->k_norm = p = take(L, (size_t)hd);
         LOAD("self_attn.k_norm.weight", 1, hd, 0, p);
     }
-    w->wo = p = take(L, (size_t)(h * q));
-    LOAD("self_attn.o_proj.weight", 2, h, q, p);
+    if ((st = load_mat(L, fi, l, o1, hrows, 1, q, &mats[KVQ_WEIGHT_O], &w->wo)) != KVQ_OK)
+        return st;
     if (c->arch.o_bias) {
         w->bo = p = take(L, (size_t)h);
         LOAD("self_attn.o_proj.bias", 1, h, 0, p);
     }
     w->ffn_norm = p = take(L, (size_t)h);
     LOAD("post_attention_layernorm.weight", 1, h, 0, p);
-    w->wgu = p = take(L, (size_t)(2 * f * h));
-    if (c->arch.fused_proj) {
-        LOAD("mlp.gate_up_proj.weight", 2, 2 * f, h, p);
-    } else {
-        LOAD("mlp.gate_proj.weight", 2, f, h, p);
-        LOAD("mlp.up_proj.weight", 2, f, h, p + f * h);
-    }
+    if ((st = load_mat(L, fi, l, fused ? gu1 : gu2, fused ? gu_fused : gu_rows, fused ? 1 : 2, h,
+                       &mats[KVQ_WEIGHT_GATE_UP], &w->wgu)) != KVQ_OK)
+        return st;
     if (c->arch.mlp_bias) {
         w->bgu = p = take(L, (size_t)(2 * f));
         LOAD("mlp.gate_proj.bias", 1, f, 0, p);
         LOAD("mlp.up_proj.bias", 1, f, 0, p + f);
     }
-    w->wdown = p = take(L, (size_t)(h * f));
-    LOAD("mlp.down_proj.weight", 2, h, f, p);
+    if ((st = load_mat(L, fi, l, down1, hrows, 1, f, &mats[KVQ_WEIGHT_DOWN], &w->wdown)) != KVQ_OK)
+        return st;
     if (c->arch.mlp_bias) {
         w->bdown = p = take(L, (size_t)h);
         LOAD("mlp.down_proj.bias", 1, h, 0, p);
     }
 #undef LOAD
     return KVQ_OK;
+}
+
+/* An LM-head slice: count rows of tensor t from element first on, mapped,
+ * or converted into the arena (weights_f32). */
+static void lm_slice_set(struct loader *L, struct kvq_lm_slice *s, const struct kvq_st_tensor *t, size_t first)
+{
+    const size_t h = (size_t)L->m->cfg.hidden, n = (size_t)s->count * h;
+    s->wm.rows = s->count;
+    s->wm.cols = (int)h;
+    s->wm.n_blocks = 1;
+    if (L->f32) {
+        float *p = take(L, n);
+        kvq_st_to_f32_range(t, first, n, p);
+        s->w = p;
+        s->wm.b[0] = (struct kvq_wblock){p, KVQ_ST_F32, s->count};
+    } else {
+        s->w = NULL;
+        s->wm.b[0] = (struct kvq_wblock){(const uint8_t *)t->data + first * kvq_st_dtype_size(t->dtype), t->dtype,
+                                         s->count};
+    }
 }
 
 /* LM head: the manifest's slices, or for a plain directory the lm_head (or
@@ -215,20 +274,21 @@ static kvq_status load_lm_head(struct loader *L, int slice_rows)
             struct kvq_lm_slice *s = &m->lm[k++];
             s->start = sh->begin;
             s->count = sh->end - sh->begin;
-            s->w = take(L, (size_t)s->count * (size_t)h);
-            kvq_status st = load_into(L, (int)i, "lm_head.weight", 2, s->count, h, (float *)s->w);
+            const struct kvq_st_tensor *t;
+            kvq_status st = find(L, (int)i, "lm_head.weight", 2, s->count, h, &t);
             if (st != KVQ_OK)
                 return st;
+            lm_slice_set(L, s, t, 0);
         }
         return KVQ_OK;
     }
     const char *name = c->arch.tied_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
-    float *all = take(L, (size_t)c->vocab * (size_t)h);
-    kvq_status st = load_into(L, ANY_FILE, name, 2, c->vocab, h, all);
-    for (int k = 0; k < m->n_lm; k++) {
+    const struct kvq_st_tensor *t;
+    kvq_status st = find(L, ANY_FILE, name, 2, c->vocab, h, &t);
+    for (int k = 0; st == KVQ_OK && k < m->n_lm; k++) {
         m->lm[k].start = k * slice_rows;
         m->lm[k].count = c->vocab - m->lm[k].start < slice_rows ? c->vocab - m->lm[k].start : slice_rows;
-        m->lm[k].w = all + (size_t)m->lm[k].start * (size_t)h;
+        lm_slice_set(L, &m->lm[k], t, (size_t)m->lm[k].start * (size_t)h);
     }
     return st;
 }
@@ -252,7 +312,8 @@ static kvq_status load(struct loader *L, const struct kvq_model_load_opts *o)
     m->qkv_dim = m->q_dim + 2 * m->kv_dim;
     L->layer_file = malloc((size_t)c->n_layers * sizeof *L->layer_file);
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
-    if (!L->layer_file || !m->layers)
+    m->mats = calloc((size_t)c->n_layers, sizeof *m->mats);
+    if (!L->layer_file || !m->layers || !m->mats)
         return kvq_error_set(L->err, KVQ_ERR_NOMEM, "out of memory");
     for (int l = 0; l < c->n_layers; l++)
         L->layer_file[l] = ANY_FILE;
@@ -269,7 +330,8 @@ static kvq_status load(struct loader *L, const struct kvq_model_load_opts *o)
         m->n_lm = (c->vocab + slice_rows - 1) / slice_rows;
     }
     m->lm = calloc((size_t)m->n_lm, sizeof *m->lm);
-    m->arena_floats = arena_size(m);
+    L->f32 = o->weights_f32;
+    m->arena_floats = arena_size(m, L->f32);
     m->arena = aligned_alloc(64, m->arena_floats * sizeof(float));
     if (!m->lm || !m->arena)
         return kvq_error_set(L->err, KVQ_ERR_NOMEM, "out of memory for %zu MB of weights",
@@ -327,6 +389,7 @@ void kvq_model_free(kvq_model *m)
         return;
     kvq_files_close(&m->fs);
     free(m->layers);
+    free(m->mats);
     free(m->lm);
     free(m->arena);
     free(m);
@@ -346,6 +409,12 @@ void kvq_model_get_info(const kvq_model *m, struct kvq_model_info *info)
     info->n_files = m->fs.n;
     info->n_lm_slices = m->n_lm;
     info->file_bytes = m->fs.bytes;
-    info->weight_bytes = m->arena_floats * sizeof(float);
+    info->weight_bytes = 0;
+    for (int l = 0; m->mats && l < m->cfg.n_layers; l++)
+        for (int i = 0; i < 4; i++)
+            info->weight_bytes += kvq_wmat_bytes(&m->mats[l][i]);
+    for (int k = 0; k < m->n_lm; k++)
+        info->weight_bytes += kvq_wmat_bytes(&m->lm[k].wm);
+    info->weight_bytes += (m->cfg.n_layers * 2 + 1) * (size_t)m->cfg.hidden * sizeof(float); /* norms */
     info->load_seconds = m->load_seconds;
 }

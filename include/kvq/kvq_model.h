@@ -151,13 +151,19 @@ typedef struct kvq_model kvq_model;
 struct kvq_model_load_opts {
     int lm_head_slice_rows;  /* plain HF dirs: vocabulary rows per LM-head slice (0 = 8192) */
     int verify_checksums;    /* sharded dirs: check every shard's FNV-1a (default 1) */
+    int weights_f32;         /* 1: widen every weight matrix to f32 in memory at load (twice
+                                the memory of a bf16 checkpoint; prefill skips the per-chunk
+                                widening). 0 (default): matrices stay memory-mapped in the
+                                file's dtype, resident memory about the file size */
 };
 KVQ_API void kvq_model_load_opts_default(struct kvq_model_load_opts *o);
 
 /** Loads a model directory: a `kvq shard` output (runtime_meta.json present:
  *  the manifest is validated before any weight is read) or a plain HF
- *  directory. Weights (f32, f16 or bf16) are converted once to f32; the
- *  embedding table stays memory-mapped and rows are converted on lookup.
+ *  directory. Weight matrices (f32, f16 or bf16) stay memory-mapped in the
+ *  file's dtype and are widened to f32 as the kernels read them (all of
+ *  them converted once to f32 with opts->weights_f32); norms and biases are
+ *  converted to f32; embedding rows are converted on lookup.
  *  opts may be NULL for defaults.
  *  @return KVQ_OK and *out; KVQ_ERR_IO (missing file); KVQ_ERR_FORMAT
  *  (corrupt file or manifest, missing tensor, wrong shape or dtype);
@@ -175,7 +181,8 @@ struct kvq_model_info {
     int n_files;              /* safetensors files mapped */
     int n_lm_slices;          /* LM-head vocabulary slices */
     size_t file_bytes;        /* bytes of all weight files */
-    size_t weight_bytes;      /* f32 weights held in memory (embedding table excluded) */
+    size_t weight_bytes;      /* bytes of the weights the forward pass reads, mapped or converted
+                                 (embedding table excluded) */
     double load_seconds;      /* wall time of kvq_model_load */
 };
 KVQ_API void kvq_model_get_info(const kvq_model *m, struct kvq_model_info *info);
