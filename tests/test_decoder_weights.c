@@ -6,7 +6,8 @@
  * Widening is exact, so decode steps (the few-row kernel) must give
  * bit-identical logits, and prefill chunks (sgemm over widened tiles vs the
  * whole f32 matrix) logits equal to sgemm rounding; the mapped model must
- * hold about half the weight bytes and keep less resident.
+ * hold about half the weight bytes and keep less resident. The thread
+ * count (kvq_set_threads) does not change a single logit.
  */
 #include <math.h>
 #include <stdint.h>
@@ -39,7 +40,7 @@ struct run {
     size_t resident;
 };
 
-static void run_model(int f32, struct run *r)
+static void run_model(int f32, int max_chunk, struct run *r)
 {
     size_t before = rss_now();
     struct kvq_model_load_opts o;
@@ -56,6 +57,7 @@ static void run_model(int f32, struct run *r)
     kvq_seq_config_default(&sc);
     sc.type_k = sc.type_v = KVQ_TYPE_F32;
     sc.max_ctx = 128;
+    sc.max_chunk = max_chunk;
     CHECK_OK(kvq_seq_create(m, &sc, &s, &err));
     int32_t ids[T_PROMPT];
     for (int i = 0; i < T_PROMPT; i++)
@@ -75,8 +77,8 @@ static void run_model(int f32, struct run *r)
 static void test_bf16_in_memory(void)
 {
     static struct run mapped, wide;
-    run_model(0, &mapped);
-    run_model(1, &wide);
+    run_model(0, 0, &mapped);
+    run_model(1, 0, &wide);
     CHECKF(memcmp(mapped.decode, wide.decode, sizeof mapped.decode) == 0,
            "decode logits differ between bf16-in-memory and widened-f32 weights");
     double worst = 0, mx = 0;
@@ -96,8 +98,47 @@ static void test_bf16_in_memory(void)
            mapped.resident, wide.resident);
 }
 
+static double rel_diff(const struct run *a, const struct run *b)
+{
+    double worst = 0, mx = 0;
+    for (int t = 0; t < T_PROMPT; t++)
+        for (int v = 0; v < 4096; v++) {
+            worst = fmax(worst, fabs((double)a->prefill[t][v] - b->prefill[t][v]));
+            mx = fmax(mx, fabs((double)a->prefill[t][v]));
+        }
+    return worst / mx;
+}
+
+/* --threads. Chunks of 16 rows run through the few-row kernel (row ranges
+ * over the pool) and attend the KV heads in parallel: the same logits, bit
+ * for bit, on 1, 2 and 3 threads. Chunks of 40 rows go through OpenBLAS,
+ * whose sgemm sums differently with its thread count: equal to rounding. */
+static void test_threads_invariant(void)
+{
+    static struct run one, two, three;
+    int before = kvq_threads();
+    for (int chunk = 16; chunk <= 256; chunk += 240) {
+        CHECK(kvq_set_threads(1) == 1);
+        run_model(0, chunk, &one);
+        CHECK(kvq_set_threads(2) == 2);
+        run_model(0, chunk, &two);
+        CHECK(kvq_set_threads(3) == 3);
+        run_model(0, chunk, &three);
+        CHECK(memcmp(one.decode, two.decode, sizeof one.decode) == 0 &&
+              memcmp(one.decode, three.decode, sizeof one.decode) == 0);
+        if (chunk == 16)
+            CHECK(memcmp(one.prefill, two.prefill, sizeof one.prefill) == 0 &&
+                  memcmp(one.prefill, three.prefill, sizeof one.prefill) == 0);
+        else
+            CHECKF(rel_diff(&one, &two) < 1e-5 && rel_diff(&one, &three) < 1e-5, "%.3g %.3g", rel_diff(&one, &two),
+                   rel_diff(&one, &three));
+    }
+    kvq_set_threads(before);
+}
+
 int main(void)
 {
     RUN(test_bf16_in_memory);
+    RUN(test_threads_invariant);
     return TEST_END("test_decoder_weights");
 }

@@ -108,6 +108,15 @@ int kv_opts_parse(const char *cmd, const char *a, const char *v, struct kv_opts 
         }
         return 1;
     }
+    if (strcmp(a, "--threads") == 0) { /* process-wide: applied as it is read */
+        long n;
+        if (cli_parse_int(v, 1, 1024, &n)) {
+            cli_error(cmd, "bad value '%s' for --threads (1..1024)", v);
+            return 2;
+        }
+        kvq_set_threads((int)n);
+        return 1;
+    }
     if (strcmp(a, "--seed") == 0) {
         if (cli_parse_u64(v, &o->seed)) {
             cli_error(cmd, "bad value '%s' for --seed", v);
@@ -243,6 +252,8 @@ void kv_opts_usage(FILE *f)
                "                       compressed types (everything but f32 and f16)\n"
                "  --no-kv-recent-f16   no such window: every token is read from the packed pages\n"
                "  --kv-sink N          also keep the first N tokens (0..%d) in f16 for good\n"
+               "  --threads N, -t N    CPU threads for products and attention (default: the cores\n"
+               "                       available)\n"
                "  --seed S             cache-rotation (and sampler) seed (default 0)\n"
                "  --device cpu|cuda    where the model runs (default cpu); cuda: weights, activations\n"
                "                       and the KV pages on the GPU (no recent-token window there yet:\n"

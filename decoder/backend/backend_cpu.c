@@ -24,6 +24,7 @@
 #include "backend.h"
 #include "decoder_internal.h"
 #include "matvec_internal.h"
+#include "parallel.h"
 
 #define WTILE_ROWS 256
 
@@ -106,6 +107,41 @@ static int mv_dtype(enum kvq_st_dtype t)
     return t == KVQ_ST_BF16 ? KVQ_MV_BF16 : t == KVQ_ST_F16 ? KVQ_MV_F16 : KVQ_MV_F32;
 }
 
+/* The few-row kernel over a block's rows, split into row ranges over the
+ * pool (parallel.h): each output element is computed alone, the same way
+ * whatever range holds it, so the result does not depend on the split. */
+struct mv_job {
+    const float *x;
+    const struct kvq_wblock *b;
+    int K, ldy, M, acc, rows_per_task;
+    float *y;
+};
+
+static void mv_task(void *p, int i, int w)
+{
+    (void)w;
+    const struct mv_job *j = p;
+    const int n0 = i * j->rows_per_task;
+    const int n = j->b->rows - n0 < j->rows_per_task ? j->b->rows - n0 : j->rows_per_task;
+    const size_t esz = kvq_st_dtype_size(j->b->dtype);
+    kvq_matvec_w(j->x, j->K, (const uint8_t *)j->b->data + (size_t)n0 * (size_t)j->K * esz, mv_dtype(j->b->dtype),
+                 j->y + n0, j->ldy, j->M, n, j->K, j->acc);
+}
+
+static void matvec_par(const float *x, const struct kvq_wblock *b, int K, float *y, int ldy, int M, int acc)
+{
+    const int threads = kvq_par_threads();
+    /* below ~64K weights a wake-up of the pool costs more than it saves */
+    if (threads == 1 || (size_t)b->rows * (size_t)K < ((size_t)1 << 16)) {
+        kvq_matvec_w(x, K, b->data, mv_dtype(b->dtype), y, ldy, M, b->rows, K, acc);
+        return;
+    }
+    int per = (b->rows + 4 * threads - 1) / (4 * threads);
+    per = per < 16 ? 16 : (per + 1) & ~1;
+    struct mv_job j = {x, b, K, ldy, M, acc, per, y};
+    kvq_par_for((b->rows + per - 1) / per, threads, mv_task, &j);
+}
+
 /* y[T][ldy] (+)= x[T][cols] . w[rows][cols]^T, block by block. Few rows: the
  * batch-invariant kernel widens the weights as it loads them. More: sgemm,
  * straight over an aligned f32 block, else over tiles of WTILE_ROWS rows
@@ -119,7 +155,7 @@ static void matmul(struct cpu_backend *cb, const struct kvq_wmat *w, const float
     for (int i = 0; i < w->n_blocks; i++) {
         const struct kvq_wblock *b = &w->b[i];
         if (T <= KVQ_MATVEC_MAX_M) {
-            kvq_matvec_w(x, K, b->data, mv_dtype(b->dtype), y + r0, ldy, (int)T, b->rows, K, accumulate);
+            matvec_par(x, b, K, y + r0, ldy, (int)T, accumulate);
         } else if (b->dtype == KVQ_ST_F32 && (uintptr_t)b->data % sizeof(float) == 0) {
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, b->rows, K, 1.0f, x, K, b->data, K, beta,
                         y + r0, ldy);

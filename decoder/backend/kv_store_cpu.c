@@ -3,7 +3,7 @@
  * Attention goes only through kvq's public API: a chunk's keys and values
  * are appended to the layer's cache, then kvq_attn_causal (T > 1) or
  * kvq_attn_decode (T = 1) reads them back from the packed pages, once per KV
- * head for its group of query heads. With the recent f16 window a chunk is
+ * head for its group of query heads, the heads in parallel (parallel.h). With the recent f16 window a chunk is
  * appended and attended one position at a time instead (append_attend_each).
  */
 #include <math.h>
@@ -13,14 +13,20 @@
 #include "kv_store.h"
 #include "kvq_attn.h"
 #include "kvq_codec.h"
+#include "parallel.h"
+
+/* Pool threads one store attends on at most. */
+#define KVQ_ATTN_MAX_WORKERS 64
 
 struct cpu_store {
     struct kvq_kv_store base;
     kvq_cache **caches; /* [n_layers][max_seqs] */
     int n_kv, n_heads, head_dim;
     int recent_f16;
-    kvq_attn_workspace *ws;
-    float *qg, *og;       /* [max_rows][q_dim]: a KV group's query heads, contiguous */
+    /* per pool thread (parallel.h), so KV heads are attended in parallel */
+    int n_work;
+    kvq_attn_workspace **ws; /* [n_work] */
+    float **qg, **og;        /* [n_work][max_rows][q_dim]: a KV group's query heads, contiguous */
     uint8_t *vnc_packed;  /* v_norm_correct: [max_rows * n_kv] packed V rows */
     float *vnc_dec;       /* v_norm_correct: [max_rows][kv_dim] decoded V rows */
 };
@@ -65,31 +71,53 @@ static kvq_status norm_correct_v(struct cpu_store *s, const kvq_cache *c, float 
     return KVQ_OK;
 }
 
+/* One KV head's attention (attend's task). */
+struct attend_job {
+    struct cpu_store *s;
+    const kvq_cache *cache;
+    size_t pos0, T;
+    const float *q;
+    float *out;
+    kvq_status st[KVQ_ATTN_MAX_WORKERS]; /* per pool thread: no two write one slot */
+};
+
+static void attend_head(void *p, int g, int w)
+{
+    struct attend_job *j = p;
+    struct cpu_store *s = j->s;
+    const int d = s->head_dim, G = s->n_heads / s->n_kv;
+    const size_t gd = (size_t)G * d, qd = (size_t)s->n_heads * d, T = j->T;
+    const float scale = 1.0f / sqrtf((float)d);
+    kvq_status st;
+    if (T == 1) {
+        st = kvq_attn_decode(j->cache, g, j->pos0 + 1, j->q + g * gd, G, scale, j->out + g * gd, s->ws[w]);
+    } else if (s->n_kv == 1) {
+        st = kvq_attn_causal(j->cache, g, j->pos0, T, j->q, G, scale, j->out, s->ws[w]);
+    } else {
+        /* The heads of one group are contiguous within a token, not across tokens. */
+        for (size_t t = 0; t < T; t++)
+            memcpy(s->qg[w] + t * gd, j->q + t * qd + g * gd, gd * sizeof(float));
+        st = kvq_attn_causal(j->cache, g, j->pos0, T, s->qg[w], G, scale, s->og[w], s->ws[w]);
+        for (size_t t = 0; t < T; t++)
+            memcpy(j->out + t * qd + g * gd, s->og[w] + t * gd, gd * sizeof(float));
+    }
+    if (st != KVQ_OK)
+        j->st[w] = st;
+}
+
 /* out[T][n_heads][d] for queries at positions pos0.. of a cache that already
- * holds them. */
+ * holds them: the KV heads in parallel over the pool (each head's result
+ * does not depend on the thread that computes it). */
 static kvq_status attend(struct cpu_store *s, const kvq_cache *cache, size_t pos0, size_t T, const float *q,
                          float *out)
 {
-    const int d = s->head_dim, G = s->n_heads / s->n_kv;
-    const size_t gd = (size_t)G * d, qd = (size_t)s->n_heads * d;
-    const float scale = 1.0f / sqrtf((float)d);
-    for (int g = 0; g < s->n_kv; g++) {
-        kvq_status st;
-        if (T == 1) {
-            st = kvq_attn_decode(cache, g, pos0 + 1, q + g * gd, G, scale, out + g * gd, s->ws);
-        } else if (s->n_kv == 1) {
-            st = kvq_attn_causal(cache, g, pos0, T, q, G, scale, out, s->ws);
-        } else {
-            /* The heads of one group are contiguous within a token, not across tokens. */
-            for (size_t t = 0; t < T; t++)
-                memcpy(s->qg + t * gd, q + t * qd + g * gd, gd * sizeof(float));
-            st = kvq_attn_causal(cache, g, pos0, T, s->qg, G, scale, s->og, s->ws);
-            for (size_t t = 0; t < T; t++)
-                memcpy(out + t * qd + g * gd, s->og + t * gd, gd * sizeof(float));
-        }
-        if (st != KVQ_OK)
-            return st;
-    }
+    struct attend_job j = {s, cache, pos0, T, q, out, {KVQ_OK}};
+    /* a head's work must outweigh a wake-up of the pool */
+    const int work = T * kvq_cache_len(cache) >= 256 ? s->n_work : 1;
+    kvq_par_for(s->n_kv, work, attend_head, &j);
+    for (int i = 0; i < s->n_work; i++)
+        if (j.st[i] != KVQ_OK)
+            return j.st[i];
     return KVQ_OK;
 }
 
@@ -199,7 +227,12 @@ static void cpu_free(kvq_kv_store *base)
     for (size_t i = 0; s->caches && i < (size_t)base->n_layers * (size_t)base->max_seqs; i++)
         kvq_cache_free(s->caches[i]);
     free(s->caches);
-    kvq_attn_workspace_free(s->ws);
+    for (int w = 0; w < s->n_work; w++) {
+        kvq_attn_workspace_free(s->ws ? s->ws[w] : NULL);
+        free(s->qg ? s->qg[w] : NULL);
+        free(s->og ? s->og[w] : NULL);
+    }
+    free(s->ws);
     free(s->qg);
     free(s->og);
     free(s->vnc_packed);
@@ -248,15 +281,24 @@ kvq_status kvq_kv_store_cpu_create(const struct kvq_kv_store_config *cfg, kvq_kv
                                  kvq_status_str(st));
         }
     }
-    if ((st = kvq_attn_workspace_create(s->head_dim, s->n_heads / s->n_kv, max_tokens, &s->ws)) != KVQ_OK) {
-        cpu_free(&s->base);
-        return kvq_error_set(err, st, "cannot create the attention workspace: %s", kvq_status_str(st));
-    }
-    size_t qd = (size_t)s->n_heads * s->head_dim, kvd = (size_t)s->n_kv * s->head_dim;
-    s->qg = malloc(cfg->max_rows * qd * sizeof(float));
-    s->og = malloc(cfg->max_rows * qd * sizeof(float));
-    if (!s->qg || !s->og)
+    s->n_work = kvq_par_threads() < s->n_kv ? kvq_par_threads() : s->n_kv;
+    s->n_work = s->n_work < KVQ_ATTN_MAX_WORKERS ? s->n_work : KVQ_ATTN_MAX_WORKERS;
+    s->ws = calloc((size_t)s->n_work, sizeof *s->ws);
+    s->qg = calloc((size_t)s->n_work, sizeof *s->qg);
+    s->og = calloc((size_t)s->n_work, sizeof *s->og);
+    if (!s->ws || !s->qg || !s->og)
         goto nomem;
+    size_t qd = (size_t)s->n_heads * s->head_dim, kvd = (size_t)s->n_kv * s->head_dim;
+    for (int w = 0; w < s->n_work; w++) {
+        if ((st = kvq_attn_workspace_create(s->head_dim, s->n_heads / s->n_kv, max_tokens, &s->ws[w])) != KVQ_OK) {
+            cpu_free(&s->base);
+            return kvq_error_set(err, st, "cannot create the attention workspace: %s", kvq_status_str(st));
+        }
+        s->qg[w] = malloc(cfg->max_rows * qd * sizeof(float));
+        s->og[w] = malloc(cfg->max_rows * qd * sizeof(float));
+        if (!s->qg[w] || !s->og[w])
+            goto nomem;
+    }
     if (cfg->v_norm_correct) {
         size_t rb = 0;
         for (size_t i = 0; i < n; i++) {
