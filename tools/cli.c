@@ -115,6 +115,25 @@ int cli_is_help(const char *arg)
     return arg && (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0);
 }
 
+char *cli_read_text(const char *cmd, const char *path, const char *what, size_t *len)
+{
+    errno = 0;
+    char *text = cli_read_file(path, len);
+    if (!text) {
+        cli_error(cmd, "%s: cannot read %s: %s", strcmp(path, "-") ? path : "standard input", what,
+                  strerror(errno ? errno : EIO));
+        return NULL;
+    }
+    long bad = cli_utf8_invalid_at(text, *len);
+    if (bad >= 0) {
+        cli_error(cmd, "%s: not valid UTF-8 at byte %ld (0x%02x)", strcmp(path, "-") ? path : "standard input", bad,
+                  (unsigned char)text[bad]);
+        free(text);
+        return NULL;
+    }
+    return text;
+}
+
 double cli_now(void)
 {
     struct timespec ts;

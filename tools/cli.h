@@ -79,6 +79,12 @@ const char *cli_lower(const char *s, char *buf, size_t cap);
  * cannot be opened or read (errno says why). */
 char *cli_read_file(const char *path, size_t *len);
 
+/* cli_read_file for text the tokenizer will read: on failure prints
+ * "kvq CMD: error: PATH: cannot read WHAT: REASON" or, for bytes that are
+ * not UTF-8, the byte offset of the first bad sequence.
+ * @return the text (free() it), or NULL after printing (exit status 2). */
+char *cli_read_text(const char *cmd, const char *path, const char *what, size_t *len);
+
 /* Monotonic wall clock in seconds. */
 double cli_now(void);
 

@@ -20,7 +20,7 @@ static void usage(FILE *f)
                "Perplexity of TEXT in windows of --ctx tokens (BOS first), each forwarded in\n"
                "chunks whose queries attend over the compressed cache of the window so far.\n\n"
                "  --model DIR          model directory\n"
-               "  --file TEXT          text file to score\n"
+               "  --file TEXT          text file to score ('-': standard input)\n"
                "  --ctx N              tokens per window, BOS included (default: the model's context)\n"
                "  --chunk C            tokens per forward (default 256)\n"
                "  --max-tokens N       score only the first N tokens of the text (default: all)\n"
@@ -115,9 +115,9 @@ static int score(void *user, kvq_model *m, kvq_tokenizer *tok)
     kvq_seq *s = NULL;
     kvq_error err = {0};
     int rc = 0;
-    char *text = cli_read_file(o->file, &len);
+    char *text = cli_read_text(CMD, o->file, "the text", &len);
     if (!text)
-        return cli_error(CMD, "%s: cannot read the text file", o->file);
+        return 2;
     kvq_status st = kvq_tokenizer_encode_alloc(tok, text, len, 0, &ids, &n);
     free(text);
     if (st != KVQ_OK)

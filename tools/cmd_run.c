@@ -303,9 +303,9 @@ static int get_prompt(const struct opts *o, const kvq_tokenizer *tok, int32_t **
     size_t len;
     char *text = NULL;
     if (o->prompt_file) {
-        text = cli_read_file(o->prompt_file, &len);
+        text = cli_read_text(CMD, o->prompt_file, "the prompt", &len);
         if (!text)
-            return cli_error(CMD, "%s: cannot read the prompt file: %s", o->prompt_file, strerror(errno));
+            return 2;
         if (len && text[len - 1] == '\n')
             text[--len] = 0; /* editors end files with a newline the prompt did not mean */
     }

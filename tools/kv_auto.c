@@ -28,9 +28,9 @@ static int read_calib(const char *cmd, const struct kv_opts *o, const kvq_kv_aut
         snprintf(path, sizeof path, "%s/reference/valid.txt", model_dir);
     size_t len = 0, nt = 0;
     int32_t *t = NULL;
-    char *text = cli_read_file(path, &len);
+    char *text = cli_read_text(cmd, path, "the --kv-auto calibration text (give one with --kv-auto-calib)", &len);
     if (!text)
-        return cli_error(cmd, "%s: cannot read the --kv-auto calibration text (give one with --kv-auto-calib)", path);
+        return 2;
     kvq_status st = kvq_tokenizer_encode_alloc(tok, text, len, 0, &t, &nt);
     free(text);
     if (st != KVQ_OK)
