@@ -17,6 +17,7 @@ int cmd_codebook(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_ppl(int argc, char **argv);
 int cmd_passkey(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
 
 static const struct cli_command commands[] = {
     {"types", "list cache types with their exact storage cost", cmd_types},
@@ -26,6 +27,7 @@ static const struct cli_command commands[] = {
     {"eval", "attention error against compression on real q/k/v dumps, per cache type", cmd_eval},
     {"ppl", "perplexity of a text with the compressed KV cache in the loop", cmd_ppl},
     {"passkey", "passkey-retrieval accuracy per prompt length on the compressed KV cache", cmd_passkey},
+    {"tokenize", "text -> token ids (or --decode ids -> text) with a tokenizer.json, exactly as HF", cmd_tokenize},
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])
 
