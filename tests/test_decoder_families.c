@@ -174,8 +174,9 @@ static void write_ctx_variant(const char *dir, int max_pos)
     }
 }
 
-/* Load + a 64-token sequence + 5 tokens forward: what it keeps resident. */
-static size_t resident_cost(const char *dir, double *load_s)
+/* Load + a sequence of max_ctx tokens (0: the model's) + 5 tokens forward:
+ * what it keeps resident. */
+static size_t resident_cost(const char *dir, size_t max_ctx, double *load_s)
 {
     size_t before = rss_now();
     kvq_model *m = NULL;
@@ -184,7 +185,7 @@ static size_t resident_cost(const char *dir, double *load_s)
     CHECKF(kvq_model_load(dir, NULL, &m, &err) == KVQ_OK, "%s: %s", dir, err.msg);
     struct kvq_seq_config sc;
     kvq_seq_config_default(&sc);
-    sc.max_ctx = 64;
+    sc.max_ctx = max_ctx;
     if (m)
         CHECKF(kvq_seq_create(m, &sc, &s, &err) == KVQ_OK, "%s", err.msg);
     static const int32_t ids[] = {1, 3843, 3783, 333, 3778};
@@ -210,14 +211,20 @@ static void test_rope_memory_1m(void)
     snprintf(d1m, sizeof d1m, "/tmp/kvq_fam_1m_%d", (int)getpid());
     write_ctx_variant(d4, 4096);
     write_ctx_variant(d1m, 1 << 20);
-    double t4, t1m, t4b;
-    size_t r4 = resident_cost(d4, &t4);
-    size_t r1m = resident_cost(d1m, &t1m);
-    size_t r4b = resident_cost(d4, &t4b);
+    double t4, t1m, t4b, t1md;
+    size_t r4 = resident_cost(d4, 64, &t4);
+    size_t r1m = resident_cost(d1m, 64, &t1m);
+    size_t r4b = resident_cost(d4, 64, &t4b);
+    /* a sequence of the model's whole context: per-position buffers (history,
+     * n-gram table, page tables) must not be touched ahead of the tokens */
+    size_t r1md = resident_cost(d1m, 0, &t1md);
     size_t base = r4 < r4b ? r4 : r4b;
-    printf("  resident after load + forward: %.1f MiB (4K config), %.1f MiB (1M config); load %.3f s / %.3f s\n",
-           base / 1048576.0, r1m / 1048576.0, t4, t1m);
+    printf("  resident after load + forward: %.1f MiB (4K config), %.1f MiB (1M config, 64-token sequence), "
+           "%.1f MiB (1M config, 1M-token sequence); load %.3f / %.3f / %.3f s\n",
+           base / 1048576.0, r1m / 1048576.0, r1md / 1048576.0, t4, t1m, t1md);
     CHECKF(r1m <= base + (8u << 20), "1M config keeps %zu more bytes resident than the 4K one", r1m - base);
+    CHECKF(r1md <= base + (8u << 20), "a 1M-token sequence keeps %zu more bytes resident than a 4K model's",
+           r1md - base);
     test_rm_dir(d4);
     test_rm_dir(d1m);
 }

@@ -11,6 +11,7 @@
 #include "kv_store.h"
 #include "kvq_rng.h"
 
+#define NGRAM_MAX_SLOTS ((size_t)1 << 18)
 #define DEFAULT_CHUNK 256
 
 double kvq_now(void)
@@ -233,8 +234,11 @@ kvq_status kvq_seq_create(const kvq_model *m, const struct kvq_seq_config *cfg, 
     s->verify = malloc((KVQ_MAX_DRAFT + 1) * sizeof *s->verify);
     s->tokens = malloc((s->max_ctx + 1) * sizeof *s->tokens);
     s->row_pos = malloc((size_t)s->max_chunk * sizeof *s->row_pos);
+    /* a hash table: past NGRAM_MAX_SLOTS / 2 tokens older n-grams are just
+     * overwritten sooner (fewer drafts), so its size, cleared at every reset,
+     * stays independent of a million-token context */
     s->ngram_mask = 1;
-    while (s->ngram_mask < 2 * s->max_ctx)
+    while (s->ngram_mask < 2 * s->max_ctx && s->ngram_mask < NGRAM_MAX_SLOTS)
         s->ngram_mask <<= 1;
     s->ngram_pos = malloc((size_t)s->cfg.ngram * s->ngram_mask * sizeof *s->ngram_pos);
     s->ngram_mask--;
