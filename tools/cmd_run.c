@@ -18,6 +18,7 @@
 #include "kvq_model.h"
 #include "kvq_qkv_dump.h"
 #include "kvq_tokenizer.h"
+#include "kvq_chat.h"
 
 #define CMD "run"
 #define DUMP_Q_LAST 256 /* queries kept by --dump-qkv, as in the reference dumps */
@@ -34,6 +35,9 @@ static void usage(FILE *f)
             "  --prompt TEXT        prompt text (BOS is prepended)\n"
             "  --prompt-file F      prompt from a file, '-' for stdin (one trailing newline is dropped)\n"
             "  --prompt-ids IDS     prompt as token ids, e.g. 1,450,3791 (no BOS added)\n"
+            "  --chat MSG|FILE      prompt = the model's chat template (tokenizer_config.json) over a\n"
+            "                       messages JSON file ([{\"role\":..., \"content\":...}, ...]) or one\n"
+            "                       user message; ends with the assistant header\n"
             "  --max-tokens N       tokens to generate (default 64; 0 = prefill only; at most %d)\n"
             "  --ctx N              context size in tokens, prompt included (default: the model's)\n"
             "  --temp X             temperature (default 0 = greedy)\n"
@@ -56,7 +60,7 @@ static void usage(FILE *f)
 }
 
 struct opts {
-    const char *model, *prompt, *prompt_file, *prompt_ids, *dump;
+    const char *model, *prompt, *prompt_file, *prompt_ids, *dump, *chat;
     long max_tokens, top_k, speculative, ctx;
     double temp, top_p;
     int json, no_eos, plan;
@@ -105,6 +109,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
             o->prompt_file = v;
         else if (strcmp(a, "--prompt-ids") == 0)
             o->prompt_ids = v;
+        else if (strcmp(a, "--chat") == 0)
+            o->chat = v;
         else if (strcmp(a, "--dump-qkv") == 0)
             o->dump = v;
         else if (strcmp(a, "--max-tokens") == 0)
@@ -131,8 +137,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
     }
     if (!o->model)
         return cli_error(CMD, "--model DIR is required");
-    if (!o->plan && !!o->prompt + !!o->prompt_file + !!o->prompt_ids != 1)
-        return cli_error(CMD, "give exactly one of --prompt, --prompt-file, --prompt-ids");
+    if (!o->plan && !!o->prompt + !!o->prompt_file + !!o->prompt_ids + !!o->chat != 1)
+        return cli_error(CMD, "give exactly one of --prompt, --prompt-file, --prompt-ids, --chat");
     return 0;
 }
 
@@ -290,6 +296,37 @@ static int print_json(const struct opts *o, const kvq_model *m, const kvq_seq *s
     return kv_print_json(CMD, root);
 }
 
+/* --chat: a messages JSON file, or one user message, through the model's
+ * chat template. @return 0 with *text (free() it), or the exit code. */
+static int chat_prompt(const struct opts *o, char **text, size_t *len)
+{
+    kvq_chat_template *t = NULL;
+    kvq_error err = {0};
+    if (kvq_chat_template_load(o->model, &t, &err) != KVQ_OK)
+        return cli_error(CMD, "--chat: %s", err.msg);
+    kvq_chat_options opt = kvq_chat_options_default();
+    kvq_status st;
+    FILE *f = fopen(o->chat, "rb");
+    if (f) {
+        fclose(f);
+        size_t n;
+        char *js = cli_read_text(CMD, o->chat, "the messages", &n);
+        if (!js) {
+            kvq_chat_template_free(t);
+            return 2;
+        }
+        st = kvq_chat_render_json(t, js, &opt, text, len, &err);
+        free(js);
+    } else {
+        kvq_chat_message m = {"user", o->chat};
+        st = kvq_chat_render(t, &m, 1, &opt, text, len, &err);
+    }
+    kvq_chat_template_free(t);
+    if (st)
+        return cli_error(CMD, "--chat: %s", err.msg);
+    return 0;
+}
+
 /* Prompt ids from whichever option was given. @return 0 or the exit code. */
 static int get_prompt(const struct opts *o, const kvq_tokenizer *tok, int32_t **ids, size_t *n)
 {
@@ -302,6 +339,15 @@ static int get_prompt(const struct opts *o, const kvq_tokenizer *tok, int32_t **
     }
     size_t len;
     char *text = NULL;
+    if (o->chat) {
+        int rc = chat_prompt(o, &text, &len);
+        if (rc)
+            return rc;
+        /* The template spells BOS itself (HF encodes it with add_special_tokens=False). */
+        kvq_status st = kvq_tokenizer_encode_alloc(tok, text, len, 0, ids, n);
+        free(text);
+        return st ? cli_status_error(CMD, st, "encoding the chat prompt") : 0;
+    }
     if (o->prompt_file) {
         text = cli_read_text(CMD, o->prompt_file, "the prompt", &len);
         if (!text)
