@@ -142,6 +142,28 @@ static void matvec_par(const float *x, const struct kvq_wblock *b, int K, float 
     kvq_par_for((b->rows + per - 1) / per, threads, mv_task, &j);
 }
 
+/* Rows [r0, r0 + n) of w widened into dst, in row ranges over the pool. */
+struct widen_job {
+    const struct kvq_wmat *w;
+    int r0, n, per;
+    float *dst;
+};
+
+static void widen_task(void *p, int i, int w)
+{
+    (void)w;
+    const struct widen_job *j = p;
+    const int a = i * j->per, n = j->n - a < j->per ? j->n - a : j->per;
+    kvq_wmat_rows_f32(j->w, j->r0 + a, n, j->dst + (size_t)a * (size_t)j->w->cols);
+}
+
+static void widen_par(const struct kvq_wmat *w, int r0, int n, float *dst)
+{
+    const int threads = kvq_par_threads(), per = (n + threads - 1) / threads;
+    struct widen_job j = {w, r0, n, per, dst};
+    kvq_par_for((n + per - 1) / per, threads, widen_task, &j);
+}
+
 /* y[T][ldy] (+)= x[T][cols] . w[rows][cols]^T, block by block. Few rows: the
  * batch-invariant kernel widens the weights as it loads them. More: sgemm,
  * straight over an aligned f32 block, else over tiles of WTILE_ROWS rows
@@ -162,7 +184,7 @@ static void matmul(struct cpu_backend *cb, const struct kvq_wmat *w, const float
         } else {
             for (int t0 = 0; t0 < b->rows; t0 += WTILE_ROWS) {
                 int n = b->rows - t0 < WTILE_ROWS ? b->rows - t0 : WTILE_ROWS;
-                kvq_wmat_rows_f32(w, r0 + t0, n, cb->wtile);
+                widen_par(w, r0 + t0, n, cb->wtile);
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, n, K, 1.0f, x, K, cb->wtile, K, beta,
                             y + r0 + t0, ldy);
             }
