@@ -18,7 +18,16 @@ CC      ?= cc
 FUZZ_CC ?= clang
 FUZZ_SECONDS ?= 30
 VERSION := 0.1.0
+SOVERSION := 0
 NVCC    ?= $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
+# CUDA=auto (default): the CUDA parts are built where nvcc >= 12 (the first
+# that targets sm_90a) and its static runtime exist; CUDA=0 never (same as
+# NVCC=); CUDA=1 requires them. One line says which.
+CUDA    ?= auto
+KVQ_NVCC_ORIGIN := $(origin NVCC)
+ifeq ($(CUDA),0)
+override NVCC :=
+endif
 
 ifeq ($(CI),true)
 WERROR ?= 1
@@ -65,11 +74,18 @@ TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 FUZZ_BIN  := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/fuzz/%)
 
-# CUDA objects join the library whenever nvcc and its static runtime exist;
-# the code checks for a device at run time, so the same build works (and
+# CUDA objects join the library whenever nvcc (12 or later) and its static
+# runtime exist (see CUDA above); the code checks for a device at run time, so the same build works (and
 # skips) without a GPU. nvcc is often a symlink (/usr/local/bin/nvcc), so the
 # toolkit root comes from the resolved path, and a toolkit without
 # libcudart_static.a builds the CPU-only library rather than failing to link.
+ifneq ($(strip $(NVCC)),)
+NVCC_MAJOR := $(shell $(NVCC) --version 2>/dev/null | sed -n 's/.*release \([0-9]*\)\..*/\1/p')
+ifeq ($(shell test "0$(NVCC_MAJOR)" -ge 12 && echo ok),)
+KVQ_CUDA_WHY := $(NVCC) is $(if $(NVCC_MAJOR),release $(NVCC_MAJOR),not runnable), sm_90a needs nvcc 12 or later
+override NVCC :=
+endif
+endif
 ifneq ($(strip $(NVCC)),)
 ifneq ($(strip $(CUDA_SRC)),)
 override NVCC := $(or $(realpath $(NVCC)),$(NVCC))
@@ -95,14 +111,25 @@ LIB_OBJ    += $(DEC_CUDA_SRC:%.cu=$(BUILD)/obj/%.o)
 ALL_CFLAGS += -DKVQ_HAVE_CUBLAS=1
 LDLIBS     += -L$(CUBLAS_DIR) -Wl,-rpath,$(CUBLAS_DIR) -lcublas
 endif
+KVQ_CUDA_ON := 1
 else
-$(info kvq: $(NVCC) found but no libcudart_static.a under $(CUDA_HOME); building without CUDA)
+KVQ_CUDA_WHY := $(NVCC) found but no libcudart_static.a under $(CUDA_HOME)
 endif
 endif
 endif
+ifeq ($(KVQ_CUDA_ON),1)
+KVQ_CUDA_LINE := kvq: CUDA on: nvcc $(NVCC_MAJOR).x at $(NVCC), sm_90a$(if $(CUBLAS_DIR),, (no cuBLAS: the decoder runs on the CPU only)) (CUDA=0 builds without)
+else ifeq ($(CUDA),1)
+$(error kvq: CUDA=1 but $(or $(KVQ_CUDA_WHY),no nvcc found))
+else
+KVQ_CUDA_LINE := kvq: CUDA off: $(or $(KVQ_CUDA_WHY),$(if $(filter 0,$(CUDA)),CUDA=0,$(if $(filter command line,$(KVQ_NVCC_ORIGIN)),NVCC= given,no nvcc found))); CPU-only build
+endif
+$(info $(KVQ_CUDA_LINE))
 
 LIB_A  := $(BUILD)/lib/libkvq.a
 LIB_SO := $(BUILD)/lib/libkvq.so
+# libkvq.so -> libkvq.so.0 (the SONAME programs record) -> libkvq.so.0.1.0
+LIB_SO_REAL := $(LIB_SO).$(VERSION)
 KVQ    := $(BUILD)/bin/kvq
 PC     := $(BUILD)/lib/pkgconfig/kvq.pc
 DEPS_OK := $(BUILD)/.deps-ok
@@ -134,9 +161,11 @@ $(LIB_A): $(LIB_OBJ)
 	@mkdir -p $(@D)
 	rm -f $@ && ar rcs $@ $^
 
-$(LIB_SO): $(LIB_OBJ)
+$(LIB_SO_REAL): $(LIB_OBJ)
 	@mkdir -p $(@D)
-	$(CC) -shared -Wl,--exclude-libs,ALL -o $@ $^ $(LDFLAGS) $(LDLIBS)
+	$(CC) -shared -Wl,-soname,libkvq.so.$(SOVERSION) -Wl,--exclude-libs,ALL -o $@ $^ $(LDFLAGS) $(LDLIBS)
+$(LIB_SO): $(LIB_SO_REAL)
+	ln -sf libkvq.so.$(VERSION) $(@D)/libkvq.so.$(SOVERSION) && ln -sf libkvq.so.$(SOVERSION) $@
 
 $(PC): mk/kvq.pc.in Makefile
 	@mkdir -p $(@D)
@@ -188,7 +217,9 @@ install: all
 	install -d $(DESTDIR)$(PREFIX)/include/kvq $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin
 	install -m 644 $(wildcard include/kvq/*.h include/kvq/*.cuh) $(DESTDIR)$(PREFIX)/include/kvq/
 	install -m 644 $(LIB_A) $(DESTDIR)$(PREFIX)/lib/
-	install -m 755 $(LIB_SO) $(DESTDIR)$(PREFIX)/lib/
+	install -m 755 $(LIB_SO_REAL) $(DESTDIR)$(PREFIX)/lib/
+	ln -sf libkvq.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/libkvq.so.$(SOVERSION)
+	ln -sf libkvq.so.$(SOVERSION) $(DESTDIR)$(PREFIX)/lib/libkvq.so
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' -e 's|@LIBS@|$(LDLIBS)|' mk/kvq.pc.in \
 	    > $(DESTDIR)$(PREFIX)/lib/pkgconfig/kvq.pc
 	install -m 755 $(KVQ) $(DESTDIR)$(PREFIX)/bin/
