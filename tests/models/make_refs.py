@@ -75,9 +75,23 @@ FAMILIES = {
                          "short_factor": [1.0 + 0.1 * i for i in range(8)],
                          "long_factor": [1.5 + 0.4 * i for i in range(8)]}),
         48, "Phi-3: fused qkv_proj and gate_up_proj, partial rotary (0.5), longrope past the original context"),
+    "qwen2_kbias": ("Qwen2Config", "Qwen2ForCausalLM", base(num_hidden_layers=4), 40,
+                    "Qwen2 whose first and last layers' k_proj bias has 30x the median norm (the Qwen2/2.5 case "
+                    "that breaks 3-bit keys elsewhere: llama.cpp issue 21385)"),
 }
 
 LEN_DEPENDENT = {"llama_dynamic", "phi3_longrope"}
+KBIAS_RATIO = 30.0
+
+
+def large_k_bias(model, gen):
+    """First and last layers: k_proj bias with KBIAS_RATIO x the median norm of all layers'."""
+    layers = model.model.layers
+    with torch.no_grad():
+        med = torch.stack([l.self_attn.k_proj.bias.norm() for l in layers]).median()
+        for l in (layers[0], layers[-1]):
+            b = torch.randn(l.self_attn.k_proj.bias.shape, generator=gen)
+            l.self_attn.k_proj.bias.copy_(b / b.norm() * med * KBIAS_RATIO)
 
 
 def perturb(model, gen):
@@ -118,6 +132,8 @@ def build(name, out_dir, seed):
     gen = torch.Generator().manual_seed(seed)
     model = getattr(transformers, model_cls)(cfg).eval()
     perturb(model, gen)
+    if name == "qwen2_kbias":
+        large_k_bias(model, gen)
     d = os.path.join(out_dir, name)
     if os.path.isdir(d):
         shutil.rmtree(d)
