@@ -56,6 +56,11 @@ int main(void)
     const char *dir = getenv("KVQ_TOKENIZER_DATA");
     if (!dir || !*dir)
         dir = "build/tokenizer-data";
+    /* The tokenizers and the node reference (cached; one line and a skip when offline). */
+    char fetch[600];
+    snprintf(fetch, sizeof fetch, "sh tests/tokenizer/fetch.sh '%s' --node", dir);
+    if (system(fetch) != 0)
+        printf("bench_tokenize: tests/tokenizer/fetch.sh failed\n");
     size_t len;
     char *all = read_file(TEXT_PATH, &len);
     if (!all) {
