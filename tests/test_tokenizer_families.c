@@ -169,6 +169,135 @@ static void family(const char *fam)
     kvq_tokenizer_free(tok);
 }
 
+/* A family's tokenizer.json with extra added tokens (variants.json). */
+static kvq_tokenizer *load_variant(const cJSON *v, const char *extra_json_tokens)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s/tokenizer.json", data_dir(),
+             cJSON_GetObjectItem(v, "base")->valuestring);
+    cJSON *base = load_json(path);
+    if (!base)
+        return NULL;
+    cJSON *added = cJSON_GetObjectItem(base, "added_tokens");
+    const cJSON *more = cJSON_GetObjectItem(v, "added_tokens");
+    for (const cJSON *e = more ? more->child : NULL; e; e = e->next)
+        cJSON_AddItemToArray(added, cJSON_Duplicate(e, 1));
+    if (extra_json_tokens) {
+        cJSON *x = cJSON_Parse(extra_json_tokens);
+        for (cJSON *e = x ? x->child : NULL; e; e = e->next)
+            cJSON_AddItemToArray(added, cJSON_Duplicate(e, 1));
+        cJSON_Delete(x);
+    }
+    char *js = cJSON_PrintUnformatted(base);
+    cJSON_Delete(base);
+    kvq_tokenizer *t = NULL;
+    kvq_error err = {KVQ_OK, ""};
+    if (!js || kvq_tokenizer_create_from_memory(js, strlen(js), &t, &err) != KVQ_OK)
+        printf("  variant: %s\n", err.msg);
+    free(js);
+    return t;
+}
+
+static int same_ids(const kvq_tokenizer *t, const char *text, const cJSON *want)
+{
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (kvq_tokenizer_encode_alloc(t, text, strlen(text), 0, &ids, &n) != KVQ_OK)
+        return 0;
+    int ok = n == (size_t)cJSON_GetArraySize(want);
+    size_t i = 0;
+    for (const cJSON *w = want->child; ok && w; w = w->next, i++)
+        ok = ids[i] == (int32_t)w->valuedouble;
+    free(ids);
+    return ok;
+}
+
+/* Added tokens with lstrip / rstrip / normalized against HF's output. */
+static void test_added_token_variants(void)
+{
+    cJSON *vs = load_json("tests/tokenizer/variants.json");
+    CHECK(vs != NULL);
+    if (!vs)
+        return;
+    int ran = 0;
+    for (const cJSON *v = cJSON_GetObjectItem(vs, "variants")->child; v; v = v->next) {
+        const char *name = cJSON_GetObjectItem(v, "name")->valuestring;
+        char path[512];
+        snprintf(path, sizeof path, "%s/%s/tokenizer.json", data_dir(), cJSON_GetObjectItem(v, "base")->valuestring);
+        FILE *f = fopen(path, "rb");
+        if (!f)
+            continue;
+        fclose(f);
+        ran++;
+        kvq_tokenizer *t = load_variant(v, NULL);
+        CHECKF(t != NULL, "variant %s does not load", name);
+        snprintf(path, sizeof path, "tests/tokenizer/expected/variant_%s.json", name);
+        cJSON *ref = load_json(path);
+        CHECK(ref != NULL);
+        const cJSON *x = ref ? cJSON_GetObjectItem(ref, "cases")->child : NULL;
+        int k = 0;
+        for (const cJSON *tx = cJSON_GetObjectItem(v, "texts")->child; t && tx && x; tx = tx->next, x = x->next, k++)
+            CHECKF(same_ids(t, tx->valuestring, cJSON_GetObjectItem(x, "ids")), "variant %s text %d '%s'", name, k,
+                   tx->valuestring);
+        printf("  %s: %d texts checked\n", name, k);
+        cJSON_Delete(ref);
+        kvq_tokenizer_free(t);
+    }
+    cJSON_Delete(vs);
+    if (!ran)
+        SKIP("no base tokenizer fetched");
+}
+
+/* single_word (no reference implements it but Rust's): a match counts only
+ * when no word character touches it, so "word" inside "swords" is plain text
+ * and the text around a real match encodes as it would alone. */
+static void test_single_word(void)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/llama3/tokenizer.json", data_dir());
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        SKIP("%s not fetched", path);
+    fclose(f);
+    cJSON *v = cJSON_Parse("{\"base\": \"llama3\"}");
+    kvq_tokenizer *base = load_variant(v, NULL);
+    kvq_tokenizer *t = load_variant(v, "[{\"id\": 128256, \"content\": \"word\", \"single_word\": true, "
+                                       "\"lstrip\": false, \"rstrip\": false, \"normalized\": false, "
+                                       "\"special\": false}]");
+    cJSON_Delete(v);
+    CHECK(base && t);
+    if (!base || !t) {
+        kvq_tokenizer_free(base);
+        kvq_tokenizer_free(t);
+        return;
+    }
+    /* No match: the same ids as without the token. */
+    const char *plain[] = {"swords", "wordy", "sword", "a_word", "word2", "\xc3\xa9word"};
+    for (size_t i = 0; i < sizeof plain / sizeof plain[0]; i++) {
+        int32_t *a = NULL, *b = NULL;
+        size_t na = 0, nb = 0;
+        CHECK_OK(kvq_tokenizer_encode_alloc(base, plain[i], strlen(plain[i]), 0, &a, &na));
+        CHECK_OK(kvq_tokenizer_encode_alloc(t, plain[i], strlen(plain[i]), 0, &b, &nb));
+        CHECKF(na == nb && memcmp(a, b, na * sizeof *a) == 0, "'%s' matched 'word' inside a word", plain[i]);
+        free(a);
+        free(b);
+    }
+    /* A match: token id, then the rest as encoded alone. */
+    const char *hits[][2] = {{"word is", " is"}, {"word.", "."}, {"word (x)", " (x)"}, {"word", ""}};
+    for (size_t i = 0; i < sizeof hits / sizeof hits[0]; i++) {
+        int32_t *a = NULL, *b = NULL;
+        size_t na = 0, nb = 0;
+        CHECK_OK(kvq_tokenizer_encode_alloc(t, hits[i][0], strlen(hits[i][0]), 0, &a, &na));
+        CHECK_OK(kvq_tokenizer_encode_alloc(base, hits[i][1], strlen(hits[i][1]), 0, &b, &nb));
+        CHECKF(na == nb + 1 && a[0] == 128256 && (nb == 0 || memcmp(a + 1, b, nb * sizeof *a) == 0),
+               "'%s' is not [word] + encode('%s')", hits[i][0], hits[i][1]);
+        free(a);
+        free(b);
+    }
+    kvq_tokenizer_free(base);
+    kvq_tokenizer_free(t);
+}
+
 static void test_llama2(void) { family("llama2"); }
 static void test_llama3(void) { family("llama3"); }
 static void test_qwen3(void) { family("qwen3"); }
@@ -182,5 +311,7 @@ int main(void)
     RUN(test_qwen3);
     RUN(test_gemma3);
     RUN(test_deepseek_v3);
+    RUN(test_added_token_variants);
+    RUN(test_single_word);
     return TEST_END("test_tokenizer_families");
 }

@@ -3,7 +3,10 @@
  * The first input byte picks what the rest is:
  *   0  a tokenizer.json document (the parser and validator of untrusted files);
  *   1  text to encode with the fixture tokenizer (or a built-in one);
- *   2  token ids (16-bit little-endian, some out of range) to decode.
+ *   2  token ids (16-bit little-endian, some out of range) to decode;
+ *   3  text to encode with a built-in GPT-2-style tokenizer: NFC, a Split
+ *      regex (PCRE2), ByteLevel, added tokens with lstrip/rstrip/single_word/
+ *      normalized, a TemplateProcessing post-processor, the ByteLevel decoder.
  * Besides "no crash, no sanitizer report", it aborts when the stream and the
  * whole-sequence decoder disagree or a streamed chunk is not complete UTF-8.
  */
@@ -49,8 +52,59 @@ static char *builtin_json(void)
     return s;
 }
 
+static kvq_tokenizer *g_bl;
+
+/* A small byte-level tokenizer exercising the regex / Unicode half of the pipeline. */
+static char *bytelevel_json(void)
+{
+    size_t cap = 64 * 1024, n = 0;
+    char *s = malloc(cap);
+    if (!s)
+        return NULL;
+    n += (size_t)snprintf(s + n, cap - n,
+                          "{\"added_tokens\":["
+                          "{\"id\":300,\"content\":\"<|bos|>\",\"special\":true,\"normalized\":false},"
+                          "{\"id\":301,\"content\":\"<mask>\",\"special\":true,\"lstrip\":true,\"rstrip\":true},"
+                          "{\"id\":302,\"content\":\"word\",\"special\":false,\"single_word\":true,"
+                          "\"normalized\":true}],"
+                          "\"normalizer\":{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"NFC\"},"
+                          "{\"type\":\"Replace\",\"pattern\":{\"Regex\":\"\\\\s{3,}\"},\"content\":\"  \"}]},"
+                          "\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":["
+                          "{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(?i:'s|'t)|[^\\\\r\\\\n\\\\p{L}\\\\p{N}]?\\\\p{L}+|"
+                          "\\\\p{N}{1,3}| ?[^\\\\s\\\\p{L}\\\\p{N}]+[\\\\r\\\\n]*|\\\\s+(?!\\\\S)|\\\\s+\"},"
+                          "\"behavior\":\"Isolated\",\"invert\":false},"
+                          "{\"type\":\"Punctuation\",\"behavior\":\"Contiguous\"},"
+                          "{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":false}]},"
+                          "\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":["
+                          "{\"SpecialToken\":{\"id\":\"<|bos|>\",\"type_id\":0}},{\"Sequence\":{\"id\":\"A\",\"type_id\":0}}],"
+                          "\"special_tokens\":{\"<|bos|>\":{\"id\":\"<|bos|>\",\"ids\":[300],\"tokens\":[\"<|bos|>\"]}}},"
+                          "\"decoder\":{\"type\":\"ByteLevel\"},"
+                          "\"model\":{\"type\":\"BPE\",\"ignore_merges\":true,\"vocab\":{");
+    /* The 256 byte characters of GPT-2's table, then a few merges. */
+    for (int b = 0; b < 256; b++) {
+        int printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+        int k = 0;
+        for (int x = 0; x < b; x++)
+            k += !((x >= 0x21 && x <= 0x7E) || (x >= 0xA1 && x <= 0xAC) || (x >= 0xAE));
+        unsigned cp = printable ? (unsigned)b : 256u + (unsigned)k;
+        if (cp == '"' || cp == '\\')
+            n += (size_t)snprintf(s + n, cap - n, "%s\"\\%c\":%d", b ? "," : "", (char)cp, b);
+        else
+            n += (size_t)snprintf(s + n, cap - n, "%s\"\\u%04x\":%d", b ? "," : "", cp, b);
+    }
+    snprintf(s + n, cap - n, ",\"\\u0120t\":256,\"he\":257,\"\\u0120the\":258},"
+                             "\"merges\":[\"\\u0120 t\",\"h e\",\"\\u0120t he\"]}}");
+    return s;
+}
+
 static void init(void)
 {
+    if (!g_bl) {
+        char *j = bytelevel_json();
+        if (!j || kvq_tokenizer_create_from_memory(j, strlen(j), &g_bl, NULL) != KVQ_OK)
+            abort(); /* the built-in byte-level tokenizer must load */
+        free(j);
+    }
     if (g_tok)
         return;
     if (kvq_tokenizer_create("models/kvq-tiny-llama/tokenizer.json", &g_tok, NULL) == KVQ_OK)
@@ -128,7 +182,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     init();
     const char *rest = (const char *)data + 1;
     size_t n = size - 1;
-    switch (data[0] % 3) {
+    switch (data[0] % 4) {
+    case 3: {
+        int32_t *ids = NULL;
+        size_t k = 0;
+        kvq_status st = kvq_tokenizer_encode_alloc(g_bl, rest, n, data[0] & 4, &ids, &k);
+        if (st == KVQ_OK) {
+            check_decode(g_bl, ids, k, 0);
+            check_decode(g_bl, ids, k, KVQ_DETOK_SKIP_SPECIAL);
+        } else if (st != KVQ_ERR_INVALID_ARG && st != KVQ_ERR_NOMEM) {
+            abort(); /* invalid UTF-8, or a regex running out of its stack */
+        }
+        free(ids);
+        break;
+    }
     case 0: {
         kvq_tokenizer *t = NULL;
         kvq_error err = {KVQ_OK, ""};
@@ -167,7 +234,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         free(ids);
         break;
     }
-    default: {
+    case 2: {
         size_t k = n / 2;
         int32_t *ids = malloc((k + 1) * sizeof *ids);
         if (!ids)

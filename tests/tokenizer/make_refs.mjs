@@ -37,3 +37,18 @@ for (const fam of families) {
     cases: out }) + "\n");
   console.log(fam, out.length, "cases ->", file);
 }
+
+// Variants: a family's tokenizer.json plus added tokens with lstrip / rstrip /
+// single_word / normalized (tests/tokenizer/variants.json), which no shipped
+// family uses.
+const variants = JSON.parse(fs.readFileSync(path.join(here, "variants.json"), "utf8")).variants;
+for (const v of variants) {
+  const tj = JSON.parse(fs.readFileSync(path.join(dataDir, v.base, "tokenizer.json"), "utf8"));
+  const tc = JSON.parse(fs.readFileSync(path.join(dataDir, v.base, "tokenizer_config.json"), "utf8"));
+  tj.added_tokens.push(...v.added_tokens);
+  const tok = new Tokenizer(tj, tc);
+  const out = v.texts.map((text) => ({ ids: tok.encode(text, { add_special_tokens: false }).ids }));
+  fs.writeFileSync(path.join(here, "expected", `variant_${v.name}.json`), JSON.stringify({
+    generator: "@huggingface/tokenizers 0.2.0 via tests/tokenizer/make_refs.mjs", cases: out }) + "\n");
+  console.log(v.name, out.length, "cases");
+}
