@@ -36,6 +36,12 @@ struct kvq_kv_store_ops {
      * held before for every sequence. */
     kvq_status (*append_attend)(kvq_kv_store *s, int layer, int n_seqs, const int *seqs, size_t T,
                                 const float *k, float *v, const float *q, float *out);
+    /* Appends the T new tokens of each of seqs[0..n_seqs) to layer's rows
+     * without attending (k, v shaped as above): a context that comes from
+     * elsewhere, e.g. a benchmark's synthetic one. All or nothing per
+     * sequence. */
+    kvq_status (*append)(kvq_kv_store *s, int layer, int n_seqs, const int *seqs, size_t T, const float *k,
+                         const float *v);
     /* Makes room for n more tokens of seq in every layer, so that appends of
      * up to n tokens cannot fail for want of memory. */
     kvq_status (*reserve)(kvq_kv_store *s, int seq, size_t n);
@@ -67,15 +73,25 @@ struct kvq_kv_store_config {
     int n_heads;        /* query heads (GQA groups of n_heads / n_kv_heads) */
     size_t max_rows;    /* most tokens of one call over all its sequences */
     int v_norm_correct; /* kvq_seq_config.v_norm_correct */
+    const int *windows; /* [n_layers] sliding window of each layer in tokens (a query at p
+                         * sees (p - W, p]), 0 = all; NULL = no window anywhere */
 };
 
 /** A store of kvq_cache pages in host memory, attended by kvq_attn_* (the
  *  fused CPU kernels). With recent_f16 a chunk is appended and attended one
  *  position at a time, so a prefill sees exactly what token-by-token
- *  generation sees. @return KVQ_OK and *out; a kvq_cache_create error (err
+ *  generation sees. A windowed layer keeps a ring of three caches of
+ *  segments of KVQ_WINDOW_SEGMENT(W) tokens (the oldest reset when a new
+ *  segment starts: memory bounded at any length) and attends its window
+ *  from their decoded rows; the cache op returns its current segment. @return KVQ_OK and *out; a kvq_cache_create error (err
  *  says which layer); KVQ_ERR_NOMEM. */
 kvq_status kvq_kv_store_cpu_create(const struct kvq_kv_store_config *cfg, kvq_kv_store **out,
                                    kvq_error *err);
+
+/* Tokens per ring segment of a layer with window w: at least the window
+ * plus a speculative rollback, and a whole chunk, so a chunk's appends never
+ * reset a segment its first queries still read. */
+#define KVQ_WINDOW_SEGMENT(w) ((size_t)(w) + 256 + 16)
 
 /** A store of kvq_cuda_cache pages on the current GPU, one device cache per
  *  layer holding all max_seqs sequences (kv_store_cuda.c); k, v, q and out

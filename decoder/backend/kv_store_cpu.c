@@ -20,7 +20,12 @@
 
 struct cpu_store {
     struct kvq_kv_store base;
-    kvq_cache **caches; /* [n_layers][max_seqs] */
+    kvq_cache **caches; /* [n_layers][max_seqs][RING]: a windowed layer's ring, else slot 0 only */
+    int *window;        /* [n_layers] sliding window in tokens, 0 = none */
+    size_t *seg;        /* [n_layers] tokens per ring segment (KVQ_WINDOW_SEGMENT) */
+    size_t *wlen;       /* [n_layers][max_seqs] tokens a windowed layer has seen */
+    float **wk, **wv;   /* [n_work][max window][head_dim] a window's decoded rows */
+    double **wsc;       /* [n_work][max window] its scores */
     int n_kv, n_heads, head_dim;
     int recent_f16;
     /* per pool thread (parallel.h), so KV heads are attended in parallel */
@@ -31,9 +36,31 @@ struct cpu_store {
     float *vnc_dec;       /* v_norm_correct: [max_rows][kv_dim] decoded V rows */
 };
 
+#define RING 3
+
+static size_t idx_of(const struct cpu_store *s, int layer, int seq)
+{
+    return (size_t)layer * (size_t)s->base.max_seqs + (size_t)seq;
+}
+
+static kvq_cache *ring_of(const struct cpu_store *s, int layer, int seq, size_t segment)
+{
+    return s->caches[idx_of(s, layer, seq) * RING + segment % RING];
+}
+
+/* The layer's cache: for a windowed layer the segment holding its newest token. */
 static kvq_cache *cache_of(const struct cpu_store *s, int layer, int seq)
 {
-    return s->caches[(size_t)layer * (size_t)s->base.max_seqs + (size_t)seq];
+    if (!s->window[layer])
+        return s->caches[idx_of(s, layer, seq) * RING];
+    size_t L = s->wlen[idx_of(s, layer, seq)];
+    return ring_of(s, layer, seq, L ? (L - 1) / s->seg[layer] : 0);
+}
+
+/* Tokens of (layer, seq). */
+static size_t len_of(const struct cpu_store *s, int layer, int seq)
+{
+    return s->window[layer] ? s->wlen[idx_of(s, layer, seq)] : kvq_cache_len(cache_of(s, layer, seq));
 }
 
 /* Value norm correction (kvq_seq_config.v_norm_correct). A tq value row
@@ -139,6 +166,115 @@ static kvq_status append_attend_each(struct cpu_store *s, kvq_cache *cache, size
     return KVQ_OK;
 }
 
+/* ---- sliding window: a ring of RING segment caches ------------------------
+ * Token p lives in segment p / S (S = seg[layer]) of ring slot (p / S) % RING;
+ * starting a segment resets the slot, which held tokens older than p - 2S:
+ * never inside a window (W < S), nor inside one after a rollback of up to
+ * 2S - W tokens. The window (p - W, p] spans at most two segments; its rows
+ * are decoded (kvq_cache_read: what the fused kernels read) and attended in
+ * double precision. */
+
+struct window_job {
+    struct cpu_store *s;
+    int layer, seq;
+    size_t p;
+    const float *q;
+    float *out;
+    kvq_status st[KVQ_ATTN_MAX_WORKERS];
+};
+
+static void window_head(void *ctx, int g, int w)
+{
+    struct window_job *j = ctx;
+    struct cpu_store *s = j->s;
+    const int d = s->head_dim, G = s->n_heads / s->n_kv;
+    const size_t S = s->seg[j->layer], W = (size_t)s->window[j->layer];
+    const size_t a = j->p + 1 > W ? j->p + 1 - W : 0, n = j->p + 1 - a;
+    float *K = s->wk[w], *V = s->wv[w];
+    for (size_t pos = a; pos <= j->p;) {
+        size_t sg = pos / S, here = (sg + 1) * S < j->p + 1 ? (sg + 1) * S - pos : j->p + 1 - pos;
+        kvq_status st = kvq_cache_read(ring_of(s, j->layer, j->seq, sg), g, pos - sg * S, here,
+                                       K + (pos - a) * (size_t)d, V + (pos - a) * (size_t)d);
+        if (st != KVQ_OK) {
+            j->st[w] = st;
+            return;
+        }
+        pos += here;
+    }
+    const double scale = 1.0 / sqrt((double)d);
+    double *sc = s->wsc[w];
+    for (int h = 0; h < G; h++) {
+        const float *qh = j->q + ((size_t)g * G + h) * (size_t)d;
+        double mx = -INFINITY, sum = 0;
+        for (size_t t = 0; t < n; t++) {
+            double dot = 0;
+            for (int i = 0; i < d; i++)
+                dot += (double)qh[i] * K[t * (size_t)d + i];
+            sc[t] = dot * scale;
+            mx = sc[t] > mx ? sc[t] : mx;
+        }
+        for (size_t t = 0; t < n; t++)
+            sum += sc[t] = exp(sc[t] - mx);
+        float *o = j->out + ((size_t)g * G + h) * (size_t)d;
+        for (int i = 0; i < d; i++) {
+            double acc = 0;
+            for (size_t t = 0; t < n; t++)
+                acc += sc[t] * V[t * (size_t)d + i];
+            o[i] = (float)(acc / sum);
+        }
+    }
+}
+
+/* Drops tokens [n, wlen) of a windowed layer. */
+static void window_truncate(struct cpu_store *s, int layer, int seq, size_t n)
+{
+    size_t *L = &s->wlen[idx_of(s, layer, seq)];
+    const size_t S = s->seg[layer];
+    if (n >= *L)
+        return;
+    for (size_t sg = (*L - 1) / S + 1; sg-- > n / S;) {
+        if (sg == n / S)
+            kvq_cache_truncate(ring_of(s, layer, seq, sg), n - sg * S);
+        else
+            kvq_cache_reset(ring_of(s, layer, seq, sg));
+    }
+    *L = n;
+}
+
+/* Appends token by token, each then attending its window (the order of
+ * generation, so a prefill sees what decoding sees). */
+static kvq_status window_append_attend(struct cpu_store *s, int layer, int seq, size_t T, const float *k,
+                                       const float *v, const float *q, float *out)
+{
+    const size_t kvd = (size_t)s->n_kv * s->head_dim, qd = (size_t)s->n_heads * s->head_dim, S = s->seg[layer];
+    size_t *L = &s->wlen[idx_of(s, layer, seq)];
+    for (size_t t = 0; t < T; t++) {
+        const size_t p = *L;
+        kvq_cache *c = ring_of(s, layer, seq, p / S);
+        if (p % S == 0)
+            kvq_cache_reset(c);
+        kvq_status st = kvq_cache_append(c, 1, k + t * kvd, v + t * kvd);
+        if (st != KVQ_OK)
+            return st;
+        (*L)++;
+        struct window_job j = {s, layer, seq, p, q + t * qd, out + t * qd, {KVQ_OK}};
+        kvq_par_for(s->n_kv, (size_t)s->window[layer] >= 256 ? s->n_work : 1, window_head, &j);
+        for (int w = 0; w < s->n_work; w++)
+            if (j.st[w] != KVQ_OK)
+                return j.st[w];
+    }
+    return KVQ_OK;
+}
+
+/* Truncates (layer, seq) to n tokens, windowed or not. */
+static void truncate_to(struct cpu_store *s, int layer, int seq, size_t n)
+{
+    if (s->window[layer])
+        window_truncate(s, layer, seq, n);
+    else if (kvq_cache_len(cache_of(s, layer, seq)) > n)
+        kvq_cache_truncate(cache_of(s, layer, seq), n);
+}
+
 static kvq_status cpu_append_attend(kvq_kv_store *base, int layer, int n_seqs, const int *seqs, size_t T,
                                     const float *k, float *v, const float *q, float *out)
 {
@@ -146,22 +282,22 @@ static kvq_status cpu_append_attend(kvq_kv_store *base, int layer, int n_seqs, c
     const size_t kvd = (size_t)s->n_kv * s->head_dim, qd = (size_t)s->n_heads * s->head_dim;
     for (int i = 0; i < n_seqs; i++) {
         kvq_cache *cache = cache_of(s, layer, seqs[i]);
-        size_t pos0 = kvq_cache_len(cache);
+        size_t pos0 = len_of(s, layer, seqs[i]);
         const float *ki = k + (size_t)i * T * kvd, *qi = q + (size_t)i * T * qd;
         float *vi = v + (size_t)i * T * kvd, *oi = out + (size_t)i * T * qd;
         kvq_status st = norm_correct_v(s, cache, vi, T);
         if (st == KVQ_OK) {
-            if (s->recent_f16 && T > 1)
+            if (s->window[layer])
+                st = window_append_attend(s, layer, seqs[i], T, ki, vi, qi, oi);
+            else if (s->recent_f16 && T > 1)
                 st = append_attend_each(s, cache, pos0, T, ki, vi, qi, oi);
             else if ((st = kvq_cache_append(cache, T, ki, vi)) == KVQ_OK)
                 st = attend(s, cache, pos0, T, qi, oi);
         }
         if (st != KVQ_OK) { /* all or nothing over the call's sequences */
-            kvq_cache_truncate(cache, pos0);
-            for (int j = 0; j < i; j++) {
-                kvq_cache *c = cache_of(s, layer, seqs[j]);
-                kvq_cache_truncate(c, kvq_cache_len(c) - T);
-            }
+            truncate_to(s, layer, seqs[i], pos0);
+            for (int j = 0; j < i; j++)
+                truncate_to(s, layer, seqs[j], len_of(s, layer, seqs[j]) - T);
             return st;
         }
     }
@@ -172,6 +308,8 @@ static kvq_status cpu_reserve(kvq_kv_store *base, int seq, size_t n)
 {
     struct cpu_store *s = (struct cpu_store *)base;
     for (int l = 0; l < base->n_layers; l++) {
+        if (s->window[l])
+            continue; /* a ring reuses its pages */
         kvq_status st = kvq_cache_reserve(cache_of(s, l, seq), n);
         if (st != KVQ_OK)
             return st;
@@ -183,37 +321,44 @@ static void cpu_truncate(kvq_kv_store *base, int seq, int n_layers, size_t n)
 {
     struct cpu_store *s = (struct cpu_store *)base;
     for (int l = 0; l < n_layers; l++)
-        if (kvq_cache_len(cache_of(s, l, seq)) > n)
-            kvq_cache_truncate(cache_of(s, l, seq), n);
+        truncate_to(s, l, seq, n);
 }
 
 static void cpu_reset(kvq_kv_store *base, int seq)
 {
     struct cpu_store *s = (struct cpu_store *)base;
-    for (int l = 0; l < base->n_layers; l++)
-        kvq_cache_reset(cache_of(s, l, seq));
+    for (int l = 0; l < base->n_layers; l++) {
+        for (int r = 0; r < (s->window[l] ? RING : 1); r++)
+            kvq_cache_reset(ring_of(s, l, seq, (size_t)r));
+        s->wlen[idx_of(s, l, seq)] = 0;
+    }
 }
 
 static void cpu_trim(kvq_kv_store *base, int seq)
 {
     struct cpu_store *s = (struct cpu_store *)base;
     for (int l = 0; l < base->n_layers; l++)
-        kvq_cache_trim(cache_of(s, l, seq));
+        for (int r = 0; r < (s->window[l] ? RING : 1); r++)
+            kvq_cache_trim(ring_of(s, l, seq, (size_t)r));
 }
 
 static void cpu_stats(const kvq_kv_store *base, int seq, struct kvq_cache_stats *sum)
 {
     const struct cpu_store *s = (const struct cpu_store *)base;
     memset(sum, 0, sizeof *sum);
-    for (int l = 0; l < base->n_layers; l++) {
-        struct kvq_cache_stats cs;
-        kvq_cache_get_stats(cache_of(s, l, seq), &cs);
-        sum->tokens = cs.tokens;
-        sum->bytes_used += cs.bytes_used;
-        sum->bytes_allocated += cs.bytes_allocated;
-        sum->bytes_f16 += cs.bytes_f16;
-        sum->bytes_f16_buffers += cs.bytes_f16_buffers;
-    }
+    for (int l = 0; l < base->n_layers; l++)
+        for (int r = 0; r < (s->window[l] ? RING : 1); r++) {
+            struct kvq_cache_stats cs;
+            kvq_cache_get_stats(ring_of(s, l, seq, (size_t)r), &cs);
+            sum->bytes_used += cs.bytes_used;
+            sum->bytes_allocated += cs.bytes_allocated;
+            sum->bytes_f16 += cs.bytes_f16;
+            sum->bytes_f16_buffers += cs.bytes_f16_buffers;
+            if (!s->window[l])
+                sum->tokens = cs.tokens;
+        }
+    if (!sum->tokens) /* every layer windowed */
+        sum->tokens = len_of(s, 0, seq);
 }
 
 static const kvq_cache *cpu_cache(const kvq_kv_store *base, int layer, int seq)
@@ -224,9 +369,20 @@ static const kvq_cache *cpu_cache(const kvq_kv_store *base, int layer, int seq)
 static void cpu_free(kvq_kv_store *base)
 {
     struct cpu_store *s = (struct cpu_store *)base;
-    for (size_t i = 0; s->caches && i < (size_t)base->n_layers * (size_t)base->max_seqs; i++)
+    for (size_t i = 0; s->caches && i < (size_t)base->n_layers * (size_t)base->max_seqs * RING; i++)
         kvq_cache_free(s->caches[i]);
     free(s->caches);
+    for (int w = 0; w < s->n_work; w++) {
+        free(s->wk ? s->wk[w] : NULL);
+        free(s->wv ? s->wv[w] : NULL);
+        free(s->wsc ? s->wsc[w] : NULL);
+    }
+    free(s->wk);
+    free(s->wv);
+    free(s->wsc);
+    free(s->window);
+    free(s->seg);
+    free(s->wlen);
     for (int w = 0; w < s->n_work; w++) {
         kvq_attn_workspace_free(s->ws ? s->ws[w] : NULL);
         free(s->qg ? s->qg[w] : NULL);
@@ -240,8 +396,23 @@ static void cpu_free(kvq_kv_store *base)
     free(s);
 }
 
+static kvq_status cpu_append(kvq_kv_store *base, int layer, int n_seqs, const int *seqs, size_t T, const float *k,
+                             const float *v)
+{
+    struct cpu_store *s = (struct cpu_store *)base;
+    const size_t kvd = (size_t)s->n_kv * s->head_dim;
+    for (int i = 0; i < n_seqs; i++) {
+        kvq_status st = kvq_cache_append(cache_of(s, layer, seqs[i]), T, k + (size_t)i * T * kvd,
+                                         v + (size_t)i * T * kvd);
+        if (st != KVQ_OK)
+            return st;
+    }
+    return KVQ_OK;
+}
+
 static const struct kvq_kv_store_ops cpu_ops = {
     .append_attend = cpu_append_attend,
+    .append = cpu_append,
     .reserve = cpu_reserve,
     .truncate = cpu_truncate,
     .reset = cpu_reset,
@@ -266,13 +437,29 @@ kvq_status kvq_kv_store_cpu_create(const struct kvq_kv_store_config *cfg, kvq_kv
     s->n_heads = cfg->n_heads;
     s->head_dim = c0->head_dim;
     s->recent_f16 = c0->recent_f16;
-    size_t n = (size_t)cfg->n_layers * (size_t)cfg->max_seqs, max_tokens = 0;
-    s->caches = calloc(n, sizeof *s->caches);
-    if (!s->caches)
+    size_t n = (size_t)cfg->n_layers * (size_t)cfg->max_seqs, max_tokens = 0, max_window = 0;
+    s->caches = calloc(n * RING, sizeof *s->caches);
+    s->window = calloc((size_t)cfg->n_layers, sizeof *s->window);
+    s->seg = calloc((size_t)cfg->n_layers, sizeof *s->seg);
+    s->wlen = calloc(n, sizeof *s->wlen);
+    if (!s->caches || !s->window || !s->seg || !s->wlen)
         goto nomem;
     kvq_status st;
-    for (size_t i = 0; i < n; i++) {
-        const struct kvq_cache_config *cc = &cfg->cfgs[i / (size_t)cfg->max_seqs];
+    for (size_t i = 0; i < n * RING; i++) {
+        const int l = (int)(i / RING / (size_t)cfg->max_seqs);
+        struct kvq_cache_config wc = cfg->cfgs[l];
+        const struct kvq_cache_config *cc = &wc;
+        const int W = cfg->windows ? cfg->windows[l] : 0;
+        if (W > 0 && (size_t)W < wc.max_tokens) { /* a ring of segments, without sinks */
+            s->window[l] = W;
+            s->seg[l] = KVQ_WINDOW_SEGMENT(W);
+            max_window = (size_t)W > max_window ? (size_t)W : max_window;
+            wc.max_tokens = s->seg[l];
+            wc.sink_tokens = 0;
+            wc.max_bytes /= RING;
+        } else if (i % RING) {
+            continue;
+        }
         max_tokens = cc->max_tokens > max_tokens ? cc->max_tokens : max_tokens;
         if ((st = kvq_cache_create(cc, &s->caches[i])) != KVQ_OK) {
             cpu_free(&s->base);
@@ -298,6 +485,20 @@ kvq_status kvq_kv_store_cpu_create(const struct kvq_kv_store_config *cfg, kvq_kv
         s->og[w] = malloc(cfg->max_rows * qd * sizeof(float));
         if (!s->qg[w] || !s->og[w])
             goto nomem;
+    }
+    if (max_window) {
+        s->wk = calloc((size_t)s->n_work, sizeof *s->wk);
+        s->wv = calloc((size_t)s->n_work, sizeof *s->wv);
+        s->wsc = calloc((size_t)s->n_work, sizeof *s->wsc);
+        if (!s->wk || !s->wv || !s->wsc)
+            goto nomem;
+        for (int w = 0; w < s->n_work; w++) {
+            s->wk[w] = malloc(max_window * (size_t)s->head_dim * sizeof(float));
+            s->wv[w] = malloc(max_window * (size_t)s->head_dim * sizeof(float));
+            s->wsc[w] = malloc(max_window * sizeof(double));
+            if (!s->wk[w] || !s->wv[w] || !s->wsc[w])
+                goto nomem;
+        }
     }
     if (cfg->v_norm_correct) {
         size_t rb = 0;

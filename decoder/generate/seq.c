@@ -213,7 +213,16 @@ kvq_status kvq_seq_create(const kvq_model *m, const struct kvq_seq_config *cfg, 
     }
     struct kvq_kv_store_config kc = {ccs, c->n_layers, 1, c->n_heads, (size_t)s->max_chunk, sc.v_norm_correct};
     const int cuda = sc.device == KVQ_DEVICE_CUDA;
-    kvq_status st = cuda ? kvq_kv_store_cuda_create(&kc, &s->kv, err) : kvq_kv_store_cpu_create(&kc, &s->kv, err);
+    int *windows = c->arch.sliding_window ? calloc((size_t)c->n_layers, sizeof *windows) : NULL;
+    for (int l = 0; windows && l < c->n_layers; l++)
+        windows[l] = c->arch.window_layers[l / 8] >> (l % 8) & 1 ? c->arch.sliding_window : 0;
+    kc.windows = windows;
+    kvq_status st = c->arch.sliding_window && !windows ? kvq_error_set(err, KVQ_ERR_NOMEM, "out of memory")
+                    : cuda && windows ? kvq_error_set(err, KVQ_ERR_UNSUPPORTED,
+                                                      "sliding-window attention runs on the CPU only (--device cpu)")
+                    : cuda ? kvq_kv_store_cuda_create(&kc, &s->kv, err)
+                           : kvq_kv_store_cpu_create(&kc, &s->kv, err);
+    free(windows);
     free(ccs);
     if (st != KVQ_OK) {
         kvq_seq_free(s);

@@ -15,7 +15,7 @@
 #include "kvq_attn.h"
 
 #define MAX_DIM (1 << 20)
-#define MAX_LAYERS 4096
+#define MAX_LAYERS KVQ_MODEL_MAX_LAYERS
 #define MAX_VOCAB (1 << 24)
 #define MAX_CTX (1 << 24)
 
@@ -262,6 +262,56 @@ static kvq_status parse_rope(const cJSON *root, struct kvq_model_config *c, kvq_
     return KVQ_OK;
 }
 
+/* Sliding-window attention, as transformers' models apply it: a windowed
+ * layer's query at position p sees keys (p - W, p]. Mistral and Phi-3 window
+ * every layer when sliding_window is set; Qwen2/Qwen3 only with
+ * use_sliding_window, the layers that layer_types names (else those from
+ * max_window_layers on). Llama has no window. A window as long as the
+ * context changes nothing and is dropped. */
+static kvq_status parse_window(const cJSON *root, struct kvq_model_config *c, kvq_error *err)
+{
+    struct kvq_model_arch *a = &c->arch;
+    const cJSON *sw = cJSON_GetObjectItemCaseSensitive(root, "sliding_window");
+    const cJSON *use = cJSON_GetObjectItemCaseSensitive(root, "use_sliding_window");
+    const int qwen = strncmp(c->model_type, "qwen", 4) == 0;
+    a->sliding_window = 0;
+    memset(a->window_layers, 0, sizeof a->window_layers);
+    if (!sw || cJSON_IsNull(sw) || strcmp(c->model_type, "llama") == 0 || (qwen ? !cJSON_IsTrue(use) : cJSON_IsFalse(use)))
+        return KVQ_OK;
+    if (!cJSON_IsNumber(sw) || !(sw->valuedouble >= 1) || floor(sw->valuedouble) != sw->valuedouble)
+        return kvq_error_set(err, KVQ_ERR_FORMAT, "config.json: sliding_window must be a positive integer");
+    if (sw->valuedouble >= c->max_ctx)
+        return KVQ_OK;
+    a->sliding_window = (int)sw->valuedouble;
+    const cJSON *lt = cJSON_GetObjectItemCaseSensitive(root, "layer_types");
+    int mwl = 0;
+    if (!lt && qwen) {
+        kvq_status st = get_int(root, "max_window_layers", c->n_layers, MAX_LAYERS, &mwl, err);
+        if (st != KVQ_OK)
+            return st;
+    }
+    if (lt && (!cJSON_IsArray(lt) || cJSON_GetArraySize(lt) != c->n_layers))
+        return kvq_error_set(err, KVQ_ERR_FORMAT, "config.json: layer_types must list num_hidden_layers (%d) entries",
+                             c->n_layers);
+    const cJSON *e = lt ? lt->child : NULL;
+    int any = 0;
+    for (int l = 0; l < c->n_layers; l++, e = e ? e->next : NULL) {
+        int windowed = !qwen || l >= mwl;
+        if (lt) {
+            if (!cJSON_IsString(e) || (strcmp(e->valuestring, "sliding_attention") && strcmp(e->valuestring, "full_attention")))
+                return kvq_error_set(err, KVQ_ERR_UNSUPPORTED,
+                                     "config.json: layer_types[%d] is not 'sliding_attention' or 'full_attention'", l);
+            windowed = strcmp(e->valuestring, "sliding_attention") == 0;
+        }
+        if (windowed)
+            a->window_layers[l / 8] |= (uint8_t)(1u << (l % 8));
+        any |= windowed;
+    }
+    if (!any)
+        a->sliding_window = 0;
+    return KVQ_OK;
+}
+
 static kvq_status parse_root(const cJSON *root, struct kvq_model_config *c, kvq_error *err)
 {
     if (!cJSON_IsObject(root))
@@ -281,8 +331,6 @@ static kvq_status parse_root(const cJSON *root, struct kvq_model_config *c, kvq_
     if (act && !(cJSON_IsString(act) && strcmp(act->valuestring, "silu") == 0))
         return kvq_error_set(err, KVQ_ERR_UNSUPPORTED, "config.json: hidden_act '%s' is not supported (silu only)",
                              cJSON_IsString(act) ? act->valuestring : "?");
-    if (get_bool(root, "use_sliding_window"))
-        return kvq_error_set(err, KVQ_ERR_UNSUPPORTED, "config.json: sliding-window attention is not supported");
 
     if ((st = get_int(root, "hidden_size", -1, MAX_DIM, &c->hidden, err)) ||
         (st = get_int(root, "num_hidden_layers", -1, MAX_LAYERS, &c->n_layers, err)) ||
@@ -300,12 +348,8 @@ static kvq_status parse_root(const cJSON *root, struct kvq_model_config *c, kvq_
                              "config.json: num_attention_heads %d is not a multiple of num_key_value_heads %d "
                              "(with at most %d query heads per KV head)",
                              c->n_heads, c->n_kv_heads, KVQ_ATTN_MAX_Q);
-    const cJSON *sw = cJSON_GetObjectItemCaseSensitive(root, "sliding_window");
-    if (cJSON_IsNumber(sw) && sw->valuedouble < c->max_ctx &&
-        !cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(root, "use_sliding_window")))
-        return kvq_error_set(err, KVQ_ERR_UNSUPPORTED,
-                             "config.json: sliding_window %g < max_position_embeddings is not supported",
-                             sw->valuedouble);
+    if ((st = parse_window(root, c, err)) != KVQ_OK)
+        return st;
 
     const cJSON *eps = cJSON_GetObjectItemCaseSensitive(root, "rms_norm_eps");
     c->rms_eps = 1e-6f;

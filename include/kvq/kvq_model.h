@@ -86,6 +86,8 @@ struct kvq_rope_scaling {
     float short_factor[KVQ_ROPE_MAX_FACTORS], long_factor[KVQ_ROPE_MAX_FACTORS];
 };
 
+#define KVQ_MODEL_MAX_LAYERS 4096
+
 /* The architecture of a checkpoint as the forward pass needs it: every
  * difference between model families is a field here, decided once from
  * model_type and the config keys when config.json is parsed
@@ -107,7 +109,8 @@ struct kvq_model_arch {
     float final_softcap; /* logits = c * tanh(logits / c) when > 0 */
     float attn_softcap;  /* attention scores capped likewise when > 0 (not supported yet:
                             config parsing refuses it) */
-    int sliding_window;  /* tokens a query sees, 0 = all (not supported yet: refused) */
+    int sliding_window;  /* tokens a query sees in a windowed layer (itself included), 0 = all */
+    uint8_t window_layers[KVQ_MODEL_MAX_LAYERS / 8]; /* bit l: layer l is windowed */
 };
 
 #define KVQ_MODEL_MAX_EOS 4

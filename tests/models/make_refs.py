@@ -75,6 +75,11 @@ FAMILIES = {
                          "short_factor": [1.0 + 0.1 * i for i in range(8)],
                          "long_factor": [1.5 + 0.4 * i for i in range(8)]}),
         48, "Phi-3: fused qkv_proj and gate_up_proj, partial rotary (0.5), longrope past the original context"),
+    "mistral_window": ("MistralConfig", "MistralForCausalLM", base(sliding_window=8), 40,
+                       "Mistral sliding-window attention (window 8; prompt + greedy reach 7x the window)"),
+    "qwen2_window": ("Qwen2Config", "Qwen2ForCausalLM", base(num_hidden_layers=3, use_sliding_window=True,
+                                                             sliding_window=8, max_window_layers=1), 40,
+                     "Qwen2 with use_sliding_window: layers from max_window_layers on windowed (layer_types)"),
     "qwen2_kbias": ("Qwen2Config", "Qwen2ForCausalLM", base(num_hidden_layers=4), 40,
                     "Qwen2 whose first and last layers' k_proj bias has 30x the median norm (the Qwen2/2.5 case "
                     "that breaks 3-bit keys elsewhere: llama.cpp issue 21385)"),
