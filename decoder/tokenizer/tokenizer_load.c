@@ -88,8 +88,8 @@ kvq_status tok_get_char(tok_loader *L, const cJSON *obj, const char *where, cons
 kvq_status tok_unsupported(tok_loader *L, const char *what, const char *type)
 {
     return kvq_error_set(L->err, KVQ_ERR_UNSUPPORTED,
-                         "tokenizer.json: %s '%.60s' is not supported (kvq reads Llama-2-style "
-                         "BPE tokenizers: see kvq_tokenizer.h)",
+                         "tokenizer.json: %s '%.60s' is not supported (what kvq reads: "
+                         "docs/tokenizer.md)",
                          what, type ? type : "(no type)");
 }
 

@@ -14,17 +14,17 @@
  *               attribute and item access, slices [a:b:c], + - * / // % **,
  *               ~ (concatenation), comparisons, in / not in, and/or/not,
  *               a if c else b, tests (is [not] defined/undefined/none/string/
- *               number/integer/float/boolean/mapping/iterable/sequence/true/
- *               false/odd/even/divisibleby/equalto/eq/ne/lt/gt/le/ge);
+ *               number/integer/float/boolean/mapping/iterable/sequence/callable/
+ *               true/false/odd/even/divisibleby/lower/upper/in/equalto/eq/ne/
+ *               lt/gt/le/ge/sameas);
  *   filters     trim, tojson (indent, ensure_ascii, sort_keys, separators),
  *               length/count, upper, lower, capitalize, title, default/d,
  *               first, last, join, replace, list, string, int, float, abs,
- *               reverse, items, dictsort, safe, e/escape, map(attribute=),
- *               selectattr/rejectattr (with one test), select/reject, unique,
- *               sort, sum, min, max, wordcount, indent, batch? no (see below);
- *   methods     str: strip/lstrip/rstrip, split/rsplit, startswith/endswith,
+ *               reverse, items, unique, safe, e/escape, indent,
+ *               map(attribute=), select/reject, selectattr/rejectattr;
+ *   methods     str: strip/lstrip/rstrip, split, startswith/endswith,
  *               upper/lower/title/capitalize, replace, find, count, join,
- *               format is not; dict: items/keys/values/get; list: index/count;
+ *               isdigit, isspace; dict: items/keys/values/get;
  *   globals     namespace(...), range(...), raise_exception(msg),
  *               strftime_now(fmt) (UTC), dict(...).
  * Anything else (macros, include/import, extends/blocks, call blocks, unknown

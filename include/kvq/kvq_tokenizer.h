@@ -1,23 +1,29 @@
-/* kvq_tokenizer.h - Hugging Face tokenizer.json (Llama-2-style BPE) in C.
+/* kvq_tokenizer.h - Hugging Face tokenizer.json (BPE tokenizers) in C.
  *
- * Supported, and reproduced exactly as HF `tokenizers` does it:
- *   added tokens   every entry of "added_tokens" (normalized false, no lstrip/
- *                  rstrip/single_word) is cut out of the raw text first,
- *                  leftmost-longest, and becomes its own id ("<s>" in a prompt
- *                  is BOS, as in HF);
- *   normalizer     null, Replace (string pattern), Prepend, or a Sequence of them;
- *   pre-tokenizer  null, Metaspace (prepend_scheme always/first/never, split),
- *                  Digits (individual_digits true/false; Unicode "numeric" as
- *                  Rust's char::is_numeric), or a Sequence of them;
+ * Supported, and reproduced exactly as HF `tokenizers` does it (Llama 2,
+ * Llama 3, Qwen3, Gemma 3, DeepSeek-V3 are tested to the id; the full list and
+ * the known differences are in docs/tokenizer.md):
+ *   added tokens   every entry of "added_tokens", leftmost-longest, with
+ *                  single_word / lstrip / rstrip; normalized=false ones in the
+ *                  raw text, normalized=true ones in the normalized text;
+ *   normalizer     NFC, NFD, NFKC, NFKD, Lowercase, Strip, StripAccents,
+ *                  Replace (string or regex), Prepend, Sequence;
+ *   pre-tokenizer  Split (regex via PCRE2 or string, every behaviour, invert),
+ *                  ByteLevel, Metaspace, Digits, Punctuation, Whitespace,
+ *                  WhitespaceSplit, Sequence;
  *   model          BPE with ranked merges ("a b" strings or ["a", "b"] pairs),
  *                  byte_fallback (<0x00>..<0xFF>), unk_token, fuse_unk,
  *                  ignore_merges;
- *   decoder        Sequence[Replace(string)*, ByteFallback?, Fuse?, Strip(c, n, 0)?]
- *                  (the Llama-2 decoder: "▁"->" ", bytes, fuse, strip one space).
- * Anything else (Unigram/WordPiece models, ByteLevel or regex pre-tokenizers,
- * NFKC, BPE dropout or subword prefixes, ...) is refused at load with
- * KVQ_ERR_UNSUPPORTED and a message naming the component. post_processor,
- * truncation and padding are ignored: BOS is the caller's choice (add_bos).
+ *   post-processor TemplateProcessing ("single"), ByteLevel, Sequence;
+ *   decoder        per-token Replace / ByteLevel / Metaspace, then ByteFallback,
+ *                  Fuse, Strip (start only).
+ * Anything else (Unigram/WordPiece models, BPE dropout, Precompiled, Bert
+ * components, ...) is refused at load with KVQ_ERR_UNSUPPORTED and a message
+ * naming the component.
+ *
+ * Special tokens: encoding with add_bos applies the post-processor's template
+ * (HF add_special_tokens=True); a tokenizer.json without a post_processor
+ * gets the BOS id instead when one is known.
  *
  * Ids are int32_t in [0, vocab_size). A loaded tokenizer is immutable and may
  * be used from several threads at once. Encoding allocates scratch memory per
@@ -63,7 +69,8 @@ KVQ_API void kvq_tokenizer_free(kvq_tokenizer *tok);
 /** @return 1 + the largest id of the vocabulary or the added tokens. */
 KVQ_API int32_t kvq_tokenizer_vocab_size(const kvq_tokenizer *tok);
 
-/** BOS / EOS ids: the added tokens "<s>" / "</s>" when present, else -1;
+/** BOS / EOS ids: the added tokens "<s>" / "</s>" when present (BOS: else
+ *  the first special token of the post-processor's template), else -1;
  *  change them with kvq_tokenizer_set_bos_eos (e.g. from config.json). */
 KVQ_API int32_t kvq_tokenizer_bos_id(const kvq_tokenizer *tok);
 KVQ_API int32_t kvq_tokenizer_eos_id(const kvq_tokenizer *tok);
@@ -88,8 +95,9 @@ KVQ_API kvq_status kvq_tokenizer_token_id(const kvq_tokenizer *tok, const char *
  *  in the bundled fixture also <0x00>..<0xFF>), 0 otherwise (also out of range). */
 KVQ_API int kvq_tokenizer_is_special(const kvq_tokenizer *tok, int32_t id);
 
-/** Encodes text[0..len) (UTF-8, need not be NUL-terminated) into ids,
- *  BOS first when add_bos (and a BOS id is known).
+/** Encodes text[0..len) (UTF-8, need not be NUL-terminated) into ids; with
+ *  add_bos, the special tokens of the post-processor's template around them
+ *  (or, without a post-processor, the BOS id first when one is known).
  *  ids may be NULL when max_ids is 0 (size query).
  *  @return KVQ_OK with *n_ids ids written; KVQ_ERR_RANGE when max_ids is too
  *  small: *n_ids is then the count needed and ids holds the first max_ids;
