@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kvq_tokenizer.h"
 #include "test.h"
@@ -298,6 +299,74 @@ static void test_single_word(void)
     kvq_tokenizer_free(t);
 }
 
+int cmd_tokenize(int argc, char **argv);
+
+/* Runs `kvq tokenize ARGS` with stdout captured. @return its exit code. */
+static int run_tokenize(char **argv, int argc, char *out, size_t cap)
+{
+    fflush(stdout);
+    FILE *tmp = tmpfile();
+    int saved = dup(1);
+    if (!tmp || saved < 0)
+        return -1;
+    dup2(fileno(tmp), 1);
+    int rc = cmd_tokenize(argc, argv);
+    fflush(stdout);
+    dup2(saved, 1);
+    close(saved);
+    rewind(tmp);
+    size_t n = fread(out, 1, cap - 1, tmp);
+    out[n] = 0;
+    fclose(tmp);
+    return rc;
+}
+
+/* The command prints HF's ids and decodes HF's text (llama3 case 0, and the
+ * special-token case, from expected/llama3.json), and refuses bad input with 2. */
+static void test_tokenize_command(void)
+{
+    char tok_path[512];
+    snprintf(tok_path, sizeof tok_path, "%s/llama3/tokenizer.json", data_dir());
+    FILE *f = fopen(tok_path, "rb");
+    if (!f)
+        SKIP("%s not fetched", tok_path);
+    fclose(f);
+    cJSON *cases = load_json("tests/tokenizer/cases.json"), *ref = load_json("tests/tokenizer/expected/llama3.json");
+    CHECK(cases && ref);
+    if (!cases || !ref)
+        return;
+    for (int k = 0; k < 45; k += 30) { /* "Hello world" and the Llama 3 special tokens in text */
+        const char *text = cJSON_GetArrayItem(cJSON_GetObjectItem(cases, "cases"), k)->valuestring;
+        const cJSON *x = cJSON_GetArrayItem(cJSON_GetObjectItem(ref, "cases"), k);
+        char want[4096] = "", got[4096];
+        size_t w = 0;
+        for (const cJSON *e = cJSON_GetObjectItem(x, "ids")->child; e; e = e->next)
+            w += (size_t)snprintf(want + w, sizeof want - w, "%s%d", w ? " " : "", (int)e->valuedouble);
+        char *argv[] = {"tokenize", "--tokenizer", tok_path, "--text", (char *)text, "--no-bos"};
+        CHECK(run_tokenize(argv, 6, got, sizeof got) == 0);
+        CHECKF(strncmp(got, want, w) == 0 && got[w] == '\n', "case %d: '%s' vs HF '%s'", k, got, want);
+        /* --decode of those ids gives HF's decode. */
+        char *dargv[] = {"tokenize", "--tokenizer", tok_path, "--decode", want};
+        CHECK(run_tokenize(dargv, 5, got, sizeof got) == 0);
+        const char *dec = cJSON_GetObjectItem(x, "decoded")->valuestring;
+        CHECKF(strncmp(got, dec, strlen(dec)) == 0 && got[strlen(dec)] == '\n', "decode: '%s' vs '%s'", got, dec);
+    }
+    char got[256];
+    char *jargv[] = {"tokenize", "--tokenizer", tok_path, "--text", "Hello world", "--json"};
+    CHECK(run_tokenize(jargv, 6, got, sizeof got) == 0);
+    CHECKF(strcmp(got, "{\"ids\": [9906, 1917]}\n") == 0, "--json: '%s'", got);
+    char *bad1[] = {"tokenize", "--tokenizer", "/nonexistent.json", "--text", "x"};
+    char *bad2[] = {"tokenize", "--tokenizer", tok_path, "--decode", "1,x"};
+    char *bad3[] = {"tokenize", "--tokenizer", tok_path, "--decode", "4000000"};
+    char *bad4[] = {"tokenize", "--tokenizer", tok_path};
+    CHECK(run_tokenize(bad1, 5, got, sizeof got) == 2 && got[0] == 0);
+    CHECK(run_tokenize(bad2, 5, got, sizeof got) == 2 && got[0] == 0);
+    CHECK(run_tokenize(bad3, 5, got, sizeof got) == 2 && got[0] == 0);
+    CHECK(run_tokenize(bad4, 3, got, sizeof got) == 2 && got[0] == 0);
+    cJSON_Delete(cases);
+    cJSON_Delete(ref);
+}
+
 static void test_llama2(void) { family("llama2"); }
 static void test_llama3(void) { family("llama3"); }
 static void test_qwen3(void) { family("qwen3"); }
@@ -313,5 +382,6 @@ int main(void)
     RUN(test_deepseek_v3);
     RUN(test_added_token_variants);
     RUN(test_single_word);
+    RUN(test_tokenize_command);
     return TEST_END("test_tokenizer_families");
 }
