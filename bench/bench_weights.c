@@ -14,15 +14,19 @@
  * Medians over the repetitions; each variant loads the model afresh.
  *
  *   bench_weights [--quick] [--model DIR]
+ *   bench_weights --make-random DIR   (writes the ~0.5B random bf16 checkpoint)
  * JSON: $KVQ_BENCH_JSON_DIR/bench_weights.json (default: this binary's folder).
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/stat.h>
 #include <unistd.h>
+#include <stdint.h>
 
 #include "kvq_model.h"
+#include "kvq_safetensors.h"
 #include "bench_util.h"
 
 #define PROMPT 512
@@ -95,6 +99,83 @@ out:
     return rc;
 }
 
+/* --make-random DIR: a random bf16 Llama checkpoint of about 0.5B
+ * parameters (hidden 1536, 16 layers, 12 heads of 128, 4 KV heads, ffn
+ * 4096, vocab 32000), weights ~ N(0, 0.02) by a fixed LCG, norms 1. */
+static int make_random(const char *dir)
+{
+    enum { H = 1536, L = 16, NH = 12, NKV = 4, HD = 128, F = 4096, V = 32000 };
+    char path[4096];
+    mkdir(dir, 0777);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return -1;
+    fprintf(f, "{\"model_type\": \"llama\", \"hidden_size\": %d, \"num_hidden_layers\": %d, "
+               "\"num_attention_heads\": %d, \"num_key_value_heads\": %d, \"head_dim\": %d, "
+               "\"intermediate_size\": %d, \"vocab_size\": %d, \"max_position_embeddings\": 4096, "
+               "\"rms_norm_eps\": 1e-5, \"rope_theta\": 10000.0, \"bos_token_id\": 1, \"eos_token_id\": 2, "
+               "\"tie_word_embeddings\": false, \"hidden_act\": \"silu\"}\n",
+            H, L, NH, NKV, HD, F, V);
+    if (fclose(f) != 0)
+        return -1;
+    kvq_st_writer *w = NULL;
+    if (kvq_st_writer_create(&w) != KVQ_OK)
+        return -1;
+    struct {
+        const char *name;
+        int64_t r, c;
+    } per[] = {{"input_layernorm.weight", H, 0},      {"post_attention_layernorm.weight", H, 0},
+               {"self_attn.q_proj.weight", NH * HD, H}, {"self_attn.k_proj.weight", NKV * HD, H},
+               {"self_attn.v_proj.weight", NKV * HD, H}, {"self_attn.o_proj.weight", H, NH * HD},
+               {"mlp.gate_proj.weight", F, H},         {"mlp.up_proj.weight", F, H},
+               {"mlp.down_proj.weight", H, F}};
+    const int n_per = (int)(sizeof per / sizeof per[0]), n_t = L * n_per + 3;
+    uint16_t **bufs = calloc((size_t)n_t, sizeof *bufs);
+    char(*names)[96] = calloc((size_t)n_t, sizeof *names);
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    int k = 0, rc = bufs && names ? 0 : -1;
+    for (int t = 0; rc == 0 && t < n_t; t++) {
+        int64_t r, c;
+        if (t < L * n_per) {
+            snprintf(names[t], sizeof names[t], "model.layers.%d.%s", t / n_per, per[t % n_per].name);
+            r = per[t % n_per].r, c = per[t % n_per].c;
+        } else {
+            static const char *top[3] = {"model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"};
+            snprintf(names[t], sizeof names[t], "%s", top[t - L * n_per]);
+            r = t - L * n_per < 2 ? V : H, c = t - L * n_per < 2 ? H : 0;
+        }
+        size_t n = (size_t)r * (size_t)(c ? c : 1);
+        bufs[k] = malloc(n * sizeof **bufs);
+        if (!bufs[k]) {
+            rc = -1;
+            break;
+        }
+        for (size_t i = 0; i < n; i++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            /* sum of 4 uniforms: ~N(0, 1/3) scaled to sd 0.02; norms 1.0 (bf16 0x3f80) */
+            double u = ((x >> 40) & 0xffff) + ((x >> 24) & 0xffff) + ((x >> 8) & 0xffff) + (x & 0xff) * 256.0;
+            float v = (float)((u / 65536.0 - 2.0) * 0.0346);
+            uint32_t b;
+            memcpy(&b, &v, 4);
+            bufs[k][i] = c ? (uint16_t)(b >> 16) : 0x3f80;
+        }
+        int64_t shape[2] = {r, c};
+        if (kvq_st_writer_add(w, names[t], KVQ_ST_BF16, c ? 2 : 1, shape, bufs[k]) != KVQ_OK)
+            rc = -1;
+        k++;
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if (rc == 0 && kvq_st_writer_write(w, path, NULL) != KVQ_OK)
+        rc = -1;
+    kvq_st_writer_free(w);
+    for (int i = 0; i < k; i++)
+        free(bufs[i]);
+    free(bufs);
+    free(names);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     int quick = 0;
@@ -104,8 +185,15 @@ int main(int argc, char **argv)
             quick = 1;
         else if (strcmp(argv[i], "--model") == 0 && i + 1 < argc)
             dir = argv[++i];
-        else {
-            fprintf(stderr, "usage: bench_weights [--quick] [--model DIR]\n");
+        else if (strcmp(argv[i], "--make-random") == 0 && i + 1 < argc) {
+            if (make_random(argv[++i]) != 0) {
+                fprintf(stderr, "bench_weights: cannot write a random checkpoint in %s\n", argv[i]);
+                return 1;
+            }
+            printf("bench_weights: wrote a random bf16 checkpoint (~0.5B parameters) in %s\n", argv[i]);
+            return 0;
+        } else {
+            fprintf(stderr, "usage: bench_weights [--quick] [--model DIR] | --make-random DIR\n");
             return 2;
         }
     }

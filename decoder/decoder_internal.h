@@ -26,7 +26,9 @@ struct kvq_layer_weights {
     const float *k_norm;    /* [head_dim] or NULL */
     const float *wo;        /* [hidden][q_dim] */
     const float *bo;        /* [hidden] or NULL */
-    const float *ffn_norm;  /* [hidden] */
+    const float *ffn_norm;  /* [hidden] (Gemma: pre_feedforward_layernorm) */
+    const float *post_attn_norm; /* [hidden] sandwich norms (Gemma), else NULL */
+    const float *post_ffn_norm;  /* [hidden] */
     const float *wgu;       /* [2 ffn][hidden] */
     const float *bgu;       /* [2 ffn] or NULL */
     const float *wdown;     /* [hidden][ffn] */
@@ -129,11 +131,27 @@ int kvq_rope_len_dependent(const struct kvq_model_config *c);
 /* inv[rotary_dim / 2] and the cos/sin factor for a forward reaching seq_len
  * tokens (positions < seq_len). */
 void kvq_rope_freqs(const struct kvq_model_config *c, size_t seq_len, float *inv, float *scale);
+/* The plain RoPE of windowed layers when the model has a local base
+ * (arch.rope_local_theta: Gemma 3): inv[rotary_dim / 2], scale 1. */
+void kvq_rope_freqs_local(const struct kvq_model_config *c, float *inv, float *scale);
+/* 1 when layer l uses the local RoPE. */
+static inline int kvq_rope_layer_local(const struct kvq_model_config *c, int l)
+{
+    return c->arch.rope_local_theta > 0 && (c->arch.window_layers[l / 8] >> (l % 8) & 1);
+}
 /* cos/sin [n][half] of positions pos0 .. pos0 + n - 1. */
 void kvq_rope_rows(const float *inv, float scale, int half, size_t pos0, size_t n, float *cs, float *sn);
 /* malloc'd cos/sin tables [n_pos][rotary_dim / 2] with the frequencies of a
  * sequence of n_pos tokens (for a backend that wants a table); free both. */
 kvq_status kvq_rope_table(const struct kvq_model_config *c, size_t n_pos, float **cs, float **sn);
+
+/* batch.c: appends n tokens of seeded random keys and values to every layer
+ * of slot without running the model: a context of n tokens for measuring
+ * what a step costs there (bench/bench_decoder_cuda.c) without its prefill.
+ * @return KVQ_OK; KVQ_ERR_INVALID_ARG; KVQ_ERR_CONTEXT_FULL; KVQ_ERR_BUDGET;
+ * KVQ_ERR_NOMEM; a store error (the slot is then as before). */
+typedef struct kvq_batch kvq_batch;
+kvq_status kvq_batch_fill(kvq_batch *b, int slot, size_t n, uint64_t seed);
 
 /* Time accumulators of one sequence (seconds). */
 struct kvq_seq_timers {

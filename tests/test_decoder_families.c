@@ -25,7 +25,7 @@
 #define FIXTURES "tests/models"
 
 static const char *families[] = {"llama_llama3", "llama_linear", "llama_dynamic", "qwen2_yarn", "phi3_longrope",
-                                 "qwen2_kbias", "mistral_window", "qwen2_window"};
+                                 "qwen2_kbias", "mistral_window", "qwen2_window", "gemma3_text"};
 #define N_FAMILIES (sizeof families / sizeof families[0])
 
 static int have_dir(const char *d)

@@ -8,7 +8,8 @@
  *    memory bounded: bytes allocated stop growing once the ring of segments
  *    is full, while the windowless model's keep growing;
  *  - config parsing: which layers are windowed (Mistral all, Qwen2 by
- *    layer_types or max_window_layers), and the refusals.
+ *    layer_types or max_window_layers, Gemma 3 by layer_types or
+ *    sliding_window_pattern), Gemma 3's descriptor, and the refusals.
  * The windowed results against transformers are the mistral_window and
  * qwen2_window fixtures of test_decoder_families.
  */
@@ -21,6 +22,7 @@
 #include <unistd.h>
 
 #include "kvq_model.h"
+#include "kvq_safetensors.h"
 #include "test.h"
 #include "test_util.h"
 
@@ -203,6 +205,129 @@ static void test_window_config(void)
     }
 }
 
+/* Gemma 3 text: the descriptor from config.json (transformers 5 keys the
+ * RoPE by layer type; older configs use rope_local_base_freq and a top-level
+ * rope_scaling), and its refusals. */
+static void test_gemma3_config(void)
+{
+    const char *base = "{\"model_type\":\"gemma3_text\",\"hidden_size\":64,\"num_hidden_layers\":4,"
+                       "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"head_dim\":32,\"intermediate_size\":128,"
+                       "\"vocab_size\":100,\"max_position_embeddings\":256,\"sliding_window\":8,";
+    const char *v5 = "\"query_pre_attn_scalar\":24,\"hidden_activation\":\"gelu_pytorch_tanh\","
+                     "\"layer_types\":[\"sliding_attention\",\"full_attention\",\"sliding_attention\",\"full_attention\"],"
+                     "\"rope_parameters\":{\"sliding_attention\":{\"rope_type\":\"default\",\"rope_theta\":10000.0},"
+                     "\"full_attention\":{\"rope_type\":\"linear\",\"rope_theta\":1000000.0,\"factor\":8.0}}}";
+    char js[2048];
+    snprintf(js, sizeof js, "%s%s", base, v5);
+    struct kvq_model_config c;
+    kvq_error err = {0};
+    CHECKF(kvq_model_config_parse(js, strlen(js), &c, &err) == KVQ_OK, "%s", err.msg);
+    const struct kvq_model_arch *a = &c.arch;
+    CHECK(a->sandwich_norm && a->qk_norm && a->norm == KVQ_NORM_RMS_UNIT_OFFSET && a->act == KVQ_ACT_GELU_TANH);
+    CHECK(a->tied_embeddings && a->embed_scale == 8.0f && fabsf(a->attn_scale - 0.20412415f) < 1e-7f);
+    CHECK(a->sliding_window == 8 && a->window_layers[0] == 0x5 && a->rope_local_theta == 10000.0);
+    CHECK(c.rope_theta == 1000000.0 && a->rope_scaling.kind == KVQ_ROPE_SCALE_LINEAR && a->rope_scaling.factor == 8.0);
+    /* older keys: rope_local_base_freq, sliding_window_pattern (every 2nd layer global) */
+    const char *old = "\"rope_theta\":1000000.0,\"rope_local_base_freq\":5000.0,\"sliding_window_pattern\":2,"
+                      "\"final_logit_softcapping\":30.0}";
+    snprintf(js, sizeof js, "%s%s", base, old);
+    CHECKF(kvq_model_config_parse(js, strlen(js), &c, &err) == KVQ_OK, "%s", err.msg);
+    CHECK(a->rope_local_theta == 5000.0 && a->window_layers[0] == 0x5 && a->final_softcap == 30.0f &&
+          fabsf(a->attn_scale - 0.17677669f) < 1e-7f); /* query_pre_attn_scalar defaults to head_dim */
+    const char *bad[] = {"\"attn_logit_softcapping\":50.0}", "\"hidden_activation\":\"silu\"}"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(js, sizeof js, "%s%s", base, bad[i]);
+        CHECK(kvq_model_config_parse(js, strlen(js), &c, &err) == KVQ_ERR_UNSUPPORTED);
+    }
+}
+
+/* The bundled weights as a Gemma 3 checkpoint (pre_feedforward_layernorm =
+ * the bundled post-attention norm, zero post norms and q/k norms: (1 + w) = 1)
+ * with a 16-token window on layers 0 and 2: loads, runs 300 tokens through
+ * windows, sandwich norms and both RoPEs, finite logits; identical greedy
+ * tokens whether the prompt runs as one prefill or token by token. */
+static void test_gemma3_runs(void)
+{
+    char dir[64], p[256];
+    snprintf(dir, sizeof dir, "/tmp/kvq_gemma_%d", (int)getpid());
+    mkdir(dir, 0777);
+    const char *cfg = "{\"model_type\":\"gemma3_text\",\"hidden_size\":512,\"num_hidden_layers\":4,"
+                      "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"head_dim\":128,\"intermediate_size\":1024,"
+                      "\"vocab_size\":4096,\"max_position_embeddings\":4096,\"sliding_window\":16,\"rms_norm_eps\":1e-6,"
+                      "\"query_pre_attn_scalar\":128,\"hidden_activation\":\"gelu_pytorch_tanh\",\"bos_token_id\":1,"
+                      "\"layer_types\":[\"sliding_attention\",\"full_attention\",\"sliding_attention\",\"full_attention\"],"
+                      "\"rope_parameters\":{\"sliding_attention\":{\"rope_type\":\"default\",\"rope_theta\":10000.0},"
+                      "\"full_attention\":{\"rope_type\":\"linear\",\"rope_theta\":1000000.0,\"factor\":8.0}}}";
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    CHECK(test_write_file(p, cfg, strlen(cfg)) == 0);
+    kvq_st_file *src[2] = {NULL, NULL};
+    CHECK_OK(kvq_st_open(TEST_MODEL_DIR "/model-00001-of-00002.safetensors", &src[0], NULL));
+    CHECK_OK(kvq_st_open(TEST_MODEL_DIR "/model-00002-of-00002.safetensors", &src[1], NULL));
+    kvq_st_writer *w = NULL;
+    CHECK_OK(kvq_st_writer_create(&w));
+    static float zeros[512];
+    static char names[64][96];
+    int nn = 0;
+    for (int k = 0; k < 2 && src[0] && src[1] && w; k++)
+        for (size_t i = 0; i < kvq_st_count(src[k]); i++) {
+            const struct kvq_st_tensor *t = kvq_st_tensor_at(src[k], i);
+            const char *name = t->name;
+            if (strstr(name, "lm_head"))
+                continue; /* Gemma ties the LM head to the embedding */
+            const char *pa = strstr(name, "post_attention_layernorm");
+            if (pa) {
+                snprintf(names[nn], sizeof names[nn], "%.*spre_feedforward_layernorm.weight", (int)(pa - name), name);
+                name = names[nn++];
+            }
+            kvq_st_writer_add(w, name, t->dtype, t->n_dims, t->shape, t->data);
+        }
+    for (int l = 0; l < 4 && w; l++) {
+        const char *extra[4] = {"post_attention_layernorm", "post_feedforward_layernorm", "self_attn.q_norm",
+                                "self_attn.k_norm"};
+        for (int e = 0; e < 4; e++) {
+            int64_t shape[1] = {e < 2 ? 512 : 128};
+            snprintf(names[nn], sizeof names[nn], "model.layers.%d.%s.weight", l, extra[e]);
+            kvq_st_writer_add(w, names[nn++], KVQ_ST_F32, 1, shape, zeros);
+        }
+    }
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    if (w)
+        CHECK_OK(kvq_st_writer_write(w, p, NULL));
+    kvq_st_writer_free(w);
+    kvq_st_close(src[0]);
+    kvq_st_close(src[1]);
+
+    enum { N = 300 };
+    static int32_t ids[N];
+    ids_of(ids, N);
+    kvq_model *m;
+    kvq_seq *s = open_seq(dir, &m, KVQ_TYPE_F16, N + 8);
+    int32_t a[8], b[8];
+    size_t na = 0, nb = 0;
+    struct kvq_gen_params gp;
+    kvq_gen_params_default(&gp);
+    gp.max_tokens = 8;
+    gp.stop_at_eos = 0;
+    if (s) {
+        static float logits[4096];
+        CHECK_OK(kvq_seq_forward(s, ids, N, N - 1, logits, NULL));
+        int finite = 1;
+        for (int v = 0; v < 4096; v++)
+            finite &= isfinite(logits[v]) != 0;
+        CHECK(finite);
+        kvq_seq_reset(s);
+        CHECK_OK(kvq_seq_generate(s, ids, N, &gp, a, 8, &na, NULL, NULL));
+        kvq_seq_reset(s);
+        for (int i = 0; i + 1 < N; i++)
+            CHECK_OK(kvq_seq_forward(s, &ids[i], 1, 0, NULL, NULL));
+        CHECK_OK(kvq_seq_generate(s, &ids[N - 1], 1, &gp, b, 8, &nb, NULL, NULL));
+        CHECK(na == 8 && nb == 8 && memcmp(a, b, sizeof a) == 0);
+    }
+    kvq_seq_free(s);
+    kvq_model_free(m);
+    test_rm_dir(dir);
+}
+
 int main(void)
 {
     snprintf(dir_plain, sizeof dir_plain, "/tmp/kvq_winplain_%d", (int)getpid());
@@ -210,6 +335,8 @@ int main(void)
     write_variant(dir_plain, 0);
     write_variant(dir_win, 1000);
     RUN(test_window_config);
+    RUN(test_gemma3_config);
+    RUN(test_gemma3_runs);
     RUN(test_wide_window_equals_full);
     RUN(test_bounded_memory);
     test_rm_dir(dir_plain);

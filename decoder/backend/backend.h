@@ -38,8 +38,10 @@ enum kvq_weight {
     KVQ_W_DOWN = KVQ_WEIGHT_DOWN        /* [hidden][ffn] */
 };
 
-/* The norms of a layer, and the one before the LM head (layer ignored). */
-enum kvq_norm_site { KVQ_NORM_ATTN, KVQ_NORM_FFN, KVQ_NORM_FINAL };
+/* The norms of a layer, and the one before the LM head (layer ignored).
+ * The sandwich sites (arch.sandwich_norm) norm a projection's output into
+ * the residual stream: y += norm(x). */
+enum kvq_norm_site { KVQ_NORM_ATTN, KVQ_NORM_FFN, KVQ_NORM_FINAL, KVQ_NORM_POST_ATTN, KVQ_NORM_POST_FFN };
 
 /* Activation buffers of one sequence state, [max_rows][...] each. */
 struct kvq_acts {

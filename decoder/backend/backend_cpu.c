@@ -35,34 +35,37 @@ struct cpu_backend {
     kvq_best *lm_best; /* [max_rows] best token so far per row (greedy) */
     float *wtile;      /* [WTILE_ROWS][widest input] weight rows widened to f32 for sgemm */
     /* RoPE rows of the current forward's positions, computed by its first
-     * layer and reused by the others (rope.c); rope_inv/rope_scale are fixed
-     * unless the frequencies depend on the length (kvq_rope_len_dependent) */
-    float *rope_cs, *rope_sn; /* [max_rows][rotary_dim / 2] */
-    int32_t *rope_pos;        /* [max_rows] the positions they hold */
-    size_t rope_n;            /* rows they hold (0: none) */
-    float rope_inv[KVQ_MAX_DIM / 2], rope_scale;
+     * layer and reused by the others (rope.c): set 0 for the model's RoPE,
+     * set 1 for the local RoPE of windowed layers (Gemma 3) */
+    struct rope_set {
+        float *cs, *sn;          /* [max_rows][rotary_dim / 2] */
+        int32_t *pos;            /* [max_rows] the positions they hold */
+        size_t n;                /* rows they hold (0: none) */
+        float inv[KVQ_MAX_DIM / 2], scale; /* fixed unless kvq_rope_len_dependent */
+    } rope[2];
 };
 
-/* Makes cb->rope_cs/sn hold the rows of pos[0..T). dynamic and longrope
- * take the frequencies of the longest sequence the call reaches, as
- * transformers' dynamic_rope_update does for one sequence. */
-static void rope_prepare(struct cpu_backend *cb, const int32_t *pos, size_t T)
+/* Makes set r hold the rows of pos[0..T). dynamic and longrope take the
+ * frequencies of the longest sequence the call reaches, as transformers'
+ * dynamic_rope_update does for one sequence. */
+static const struct rope_set *rope_prepare(struct cpu_backend *cb, int r, const int32_t *pos, size_t T)
 {
     const struct kvq_model_config *c = &cb->base.m->cfg;
     const int half = c->arch.rotary_dim / 2;
-    if (cb->rope_n == T && memcmp(cb->rope_pos, pos, T * sizeof *pos) == 0)
-        return;
-    if (kvq_rope_len_dependent(c)) {
+    struct rope_set *rs = &cb->rope[r];
+    if (rs->n == T && memcmp(rs->pos, pos, T * sizeof *pos) == 0)
+        return rs;
+    if (r == 0 && kvq_rope_len_dependent(c)) {
         int32_t top = 0;
         for (size_t t = 0; t < T; t++)
             top = pos[t] > top ? pos[t] : top;
-        kvq_rope_freqs(c, (size_t)top + 1, cb->rope_inv, &cb->rope_scale);
+        kvq_rope_freqs(c, (size_t)top + 1, rs->inv, &rs->scale);
     }
     for (size_t t = 0; t < T; t++)
-        kvq_rope_rows(cb->rope_inv, cb->rope_scale, half, (size_t)pos[t], 1, cb->rope_cs + t * (size_t)half,
-                      cb->rope_sn + t * (size_t)half);
-    memcpy(cb->rope_pos, pos, T * sizeof *pos);
-    cb->rope_n = T;
+        kvq_rope_rows(rs->inv, rs->scale, half, (size_t)pos[t], 1, rs->cs + t * (size_t)half, rs->sn + t * (size_t)half);
+    memcpy(rs->pos, pos, T * sizeof *pos);
+    rs->n = T;
+    return rs;
 }
 
 /* y = norm(x) with weights w over n values (HF's RMSNorm in float32, sum of
@@ -211,9 +214,21 @@ static void cpu_norm(kvq_backend *b, enum kvq_norm_site site, int layer, const f
 {
     const kvq_model *m = b->m;
     const int h = m->cfg.hidden;
-    const float *w = site == KVQ_NORM_FINAL ? m->final_norm
-                     : site == KVQ_NORM_ATTN ? m->layers[layer].attn_norm
-                                             : m->layers[layer].ffn_norm;
+    const struct kvq_layer_weights *lw = &m->layers[site == KVQ_NORM_FINAL ? 0 : layer];
+    const float *w = site == KVQ_NORM_FINAL       ? m->final_norm
+                     : site == KVQ_NORM_ATTN      ? lw->attn_norm
+                     : site == KVQ_NORM_POST_ATTN ? lw->post_attn_norm
+                     : site == KVQ_NORM_POST_FFN  ? lw->post_ffn_norm
+                                                  : lw->ffn_norm;
+    if (site == KVQ_NORM_POST_ATTN || site == KVQ_NORM_POST_FFN) { /* y += norm(x), a row at a time */
+        float *row = ((struct cpu_backend *)b)->lm_x; /* the LM head's scratch, idle inside the layers */
+        for (size_t t = 0; t < T; t++) {
+            norm_row(m->cfg.arch.norm, x + t * (size_t)h, w, row, h, m->cfg.rms_eps);
+            for (int i = 0; i < h; i++)
+                y[t * (size_t)h + i] += row[i];
+        }
+        return;
+    }
     for (size_t t = 0; t < T; t++)
         norm_row(m->cfg.arch.norm, x + t * (size_t)h, w, y + t * (size_t)h, h, m->cfg.rms_eps);
 }
@@ -244,11 +259,11 @@ static void cpu_qkv_rope(kvq_backend *b, int layer, const float *qkv, size_t T, 
     const struct kvq_layer_weights *w = &m->layers[layer];
     struct cpu_backend *cb = (struct cpu_backend *)b;
     const int d = c->head_dim, rd = c->arch.rotary_dim, half = rd / 2;
-    rope_prepare(cb, pos, T);
+    const struct rope_set *rs = rope_prepare(cb, kvq_rope_layer_local(c, layer), pos, T);
     for (size_t t = 0; t < T; t++) {
         const float *row = qkv + t * (size_t)m->qkv_dim;
-        const float *cs = cb->rope_cs + t * (size_t)half;
-        const float *sn = cb->rope_sn + t * (size_t)half;
+        const float *cs = rs->cs + t * (size_t)half;
+        const float *sn = rs->sn + t * (size_t)half;
         float *qt = q + t * (size_t)m->q_dim, *kt = k + t * (size_t)m->kv_dim;
         for (int hd = 0; hd < c->n_heads; hd++) {
             float *qh = qt + (size_t)hd * d;
@@ -336,9 +351,11 @@ static void cpu_free(kvq_backend *b)
     free(cb->lm_out);
     free(cb->lm_best);
     free(cb->wtile);
-    free(cb->rope_cs);
-    free(cb->rope_sn);
-    free(cb->rope_pos);
+    for (int r = 0; r < 2; r++) {
+        free(cb->rope[r].cs);
+        free(cb->rope[r].sn);
+        free(cb->rope[r].pos);
+    }
     free(b->pos);
     free(cb);
 }
@@ -385,12 +402,16 @@ kvq_status kvq_backend_cpu_create(const kvq_model *m, size_t max_rows, kvq_backe
     cb->wtile = alloc_f(WTILE_ROWS * widest);
     b->pos = malloc(max_rows * sizeof *b->pos);
     const size_t half = (size_t)m->cfg.arch.rotary_dim / 2;
-    cb->rope_cs = alloc_f(max_rows * half);
-    cb->rope_sn = alloc_f(max_rows * half);
-    cb->rope_pos = malloc(max_rows * sizeof *cb->rope_pos);
-    kvq_rope_freqs(&m->cfg, 0, cb->rope_inv, &cb->rope_scale);
-    if (!ok || !cb->lm_x || !cb->lm_out || !cb->lm_best || !cb->wtile || !b->pos || !cb->rope_cs || !cb->rope_sn ||
-        !cb->rope_pos) {
+    for (int r = 0; r < 2; r++) {
+        cb->rope[r].cs = alloc_f(max_rows * half);
+        cb->rope[r].sn = alloc_f(max_rows * half);
+        cb->rope[r].pos = malloc(max_rows * sizeof *cb->rope[r].pos);
+        ok &= cb->rope[r].cs && cb->rope[r].sn && cb->rope[r].pos;
+    }
+    kvq_rope_freqs(&m->cfg, 0, cb->rope[0].inv, &cb->rope[0].scale);
+    if (m->cfg.arch.rope_local_theta > 0)
+        kvq_rope_freqs_local(&m->cfg, cb->rope[1].inv, &cb->rope[1].scale);
+    if (!ok || !cb->lm_x || !cb->lm_out || !cb->lm_best || !cb->wtile || !b->pos) {
         cpu_free(b);
         return KVQ_ERR_NOMEM;
     }

@@ -75,6 +75,7 @@ struct kvq_kv_store_config {
     int v_norm_correct; /* kvq_seq_config.v_norm_correct */
     const int *windows; /* [n_layers] sliding window of each layer in tokens (a query at p
                          * sees (p - W, p]), 0 = all; NULL = no window anywhere */
+    float attn_scale;   /* score scale; 0 = 1 / sqrt(head_dim) */
 };
 
 /** A store of kvq_cache pages in host memory, attended by kvq_attn_* (the

@@ -27,6 +27,7 @@ struct cpu_store {
     float **wk, **wv;   /* [n_work][max window][head_dim] a window's decoded rows */
     double **wsc;       /* [n_work][max window] its scores */
     int n_kv, n_heads, head_dim;
+    float scale;        /* attention score scale */
     int recent_f16;
     /* per pool thread (parallel.h), so KV heads are attended in parallel */
     int n_work;
@@ -114,7 +115,7 @@ static void attend_head(void *p, int g, int w)
     struct cpu_store *s = j->s;
     const int d = s->head_dim, G = s->n_heads / s->n_kv;
     const size_t gd = (size_t)G * d, qd = (size_t)s->n_heads * d, T = j->T;
-    const float scale = 1.0f / sqrtf((float)d);
+    const float scale = s->scale;
     kvq_status st;
     if (T == 1) {
         st = kvq_attn_decode(j->cache, g, j->pos0 + 1, j->q + g * gd, G, scale, j->out + g * gd, s->ws[w]);
@@ -201,7 +202,7 @@ static void window_head(void *ctx, int g, int w)
         }
         pos += here;
     }
-    const double scale = 1.0 / sqrt((double)d);
+    const double scale = s->scale;
     double *sc = s->wsc[w];
     for (int h = 0; h < G; h++) {
         const float *qh = j->q + ((size_t)g * G + h) * (size_t)d;
@@ -436,6 +437,7 @@ kvq_status kvq_kv_store_cpu_create(const struct kvq_kv_store_config *cfg, kvq_kv
     s->n_kv = c0->n_kv_heads;
     s->n_heads = cfg->n_heads;
     s->head_dim = c0->head_dim;
+    s->scale = cfg->attn_scale > 0 ? cfg->attn_scale : 1.0f / sqrtf((float)c0->head_dim);
     s->recent_f16 = c0->recent_f16;
     size_t n = (size_t)cfg->n_layers * (size_t)cfg->max_seqs, max_tokens = 0, max_window = 0;
     s->caches = calloc(n * RING, sizeof *s->caches);

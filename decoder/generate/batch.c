@@ -14,6 +14,7 @@
 #include "decoder_internal.h"
 #include "kv_store.h"
 #include "kvq_batch.h"
+#include "kvq_cuda.h"
 #include "kvq_rng.h"
 #include "matvec_internal.h"
 
@@ -142,6 +143,9 @@ kvq_status kvq_batch_create(const kvq_model *m, const struct kvq_batch_config *c
     const size_t S = (size_t)bc.max_seqs;
     struct kvq_cache_config *ccs = calloc((size_t)c->n_layers, sizeof *ccs);
     kvq_status st = ccs ? plan_pool(b, ccs, err) : kvq_error_set(err, KVQ_ERR_NOMEM, "out of memory");
+    if (st == KVQ_OK && (c->arch.sliding_window || c->arch.attn_scale > 0)) /* the store config has neither here */
+        st = kvq_error_set(err, KVQ_ERR_UNSUPPORTED, "batches of %s models are not supported yet (kvq_seq is)",
+                           c->arch.sliding_window ? "sliding-window" : c->model_type);
     if (st == KVQ_OK) {
         struct kvq_kv_store_config kc = {ccs, c->n_layers, bc.max_seqs, c->n_heads, b->max_rows,
                                          bc.seq.v_norm_correct};
@@ -385,4 +389,51 @@ void kvq_batch_get_stats(const kvq_batch *b, struct kvq_batch_stats *st)
     st->t_attn = b->tm.attn;
     st->t_lm_head = b->tm.lm_head;
     st->t_total = b->t_total;
+}
+
+kvq_status kvq_batch_fill(kvq_batch *b, int slot, size_t n, uint64_t seed)
+{
+    if (!b || slot < 0 || slot >= b->max_seqs || !b->taken[slot])
+        return KVQ_ERR_INVALID_ARG;
+    if (n > b->max_ctx - b->len[slot])
+        return KVQ_ERR_CONTEXT_FULL;
+    const size_t more = kvq_batch_pages_for(b, b->len[slot] + n) - kvq_batch_pages_for(b, b->len[slot]);
+    if (more > b->pages_total - b->pages_used)
+        return KVQ_ERR_BUDGET;
+    const struct kvq_model_config *c = &b->m->cfg;
+    /* the rows of one chunk, reused for every chunk and layer: their values
+     * do not change what a step costs; unit-variance K, V */
+    const size_t kvd = (size_t)c->n_kv_heads * (size_t)c->head_dim, C = n < 4096 ? n : 4096;
+    float *rows = malloc(2 * C * kvd * sizeof *rows);
+    if (!rows)
+        return KVQ_ERR_NOMEM;
+    kvq_rng r;
+    kvq_rng_init(&r, seed);
+    for (size_t i = 0; i < 2 * C * kvd; i++)
+        rows[i] = (float)kvq_rng_gauss(&r);
+    float *k = rows, *v = rows + C * kvd;
+    kvq_status st = KVQ_OK;
+    void *dev = NULL;
+    if (b->be->device) {
+        st = kvq_cuda_malloc(&dev, 2 * C * kvd * sizeof *rows);
+        if (st == KVQ_OK)
+            st = kvq_cuda_memcpy_h2d(dev, rows, 2 * C * kvd * sizeof *rows);
+        k = dev;
+        v = (float *)dev + C * kvd;
+    }
+    size_t done = 0;
+    for (; st == KVQ_OK && done < n; done += C) {
+        const size_t m = n - done < C ? n - done : C;
+        for (int l = 0; l < c->n_layers && st == KVQ_OK; l++)
+            st = b->kv->ops->append(b->kv, l, 1, &slot, m, k, v);
+        if (st != KVQ_OK)
+            b->kv->ops->truncate(b->kv, slot, c->n_layers, b->len[slot] + done);
+    }
+    kvq_cuda_free(dev);
+    free(rows);
+    if (st != KVQ_OK)
+        return st;
+    b->pages_used += more;
+    b->len[slot] += n;
+    return KVQ_OK;
 }

@@ -217,9 +217,12 @@ kvq_status kvq_seq_create(const kvq_model *m, const struct kvq_seq_config *cfg, 
     for (int l = 0; windows && l < c->n_layers; l++)
         windows[l] = c->arch.window_layers[l / 8] >> (l % 8) & 1 ? c->arch.sliding_window : 0;
     kc.windows = windows;
+    kc.attn_scale = c->arch.attn_scale;
+    const int cpu_only = windows || c->arch.sandwich_norm || c->arch.attn_scale > 0;
     kvq_status st = c->arch.sliding_window && !windows ? kvq_error_set(err, KVQ_ERR_NOMEM, "out of memory")
-                    : cuda && windows ? kvq_error_set(err, KVQ_ERR_UNSUPPORTED,
-                                                      "sliding-window attention runs on the CPU only (--device cpu)")
+                    : cuda && cpu_only ? kvq_error_set(err, KVQ_ERR_UNSUPPORTED,
+                                                       "%s runs on the CPU only (--device cpu)",
+                                                       windows ? "sliding-window attention" : "Gemma's architecture")
                     : cuda ? kvq_kv_store_cuda_create(&kc, &s->kv, err)
                            : kvq_kv_store_cpu_create(&kc, &s->kv, err);
     free(windows);

@@ -115,11 +115,17 @@ kvq_status kvq_forward_rows(const struct kvq_fwd *f, const int32_t *ids, const s
         }
         f->tm->attn += kvq_now() - t0;
 
-        linear_rows(f, segs, n_segs, T, KVQ_W_O, l, a->attn, a->x, 1);
+        /* sandwich norms (Gemma): an output is normed in xn, then added */
+        const int sw = f->m->cfg.arch.sandwich_norm;
+        linear_rows(f, segs, n_segs, T, KVQ_W_O, l, a->attn, sw ? a->xn : a->x, !sw);
+        if (sw)
+            op->norm(be, KVQ_NORM_POST_ATTN, l, a->xn, a->x, T);
         op->norm(be, KVQ_NORM_FFN, l, a->x, a->xn, T);
         linear_rows(f, segs, n_segs, T, KVQ_W_GATE_UP, l, a->xn, a->gu, 0);
         op->glu(be, a->gu, a->h, T);
-        linear_rows(f, segs, n_segs, T, KVQ_W_DOWN, l, a->h, a->x, 1);
+        linear_rows(f, segs, n_segs, T, KVQ_W_DOWN, l, a->h, sw ? a->xn : a->x, !sw);
+        if (sw)
+            op->norm(be, KVQ_NORM_POST_FFN, l, a->xn, a->x, T);
     }
     return KVQ_OK;
 }

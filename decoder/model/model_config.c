@@ -77,6 +77,13 @@ static kvq_status arch_from_type(const cJSON *root, const char *type, struct kvq
         a->mlp_bias = get_bool(root, "mlp_bias");
     } else if (strcmp(type, "qwen2") == 0) {
         a->qkv_bias = 1; /* Qwen2 always has q/k/v biases and none elsewhere */
+    } else if (strcmp(type, "gemma3_text") == 0) {
+        a->qk_norm = 1;
+        a->sandwich_norm = 1;
+        a->norm = KVQ_NORM_RMS_UNIT_OFFSET;
+        a->act = KVQ_ACT_GELU_TANH;
+        a->qkv_bias = a->o_bias = attention_bias;
+        a->tied_embeddings = !cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(root, "tie_word_embeddings"));
     } else if (strcmp(type, "phi3") == 0) {
         a->fused_proj = 1; /* qkv_proj and gate_up_proj, no biases */
     } else if (strcmp(type, "qwen3") == 0) {
@@ -84,7 +91,7 @@ static kvq_status arch_from_type(const cJSON *root, const char *type, struct kvq
         a->qk_norm = 1;
     } else {
         return kvq_error_set(err, KVQ_ERR_UNSUPPORTED,
-                             "config.json: model_type '%s' is not supported (llama, mistral, qwen2, qwen3, phi3)", type);
+                             "config.json: model_type '%s' is not supported (llama, mistral, qwen2, qwen3, phi3, gemma3_text)", type);
     }
     return KVQ_OK;
 }
@@ -121,11 +128,13 @@ static kvq_status get_factors(const cJSON *obj, const char *key, int n, float *o
 }
 
 /* The RoPE object of a config: rope_parameters (transformers 5) or
- * rope_scaling (older), whichever names a type; NULL for plain RoPE. */
-static kvq_status rope_object(const cJSON *root, const cJSON **obj, kvq_error *err)
+ * rope_scaling (older); NULL for plain RoPE. One keyed by layer type
+ * (Gemma 3 in transformers 5) gives its full_attention object, and its
+ * sliding_attention object in *local. */
+static kvq_status rope_object(const cJSON *root, const cJSON **obj, const cJSON **local, kvq_error *err)
 {
     static const char *keys[2] = {"rope_parameters", "rope_scaling"};
-    *obj = NULL;
+    *obj = *local = NULL;
     for (int i = 0; i < 2; i++) {
         const cJSON *o = cJSON_GetObjectItemCaseSensitive(root, keys[i]);
         if (!o || cJSON_IsNull(o))
@@ -134,6 +143,30 @@ static kvq_status rope_object(const cJSON *root, const cJSON **obj, kvq_error *e
             return kvq_error_set(err, KVQ_ERR_FORMAT, "config.json: '%s' is not an object", keys[i]);
         if (!*obj)
             *obj = o;
+    }
+    const cJSON *full = *obj ? cJSON_GetObjectItemCaseSensitive(*obj, "full_attention") : NULL;
+    if (cJSON_IsObject(full)) {
+        *local = cJSON_GetObjectItemCaseSensitive(*obj, "sliding_attention");
+        *obj = full;
+    }
+    return KVQ_OK;
+}
+
+/* Gemma 3's windowed layers: plain RoPE of rope_local_base_freq (or the
+ * sliding_attention object's rope_theta), 10000 by default. */
+static kvq_status parse_local_rope(const cJSON *root, const cJSON *local, struct kvq_model_config *c, kvq_error *err)
+{
+    const cJSON *t = local ? cJSON_GetObjectItemCaseSensitive(local, "rope_theta")
+                           : cJSON_GetObjectItemCaseSensitive(root, "rope_local_base_freq");
+    const cJSON *ty = local ? cJSON_GetObjectItemCaseSensitive(local, "rope_type") : NULL;
+    if (ty && !cJSON_IsNull(ty) && !(cJSON_IsString(ty) && strcmp(ty->valuestring, "default") == 0))
+        return kvq_error_set(err, KVQ_ERR_UNSUPPORTED, "config.json: sliding_attention rope type '%.40s' is not supported",
+                             cJSON_IsString(ty) ? ty->valuestring : "?");
+    c->arch.rope_local_theta = 10000.0;
+    if (t && !cJSON_IsNull(t)) {
+        if (!cJSON_IsNumber(t) || !(t->valuedouble > 1.0) || !isfinite(t->valuedouble))
+            return kvq_error_set(err, KVQ_ERR_FORMAT, "config.json: the local rope_theta must be a number > 1");
+        c->arch.rope_local_theta = t->valuedouble;
     }
     return KVQ_OK;
 }
@@ -144,9 +177,9 @@ static kvq_status rope_object(const cJSON *root, const cJSON **obj, kvq_error *e
  * original_max_position_embeddings there). Needs head_dim and max_ctx. */
 static kvq_status parse_rope(const cJSON *root, struct kvq_model_config *c, kvq_error *err)
 {
-    const cJSON *o;
-    kvq_status st = rope_object(root, &o, err);
-    if (st != KVQ_OK)
+    const cJSON *o, *local;
+    kvq_status st = rope_object(root, &o, &local, err);
+    if (st != KVQ_OK || (c->arch.sandwich_norm && (st = parse_local_rope(root, local, c, err)) != KVQ_OK))
         return st;
     struct kvq_rope_scaling *rs = &c->arch.rope_scaling;
     memset(rs, 0, sizeof *rs);
@@ -262,6 +295,36 @@ static kvq_status parse_rope(const cJSON *root, struct kvq_model_config *c, kvq_
     return KVQ_OK;
 }
 
+/* Gemma's scalars: embedding scale sqrt(hidden) (a float32 tensor in
+ * transformers), attention scale query_pre_attn_scalar^-1/2, the final
+ * logit soft-cap; an attention soft-cap is refused (the attention kernels
+ * have none). */
+static kvq_status parse_gemma(const cJSON *root, struct kvq_model_config *c, kvq_error *err)
+{
+    struct kvq_model_arch *a = &c->arch;
+    const cJSON *acap = cJSON_GetObjectItemCaseSensitive(root, "attn_logit_softcapping");
+    if (acap && !cJSON_IsNull(acap))
+        return kvq_error_set(err, KVQ_ERR_UNSUPPORTED, "config.json: attn_logit_softcapping is not supported");
+    const cJSON *fcap = cJSON_GetObjectItemCaseSensitive(root, "final_logit_softcapping");
+    if (fcap && !cJSON_IsNull(fcap)) {
+        if (!cJSON_IsNumber(fcap) || !(fcap->valuedouble > 0) || !isfinite(fcap->valuedouble))
+            return kvq_error_set(err, KVQ_ERR_FORMAT, "config.json: final_logit_softcapping must be a positive number");
+        a->final_softcap = (float)fcap->valuedouble;
+    }
+    if (!a->sandwich_norm)
+        return KVQ_OK;
+    a->embed_scale = (float)sqrt((double)c->hidden);
+    const cJSON *qs = cJSON_GetObjectItemCaseSensitive(root, "query_pre_attn_scalar");
+    double q = c->head_dim;
+    if (qs && !cJSON_IsNull(qs)) {
+        if (!cJSON_IsNumber(qs) || !(qs->valuedouble > 0) || !isfinite(qs->valuedouble))
+            return kvq_error_set(err, KVQ_ERR_FORMAT, "config.json: query_pre_attn_scalar must be a positive number");
+        q = qs->valuedouble;
+    }
+    a->attn_scale = (float)pow(q, -0.5);
+    return KVQ_OK;
+}
+
 /* Sliding-window attention, as transformers' models apply it: a windowed
  * layer's query at position p sees keys (p - W, p]. Mistral and Phi-3 window
  * every layer when sliding_window is set; Qwen2/Qwen3 only with
@@ -295,8 +358,14 @@ static kvq_status parse_window(const cJSON *root, struct kvq_model_config *c, kv
                              c->n_layers);
     const cJSON *e = lt ? lt->child : NULL;
     int any = 0;
+    int pattern = 0; /* Gemma 3 without layer_types: every pattern-th layer global */
+    if (!lt && c->arch.sandwich_norm) {
+        kvq_status st = get_int(root, "sliding_window_pattern", 6, MAX_LAYERS, &pattern, err);
+        if (st != KVQ_OK)
+            return st;
+    }
     for (int l = 0; l < c->n_layers; l++, e = e ? e->next : NULL) {
-        int windowed = !qwen || l >= mwl;
+        int windowed = pattern ? (l + 1) % pattern != 0 : !qwen || l >= mwl;
         if (lt) {
             if (!cJSON_IsString(e) || (strcmp(e->valuestring, "sliding_attention") && strcmp(e->valuestring, "full_attention")))
                 return kvq_error_set(err, KVQ_ERR_UNSUPPORTED,
@@ -327,10 +396,15 @@ static kvq_status parse_root(const cJSON *root, struct kvq_model_config *c, kvq_
     if (st != KVQ_OK)
         return st;
 
-    const cJSON *act = cJSON_GetObjectItemCaseSensitive(root, "hidden_act");
-    if (act && !(cJSON_IsString(act) && strcmp(act->valuestring, "silu") == 0))
-        return kvq_error_set(err, KVQ_ERR_UNSUPPORTED, "config.json: hidden_act '%s' is not supported (silu only)",
-                             cJSON_IsString(act) ? act->valuestring : "?");
+    /* the activation the architecture implies; a config naming another is refused */
+    const int gemma = c->arch.act == KVQ_ACT_GELU_TANH;
+    const char *want = gemma ? "gelu_pytorch_tanh" : "silu";
+    const cJSON *act = cJSON_GetObjectItemCaseSensitive(root, gemma ? "hidden_activation" : "hidden_act");
+    if (!act && gemma)
+        act = cJSON_GetObjectItemCaseSensitive(root, "hidden_act");
+    if (act && !cJSON_IsNull(act) && !(cJSON_IsString(act) && strcmp(act->valuestring, want) == 0))
+        return kvq_error_set(err, KVQ_ERR_UNSUPPORTED, "config.json: hidden_act '%s' is not supported (%s only for %s)",
+                             cJSON_IsString(act) ? act->valuestring : "?", want, c->model_type);
 
     if ((st = get_int(root, "hidden_size", -1, MAX_DIM, &c->hidden, err)) ||
         (st = get_int(root, "num_hidden_layers", -1, MAX_LAYERS, &c->n_layers, err)) ||
@@ -348,7 +422,7 @@ static kvq_status parse_root(const cJSON *root, struct kvq_model_config *c, kvq_
                              "config.json: num_attention_heads %d is not a multiple of num_key_value_heads %d "
                              "(with at most %d query heads per KV head)",
                              c->n_heads, c->n_kv_heads, KVQ_ATTN_MAX_Q);
-    if ((st = parse_window(root, c, err)) != KVQ_OK)
+    if ((st = parse_window(root, c, err)) != KVQ_OK || (st = parse_gemma(root, c, err)) != KVQ_OK)
         return st;
 
     const cJSON *eps = cJSON_GetObjectItemCaseSensitive(root, "rms_norm_eps");
@@ -421,5 +495,7 @@ size_t kvq_model_config_layer_params(const struct kvq_model_config *c)
         p += 2 * f + h;
     if (c->arch.qk_norm)
         p += 2 * (size_t)c->head_dim;
+    if (c->arch.sandwich_norm)
+        p += 2 * h;
     return p;
 }

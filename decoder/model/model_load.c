@@ -123,7 +123,7 @@ static size_t arena_size(const kvq_model *m, int f32)
 {
     const struct kvq_model_config *c = &m->cfg;
     size_t h = (size_t)c->hidden, f = (size_t)c->ffn;
-    size_t per = round16(h) * 2;
+    size_t per = round16(h) * (c->arch.sandwich_norm ? 4 : 2);
     if (f32)
         per += round16((size_t)m->qkv_dim * h) + round16(h * m->q_dim) + round16(2 * f * h) + round16(h * f);
     if (c->arch.qkv_bias)
@@ -218,8 +218,17 @@ static kvq_status load_layer(struct loader *L, int l)
         w->bo = p = take(L, (size_t)h);
         LOAD("self_attn.o_proj.bias", 1, h, 0, p);
     }
-    w->ffn_norm = p = take(L, (size_t)h);
-    LOAD("post_attention_layernorm.weight", 1, h, 0, p);
+    if (c->arch.sandwich_norm) { /* Gemma: input, post-attention, pre- and post-feedforward */
+        w->post_attn_norm = p = take(L, (size_t)h);
+        LOAD("post_attention_layernorm.weight", 1, h, 0, p);
+        w->ffn_norm = p = take(L, (size_t)h);
+        LOAD("pre_feedforward_layernorm.weight", 1, h, 0, p);
+        w->post_ffn_norm = p = take(L, (size_t)h);
+        LOAD("post_feedforward_layernorm.weight", 1, h, 0, p);
+    } else {
+        w->ffn_norm = p = take(L, (size_t)h);
+        LOAD("post_attention_layernorm.weight", 1, h, 0, p);
+    }
     if ((st = load_mat(L, fi, l, fused ? gu1 : gu2, fused ? gu_fused : gu_rows, fused ? 1 : 2, h,
                        &mats[KVQ_WEIGHT_GATE_UP], &w->wgu)) != KVQ_OK)
         return st;

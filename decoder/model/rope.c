@@ -135,6 +135,14 @@ void kvq_rope_freqs(const struct kvq_model_config *c, size_t seq_len, float *inv
     }
 }
 
+void kvq_rope_freqs_local(const struct kvq_model_config *c, float *inv, float *scale)
+{
+    const int dim = c->arch.rotary_dim;
+    for (int i = 0; i < dim / 2; i++)
+        inv[i] = (float)(1.0 / pow(c->arch.rope_local_theta, (double)(2 * i) / dim));
+    *scale = 1.0f;
+}
+
 void kvq_rope_rows(const float *inv, float scale, int half, size_t pos0, size_t n, float *cs, float *sn)
 {
     for (size_t p = 0; p < n; p++)

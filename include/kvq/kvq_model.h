@@ -109,6 +109,15 @@ struct kvq_model_arch {
     float final_softcap; /* logits = c * tanh(logits / c) when > 0 */
     float attn_softcap;  /* attention scores capped likewise when > 0 (not supported yet:
                             config parsing refuses it) */
+    float attn_scale;    /* attention score scale; 0 = 1 / sqrt(head_dim) (Gemma:
+                            query_pre_attn_scalar^-1/2) */
+    int sandwich_norm;   /* Gemma 2/3: the attention and MLP outputs are normed
+                            (post_attention_layernorm, post_feedforward_layernorm)
+                            before the residual add, the MLP input by
+                            pre_feedforward_layernorm */
+    double rope_local_theta; /* > 0: windowed layers use plain RoPE of this base
+                                (Gemma 3's rope_local_base_freq), the others rope_theta
+                                with rope_scaling */
     int sliding_window;  /* tokens a query sees in a windowed layer (itself included), 0 = all */
     uint8_t window_layers[KVQ_MODEL_MAX_LAYERS / 8]; /* bit l: layer l is windowed */
 };
@@ -116,7 +125,7 @@ struct kvq_model_arch {
 #define KVQ_MODEL_MAX_EOS 4
 
 struct kvq_model_config {
-    char model_type[32]; /* "llama", "mistral", "qwen2", "qwen3", "phi3" */
+    char model_type[32]; /* "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text" */
     int hidden;          /* hidden_size */
     int n_layers;        /* num_hidden_layers */
     int n_heads;         /* num_attention_heads */

@@ -80,6 +80,14 @@ FAMILIES = {
     "qwen2_window": ("Qwen2Config", "Qwen2ForCausalLM", base(num_hidden_layers=3, use_sliding_window=True,
                                                              sliding_window=8, max_window_layers=1), 40,
                      "Qwen2 with use_sliding_window: layers from max_window_layers on windowed (layer_types)"),
+    "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM", base(
+        tie_word_embeddings=True, rms_norm_eps=1e-6, num_hidden_layers=4, sliding_window=8, query_pre_attn_scalar=24,
+        hidden_activation="gelu_pytorch_tanh", final_logit_softcapping=None, attn_logit_softcapping=None,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 8.0}}),
+        40, "Gemma 3 text: (1+w) RMSNorm incl. q/k norms, sandwich norms, GELU-tanh, embedding scale, "
+            "query_pre_attn_scalar, sliding/global layers with local and linear-scaled global RoPE"),
     "qwen2_kbias": ("Qwen2Config", "Qwen2ForCausalLM", base(num_hidden_layers=4), 40,
                     "Qwen2 whose first and last layers' k_proj bias has 30x the median norm (the Qwen2/2.5 case "
                     "that breaks 3-bit keys elsewhere: llama.cpp issue 21385)"),
@@ -150,7 +158,9 @@ def build(name, out_dir, seed):
     ref = getattr(transformers, model_cls).from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
     saved = json.load(open(os.path.join(d, "config.json")))
     rp = saved.get("rope_parameters") or saved.get("rope_scaling") or {}
-    want = kw.get("rope_parameters", {}).get("rope_type", "default")
+    rp = rp.get("full_attention", rp)  # keyed by layer type (Gemma 3)
+    kp = kw.get("rope_parameters", {})
+    want = kp.get("full_attention", kp).get("rope_type", "default")
     if rp.get("rope_type", rp.get("type", "default")) != want:
         sys.exit(f"{name}: config.json lost the rope type {want}: {rp}")
     ids = torch.cat([torch.tensor([1]), torch.randint(3, VOCAB, (T - 1,), generator=gen)])
