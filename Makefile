@@ -50,6 +50,8 @@ ALL_CFLAGS = -std=c11 -D_DEFAULT_SOURCE -D_POSIX_C_SOURCE=200809L -fPIC $(WARN) 
              $(if $(filter 1,$(WERROR)),-Werror) $(addprefix -I,$(INCDIRS)) $(VIS) -MMD -MP $(CFLAGS)
 SIMD_FLAGS := -mavx2 -mfma -mf16c
 LDLIBS   := -lfftw3f -lopenblas -lcjson -lpcre2-8 -lutf8proc -lm -lpthread
+# kvq serve's HTTP (tools/serve_http.c): the command links it, the library does not.
+APP_LDLIBS := -lmicrohttpd
 
 LIB_SRC   := $(sort $(wildcard kvq/*/*.c) $(wildcard codebooks/*.c) $(wildcard decoder/*.c decoder/*/*.c) \
                    $(wildcard eval/*.c))
@@ -173,13 +175,13 @@ $(PC): mk/kvq.pc.in Makefile
 
 $(KVQ): $(TOOL_OBJ) $(LIB_A)
 	@mkdir -p $(@D)
-	$(CC) $(LDFLAGS) -o $@ $(TOOL_OBJ) $(LIB_A) $(LDLIBS)
+	$(CC) $(LDFLAGS) -o $@ $(TOOL_OBJ) $(LIB_A) $(LDLIBS) $(APP_LDLIBS)
 
 # Tests link the tool objects too (except main), so subcommands are testable.
 TOOL_LIB_OBJ := $(filter-out $(BUILD)/obj/tools/kvq.o,$(TOOL_OBJ))
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TOOL_LIB_OBJ) $(LIB_A)
 	@mkdir -p $(@D)
-	$(CC) $(LDFLAGS) -o $@ $< $(TOOL_LIB_OBJ) $(LIB_A) $(LDLIBS)
+	$(CC) $(LDFLAGS) -o $@ $< $(TOOL_LIB_OBJ) $(LIB_A) $(LDLIBS) $(APP_LDLIBS)
 
 $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(LIB_A)
 	@mkdir -p $(@D)
@@ -191,7 +193,8 @@ $(BUILD)/bench/bench_cuda: $(BENCH_CUDA_OBJ)
 tests: $(TEST_BIN) $(KVQ)
 test: tests
 	@sh tests/tokenizer/fetch.sh build/tokenizer-data
-	@KVQ_BUILD=$(BUILD) sh tests/run.sh $(BUILD) $(TEST_BIN) tests/test_boundaries.sh tests/cuda/test_emulate_v4.sh
+	@KVQ_BUILD=$(BUILD) sh tests/run.sh $(BUILD) $(TEST_BIN) tests/test_boundaries.sh tests/cuda/test_emulate_v4.sh \
+	    tests/test_serve.sh
 
 benches: $(BENCH_BIN) $(KVQ)
 bench: benches
@@ -208,7 +211,9 @@ fuzz:
 fuzzers: $(FUZZ_BIN)
 $(BUILD)/fuzz/%: $(BUILD)/obj/tests/fuzz/%.o $(LIB_A)
 	@mkdir -p $(@D)
-	$(CC) -fsanitize=fuzzer,address,undefined -o $@ $< $(LIB_A) $(LDLIBS)
+	$(CC) -fsanitize=fuzzer,address,undefined -o $@ $(filter %.o,$^) $(LIB_A) $(LDLIBS)
+# kvq serve's request parser lives with the command (tools/).
+$(BUILD)/fuzz/fuzz_serve_request: $(BUILD)/obj/tools/serve_request.o
 
 run: all
 	@sh mk/run-demo.sh $(BUILD)

@@ -17,6 +17,7 @@ have_lib() {
 have_lib fftw3.h       -lfftw3f  || missing="$missing libfftw3-dev"
 have_lib cblas.h       -lopenblas || missing="$missing libopenblas-dev"
 have_lib cjson/cJSON.h -lcjson   || missing="$missing libcjson-dev"
+have_lib microhttpd.h  -lmicrohttpd || missing="$missing libmicrohttpd-dev"
 # The tokenizer's regexes (Split, ByteLevel) and Unicode normalization.
 have_lib pcre2.h       -lpcre2-8 || missing="$missing libpcre2-dev"
 have_lib utf8proc.h    -lutf8proc || missing="$missing libutf8proc-dev"

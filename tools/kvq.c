@@ -18,6 +18,7 @@ int cmd_eval(int argc, char **argv);
 int cmd_ppl(int argc, char **argv);
 int cmd_passkey(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 
 static const struct cli_command commands[] = {
     {"types", "list cache types with their exact storage cost", cmd_types},
@@ -28,6 +29,7 @@ static const struct cli_command commands[] = {
     {"ppl", "perplexity of a text with the compressed KV cache in the loop", cmd_ppl},
     {"passkey", "passkey-retrieval accuracy per prompt length on the compressed KV cache", cmd_passkey},
     {"tokenize", "text -> token ids (or --decode ids -> text) with a tokenizer.json, exactly as HF", cmd_tokenize},
+    {"serve", "OpenAI-compatible HTTP server batching many sequences over one compressed page pool", cmd_serve},
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])
 

@@ -1,0 +1,244 @@
+#!/bin/sh
+# test_serve.sh - `kvq serve` end to end on loopback, bounded in time:
+#  1. the official openai npm client (pinned, installed once under
+#     $KVQ_BUILD/npm; skipped in one line when npm is offline) drives
+#     completions, chat, streaming, logprobs, seeds and errors; greedy text
+#     equals the HF reference of the bundled model (f32 cache);
+#  2. raw HTTP with curl: every kind of bad input gets its status in OpenAI's
+#     error shape, and afterwards /health answers and every page is back;
+#  3. load: 32 clients x 8 requests under a small --kv-budget: each request
+#     completes with exactly its solo tokens or gets an honest 429/503;
+#  4. a client that disconnects mid-stream frees its pages; SIGTERM drains
+#     the running stream to data: [DONE] and exits 0.
+name=test_serve.sh
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${KVQ_BUILD:-build}
+case $build in /*) ;; *) build=$root/$build ;; esac
+kvq=$build/bin/kvq
+model=$root/models/kvq-tiny-llama
+OPENAI_VERSION=4.104.0
+passed=0; failed=0; skipped=0
+ok() { echo "ok   $1"; passed=$((passed + 1)); }
+bad() { echo "FAIL $1"; failed=$((failed + 1)); }
+skip() { echo "skip $1"; skipped=$((skipped + 1)); }
+check() { if [ "$2" = "$3" ]; then ok "$1"; else bad "$1: got '$2', want '$3'"; fi; }
+finish() {
+    echo "$name: $passed passed, $failed failed, $skipped skipped"
+    exit 0
+}
+tmp=$(mktemp -d) || exit 1
+pid=""
+cleanup() {
+    [ -n "$pid" ] && kill -KILL "$pid" 2>/dev/null
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+if ! command -v curl >/dev/null 2>&1 || [ ! -x "$kvq" ]; then
+    skip "kvq serve: no curl or no $kvq"
+    finish
+fi
+
+# start_server LOG ARGS...: starts kvq serve on a free port; sets pid, port, url.
+start_server() {
+    log=$1; shift
+    "$kvq" serve --model "$model" --port 0 "$@" 2>"$log" &
+    pid=$!
+    port=""
+    i=0
+    while [ $i -lt 100 ] && [ -z "$port" ]; do
+        port=$(sed -n 's/.*listening on http:\/\/127\.0\.0\.1:\([0-9]*\).*/\1/p' "$log")
+        [ -n "$port" ] || sleep 0.1
+        i=$((i + 1))
+    done
+    url=http://127.0.0.1:$port
+    [ -n "$port" ]
+}
+
+# stop_server: SIGTERM, waits; sets stop_rc.
+stop_server() {
+    kill -TERM "$pid" 2>/dev/null
+    wait "$pid"
+    stop_rc=$?
+    pid=""
+}
+
+# status METHOD PATH [BODY] [extra curl args]: prints the HTTP status, body in $tmp/body.
+status() {
+    m=$1; p=$2; shift 2
+    if [ $# -gt 0 ]; then
+        b=$1; shift
+        curl -s -o "$tmp/body" -w '%{http_code}' -X "$m" --max-time 60 -H 'Content-Type: application/json' \
+            --data-binary "$b" "$@" "$url$p"
+    else
+        curl -s -o "$tmp/body" -w '%{http_code}' -X "$m" --max-time 60 "$@" "$url$p"
+    fi
+}
+
+metric() { curl -s --max-time 10 "$url/metrics" | sed -n "s/^$1 //p"; }
+
+# All pages back and nothing running: polls for up to 5 s (a cancelled
+# sequence leaves within one step).
+pool_clean() {
+    i=0
+    while [ $i -lt 50 ]; do
+        if [ "$(metric kvq_kv_pages_used)" = 0 ] && [ "$(metric kvq_kv_pages_reserved)" = 0 ] &&
+            [ "$(metric kvq_running_sequences)" = 0 ] && [ "$(metric kvq_waiting_requests)" = 0 ]; then
+            return 0
+        fi
+        sleep 0.1
+        i=$((i + 1))
+    done
+    return 1
+}
+after() {
+    if [ "$(status GET /health)" = 200 ] && pool_clean; then ok "$1: /health 200, every page back"
+    else bad "$1: /health or the pool is not clean: $(curl -s "$url/metrics" | grep -E '^kvq_(kv_pages|running|waiting)')"; fi
+}
+
+# ---- 1. the openai npm client ---------------------------------------------
+if start_server "$tmp/log1" --api-key sekrit --cache-type-k f32 --cache-type-v f32 --max-seqs 4; then
+    npm_dir=$build/npm
+    if ! command -v node >/dev/null 2>&1; then
+        skip "openai client: node is not installed"
+    elif [ ! -d "$npm_dir/node_modules/openai" ] && ! { command -v npm >/dev/null 2>&1 &&
+        timeout 180 npm install --prefix "$npm_dir" --no-audit --no-fund --no-save --loglevel=error \
+            "openai@$OPENAI_VERSION" >"$tmp/npm.log" 2>&1; }; then
+        skip "openai client: npm could not install openai@$OPENAI_VERSION (offline?)"
+    else
+        node "$root/tests/serve_client.cjs" "$npm_dir" "$url" sekrit kvq-tiny-llama \
+            "$model/reference/reference.json" 0 >"$tmp/node.out" 2>&1
+        cat "$tmp/node.out"
+        passed=$((passed + $(grep -c '^ok ' "$tmp/node.out")))
+        failed=$((failed + $(grep -c '^FAIL ' "$tmp/node.out")))
+        grep -q '^ok \|^FAIL ' "$tmp/node.out" || bad "openai client: no result (see above)"
+    fi
+    check "401 without a key" "$(status POST /v1/completions '{"prompt":"x"}')" 401
+    grep -q '"code":"invalid_api_key"' "$tmp/body" && ok "401 body in OpenAI's shape" || bad "401 body: $(cat "$tmp/body")"
+    check "/health needs no key" "$(status GET /health)" 200
+    stop_server
+    check "SIGTERM on an idle server exits 0" "$stop_rc" 0
+else
+    bad "kvq serve did not start: $(cat "$tmp/log1")"
+fi
+
+# ---- 2. bad input, faults ---------------------------------------------------
+if start_server "$tmp/log2" --ctx 512 --max-body 64KiB --timeout 2 -ctk f16 -ctv f16 --max-seqs 4; then
+    check "malformed JSON: 400" "$(status POST /v1/completions '{"prompt": "x",')" 400
+    grep -q '"type":"invalid_request_error"' "$tmp/body" && ok "400 body in OpenAI's shape" || bad "400 body: $(cat "$tmp/body")"
+    check "wrong type: 400" "$(status POST /v1/completions '{"prompt":"x","max_tokens":"ten"}')" 400
+    grep -q '"param":"max_tokens"' "$tmp/body" && ok "400 names the field" || bad "400 param: $(cat "$tmp/body")"
+    check "prompt missing: 400" "$(status POST /v1/completions '{"max_tokens":3}')" 400
+    check "a JSON array body: 400" "$(status POST /v1/completions '[1,2]')" 400
+    check "n=2: 400" "$(status POST /v1/completions '{"prompt":"x","n":2}')" 400
+    check "token id out of range: 400" "$(status POST /v1/completions '{"prompt":[1,99999]}')" 400
+    check "huge max_tokens: 400" "$(status POST /v1/completions '{"prompt":"x","max_tokens":1000000}')" 400
+    long=$(head -c 3000 "$root/models/passkey-3500.txt" | tr -d '"\\')
+    check "prompt over the context: 400" "$(status POST /v1/completions "{\"prompt\":\"$long\",\"max_tokens\":4}")" 400
+    grep -q 'maximum context length' "$tmp/body" && ok "context error says why" || bad "context body: $(cat "$tmp/body")"
+    big=$(head -c 100000 /dev/zero | tr '\0' a)
+    check "body over --max-body: 413" "$(status POST /v1/completions "{\"prompt\":\"$big\"}")" 413
+    check "unknown route: 404" "$(status GET /v2/nothing)" 404
+    check "GET on a POST route: 405" "$(status GET /v1/completions)" 405
+    check "wrong cache type in the kvq extension: 400" \
+        "$(status POST /v1/completions '{"prompt":"x","kvq":{"cache_type_k":"tq3j","cache_type_v":"tq3"}}')" 400
+    check "matching kvq extension: 200" \
+        "$(status POST /v1/completions '{"prompt":"x","max_tokens":2,"kvq":{"cache_type_k":"f16","cache_type_v":"f16"}}')" 200
+    check "chat without a template: 400" \
+        "$(status POST /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}]}')" 400
+    check "chat with a bad role: 400" \
+        "$(status POST /v1/chat/completions '{"messages":[{"role":"robot","content":"hi"}]}')" 400
+    after "bad input"
+    # a request that never completes: the server drops it after --timeout
+    if command -v node >/dev/null 2>&1; then
+        t0=$(date +%s)
+        node -e "
+const s = require('net').connect($port, '127.0.0.1', () => s.write('POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"pro'));
+s.on('close', () => process.exit(0)); s.on('data', () => {}); setTimeout(() => process.exit(1), 15000);" 2>/dev/null
+        rc=$?; t1=$(date +%s)
+        check "a partial request is closed by the server (in $((t1 - t0)) s)" "$rc" 0
+    else
+        skip "partial request: node is not installed"
+    fi
+    after "partial request"
+    # a client that goes away mid-stream
+    curl -s -N --max-time 1 -H 'Content-Type: application/json' \
+        -d '{"prompt":"Once upon a time","max_tokens":500,"temperature":0,"stream":true}' \
+        "$url/v1/completions" >"$tmp/cut.out" 2>/dev/null
+    grep -q '^data: {' "$tmp/cut.out" && ! grep -q 'DONE' "$tmp/cut.out" && ok "disconnect: the stream was cut mid-way" ||
+        skip "disconnect: the stream finished within 1 s"
+    after "client disconnect mid-stream"
+    c=$(metric 'kvq_sequences_finished_total{how="cancelled"}')
+    [ "${c:-0}" -ge 1 ] && ok "disconnect: counted as cancelled" || bad "disconnect: cancelled = $c"
+    # SIGTERM with a stream running: it ends with [DONE], the server exits 0
+    curl -s -N --max-time 60 -H 'Content-Type: application/json' \
+        -d '{"prompt":"Once upon a time","max_tokens":400,"temperature":0,"stream":true}' \
+        "$url/v1/completions" >"$tmp/drain.out" 2>/dev/null &
+    cpid=$!
+    i=0
+    while [ $i -lt 50 ] && ! grep -q '^data: {' "$tmp/drain.out"; do sleep 0.1; i=$((i + 1)); done
+    stop_server
+    wait $cpid
+    check "SIGTERM drains, then exits 0" "$stop_rc" 0
+    tail -n 2 "$tmp/drain.out" | grep -q '^data: \[DONE\]' && grep -q '"finish_reason":"length"' "$tmp/drain.out" &&
+        ok "the running stream finished before the exit" || bad "drained stream: $(tail -c 300 "$tmp/drain.out")"
+else
+    bad "kvq serve did not start: $(cat "$tmp/log2")"
+fi
+
+# ---- 3. load: 32 clients x 8 requests over a small pool -----------------------
+# 4 pages of 64 tokens: at most two of these requests hold pages at once.
+if start_server "$tmp/log3" -ctk f16 -ctv f16 --kv-budget 1MiB --max-seqs 8 --max-queue 8 --chunk 64; then
+    text=$(tr -d '"\\\n' <"$root/models/passkey-3500.txt")
+    for k in 0 1 2 3; do
+        off=$((k * 97 + 1))
+        p=$(printf '%s' "$text" | cut -c "$off-$((off + 250))")
+        if [ $((k % 2)) = 0 ]; then s='"temperature":0'; else s='"temperature":0.8,"seed":'$((k + 7)); fi
+        printf '{"prompt":"%s","max_tokens":8,%s}' "$p" "$s" >"$tmp/req$k.json"
+        curl -s --max-time 60 -H 'Content-Type: application/json' --data-binary "@$tmp/req$k.json" \
+            "$url/v1/completions" | sed -n 's/.*"choices":\(.*\),"usage".*/\1/p' >"$tmp/solo$k"
+    done
+    [ -s "$tmp/solo0" ] && [ -s "$tmp/solo1" ] && ok "load: solo answers" || bad "load: no solo answers"
+    t0=$(date +%s)
+    c=0
+    clients=""
+    while [ $c -lt 32 ]; do
+        (
+            r=0
+            while [ $r -lt 8 ]; do
+                k=$(((c + r) % 4))
+                code=$(curl -s -o "$tmp/out.$c.$r" -w '%{http_code}' --max-time 120 -H 'Content-Type: application/json' \
+                    --data-binary "@$tmp/req$k.json" "$url/v1/completions")
+                echo "$code $k" >"$tmp/code.$c.$r"
+                r=$((r + 1))
+            done
+        ) &
+        clients="$clients $!"
+        c=$((c + 1))
+    done
+    wait $clients
+    t1=$(date +%s)
+    n200=0; nbusy=0; nbad=0; nsame=0
+    for f in "$tmp"/code.*; do
+        set -- $(cat "$f")
+        o=$tmp/out.${f#"$tmp"/code.}
+        case $1 in
+        200)
+            n200=$((n200 + 1))
+            [ "$(sed -n 's/.*"choices":\(.*\),"usage".*/\1/p' "$o")" = "$(cat "$tmp/solo$2")" ] && nsame=$((nsame + 1))
+            ;;
+        429 | 503) grep -q '"error"' "$o" && nbusy=$((nbusy + 1)) || nbad=$((nbad + 1)) ;;
+        *) nbad=$((nbad + 1)) ;;
+        esac
+    done
+    echo "  load: 256 requests in $((t1 - t0)) s: $n200 completed ($nsame equal to solo), $nbusy answered 429/503"
+    check "load: every request completed or got 429/503" "$((n200 + nbusy)):$nbad" "256:0"
+    check "load: every completed request has its solo tokens" "$nsame" "$n200"
+    [ "$n200" -ge 16 ] && ok "load: at least 16 requests completed" || bad "load: only $n200 completed"
+    after "load"
+    stop_server
+    check "load server exits 0" "$stop_rc" 0
+else
+    bad "kvq serve did not start: $(cat "$tmp/log3")"
+fi
+finish

@@ -1,0 +1,168 @@
+/* cmd_serve.c - `kvq serve`: the OpenAI-compatible server (serve.h).
+ * Flags, model loading, then the main thread waits for SIGTERM or SIGINT,
+ * drains every queued and running request (new ones get 503), and exits 0.
+ * The listening address goes to stderr as one line, so that scripts started
+ * with --port 0 learn the port. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "kv_opts.h"
+#include "serve.h"
+
+#define CMD "serve"
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: kvq serve --model DIR [options]\n\n"
+               "An OpenAI-compatible HTTP server: POST /v1/completions, POST /v1/chat/completions\n"
+               "(\"stream\": true for server-sent events), GET /v1/models, /health, /metrics.\n"
+               "Every running sequence advances in one batched forward per step over one KV page\n"
+               "pool of --kv-budget bytes; requests wait for pages (docs/serve.md).\n\n"
+               "  --model DIR          model directory\n"
+               "  --host ADDR          IPv4 address to listen on (default 127.0.0.1)\n"
+               "  --port N             TCP port (default 8080; 0: any free port)\n"
+               "  --max-seqs N         sequences running at once (default 16)\n"
+               "  --ctx N              tokens per sequence (default: the model's context)\n"
+               "  --chunk N            prompt tokens per prefill chunk (default 256)\n"
+               "  --max-queue N        waiting requests before 429 (default 128)\n"
+               "  --api-key KEY        require 'Authorization: Bearer KEY' on /v1/ (default: env\n"
+               "                       KVQ_API_KEY, else none)\n"
+               "  --model-name NAME    the model id clients send and see (default: the directory name)\n"
+               "  --max-body SIZE      largest request body (default 1MiB)\n"
+               "  --timeout S          seconds an idle or incomplete request may hold a connection\n"
+               "                       (default 30)\n"
+               "  --quiet              no log lines on stderr\n");
+    kv_opts_usage(f);
+}
+
+struct opts {
+    struct kv_cmd c;
+    const char *host, *api_key, *model_name;
+    long port, max_seqs, ctx, chunk, max_queue, timeout;
+    size_t max_body;
+};
+
+static int own_option(void *user, const char *a, const char *v)
+{
+    struct opts *o = user;
+    if (strcmp(a, "--host") == 0)
+        o->host = v;
+    else if (strcmp(a, "--api-key") == 0)
+        o->api_key = v;
+    else if (strcmp(a, "--model-name") == 0)
+        o->model_name = v;
+    else if (strcmp(a, "--port") == 0)
+        return cli_parse_int(v, 0, 65535, &o->port) ? 1 : 0;
+    else if (strcmp(a, "--max-seqs") == 0)
+        return cli_parse_int(v, 1, 4096, &o->max_seqs) ? 1 : 0;
+    else if (strcmp(a, "--ctx") == 0)
+        return cli_parse_int(v, 2, 1 << 24, &o->ctx) ? 1 : 0;
+    else if (strcmp(a, "--chunk") == 0)
+        return cli_parse_int(v, 1, 1 << 16, &o->chunk) ? 1 : 0;
+    else if (strcmp(a, "--max-queue") == 0)
+        return cli_parse_int(v, 1, 1 << 20, &o->max_queue) ? 1 : 0;
+    else if (strcmp(a, "--timeout") == 0)
+        return cli_parse_int(v, 1, 86400, &o->timeout) ? 1 : 0;
+    else if (strcmp(a, "--max-body") == 0)
+        return cli_parse_size(v, &o->max_body) || o->max_body == 0 ? 1 : 0;
+    else
+        return -1;
+    return 0;
+}
+
+static const char *base_name(const char *dir)
+{
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/')
+        n--;
+    static char name[256];
+    size_t i = n;
+    while (i > 0 && dir[i - 1] != '/')
+        i--;
+    snprintf(name, sizeof name, "%.*s", (int)(n - i), dir + i);
+    return name;
+}
+
+static int serve(void *user, kvq_model *m, kvq_tokenizer *tok)
+{
+    struct opts *o = user;
+    const struct kvq_model_config *c = kvq_model_config_of(m);
+    if (o->ctx > c->max_ctx)
+        return cli_error(CMD, "--ctx %ld exceeds the model's context %d", o->ctx, c->max_ctx);
+    struct serve_engine_config ec;
+    memset(&ec, 0, sizeof ec);
+    kvq_batch_config_default(&ec.batch);
+    kv_opts_seq_config(&o->c.kv, &ec.batch.seq);
+    ec.batch.seq.max_ctx = (size_t)o->ctx;
+    ec.batch.max_seqs = (int)o->max_seqs;
+    ec.chunk = (int)o->chunk;
+    ec.max_queue = (int)o->max_queue;
+    ec.model_name = o->model_name ? o->model_name : base_name(o->c.model);
+    kv_opts_name(&o->c.kv, ec.cache_name, sizeof ec.cache_name);
+
+    /* Signals go to sigwait below only: every thread started from here on
+     * inherits the blocked mask. */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    char err[512];
+    struct serve_engine *e = NULL;
+    int rc = serve_engine_start(m, tok, &ec, &e, err, sizeof err);
+    if (rc) {
+        cli_error(CMD, "%s", err);
+        return rc;
+    }
+    struct serve_http_config hc = {o->host, (int)o->port, o->api_key, o->max_body, (int)o->timeout, 1024};
+    struct serve_http *h = NULL;
+    int port = 0;
+    if ((rc = serve_http_start(e, &hc, &h, &port, err, sizeof err)) != 0) {
+        serve_engine_stop(e);
+        cli_error(CMD, "%s", err);
+        return rc;
+    }
+    fprintf(stderr, "kvq serve: listening on http://%s:%d (model %s, cache %s, %ld sequences, pool %s)\n", o->host,
+            port, ec.model_name, ec.cache_name, o->max_seqs, o->c.kv.budget ? "--kv-budget" : "unbounded");
+    fflush(stderr);
+    int sig = 0;
+    sigwait(&set, &sig);
+    if (!o->c.quiet)
+        fprintf(stderr, "kvq serve: %s: draining\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    serve_engine_drain(e);
+    serve_http_stop(h);
+    serve_engine_stop(e);
+    if (!o->c.quiet)
+        fprintf(stderr, "kvq serve: stopped\n");
+    return 0;
+}
+
+int cmd_serve(int argc, char **argv)
+{
+    struct opts o;
+    memset(&o, 0, sizeof o);
+    o.host = "127.0.0.1";
+    o.port = 8080;
+    o.max_seqs = 16;
+    o.chunk = 256;
+    o.max_queue = 128;
+    o.timeout = 30;
+    o.max_body = 1u << 20;
+    int rc = kv_cmd_parse(CMD, argc, argv, &o.c, usage, own_option, &o);
+    if (rc)
+        return rc < 0 ? 0 : rc;
+    if (!o.c.model)
+        return cli_error(CMD, "--model DIR is required");
+    if (o.c.kv.kv_auto)
+        return cli_error(CMD, "--kv-auto is not supported by kvq serve: name the cache types");
+    if (!o.api_key) {
+        const char *k = getenv("KVQ_API_KEY");
+        o.api_key = k && *k ? k : NULL;
+    }
+    return kv_with_model(CMD, o.c.model, &o.c.kv, serve, &o);
+}

@@ -1,0 +1,174 @@
+/* serve.h - `kvq serve`: an OpenAI-compatible HTTP server over one kvq_batch.
+ *
+ * Three parts, one file each:
+ *  - serve_request.c: an untrusted JSON body -> struct serve_params, or an
+ *    HTTP status and one message naming the field (fuzzed:
+ *    tests/fuzz/fuzz_serve_request.c); OpenAI's error JSON.
+ *  - serve_engine.c: the scheduler thread. It owns the batch (kvq_batch.h),
+ *    admits queued requests by KV pages, builds each step from a decode row
+ *    per running sequence plus prompt chunks, samples, detokenizes, applies
+ *    stop rules and keeps the metrics.
+ *  - serve_http.c: libmicrohttpd (a thread per connection), routes, the API
+ *    key, bodies, JSON and server-sent-event responses, disconnects.
+ * cmd_serve.c parses the flags, loads the model, waits for SIGTERM and drains.
+ */
+#ifndef KVQ_SERVE_H
+#define KVQ_SERVE_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvq_batch.h"
+#include "kvq_model.h"
+#include "kvq_sampler.h"
+#include "kvq_tokenizer.h"
+
+#define SERVE_MAX_STOP 4
+#define SERVE_MAX_LOGPROBS 20
+#define SERVE_STOP_MAX_LEN 256
+
+/* A request body as parsed (serve_request.c). Strings are malloc'ed. */
+struct serve_params {
+    int chat;               /* /v1/chat/completions */
+    char *model;            /* NULL when absent */
+    char *prompt;           /* completions: text prompt; chat: the rendered messages */
+    int32_t *prompt_ids;    /* completions: a prompt given as token ids (else NULL) */
+    size_t n_prompt_ids;
+    void *messages;         /* chat: the messages (a cJSON array, owned) */
+    int max_tokens;         /* -1: the endpoint's default */
+    float temperature, top_p;
+    int top_k;
+    uint64_t seed;
+    int has_seed;
+    char *stop[SERVE_MAX_STOP];
+    int n_stop;
+    int stream, include_usage;
+    int logprobs;           /* top-N alternatives per token; -1 = no logprobs */
+    int has_types;          /* the "kvq" extension named cache types */
+    int type_k, type_v;     /* enum kvq_type */
+};
+
+/** Parses body[0..len) for the completions (chat = 0) or chat endpoint.
+ *  @return 0, or 400 with a message in err and the offending field in
+ *  param (may be ""), p then holding nothing to free beyond serve_params_free. */
+int serve_params_parse(const char *body, size_t len, int chat, struct serve_params *p, char *err, size_t cap,
+                       char *param, size_t param_cap);
+void serve_params_free(struct serve_params *p);
+
+/** OpenAI's error object for status: {"error": {"message", "type", "param",
+ *  "code"}}; malloc'ed JSON text. */
+char *serve_error_json(int status, const char *message, const char *param, const char *code);
+
+/* ---- engine ------------------------------------------------------------ */
+
+enum serve_state { SERVE_WAITING, SERVE_PREFILL, SERVE_DECODE, SERVE_DONE };
+
+/* One generated token's log-probabilities (natural log). */
+struct serve_logprob {
+    int32_t id;
+    float lp;
+    int n_top;
+    int32_t top_id[SERVE_MAX_LOGPROBS];
+    float top_lp[SERVE_MAX_LOGPROBS];
+};
+
+struct serve_engine;
+
+/* One request, shared by its connection thread and the engine (refs), every
+ * field behind the engine's mutex. */
+struct serve_req {
+    struct serve_engine *e;
+    int refs;
+    pthread_cond_t cond;       /* signalled when the request changes */
+    struct serve_params p;
+    char id[40];
+    long created;
+    int32_t *ids;              /* prompt tokens */
+    size_t n_prompt, done;     /* prompt tokens, and those prefilled */
+    int max_tokens;
+    int slot;
+    enum serve_state state;
+    size_t pages;              /* pages reserved at admission */
+    int32_t *out;              /* [max_tokens] generated ids */
+    size_t n_out;
+    struct serve_logprob *lps; /* [max_tokens] when logprobs >= 0 */
+    float *logits;             /* [vocab] when sampling or logprobs need them */
+    int32_t argmax;
+    kvq_sampler *smp;
+    kvq_detok *detok;
+    char *text;                /* generated text so far (after stop truncation) */
+    size_t text_len, text_cap;
+    const char *finish;        /* "stop" / "length" once done */
+    int cancelled;
+    int status;                /* != 0: failed with this HTTP status */
+    char error[256];
+    double t_submit, t_first, t_done;
+    struct serve_req *next;    /* waiting queue */
+};
+
+struct serve_engine_config {
+    struct kvq_batch_config batch;
+    int chunk;                 /* prompt tokens per prefill chunk (default 256) */
+    int max_queue;             /* waiting requests before 429 (default 128) */
+    const char *model_name;    /* what /v1/models and responses call the model */
+    char cache_name[64];       /* "tq3j/tq3" */
+};
+
+/** Creates the batch and starts the scheduler thread. @return 0, or 2/1 with
+ *  the error in err. */
+int serve_engine_start(const kvq_model *m, const kvq_tokenizer *tok, const struct serve_engine_config *cfg,
+                       struct serve_engine **out, char *err, size_t cap);
+/** Stops the thread (after serve_engine_drain) and frees everything. */
+void serve_engine_stop(struct serve_engine *e);
+
+/** A request for parsed params: tokenizes, checks the context and the pool.
+ *  @return the request (refs 1, not queued), or NULL with an HTTP status
+ *  (400, 503) and message. */
+struct serve_req *serve_req_create(struct serve_engine *e, struct serve_params *p, int *status, char *err,
+                                   size_t cap);
+/** Queues r. @return 0, or 429 (queue full) / 503 (draining) with the message. */
+int serve_submit(struct serve_engine *e, struct serve_req *r, char *err, size_t cap);
+/** Marks r cancelled (the client went away): its pages are freed within one step. */
+void serve_cancel(struct serve_engine *e, struct serve_req *r);
+/** Drops the connection's reference. */
+void serve_req_release(struct serve_engine *e, struct serve_req *r);
+
+/* Locking for readers of a request's fields, and a wait of at most ms. */
+void serve_lock(struct serve_engine *e);
+void serve_unlock(struct serve_engine *e);
+void serve_wait(struct serve_engine *e, struct serve_req *r, int ms);
+
+/** Stops taking requests (503) and waits until every queued and running
+ *  request is finished and released. */
+void serve_engine_drain(struct serve_engine *e);
+
+/* Read-only facts for responses and metrics. */
+const char *serve_model_name(const struct serve_engine *e);
+const char *serve_cache_name(const struct serve_engine *e);
+const kvq_tokenizer *serve_tokenizer(const struct serve_engine *e);
+int serve_draining(const struct serve_engine *e);
+
+/** Prometheus text of the engine's metrics (malloc'ed); http adds its own. */
+char *serve_metrics_text(struct serve_engine *e);
+
+/** Counts a finished HTTP exchange for /metrics. */
+void serve_count_request(struct serve_engine *e, const char *route, int status);
+
+/* ---- HTTP ---------------------------------------------------------------- */
+
+struct serve_http_config {
+    const char *host;          /* numeric IPv4 address */
+    int port;                  /* 0: any free port */
+    const char *api_key;       /* NULL: no key */
+    size_t max_body;           /* bytes */
+    int timeout_s;             /* idle connection timeout (a request that never completes) */
+    int max_connections;
+};
+struct serve_http;
+/** Starts listening. @return 0 and *out (the bound port in *port), or 1 with err. */
+int serve_http_start(struct serve_engine *e, const struct serve_http_config *cfg, struct serve_http **out,
+                     int *port, char *err, size_t cap);
+void serve_http_stop(struct serve_http *h);
+
+#endif
