@@ -190,11 +190,11 @@ $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(LIB_A)
 # linked into bench_cuda when nvcc builds them; without nvcc its header stubs.
 $(BUILD)/bench/bench_cuda: $(BENCH_CUDA_OBJ)
 
-tests: $(TEST_BIN) $(KVQ)
+tests: $(TEST_BIN) $(KVQ) $(LIB_SO)
 test: tests
 	@sh tests/tokenizer/fetch.sh build/tokenizer-data
 	@KVQ_BUILD=$(BUILD) sh tests/run.sh $(BUILD) $(TEST_BIN) tests/test_boundaries.sh tests/cuda/test_emulate_v4.sh \
-	    tests/test_serve.sh
+	    tests/test_serve.sh tests/test_cli.sh tests/test_readme.sh
 
 benches: $(BENCH_BIN) $(KVQ)
 bench: benches

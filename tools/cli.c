@@ -243,6 +243,17 @@ char **cli_normalize_args(int argc, char **argv, int *new_argc)
     return out;
 }
 
+static int stdout_errno; /* reason of the first failed cli_flush_stdout */
+
+int cli_flush_stdout(void)
+{
+    errno = 0;
+    int rc = fflush(stdout);
+    if (rc != 0 && !stdout_errno)
+        stdout_errno = errno;
+    return rc;
+}
+
 int cli_finish_stdout(const char *cmd, int rc)
 {
     /* A write error may have happened long before (streamed text): the
@@ -257,6 +268,8 @@ int cli_finish_stdout(const char *cmd, int rc)
     }
     if (!bad)
         return rc;
+    if (!e)
+        e = stdout_errno;
     fprintf(stderr, "kvq %s: error: writing the output: %s\n", cmd, e ? strerror(e) : "write error");
     return rc ? rc : 1;
 }

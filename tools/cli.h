@@ -61,6 +61,10 @@ int cli_value_less(const char *arg);
  * REASON" and exit status 1. @return the status the process should end with. */
 int cli_finish_stdout(const char *cmd, int rc);
 
+/* fflush(stdout) that remembers why it failed, for cli_finish_stdout (errno
+ * does not survive until the end). @return 0 or EOF. */
+int cli_flush_stdout(void);
+
 /* Byte offset of the first invalid UTF-8 sequence in s[0..len), or -1 when
  * all of it is valid (overlong forms, surrogates and values above U+10FFFF
  * are invalid). */

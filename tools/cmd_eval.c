@@ -397,7 +397,7 @@ int cmd_eval(int argc, char **argv)
             break;
         if (!o.json) {
             eval_print_table(stdout, &runs[i], o.per_layer);
-            fflush(stdout);
+            cli_flush_stdout();
         }
         if (!o.quiet)
             fprintf(stderr, "kvq eval: %s: %zu configurations in %.2f s\n", data[i].name, n_cfg, cli_now() - ti);

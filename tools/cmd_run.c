@@ -186,7 +186,7 @@ static int on_token(void *user, int32_t id)
     size_t len;
     if (!st->quiet && st->detok && kvq_detok_push(st->detok, id, &text, &len) == KVQ_OK && len) {
         fwrite(text, 1, len, stdout);
-        fflush(stdout);
+        cli_flush_stdout();
     }
     return ferror(stdout) != 0; /* nobody reads the rest: stop (cli_finish_stdout says why) */
 }
@@ -520,7 +520,7 @@ static int run(void *user, kvq_model *m, kvq_tokenizer *tok)
         if (kvq_detok_finish(detok, &tail, &len) == KVQ_OK && len)
             fwrite(tail, 1, len, stdout);
         fputc('\n', stdout);
-        fflush(stdout);
+        cli_flush_stdout();
     }
     /* Why generation ended. Running out of budget or context is a clean
      * stop: every token produced so far was printed (exit status 3). */

@@ -1,0 +1,122 @@
+#!/bin/sh
+# The kvq command as people type it: every write checked (> /dev/full exits 1
+# with the reason), llama.cpp's short options and --opt=value mean the same
+# as the long ones, '-' reads stdin, kvq help CMD, type names in any case,
+# errors that say why (stray argument, range, UTF-8 byte offset, output paths
+# refused before the work), --plan with --layer-types, kvq eval's --json and
+# --json-out, kvq shard's --out rules.
+# KVQ_BUILD names the build directory (default: build).
+name=test_cli.sh
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${KVQ_BUILD:-build}
+case $build in /*) ;; *) build=$root/$build ;; esac
+kvq=$build/bin/kvq
+# a hung command fails its check instead of the suite
+command -v timeout >/dev/null 2>&1 && kvq_t="timeout 300 $build/bin/kvq" || kvq_t=$kvq
+model=$root/models/kvq-tiny-llama
+passed=0; failed=0; skipped=0
+ok() { echo "ok   $1"; passed=$((passed + 1)); }
+bad() { echo "FAIL $1"; failed=$((failed + 1)); }
+# check NAME CONDITION-STATUS: ok when the last command's test held
+check() { if [ "$2" -eq 0 ]; then ok "$1"; else bad "$1"; fi; }
+tmp=$(mktemp -d) || exit 1
+trap 'rm -rf "$tmp"' EXIT
+if [ ! -x "$kvq" ]; then
+    echo "SKIP: no $kvq"
+    echo "$name: 0 passed, 0 failed, 1 skipped"
+    exit 0
+fi
+
+# -- write errors -------------------------------------------------------
+if [ -c /dev/full ]; then
+    for cmd in "types" "types --json" "codebook --bits 2 --dim 64" "--help" "help run" \
+               "eval --synthetic --tokens 64 --queries 4 --n-layers 1 --types q8_0 --quiet" \
+               "run -m $model -p The -n 2 --json"; do
+        # shellcheck disable=SC2086
+        $kvq_t $cmd >/dev/full 2>"$tmp/err"; rc=$?
+        grep -q "No space left on device" "$tmp/err"; seen=$?
+        check "kvq $(echo "$cmd" | cut -c1-30) > /dev/full: exit 1 with the reason (got $rc)" \
+            $([ "$rc" -eq 1 ] && [ "$seen" -eq 0 ] && echo 0 || echo 1)
+    done
+else
+    echo "skip /dev/full: not a device here"; skipped=$((skipped + 1))
+fi
+
+# -- the same run spelled four ways ---------------------------------------
+ids() { sed -n 's/.*"ids":\(\[[^]]*\]\).*/\1/p'; }
+$kvq_t run --model "$model" --prompt Paris --max-tokens 4 --seed 3 --cache-type-k q8_0 --json 2>/dev/null | ids > "$tmp/long"
+$kvq_t run -m "$model" -p Paris -n 4 -s 3 -ctk Q8_0 --json 2>/dev/null | ids > "$tmp/short"
+$kvq_t run --model="$model" --prompt=Paris --max-tokens=4 --seed=3 --cache-type-k=q8_0 --json 2>/dev/null | ids > "$tmp/eq"
+printf 'Paris\n' | $kvq_t run -m "$model" -f - -n 4 -s 3 --cache-type-k Q8_0 --json 2>/dev/null | ids > "$tmp/stdin"
+[ -s "$tmp/long" ] && cmp -s "$tmp/long" "$tmp/short" && cmp -s "$tmp/long" "$tmp/eq" && cmp -s "$tmp/long" "$tmp/stdin"
+check "run: short options, --opt=value, -f - (stdin) and type names in capitals give the same ids $(cat "$tmp/long")" $?
+pid() { sed -n 's/.*"prompt_ids":\(\[[^]]*\]\).*/\1/p'; }
+$kvq_t run -m "$model" -p -n -n 1 --json 2>/dev/null | pid > "$tmp/p1"
+$kvq_t run -m "$model" --prompt=-n --max-tokens 1 --json 2>/dev/null | pid > "$tmp/p2"
+[ -s "$tmp/p1" ] && cmp -s "$tmp/p1" "$tmp/p2" && [ "$(cat "$tmp/p1")" != "[1]" ]
+check "run: a value that looks like an option (-p -n) stays the value $(cat "$tmp/p1")" $?
+$kvq_t run -m "$model" -p "The" -n 1 -ctk q8_0 --json 2>/dev/null | grep -q '"cache_type_k":"q8_0"'
+check "run: -ctk sets the key cache type" $?
+
+# -- help and version -----------------------------------------------------
+$kvq_t help run > "$tmp/h1"; rc1=$?
+$kvq_t run --help > "$tmp/h2"
+[ "$rc1" -eq 0 ] && cmp -s "$tmp/h1" "$tmp/h2" && grep -q -- "--prompt-file" "$tmp/h1"
+check "kvq help run prints kvq run --help" $?
+$kvq_t help nosuch 2>"$tmp/err"; rc=$?
+[ "$rc" -eq 2 ] && grep -q "unknown command 'nosuch'" "$tmp/err"
+check "kvq help nosuch: exit 2, one line" $?
+$kvq_t --help | grep -q -- "--version" && $kvq_t --help | grep -q "MiB" && $kvq_t --version | grep -q "^kvq [0-9]"
+check "kvq --help names --version and the size units; --version prints it" $?
+
+# -- errors that say why, before the work ---------------------------------
+$kvq_t run --model "$model" hi 2>"$tmp/err"; rc=$?
+[ "$rc" -eq 2 ] && grep -q "unexpected argument 'hi'" "$tmp/err" && ! grep -q "needs a value" "$tmp/err"
+check "run: a stray word is named as such, not as an option needing a value" $?
+$kvq_t run -m "$model" -p hi -n 1000000000 2>"$tmp/err"; rc=$?
+[ "$rc" -eq 2 ] && grep -q "16777216" "$tmp/err"
+check "run: --max-tokens out of range names the limit" $?
+printf 'caf\303\251 \377 ok' > "$tmp/bad.txt"
+$kvq_t run -m "$model" -f "$tmp/bad.txt" 2>"$tmp/err"; rc=$?
+[ "$rc" -eq 2 ] && grep -q "not valid UTF-8 at byte 6 (0xff)" "$tmp/err"
+check "run: invalid UTF-8 is reported with its byte offset" $?
+$kvq_t run -m "$model" -f "$tmp/none.txt" 2>"$tmp/err"; rc=$?
+[ "$rc" -eq 2 ] && grep -q "No such file or directory" "$tmp/err"
+check "run: an unreadable prompt file says why" $?
+start=$(date +%s)
+$kvq_t run -m "$model" -p hi --dump-qkv "$tmp/nodir/d.safetensors" 2>"$tmp/err"; rc=$?
+[ "$rc" -eq 2 ] && grep -q "nodir: No such file or directory" "$tmp/err" && ! grep -q "loaded" "$tmp/err"
+check "run: --dump-qkv into a missing directory is refused before loading" $?
+$kvq_t run -m "$model" --plan --layer-types q8_0/q8_0,tq3j/tq3,f16/f16,tq2/tq2 > "$tmp/plan" 2>&1
+grep -q "^per-layer" "$tmp/plan" && grep -q "q8_0/q8_0,tq3j/tq3,f16/f16,tq2/tq2" "$tmp/plan"
+check "run --plan shows the --layer-types choice" $?
+
+# -- kvq eval: --json on stdout, --json-out FILE, the old --json FILE -----
+ev="eval --synthetic --tokens 64 --queries 4 --n-layers 1 --types q8_0 --quiet"
+# shellcheck disable=SC2086
+$kvq_t $ev --json > "$tmp/ej"
+[ "$(wc -l < "$tmp/ej")" -eq 1 ] && grep -q '^{"inputs":' "$tmp/ej"
+check "eval --json: one JSON line on stdout" $?
+# shellcheck disable=SC2086
+$kvq_t $ev --json-out "$tmp/a.json" > /dev/null && $kvq_t $ev --json "$tmp/b.json" > /dev/null
+grep -q '"inputs"' "$tmp/a.json" && cmp -s "$tmp/a.json" "$tmp/b.json"
+check "eval --json-out FILE, and the old --json FILE, write the same file" $?
+# shellcheck disable=SC2086
+$kvq_t $ev --csv "$tmp/nodir/x.csv" 2>"$tmp/err"; rc=$?
+[ "$rc" -eq 2 ] && grep -q "No such file or directory" "$tmp/err" && [ ! -e "$tmp/nodir" ]
+check "eval --csv into a missing directory: refused before the work" $?
+
+# -- kvq shard --out -------------------------------------------------------
+$kvq_t shard -m "$model" --out "$tmp/sh" > /dev/null 2>&1
+$kvq_t shard -m "$model" --out "$tmp/sh" 2>"$tmp/err"; rc=$?
+[ "$rc" -eq 2 ] && grep -q "not empty" "$tmp/err"
+check "shard: a non-empty --out is refused without --force" $?
+$kvq_t shard -m "$model" --out "$tmp/sh" --force --max-shard-mb=1 > /dev/null 2>&1; rc=$?
+[ "$rc" -eq 0 ] && [ "$(ls "$tmp/sh" | grep -c '^layers-')" -eq 4 ] && [ -z "$(ls -a "$tmp" | grep kvq-tmp)" ]
+check "shard --force replaces it (4 layer shards, no stale or temporary files)" $?
+$kvq_t shard -m "$model" --out "$model" --force 2>"$tmp/err"; rc=$?
+[ "$rc" -eq 2 ] && grep -q "source model directory" "$tmp/err"
+check "shard: the model directory itself is refused as --out" $?
+
+echo "$name: $passed passed, $failed failed, $skipped skipped"
+[ "$failed" -eq 0 ]
