@@ -31,6 +31,8 @@ static void usage(FILE *f)
                "  --api-key KEY        require 'Authorization: Bearer KEY' on /v1/ (default: env\n"
                "                       KVQ_API_KEY, else none)\n"
                "  --model-name NAME    the model id clients send and see (default: the directory name)\n"
+               "  --chat-template FILE Jinja chat template for /v1/chat/completions (default: the\n"
+               "                       model's tokenizer_config.json chat_template)\n"
                "  --max-body SIZE      largest request body (default 1MiB)\n"
                "  --timeout S          seconds an idle or incomplete request may hold a connection\n"
                "                       (default 30)\n"
@@ -40,7 +42,7 @@ static void usage(FILE *f)
 
 struct opts {
     struct kv_cmd c;
-    const char *host, *api_key, *model_name;
+    const char *host, *api_key, *model_name, *chat_template;
     long port, max_seqs, ctx, chunk, max_queue, timeout;
     size_t max_body;
 };
@@ -54,6 +56,8 @@ static int own_option(void *user, const char *a, const char *v)
         o->api_key = v;
     else if (strcmp(a, "--model-name") == 0)
         o->model_name = v;
+    else if (strcmp(a, "--chat-template") == 0)
+        o->chat_template = v;
     else if (strcmp(a, "--port") == 0)
         return cli_parse_int(v, 0, 65535, &o->port) ? 1 : 0;
     else if (strcmp(a, "--max-seqs") == 0)
@@ -86,6 +90,30 @@ static const char *base_name(const char *dir)
     return name;
 }
 
+/* --chat-template FILE (an error is fatal), else the model's own template
+ * (missing or refused: chat requests get 400 saying why). */
+static int load_chat(const struct opts *o, kvq_chat_template **t, char *missing, size_t cap)
+{
+    kvq_error err = {0};
+    *t = NULL;
+    if (o->chat_template) {
+        size_t len;
+        char *src = cli_read_file(o->chat_template, &len);
+        if (!src)
+            return cli_error(CMD, "cannot read --chat-template %s", o->chat_template);
+        kvq_status st = kvq_chat_template_create(src, len, t, &err);
+        free(src);
+        return st == KVQ_OK ? 0 : cli_error(CMD, "--chat-template %s: %s", o->chat_template, err.msg);
+    }
+    if (kvq_chat_template_load(o->c.model, t, &err) != KVQ_OK) {
+        snprintf(missing, cap, "this model has no usable chat template (%s); start kvq serve with --chat-template FILE",
+                 err.msg);
+        if (!o->c.quiet && err.msg[0] && !strstr(err.msg, "No such file"))
+            fprintf(stderr, "kvq serve: chat completions off: %s\n", err.msg);
+    }
+    return 0;
+}
+
 static int serve(void *user, kvq_model *m, kvq_tokenizer *tok)
 {
     struct opts *o = user;
@@ -102,6 +130,13 @@ static int serve(void *user, kvq_model *m, kvq_tokenizer *tok)
     ec.max_queue = (int)o->max_queue;
     ec.model_name = o->model_name ? o->model_name : base_name(o->c.model);
     kv_opts_name(&o->c.kv, ec.cache_name, sizeof ec.cache_name);
+    kvq_chat_template *chat = NULL;
+    char missing[512] = "";
+    int rc = load_chat(o, &chat, missing, sizeof missing);
+    if (rc)
+        return rc;
+    ec.chat = chat;
+    ec.chat_missing = missing;
 
     /* Signals go to sigwait below only: every thread started from here on
      * inherits the blocked mask. */
@@ -114,8 +149,9 @@ static int serve(void *user, kvq_model *m, kvq_tokenizer *tok)
 
     char err[512];
     struct serve_engine *e = NULL;
-    int rc = serve_engine_start(m, tok, &ec, &e, err, sizeof err);
+    rc = serve_engine_start(m, tok, &ec, &e, err, sizeof err);
     if (rc) {
+        kvq_chat_template_free(chat);
         cli_error(CMD, "%s", err);
         return rc;
     }
@@ -124,6 +160,7 @@ static int serve(void *user, kvq_model *m, kvq_tokenizer *tok)
     int port = 0;
     if ((rc = serve_http_start(e, &hc, &h, &port, err, sizeof err)) != 0) {
         serve_engine_stop(e);
+        kvq_chat_template_free(chat);
         cli_error(CMD, "%s", err);
         return rc;
     }
@@ -137,6 +174,7 @@ static int serve(void *user, kvq_model *m, kvq_tokenizer *tok)
     serve_engine_drain(e);
     serve_http_stop(h);
     serve_engine_stop(e);
+    kvq_chat_template_free(chat);
     if (!o->c.quiet)
         fprintf(stderr, "kvq serve: stopped\n");
     return 0;

@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "kvq_batch.h"
+#include "kvq_chat.h"
 #include "kvq_model.h"
 #include "kvq_sampler.h"
 #include "kvq_tokenizer.h"
@@ -112,6 +113,8 @@ struct serve_engine_config {
     int chunk;                 /* prompt tokens per prefill chunk (default 256) */
     int max_queue;             /* waiting requests before 429 (default 128) */
     const char *model_name;    /* what /v1/models and responses call the model */
+    const kvq_chat_template *chat; /* renders /v1/chat/completions messages; NULL: 400 */
+    const char *chat_missing;  /* the 400's message without a template */
     char cache_name[64];       /* "tq3j/tq3" */
 };
 

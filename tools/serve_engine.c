@@ -23,6 +23,8 @@
 #include <string.h>
 #include <time.h>
 
+#include <cjson/cJSON.h>
+
 #include "serve.h"
 
 #define N_TTFT_BUCKETS 12
@@ -150,15 +152,38 @@ static void req_free(struct serve_req *r)
     free(r);
 }
 
-/* Chat messages -> prompt text. The chat renderer (kvq_chat.h) is not in
- * this build yet: a clear 400 until it is. */
+/* Chat messages -> prompt text through the model's template (kvq_chat.h),
+ * BOS/EOS spelled as the tokenizer spells them. The text is tokenized
+ * without an added BOS, as transformers' apply_chat_template(tokenize=True):
+ * a template that wants one writes bos_token itself. */
 static int render_chat(struct serve_engine *e, struct serve_req *r, char *err, size_t cap)
 {
-    (void)e;
-    (void)r;
-    snprintf(err, cap, "chat completions need a chat template renderer, which this build does not have yet; "
-                       "use /v1/completions");
-    return 400;
+    if (!e->cfg.chat) {
+        snprintf(err, cap, "%s", e->cfg.chat_missing ? e->cfg.chat_missing : "this server has no chat template");
+        return 400;
+    }
+    char *msgs = cJSON_PrintUnformatted((const cJSON *)r->p.messages);
+    if (!msgs) {
+        snprintf(err, cap, "out of memory");
+        return 400;
+    }
+    kvq_chat_options opt = kvq_chat_options_default();
+    const char *piece;
+    size_t n;
+    char bos[64] = "", eos[64] = "";
+    if (kvq_tokenizer_piece(e->tok, kvq_tokenizer_bos_id(e->tok), &piece, &n) == KVQ_OK && n < sizeof bos)
+        memcpy(bos, piece, n), bos[n] = 0, opt.bos_token = bos;
+    if (kvq_tokenizer_piece(e->tok, kvq_tokenizer_eos_id(e->tok), &piece, &n) == KVQ_OK && n < sizeof eos)
+        memcpy(eos, piece, n), eos[n] = 0, opt.eos_token = eos;
+    kvq_error kerr = {0};
+    size_t len;
+    kvq_status st = kvq_chat_render_json(e->cfg.chat, msgs, &opt, &r->p.prompt, &len, &kerr);
+    free(msgs);
+    if (st != KVQ_OK) {
+        snprintf(err, cap, "the chat template cannot render these messages: %s", kerr.msg);
+        return 400;
+    }
+    return 0;
 }
 
 struct serve_req *serve_req_create(struct serve_engine *e, struct serve_params *p, int *status, char *err,
@@ -196,7 +221,8 @@ struct serve_req *serve_req_create(struct serve_engine *e, struct serve_params *
                 goto fail;
             }
     } else {
-        st = kvq_tokenizer_encode_alloc(e->tok, r->p.prompt, strlen(r->p.prompt), 1, &r->ids, &r->n_prompt);
+        st = kvq_tokenizer_encode_alloc(e->tok, r->p.prompt, strlen(r->p.prompt), !r->p.chat, &r->ids,
+                                        &r->n_prompt);
         if (st != KVQ_OK) {
             snprintf(err, cap, "the prompt cannot be tokenized: %s", kvq_status_str(st));
             goto fail;

@@ -147,8 +147,9 @@ kvq_status kvq_batch_create(const kvq_model *m, const struct kvq_batch_config *c
         st = kvq_error_set(err, KVQ_ERR_UNSUPPORTED, "batches of %s models are not supported yet (kvq_seq is)",
                            c->arch.sliding_window ? "sliding-window" : c->model_type);
     if (st == KVQ_OK) {
-        struct kvq_kv_store_config kc = {ccs, c->n_layers, bc.max_seqs, c->n_heads, b->max_rows,
-                                         bc.seq.v_norm_correct};
+        struct kvq_kv_store_config kc = {.cfgs = ccs, .n_layers = c->n_layers, .max_seqs = bc.max_seqs,
+                                         .n_heads = c->n_heads, .max_rows = b->max_rows,
+                                         .v_norm_correct = bc.seq.v_norm_correct};
         st = bc.seq.device == KVQ_DEVICE_CUDA ? kvq_kv_store_cuda_create(&kc, &b->kv, err)
                                               : kvq_kv_store_cpu_create(&kc, &b->kv, err);
     }
