@@ -58,7 +58,8 @@ cc -O2 -fopenmp -c "$dev/obj/blas_shim.c" -o "$dev/obj/blas_shim.o"
 # machine's toolkit has it under /usr/local/cuda/lib64 (rpath), and it is far
 # larger than the transfer limit, so it is never copied into the bundle.
 tool_objs=$(ls "$build"/obj/tools/*.o | grep -v '/kvq\.o$')
-libs="$build/lib/libkvq.a $dev/obj/blas_shim.o -fopenmp -Wl,-Bstatic -lfftw3f -Wl,-Bdynamic -lcjson -lm -lpthread"
+libs="$build/lib/libkvq.a $dev/obj/blas_shim.o -fopenmp -Wl,-Bstatic -lfftw3f -Wl,-Bdynamic -lcjson -lpcre2-8 -lutf8proc"
+libs="$libs -lmicrohttpd -lm -lpthread"
 libs="$libs -L/usr/local/cuda/lib64 -lcudart_static -lcublas -Wl,-rpath,/usr/local/cuda/lib64 -ldl -lrt -lstdc++"
 for t in test_cuda test_decoder_cuda test_backend_ops; do
     [ -f "$build/obj/tests/$t.o" ] && cc -o "$dev/tests/$t" "$build/obj/tests/$t.o" $tool_objs $libs
@@ -66,8 +67,9 @@ done
 cc -o "$dev/kvq" "$build/obj/tools/kvq.o" $tool_objs $libs
 # bench_cuda: make's objects, with the bench-only GPU helpers (bench_cuda_util.cu)
 cc -o "$dev/bench/bench_cuda" "$build/obj/bench/bench_cuda.o" "$build/obj/bench/bench_cuda_util.o" $libs
-strip "$dev"/tests/* "$dev/bench/bench_cuda" "$dev/kvq"
-for so in $(ldd "$dev/tests/test_cuda" | awk '/=>/ {print $3}'); do
+cc -o "$dev/bench/bench_decoder_cuda" "$build/obj/bench/bench_decoder_cuda.o" $libs
+strip "$dev"/tests/* "$dev"/bench/* "$dev/kvq"
+for so in $(ldd "$dev/kvq" | awk '/=>/ {print $3}'); do
     case "$so" in */libc.so*|*/libm.so*|*/libstdc++*|*/libgcc_s*|*/ld-linux*|*/libcublas*) ;; *) cp -L "$so" "$dev/lib/" ;; esac
 done
 rm -rf "$dev/obj"

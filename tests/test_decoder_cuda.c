@@ -6,6 +6,13 @@
  *  - tq3j/tq3 with and without the recent-token f16 window (and with sink
  *    tokens): both passkeys retrieved, and perplexity over 4K tokens of
  *    valid.txt within 0.3% of the CPU decoder with the same cache.
+ *  - KVQ_HF_SHAPE_DIR (bench/hf_llama_shape.py make --ref on the device): a
+ *    Llama-3.1-8B-shaped checkpoint with random bf16 weights, whose
+ *    matrices stay bf16 on the GPU. Tolerance: transformers' own bf16 forward
+ *    differs from its float32 forward over the same weights by e_hf x
+ *    max|logit| (both round activations to bf16 before each matmul); the
+ *    GPU decoder must be within 2 e_hf of the float32 logits, and its argmax
+ *    equal wherever the float32 top-2 margin exceeds twice its error.
  * Without a GPU (or built without CUDA) every test skips, and one test checks
  * that a CUDA sequence is refused with KVQ_ERR_NO_DEVICE. */
 #include <cjson/cJSON.h>
@@ -198,6 +205,87 @@ out:
     kvq_tokenizer_free(tok);
 }
 
+static const float *ref_f32(const kvq_st_file *f, const char *name, size_t n)
+{
+    const struct kvq_st_tensor *t = kvq_st_find(f, name);
+    CHECKF(t && t->dtype == KVQ_ST_F32 && t->n_elements == n, "reference tensor %s", name);
+    return t && t->dtype == KVQ_ST_F32 && t->n_elements == n ? (const float *)t->data : NULL;
+}
+
+static void test_hf_llama31_shape(void)
+{
+    NEED_GPU();
+    const char *dir = getenv("KVQ_HF_SHAPE_DIR");
+    if (!dir) {
+        SKIP("KVQ_HF_SHAPE_DIR not set (bench/hf_llama_shape.py make --ref makes one on the device)");
+        return;
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/reference.safetensors", dir);
+    kvq_st_file *rf = NULL;
+    kvq_model *m = NULL;
+    kvq_error err = {0};
+    struct kvq_model_load_opts lo;
+    kvq_model_load_opts_default(&lo);
+    CHECK_OK(kvq_st_open(path, &rf, &err));
+    CHECKF(kvq_model_load(dir, &lo, &m, &err) == KVQ_OK, "%s", err.msg);
+    if (!rf || !m) {
+        kvq_st_close(rf);
+        kvq_model_free(m);
+        return;
+    }
+    const int V = kvq_model_config_of(m)->vocab;
+    const struct kvq_st_tensor *ti = kvq_st_find(rf, "ids");
+    const float *f32 = ref_f32(rf, "logits_f32", 4 * (size_t)V), *bf = ref_f32(rf, "logits_bf16", 4 * (size_t)V);
+    CHECK(ti && ti->dtype == KVQ_ST_I32 && ti->n_elements == 64);
+    struct kvq_seq_config sc;
+    kvq_seq_config_default(&sc);
+    sc.device = KVQ_DEVICE_CUDA;
+    sc.type_k = KVQ_TYPE_F32;
+    sc.type_v = KVQ_TYPE_F32;
+    sc.max_ctx = 128;
+    kvq_seq *s = NULL;
+    CHECKF(kvq_seq_create(m, &sc, &s, &err) == KVQ_OK, "%s", err.msg);
+    float *got = malloc(4 * (size_t)V * sizeof *got);
+    if (s && got && f32 && bf && ti) {
+        int32_t ids[64];
+        memcpy(ids, ti->data, sizeof ids);
+        CHECK_OK(kvq_seq_forward(s, ids, 64, 60, got, NULL));
+        double e_hf = 0, e_kvq = 0;
+        int n_clear = 0;
+        for (int r = 0; r < 4; r++) {
+            const float *want = f32 + (size_t)r * V;
+            int a_w, a_g, a_w2, a_b;
+            double e = test_logits_rel_diff(want, got + (size_t)r * V, V, &a_w, &a_g);
+            e_kvq = fmax(e_kvq, e);
+            e_hf = fmax(e_hf, test_logits_rel_diff(want, bf + (size_t)r * V, V, &a_w2, &a_b));
+            double top = -INFINITY, second = -INFINITY, mx = 0;
+            for (int j = 0; j < V; j++) {
+                mx = fmax(mx, fabs(want[j]));
+                if (want[j] > top) {
+                    second = top;
+                    top = want[j];
+                } else if (want[j] > second) {
+                    second = want[j];
+                }
+            }
+            if (top - second > 2 * e * mx) {
+                n_clear++;
+                CHECKF(a_w == a_g, "position %d: argmax %d, transformers float32 %d (margin %.3g)", 60 + r, a_g,
+                       a_w, top - second);
+            }
+        }
+        printf("  Llama-3.1-8B shape, %d layers, bf16 weights: logits vs transformers float32 %.3g x max|logit| "
+               "(transformers bf16: %.3g); argmax checked at %d of 4 positions\n",
+               kvq_model_config_of(m)->n_layers, e_kvq, e_hf, n_clear);
+        CHECKF(e_kvq <= 2 * e_hf, "GPU decoder %.3g vs transformers bf16 %.3g (x max|logit|)", e_kvq, e_hf);
+    }
+    free(got);
+    kvq_seq_free(s);
+    kvq_model_free(m);
+    kvq_st_close(rf);
+}
+
 /* What the device store refuses, in one clear status; no GPU: NO_DEVICE. */
 static void test_refusals(void)
 {
@@ -229,6 +317,7 @@ int main(void)
     RUN(test_fixture_cases_f32);
     RUN(test_passkey_compressed);
     RUN(test_ppl_matches_cpu);
+    RUN(test_hf_llama31_shape);
     test_fixture_close(&fx);
     return TEST_END("test_decoder_cuda");
 }

@@ -1,9 +1,16 @@
 /* backend_cuda.cu - the decoder's ops on one NVIDIA GPU.
  *
- * The model's f32 weights are uploaded once at create (the embedding table
- * converted from its file dtype, the LM-head slices gathered into one
- * [vocab][hidden] matrix, the RoPE tables); projections run through cuBLAS
- * SGEMM in plain f32 (no TF32), and the norms, RoPE, activations, soft-cap
+ * The model's weights are uploaded once at create in the checkpoint's dtype
+ * (a matrix whose file holds bf16 or f16 stays 16-bit, f32 stays f32; the
+ * LM-head slices gathered into one [vocab][hidden] matrix, the RoPE
+ * tables). f32 projections run through cuBLAS SGEMM in plain f32 (no TF32);
+ * 16-bit ones through cublasGemmEx (f32 accumulation and output) with each
+ * activation split into two values of the weights' type, hi = round(x) and
+ * lo = round(x - hi), as two columns of one product, so W x is computed to
+ * ~2^-16 of f32 activations (16 bits of mantissa, not bf16's 8) while the
+ * weights are read once, at 16 bits: the decoder agrees with the CPU and
+ * with transformers' float32 forward as with f32 weights (test_decoder_cuda).
+ * The norms, RoPE, activations, soft-cap
  * and greedy argmax are the kernels below, one thread block per row. All
  * work is queued on the legacy default stream, the stream the device KV
  * cache (kvq_cuda.h) uses, so no op needs an explicit synchronisation: only
@@ -14,23 +21,39 @@
  * results agree with the CPU backend to rounding, not bit for bit.
  */
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <new>
 #include <stdlib.h>
 #include <string.h>
 
+/* the decoder's internal headers are C: their functions have C linkage */
+extern "C" {
 #include "backend.h"
 #include "decoder_internal.h"
+}
 
 namespace {
+
+/* A weight matrix [rows][cols] in device memory, in one of three types. */
+enum wtype { W_F32 = 0, W_BF16 = 1, W_F16 = 2 };
+struct dmat {
+    void *w;
+    wtype t;
+};
 
 struct cuda_backend {
     struct kvq_backend base;
     cublasHandle_t blas;
-    struct kvq_layer_weights *layers; /* [n_layers], device pointers */
-    float *embed;             /* [vocab][hidden] */
-    float *lm;                /* [vocab][hidden] */
+    struct kvq_layer_weights *layers; /* [n_layers], device pointers (norms, biases) */
+    dmat (*mats)[4];          /* [n_layers][KVQ_W_*] the projections */
+    dmat embed;               /* [vocab][hidden] */
+    dmat lm;                  /* [vocab][hidden] */
+    void *xh;                 /* [2][max_rows][widest input] activations split into 16-bit hi, lo */
+    float *y2;                /* [2][rows][out] a split product's halves, for up to kSplitRows rows */
+    size_t y2_floats;
     float *final_norm;        /* [hidden] */
     float *rope_cos, *rope_sin; /* [max_ctx][rotary_dim / 2] */
     float *lm_x;              /* [max_rows][hidden] */
@@ -41,6 +64,8 @@ struct cuda_backend {
 };
 
 constexpr int kThreads = 256;
+/* Rows up to which a 16-bit product runs as one GEMM of 2T columns. */
+constexpr size_t kSplitRows = 64;
 
 __device__ float block_sum(float v, float *red)
 {
@@ -63,12 +88,56 @@ __device__ float block_sum(float v, float *red)
     return s;
 }
 
-__global__ void embed_kernel(const int32_t *ids, const float *table, int hidden, float scale, float *x)
+__device__ __forceinline__ float to_f32(float v)
 {
-    const float *src = table + (size_t)ids[blockIdx.x] * hidden;
+    return v;
+}
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v)
+{
+    return __bfloat162float(v);
+}
+__device__ __forceinline__ float to_f32(__half v)
+{
+    return __half2float(v);
+}
+
+template <typename W>
+__global__ void embed_kernel(const int32_t *ids, const W *table, int hidden, float scale, float *x)
+{
+    const W *src = table + (size_t)ids[blockIdx.x] * hidden;
     float *dst = x + (size_t)blockIdx.x * hidden;
     for (int i = threadIdx.x; i < hidden; i += blockDim.x)
-        dst[i] = scale != 1.0f ? src[i] * scale : src[i];
+        dst[i] = scale != 1.0f ? to_f32(src[i]) * scale : to_f32(src[i]);
+}
+
+/* x as hi + lo in the weights' 16-bit type: y[0, n) = hi = round(x),
+ * y[n, 2n) = lo = round(x - hi), both to nearest even. */
+__global__ void split16_kernel(const float *x, size_t n, int bf16, void *y)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        if (bf16) {
+            const __nv_bfloat16 hi = __float2bfloat16_rn(x[i]);
+            static_cast<__nv_bfloat16 *>(y)[i] = hi;
+            static_cast<__nv_bfloat16 *>(y)[n + i] = __float2bfloat16_rn(x[i] - __bfloat162float(hi));
+        } else {
+            const __half hi = __float2half_rn(x[i]);
+            static_cast<__half *>(y)[i] = hi;
+            static_cast<__half *>(y)[n + i] = __float2half_rn(x[i] - __half2float(hi));
+        }
+    }
+}
+
+/* y[r] (+)= y2[r] + y2[n + r]: the hi and lo halves of a split product. */
+__global__ void add_halves_kernel(const float *y2, size_t n, int accumulate, float *y)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        y[i] = (accumulate ? y[i] : 0.0f) + (y2[i] + y2[n + i]);
+}
+
+unsigned grid_for(size_t n)
+{
+    const size_t blocks = (n + kThreads - 1) / kThreads;
+    return (unsigned)(blocks < 4096 ? blocks : 4096);
 }
 
 __global__ void norm_kernel(const float *x, const float *w, float *y, int n, float eps, int unit_offset)
@@ -217,12 +286,37 @@ void launched(cuda_backend *cb)
 }
 
 /* y[T][out] (+)= x[T][in] . W[out][in]^T: column-major, that is
- * Y^T (out x T) = W^T' (out x in) . X^T (in x T). */
-void gemm(cuda_backend *cb, const float *x, const float *w, float *y, size_t T, int in, int out, int accumulate)
+ * Y^T (out x T) = W^T' (out x in) . X^T (in x T). A 16-bit W meets x rounded
+ * to its type; the products accumulate in f32 into f32 y. */
+void gemm(cuda_backend *cb, const float *x, const dmat &w, float *y, size_t T, int in, int out, int accumulate)
 {
     const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    if (cublasSgemm(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, (int)T, in, &one, w, in, x, in, &beta, y, out) !=
-        CUBLAS_STATUS_SUCCESS)
+    cublasStatus_t st;
+    if (w.t == W_F32) {
+        st = cublasSgemm(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, (int)T, in, &one, static_cast<const float *>(w.w),
+                         in, x, in, &beta, y, out);
+    } else {
+        const size_t n = T * (size_t)in, m = T * (size_t)out;
+        split16_kernel<<<grid_for(n), kThreads>>>(x, n, w.t == W_BF16, cb->xh);
+        launched(cb);
+        const cudaDataType dt = w.t == W_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+        const size_t lo_bytes = n * 2;
+        const void *x_lo = static_cast<const uint8_t *>(cb->xh) + lo_bytes;
+        if (2 * m <= cb->y2_floats) { /* few rows: hi and lo as 2T columns of one product, W read once */
+            const float zero = 0.0f;
+            st = cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, 2 * (int)T, in, &one, w.w, dt, in, cb->xh, dt,
+                              in, &zero, cb->y2, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+            add_halves_kernel<<<grid_for(m), kThreads>>>(cb->y2, m, accumulate, y);
+            launched(cb);
+        } else { /* many rows: two products (compute-bound either way) */
+            st = cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, (int)T, in, &one, w.w, dt, in, cb->xh, dt, in,
+                              &beta, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+            if (st == CUBLAS_STATUS_SUCCESS)
+                st = cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, (int)T, in, &one, w.w, dt, in, x_lo, dt, in,
+                                  &one, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        }
+    }
+    if (st != CUBLAS_STATUS_SUCCESS)
         cb->sticky = 1;
 }
 
@@ -230,7 +324,14 @@ void cuda_embed(kvq_backend *b, const int32_t *ids, size_t T, float *x)
 {
     cuda_backend *cb = cb_of(b);
     note(cb, cudaMemcpy(cb->ids, ids, T * sizeof *ids, cudaMemcpyHostToDevice));
-    embed_kernel<<<(unsigned)T, kThreads>>>(cb->ids, cb->embed, b->m->cfg.hidden, b->m->cfg.arch.embed_scale, x);
+    const int h = b->m->cfg.hidden;
+    const float sc = b->m->cfg.arch.embed_scale;
+    if (cb->embed.t == W_BF16)
+        embed_kernel<<<(unsigned)T, kThreads>>>(cb->ids, static_cast<const __nv_bfloat16 *>(cb->embed.w), h, sc, x);
+    else if (cb->embed.t == W_F16)
+        embed_kernel<<<(unsigned)T, kThreads>>>(cb->ids, static_cast<const __half *>(cb->embed.w), h, sc, x);
+    else
+        embed_kernel<<<(unsigned)T, kThreads>>>(cb->ids, static_cast<const float *>(cb->embed.w), h, sc, x);
     launched(cb);
 }
 
@@ -252,7 +353,7 @@ void cuda_linear(kvq_backend *b, enum kvq_weight which, int layer, const float *
     const float *W, *bias;
     int in, out;
     kvq_weight_pick(&cb->layers[layer], which, m->cfg.hidden, m->cfg.ffn, m->q_dim, m->qkv_dim, &W, &bias, &in, &out);
-    gemm(cb, x, W, y, T, in, out, acc);
+    gemm(cb, x, cb->mats[layer][which], y, T, in, out, acc);
     if (bias) {
         bias_kernel<<<(unsigned)T, kThreads>>>(y, bias, out);
         launched(cb);
@@ -327,14 +428,16 @@ void cuda_free(kvq_backend *b)
     if (cb->layers)
         for (int l = 0; l < b->m->cfg.n_layers; l++) {
             const kvq_layer_weights *w = &cb->layers[l];
-            const float *p[] = {w->attn_norm, w->ffn_norm, w->wqkv, w->bqkv, w->q_norm, w->k_norm,
-                                w->wo,        w->bo,       w->wgu,  w->bgu,  w->wdown,  w->bdown};
+            const float *p[] = {w->attn_norm, w->ffn_norm, w->bqkv, w->q_norm, w->k_norm, w->bo, w->bgu, w->bdown};
             for (const float *q : p)
                 cudaFree(const_cast<float *>(q));
+            for (int i = 0; cb->mats && i < 4; i++)
+                cudaFree(cb->mats[l][i].w);
         }
     free(cb->layers);
-    void *p[] = {cb->embed, cb->lm, cb->final_norm, cb->rope_cos, cb->rope_sin, cb->lm_x, cb->logits, cb->ids, cb->best,
-                 b->pos};
+    free(cb->mats);
+    void *p[] = {cb->embed.w, cb->lm.w,  cb->final_norm, cb->rope_cos, cb->rope_sin, cb->lm_x,
+                 cb->logits,  cb->ids,   cb->best,       b->pos,       cb->xh,       cb->y2};
     for (void *q : p)
         cudaFree(q);
     float **slot[KVQ_N_ACTS];
@@ -373,6 +476,54 @@ kvq_status upload(const float *host, size_t n, float **dev)
     return st;
 }
 
+/* The device type of a host matrix: its file's 16-bit type when every
+ * block has it, else f32. */
+wtype wtype_of(const struct kvq_wmat *wm)
+{
+    const enum kvq_st_dtype t = wm->n_blocks ? wm->b[0].dtype : KVQ_ST_F32;
+    for (int i = 1; i < wm->n_blocks; i++)
+        if (wm->b[i].dtype != t)
+            return W_F32;
+    return t == KVQ_ST_BF16 ? W_BF16 : t == KVQ_ST_F16 ? W_F16 : W_F32;
+}
+
+/* Uploads a host weight matrix in type t (16-bit: its file bytes as they
+ * are; f32: widened). */
+kvq_status upload_mat(const struct kvq_wmat *wm, wtype t, void *dev)
+{
+    const size_t n = (size_t)wm->rows * (size_t)wm->cols;
+    if (t != W_F32) {
+        size_t off = 0;
+        for (int i = 0; i < wm->n_blocks; i++) {
+            const size_t bytes = (size_t)wm->b[i].rows * (size_t)wm->cols * 2;
+            if (cudaMemcpy(static_cast<uint8_t *>(dev) + off, wm->b[i].data, bytes, cudaMemcpyHostToDevice) !=
+                cudaSuccess)
+                return KVQ_ERR_DEVICE;
+            off += bytes;
+        }
+        return KVQ_OK;
+    }
+    float *tmp = static_cast<float *>(malloc((n ? n : 1) * sizeof(float)));
+    if (!tmp)
+        return KVQ_ERR_NOMEM;
+    kvq_wmat_to_f32(wm, tmp);
+    kvq_status st = cudaMemcpy(dev, tmp, n * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess ? KVQ_OK
+                                                                                                 : KVQ_ERR_DEVICE;
+    free(tmp);
+    return st;
+}
+
+size_t wbytes(wtype t)
+{
+    return t == W_F32 ? 4 : 2;
+}
+
+kvq_status alloc_dmat(dmat *d, wtype t, size_t n)
+{
+    d->t = t;
+    return cudaMalloc(&d->w, (n ? n : 1) * wbytes(t)) == cudaSuccess ? KVQ_OK : KVQ_ERR_NOMEM;
+}
+
 kvq_status alloc(float **dev, size_t n)
 {
     return cudaMalloc(dev, (n ? n : 1) * sizeof(float)) == cudaSuccess ? KVQ_OK : KVQ_ERR_NOMEM;
@@ -383,9 +534,10 @@ kvq_status upload_model(cuda_backend *cb)
     const kvq_model *m = cb->base.m;
     const struct kvq_model_config *c = &m->cfg;
     const size_t h = (size_t)c->hidden, f = (size_t)c->ffn, d = (size_t)c->head_dim;
-    const size_t qkv = (size_t)m->qkv_dim, qd = (size_t)m->q_dim;
+    const size_t qkv = (size_t)m->qkv_dim;
     cb->layers = static_cast<kvq_layer_weights *>(calloc((size_t)c->n_layers, sizeof *cb->layers));
-    if (!cb->layers)
+    cb->mats = static_cast<dmat(*)[4]>(calloc((size_t)c->n_layers, sizeof *cb->mats));
+    if (!cb->layers || !cb->mats)
         return KVQ_ERR_NOMEM;
     kvq_status st = KVQ_OK;
     for (int l = 0; l < c->n_layers && st == KVQ_OK; l++) {
@@ -395,12 +547,17 @@ kvq_status upload_model(cuda_backend *cb)
             const float *src;
             size_t n;
             const float **dst;
-        } t[] = {{w->attn_norm, h, &o->attn_norm}, {w->ffn_norm, h, &o->ffn_norm}, {w->wqkv, qkv * h, &o->wqkv},
+        } t[] = {{w->attn_norm, h, &o->attn_norm}, {w->ffn_norm, h, &o->ffn_norm},
                  {w->bqkv, qkv, &o->bqkv},         {w->q_norm, d, &o->q_norm},     {w->k_norm, d, &o->k_norm},
-                 {w->wo, h * qd, &o->wo},          {w->bo, h, &o->bo},             {w->wgu, 2 * f * h, &o->wgu},
-                 {w->bgu, 2 * f, &o->bgu},         {w->wdown, h * f, &o->wdown},   {w->bdown, h, &o->bdown}};
+                 {w->bo, h, &o->bo},               {w->bgu, 2 * f, &o->bgu},       {w->bdown, h, &o->bdown}};
         for (size_t i = 0; i < sizeof t / sizeof t[0] && st == KVQ_OK; i++)
             st = upload(t[i].src, t[i].n, t[i].dst);
+        for (int i = 0; i < 4 && st == KVQ_OK; i++) {
+            const struct kvq_wmat *wm = &m->mats[l][i];
+            st = alloc_dmat(&cb->mats[l][i], wtype_of(wm), (size_t)wm->rows * (size_t)wm->cols);
+            if (st == KVQ_OK)
+                st = upload_mat(wm, cb->mats[l][i].t, cb->mats[l][i].w);
+        }
     }
     if (st == KVQ_OK)
         st = upload(m->final_norm, h, &cb->final_norm);
@@ -414,25 +571,34 @@ kvq_status upload_model(cuda_backend *cb)
         st = upload(rsin, rope, &cb->rope_sin);
     free(rcos);
     free(rsin);
-    /* embedding table (converted from its dtype) and LM head, a slice of rows at a time */
+    /* embedding table and LM head in their file's type (f32 where the
+     * types differ): rows copied, or widened a slice of rows at a time */
     const size_t V = (size_t)c->vocab, step = 4096;
-    if (st == KVQ_OK && (st = alloc(&cb->embed, V * h)) == KVQ_OK)
-        st = alloc(&cb->lm, V * h);
+    const enum kvq_st_dtype et = m->embed->dtype;
+    const wtype emb_t = et == KVQ_ST_BF16 ? W_BF16 : et == KVQ_ST_F16 ? W_F16 : W_F32;
+    wtype lm_t = m->n_lm ? wtype_of(&m->lm[0].wm) : W_F32;
+    for (int k = 1; k < m->n_lm; k++)
+        if (wtype_of(&m->lm[k].wm) != lm_t)
+            lm_t = W_F32;
+    if (st == KVQ_OK && (st = alloc_dmat(&cb->embed, emb_t, V * h)) == KVQ_OK)
+        st = alloc_dmat(&cb->lm, lm_t, V * h);
+    if (st == KVQ_OK && emb_t != W_F32 &&
+        cudaMemcpy(cb->embed.w, m->embed->data, V * h * 2, cudaMemcpyHostToDevice) != cudaSuccess)
+        st = KVQ_ERR_DEVICE;
     float *tmp = st == KVQ_OK ? static_cast<float *>(malloc(step * h * sizeof(float))) : nullptr;
     if (st == KVQ_OK && !tmp)
         st = KVQ_ERR_NOMEM;
-    for (size_t r = 0; st == KVQ_OK && r < V; r += step) {
+    for (size_t r = 0; st == KVQ_OK && emb_t == W_F32 && r < V; r += step) {
         const size_t n = V - r < step ? V - r : step;
         st = kvq_st_to_f32_range(m->embed, r * h, n * h, tmp);
-        if (st == KVQ_OK && cudaMemcpy(cb->embed + r * h, tmp, n * h * sizeof(float), cudaMemcpyHostToDevice))
+        if (st == KVQ_OK && cudaMemcpy(static_cast<float *>(cb->embed.w) + r * h, tmp, n * h * sizeof(float),
+                                       cudaMemcpyHostToDevice) != cudaSuccess)
             st = KVQ_ERR_DEVICE;
     }
     free(tmp);
     for (int k = 0; st == KVQ_OK && k < m->n_lm; k++) {
         const struct kvq_lm_slice *sl = &m->lm[k];
-        if (cudaMemcpy(cb->lm + (size_t)sl->start * h, sl->w, (size_t)sl->count * h * sizeof(float),
-                       cudaMemcpyHostToDevice) != cudaSuccess)
-            st = KVQ_ERR_DEVICE;
+        st = upload_mat(&sl->wm, lm_t, static_cast<uint8_t *>(cb->lm.w) + (size_t)sl->start * h * wbytes(lm_t));
     }
     return st;
 }
@@ -468,6 +634,17 @@ extern "C" kvq_status kvq_backend_cuda_create(const kvq_model *m, size_t max_row
         st = alloc(slot[i], floats[i]);
     if (st == KVQ_OK)
         st = alloc(&cb->lm_x, max_rows * (size_t)m->cfg.hidden);
+    /* the widest projection input: hidden, q_dim or ffn (2 bytes each, as floats: 2x room) */
+    const int wide = m->cfg.ffn > m->q_dim ? (m->cfg.ffn > m->cfg.hidden ? m->cfg.ffn : m->cfg.hidden)
+                                           : (m->q_dim > m->cfg.hidden ? m->q_dim : m->cfg.hidden);
+    if (st == KVQ_OK && cudaMalloc(&cb->xh, 2 * max_rows * (size_t)wide * 2) != cudaSuccess)
+        st = KVQ_ERR_NOMEM;
+    /* the widest output: the LM head's vocab, 2 ffn or q + 2 kv */
+    size_t widest = (size_t)m->cfg.vocab > 2 * (size_t)m->cfg.ffn ? (size_t)m->cfg.vocab : 2 * (size_t)m->cfg.ffn;
+    widest = widest > (size_t)m->qkv_dim ? widest : (size_t)m->qkv_dim;
+    cb->y2_floats = 2 * (max_rows < kSplitRows ? max_rows : kSplitRows) * widest;
+    if (st == KVQ_OK && cudaMalloc(&cb->y2, cb->y2_floats * sizeof(float)) != cudaSuccess)
+        st = KVQ_ERR_NOMEM;
     if (st == KVQ_OK)
         st = alloc(&cb->logits, max_rows * (size_t)m->cfg.vocab);
     const size_t mr = max_rows;

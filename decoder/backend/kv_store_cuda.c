@@ -80,6 +80,20 @@ static kvq_status cuda_append_attend(kvq_kv_store *base, int layer, int n_seqs, 
     return KVQ_OK;
 }
 
+static kvq_status cuda_append(kvq_kv_store *base, int layer, int n_seqs, const int *seqs, size_t T, const float *k,
+                              const float *v)
+{
+    struct cuda_store *s = (struct cuda_store *)base;
+    const size_t kvd = (size_t)s->n_kv * s->head_dim;
+    for (int i = 0; i < n_seqs; i++) {
+        kvq_status st = kvq_cuda_cache_append(s->caches[layer], seqs[i], T, k + (size_t)i * T * kvd,
+                                              v + (size_t)i * T * kvd);
+        if (st != KVQ_OK)
+            return st;
+    }
+    return KVQ_OK;
+}
+
 /* Pages are taken from the pool on append; the pool was sized for every
  * sequence's full context (or the budget), so there is nothing to reserve. */
 static kvq_status cuda_reserve(kvq_kv_store *base, int seq, size_t n)
@@ -148,6 +162,7 @@ static void cuda_free_store(kvq_kv_store *base)
 
 static const struct kvq_kv_store_ops cuda_store_ops = {
     .append_attend = cuda_append_attend,
+    .append = cuda_append,
     .reserve = cuda_reserve,
     .truncate = cuda_truncate,
     .reset = cuda_reset,

@@ -68,6 +68,10 @@ KVQ_API int kvq_cuda_device_count(void);
  *  132 SMs, 79.1 GiB". @return KVQ_OK or KVQ_ERR_NO_DEVICE. */
 KVQ_API kvq_status kvq_cuda_device_describe(char *name, size_t n);
 
+/** Free and total memory of the current device in bytes (cudaMemGetInfo).
+ *  @return KVQ_OK; KVQ_ERR_INVALID_ARG (NULL); KVQ_ERR_NO_DEVICE. */
+KVQ_API kvq_status kvq_cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
+
 /* ---- device memory helpers (so C callers need no CUDA headers) ------ */
 
 /** @return KVQ_OK and *dev (bytes of device memory); KVQ_ERR_NOMEM. */

@@ -53,6 +53,17 @@ kvq_status kvq_cuda_device_describe(char *name, size_t n)
     return KVQ_OK;
 }
 
+kvq_status kvq_cuda_mem_info(size_t *free_bytes, size_t *total_bytes)
+{
+    if (!free_bytes || !total_bytes)
+        return KVQ_ERR_INVALID_ARG;
+    *free_bytes = *total_bytes = 0;
+    if (kvq_cuda_require_device() != KVQ_OK)
+        return KVQ_ERR_NO_DEVICE;
+    KVQ_CU_TRY(cudaMemGetInfo(free_bytes, total_bytes));
+    return KVQ_OK;
+}
+
 kvq_status kvq_cuda_malloc(void **dev, size_t bytes)
 {
     if (!dev)

@@ -23,6 +23,14 @@ kvq_status kvq_cuda_device_describe(char *name, size_t n)
     return KVQ_ERR_NO_DEVICE;
 }
 
+kvq_status kvq_cuda_mem_info(size_t *free_bytes, size_t *total_bytes)
+{
+    if (!free_bytes || !total_bytes)
+        return KVQ_ERR_INVALID_ARG;
+    *free_bytes = *total_bytes = 0;
+    return KVQ_ERR_NO_DEVICE;
+}
+
 kvq_status kvq_cuda_malloc(void **dev, size_t bytes)
 {
     (void)bytes;
