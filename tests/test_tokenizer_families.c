@@ -180,6 +180,9 @@ static kvq_tokenizer *load_variant(const cJSON *v, const char *extra_json_tokens
     if (!base)
         return NULL;
     cJSON *added = cJSON_GetObjectItem(base, "added_tokens");
+    const cJSON *repl = cJSON_GetObjectItem(v, "replace");
+    for (const cJSON *e = repl ? repl->child : NULL; e; e = e->next)
+        cJSON_ReplaceItemInObjectCaseSensitive(base, e->string, cJSON_Duplicate(e, 1));
     const cJSON *more = cJSON_GetObjectItem(v, "added_tokens");
     for (const cJSON *e = more ? more->child : NULL; e; e = e->next)
         cJSON_AddItemToArray(added, cJSON_Duplicate(e, 1));
@@ -237,9 +240,24 @@ static void test_added_token_variants(void)
         CHECK(ref != NULL);
         const cJSON *x = ref ? cJSON_GetObjectItem(ref, "cases")->child : NULL;
         int k = 0;
-        for (const cJSON *tx = cJSON_GetObjectItem(v, "texts")->child; t && tx && x; tx = tx->next, x = x->next, k++)
-            CHECKF(same_ids(t, tx->valuestring, cJSON_GetObjectItem(x, "ids")), "variant %s text %d '%s'", name, k,
-                   tx->valuestring);
+        for (const cJSON *tx = cJSON_GetObjectItem(v, "texts")->child; t && tx && x; tx = tx->next, x = x->next, k++) {
+            const cJSON *want = cJSON_GetObjectItem(x, "ids");
+            CHECKF(same_ids(t, tx->valuestring, want), "variant %s text %d '%s'", name, k, tx->valuestring);
+            /* HF's decode of its own ids. */
+            size_t n = (size_t)cJSON_GetArraySize(want), i = 0;
+            int32_t *ids = malloc((n + 1) * sizeof *ids);
+            for (const cJSON *w = want->child; ids && w; w = w->next)
+                ids[i++] = (int32_t)w->valuedouble;
+            char *dec = NULL;
+            size_t dl = 0;
+            const char *hf = cJSON_GetObjectItem(x, "decoded")->valuestring;
+            CHECK(ids && kvq_tokenizer_decode_alloc(t, ids, n, 0, &dec, &dl) == KVQ_OK);
+            if (!cJSON_IsFalse(cJSON_GetObjectItem(v, "check_decode")))
+                CHECKF(dec && dl == strlen(hf) && memcmp(dec, hf, dl) == 0,
+                       "variant %s text %d decodes to '%s', HF '%s'", name, k, dec ? dec : "", hf);
+            free(dec);
+            free(ids);
+        }
         printf("  %s: %d texts checked\n", name, k);
         cJSON_Delete(ref);
         kvq_tokenizer_free(t);

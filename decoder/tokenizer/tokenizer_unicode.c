@@ -13,6 +13,7 @@
 #include <pcre2.h>
 #include <utf8proc.h>
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -129,13 +130,10 @@ static struct {
     uint8_t len[256];
     int16_t back[324]; /* code point (< 324) -> byte */
 } g_bl;
-static int g_bl_ready;
+static pthread_once_t g_bl_once = PTHREAD_ONCE_INIT;
 
 static void bl_init(void)
 {
-    /* Idempotent: racing threads write the same values. */
-    if (g_bl_ready)
-        return;
     for (int i = 0; i < 324; i++)
         g_bl.back[i] = -1;
     for (unsigned b = 0; b < 256; b++) {
@@ -143,21 +141,18 @@ static void bl_init(void)
         g_bl.len[b] = (uint8_t)put_utf8(cp, g_bl.utf8[b]);
         g_bl.back[cp] = (int16_t)b;
     }
-    __atomic_store_n(&g_bl_ready, 1, __ATOMIC_RELEASE);
 }
 
 const char *tok_bytelevel_char(unsigned b, size_t *len)
 {
-    if (!__atomic_load_n(&g_bl_ready, __ATOMIC_ACQUIRE))
-        bl_init();
+    pthread_once(&g_bl_once, bl_init);
     *len = g_bl.len[b & 255];
     return g_bl.utf8[b & 255];
 }
 
 int tok_bytelevel_byte(uint32_t cp)
 {
-    if (!__atomic_load_n(&g_bl_ready, __ATOMIC_ACQUIRE))
-        bl_init();
+    pthread_once(&g_bl_once, bl_init);
     return cp < 324 ? g_bl.back[cp] : -1;
 }
 

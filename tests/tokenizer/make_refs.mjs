@@ -46,8 +46,13 @@ for (const v of variants) {
   const tj = JSON.parse(fs.readFileSync(path.join(dataDir, v.base, "tokenizer.json"), "utf8"));
   const tc = JSON.parse(fs.readFileSync(path.join(dataDir, v.base, "tokenizer_config.json"), "utf8"));
   tj.added_tokens.push(...v.added_tokens);
+  Object.assign(tj, v.replace || {});
   const tok = new Tokenizer(tj, tc);
-  const out = v.texts.map((text) => ({ ids: tok.encode(text, { add_special_tokens: false }).ids }));
+  const out = v.texts.map((text) => {
+    const ids = tok.encode(text, { add_special_tokens: false }).ids;
+    const decoded = ids.length ? tok.decode(ids, { skip_special_tokens: false, clean_up_tokenization_spaces: false }) : "";
+    return { ids, decoded };
+  });
   fs.writeFileSync(path.join(here, "expected", `variant_${v.name}.json`), JSON.stringify({
     generator: "@huggingface/tokenizers 0.2.0 via tests/tokenizer/make_refs.mjs", cases: out }) + "\n");
   console.log(v.name, out.length, "cases");

@@ -64,8 +64,13 @@ def main():
             continue
         tj = json.load(open(path, encoding="utf-8"))
         tj["added_tokens"].extend(v["added_tokens"])
+        tj.update(v.get("replace", {}))
         tok = Tokenizer.from_str(json.dumps(tj))
-        write("variant_" + v["name"], [{"ids": tok.encode(t, add_special_tokens=False).ids} for t in v["texts"]])
+        out = []
+        for t in v["texts"]:
+            ids = tok.encode(t, add_special_tokens=False).ids
+            out.append({"ids": ids, "decoded": tok.decode(ids, skip_special_tokens=False)})
+        write("variant_" + v["name"], out)
 
 
 if __name__ == "__main__":
