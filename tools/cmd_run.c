@@ -19,6 +19,7 @@
 #include "kvq_qkv_dump.h"
 #include "kvq_tokenizer.h"
 #include "kvq_chat.h"
+#include "kvq_cuda.h"
 
 #define CMD "run"
 #define DUMP_Q_LAST 256 /* queries kept by --dump-qkv, as in the reference dumps */
@@ -382,6 +383,49 @@ static int is_eos(const struct kvq_model_config *c, int32_t id)
     return 0;
 }
 
+/* --plan --device cuda: what this GPU's free memory holds once the model is
+ * on it (an estimate: the weights in their file's type, the embedding table
+ * too, and 1 GiB for activations, cuBLAS and the RoPE table). */
+static int print_gpu_plan(const struct opts *o, kvq_model *m)
+{
+    const struct kvq_model_config *c = kvq_model_config_of(m);
+    size_t fr = 0, total = 0;
+    char name[256];
+    if (kvq_cuda_mem_info(&fr, &total) != KVQ_OK || kvq_cuda_device_describe(name, sizeof name) != KVQ_OK)
+        return cli_error(CMD, "--device cuda: no CUDA device (or kvq was built without CUDA)");
+    struct kvq_model_info mi;
+    kvq_model_get_info(m, &mi);
+    const size_t embed = mi.file_bytes > mi.weight_bytes ? mi.file_bytes - mi.weight_bytes : 0;
+    const size_t need = mi.weight_bytes + embed + ((size_t)1 << 30);
+    const size_t room = fr > need ? fr - need : 0;
+    printf("\nOn this GPU (%s): %.2f GiB free, the model ~%.2f GiB -> %.2f GiB for the KV cache\n", name,
+           (double)fr / (1 << 30), (double)(need - ((size_t)1 << 30)) / (1 << 30), (double)room / (1 << 30));
+    printf("%-15s %14s %22s\n", "K/V", "longest context", "sequences at full ctx");
+    struct kvq_seq_config sc;
+    kvq_seq_config_default(&sc);
+    sc.sink_tokens = o->kvx.sink_tokens;
+    sc.recent_f16 = o->kvx.recent_f16;
+    static const enum kvq_type pairs[][2] = {{KVQ_TYPE_F16, KVQ_TYPE_F16}, {KVQ_TYPE_Q8_0, KVQ_TYPE_Q8_0},
+                                             {KVQ_TYPE_Q4_0, KVQ_TYPE_Q4_0}, {KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3}};
+    for (int i = -1; i < (int)(sizeof pairs / sizeof pairs[0]); i++) {
+        sc.type_k = i < 0 ? o->kvx.tk : pairs[i][0];
+        sc.type_v = i < 0 ? o->kvx.tv : pairs[i][1];
+        sc.layer_types = i < 0 && o->kvx.n_layer_types ? o->kvx.layer_types : NULL;
+        struct kvq_seq_plan pl;
+        if (kvq_seq_plan_of(m, &sc, &pl) != KVQ_OK || !pl.bytes_per_token)
+            continue;
+        char nm[48];
+        snprintf(nm, sizeof nm, "%s/%s%s%s", kvq_type_traits(sc.type_k)->name, kvq_type_traits(sc.type_v)->name,
+                 kvq_seq_window_for(&sc, c->n_layers) ? "+win" : "", i < 0 ? "*" : "");
+        const size_t longest = room > pl.fixed_bytes ? (room - pl.fixed_bytes) / pl.bytes_per_token : 0;
+        const size_t per_seq = pl.bytes_per_token * (size_t)c->max_ctx + pl.fixed_bytes;
+        printf("%-15s %14zu %22zu\n", nm, longest, per_seq ? room / per_seq : 0);
+    }
+    printf("  sequences at full ctx: how many sequences of the model's context (%d tokens) fit together\n",
+           c->max_ctx);
+    return 0;
+}
+
 /* --plan: for every type (as K and V) and the chosen types (one pair, the
  * --layer-types list, or what --kv-auto picks), the exact bytes per token
  * and how many tokens the budget holds (whole pages per layer). */
@@ -389,6 +433,8 @@ static int print_plan(void *user, kvq_model *m, kvq_tokenizer *tok)
 {
     struct opts *o = user;
     const struct kvq_model_config *c = kvq_model_config_of(m);
+    if (o->kvx.device == KVQ_DEVICE_CUDA && kvq_cuda_device_count() == 0)
+        return cli_error(CMD, "--device cuda: no CUDA device (or kvq was built without CUDA)");
     int rc = kv_opts_check(CMD, &o->kvx, m);
     if (!rc)
         rc = kv_auto_apply(CMD, &o->kvx, m, tok, o->model, o->ctx ? (size_t)o->ctx : (size_t)c->max_ctx, 0);
@@ -450,7 +496,7 @@ static int print_plan(void *user, kvq_model *m, kvq_tokenizer *tok)
         printf("  +win (the recent-token f16 window, the default for compressed types; --no-kv-recent-f16\n"
                "  turns it off) and --kv-sink: their f16 buffers are taken from the budget first and\n"
                "  included in bits/value (at the model's context) and full ctx MiB.\n");
-    return 0;
+    return o->kvx.device == KVQ_DEVICE_CUDA ? print_gpu_plan(o, m) : 0;
 }
 
 static int run(void *user, kvq_model *m, kvq_tokenizer *tok)

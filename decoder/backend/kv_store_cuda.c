@@ -199,6 +199,10 @@ kvq_status kvq_kv_store_cuda_create(const struct kvq_kv_store_config *cfg, kvq_k
         kvq_cuda_cache_config_default(&cc, c0->n_kv_heads, c0->head_dim, cfg->cfgs[l].max_tokens, cfg->max_seqs);
         cc.cache = cfg->cfgs[l];
         cc.max_q_per_kv = cfg->n_heads / c0->n_kv_heads;
+        /* no per-append input check: it would cost one host synchronisation
+         * per layer and step; a non-finite row makes non-finite logits,
+         * which the LM head reports (KVQ_ERR_NONFINITE), as on the CPU */
+        cc.check_input = 0;
         if (cfg->cfgs[l].max_bytes) { /* the layer's budget share, in whole pages */
             struct kvq_cache_config one = cfg->cfgs[l];
             size_t pt = one.page_tokens ? one.page_tokens : KVQ_DEFAULT_PAGE_TOKENS;
