@@ -56,23 +56,30 @@ def jinja_env():
 
 
 def make_renderer():
+    """transformers' own renderer when importable (two spellings of its API),
+    else Jinja2 with transformers' settings. Fails loudly rather than mislabel."""
     try:
-        from transformers.utils.chat_template_utils import render_jinja_template
         import transformers
-
-        def render(template, context):
-            ctx = dict(context)
-            msgs = ctx.pop("messages")
-            agp = ctx.pop("add_generation_prompt", False)
-            out, _ = render_jinja_template(conversations=[msgs], chat_template=template,
-                                           add_generation_prompt=agp, **ctx)
-            return out[0]
-        return render, "transformers %s render_jinja_template" % transformers.__version__
+        from transformers.utils import chat_template_utils as ctu
     except Exception:
         import jinja2
         env = jinja_env()
         return (lambda template, context: env.from_string(template).render(**context),
                 "jinja2 %s with transformers' environment settings" % jinja2.__version__)
+
+    def render(template, context):
+        if hasattr(ctu, "render_jinja_template"):
+            ctx = dict(context)
+            msgs = ctx.pop("messages")
+            agp = ctx.pop("add_generation_prompt", False)
+            try:
+                out, _ = ctu.render_jinja_template(conversations=[msgs], chat_template=template,
+                                                   add_generation_prompt=agp, **ctx)
+                return out[0]
+            except TypeError:
+                pass  # another signature: the compiled template below is the same environment
+        return ctu._compile_jinja_template(template).render(**context)
+    return render, "transformers %s chat_template_utils" % transformers.__version__
 
 
 def token_string(t):
