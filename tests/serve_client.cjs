@@ -32,6 +32,16 @@ async function completions() {
   check('completions: stream concatenates to the same text', text === r.choices[0].text && chunks > 1,
         JSON.stringify(text) + ' in ' + chunks + ' chunks');
   check('completions: stream ends with a finish_reason', finish === r.choices[0].finish_reason, String(finish));
+  // stop strings: the text ends where the first one begins, streamed or not
+  const full = r.choices[0].text, at = Math.floor(full.length / 2), stop = full.slice(at, at + 3);
+  const cut = full.slice(0, full.indexOf(stop));
+  const st = await client.completions.create({ model, prompt: c.text, max_tokens: n, temperature: 0, stop: [stop] });
+  check('completions: stop string ends the text', st.choices[0].text === cut && st.choices[0].finish_reason === 'stop',
+        JSON.stringify([stop, st.choices[0].text, cut, st.choices[0].finish_reason]));
+  const ss = await client.completions.create({ model, prompt: c.text, max_tokens: n, temperature: 0, stop, stream: true });
+  let stext = '';
+  for await (const ch of ss) stext += ch.choices[0].text;
+  check('completions: streamed stop string never leaks', stext === cut, JSON.stringify([stext, cut]));
   const lp = await client.completions.create({ model, prompt: c.text, max_tokens: 5, temperature: 0, logprobs: 3 });
   const L = lp.choices[0].logprobs;
   check('completions: logprobs shape', L && L.tokens.length === 5 && L.token_logprobs.every((v) => v <= 0) &&
