@@ -41,7 +41,9 @@ static int parse_list(const char *s, long *v)
     int n = 0;
     while (s && *s && n < MAX_LIST) {
         char *end;
-        v[n++] = strtol(s, &end, 10);
+        const long x = strtol(s, &end, 10);
+        if (x > 0) /* "0" or an empty list: none */
+            v[n++] = x;
         s = *end == ',' ? end + 1 : end + strlen(end);
     }
     return n;
