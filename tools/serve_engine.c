@@ -46,6 +46,7 @@ struct serve_engine {
     kvq_batch *b;
     struct kvq_batch_stats bs; /* refreshed by the engine after every change, under mu */
     size_t max_ctx, pages_total; /* constants of the batch */
+    double t_stats;            /* when bs was last refreshed after a step */
     pthread_t thread;
     int started;
     pthread_mutex_t mu;
@@ -570,6 +571,7 @@ static void *engine_main(void *arg)
         if (n == 0) {
             if (e->stop)
                 break;
+            kvq_batch_get_stats(e->b, &e->bs); /* exact whenever idle */
             pthread_cond_wait(&e->work, &e->mu);
             continue;
         }
@@ -577,7 +579,12 @@ static void *engine_main(void *arg)
         kvq_error err = {0};
         kvq_status st = kvq_batch_step(e->b, e->items, n, &err);
         serve_lock(e);
-        kvq_batch_get_stats(e->b, &e->bs);
+        /* the stats walk every slot and layer: at most every 100 ms while busy */
+        const double t = now_s();
+        if (t - e->t_stats > 0.1) {
+            kvq_batch_get_stats(e->b, &e->bs);
+            e->t_stats = t;
+        }
         for (int k = 0; k < n; k++) {
             struct serve_req *r = e->item_req[k];
             if (st != KVQ_OK) {
