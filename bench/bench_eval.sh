@@ -25,7 +25,7 @@ while [ "$i" -le "$repeat" ]; do
     if [ "$i" -eq 1 ] && command -v gnuplot >/dev/null 2>&1; then plot="--plot $out/eval.png"; fi
     t0=$(date +%s.%N)
     OPENBLAS_NUM_THREADS=1 "$kvq" eval --sweep --quiet "$ref/kv_text.safetensors" "$ref/kv_passkey.safetensors" \
-        --json "$out/eval_sweep.json" --csv "$out/eval_sweep.csv" $plot >"$out/eval_sweep.txt"
+        --json-out "$out/eval_sweep.json" --csv "$out/eval_sweep.csv" $plot >"$out/eval_sweep.txt"
     t1=$(date +%s.%N)
     t=$(awk -v a="$t0" -v b="$t1" 'BEGIN {print b - a}')
     printf "  run %d: %6.2f s\n" "$i" "$t"

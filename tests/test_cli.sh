@@ -80,6 +80,9 @@ printf 'caf\303\251 \377 ok' > "$tmp/bad.txt"
 $kvq_t run -m "$model" -f "$tmp/bad.txt" 2>"$tmp/err"; rc=$?
 [ "$rc" -eq 2 ] && grep -q "not valid UTF-8 at byte 6 (0xff)" "$tmp/err"
 check "run: invalid UTF-8 is reported with its byte offset" $?
+$kvq_t run -m "$model" -p Paris -c 1 2>"$tmp/err"; rc=$?
+[ "$rc" -eq 2 ] && grep -q "longer than the --ctx context of 1" "$tmp/err"
+check "run: -c (--ctx) sets the context; a longer prompt is refused" $?
 $kvq_t run -m "$model" -f "$tmp/none.txt" 2>"$tmp/err"; rc=$?
 [ "$rc" -eq 2 ] && grep -q "No such file or directory" "$tmp/err"
 check "run: an unreadable prompt file says why" $?
