@@ -33,7 +33,8 @@ static struct {
     void *ctx;
     int n, max_workers;
     atomic_int next;
-} P = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER};
+} P = {.lock = PTHREAD_MUTEX_INITIALIZER, .mu = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER,
+       .done = PTHREAD_COND_INITIALIZER};
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 

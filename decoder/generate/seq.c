@@ -211,7 +211,8 @@ kvq_status kvq_seq_create(const kvq_model *m, const struct kvq_seq_config *cfg, 
         ccs[l].seed = kvq_seed_derive(sc.seed, (uint64_t)l);
         ccs[l].max_bytes = layer_budget(c, &sc, l, s->max_ctx);
     }
-    struct kvq_kv_store_config kc = {ccs, c->n_layers, 1, c->n_heads, (size_t)s->max_chunk, sc.v_norm_correct};
+    struct kvq_kv_store_config kc = {.cfgs = ccs, .n_layers = c->n_layers, .max_seqs = 1, .n_heads = c->n_heads,
+                                     .max_rows = (size_t)s->max_chunk, .v_norm_correct = sc.v_norm_correct};
     const int cuda = sc.device == KVQ_DEVICE_CUDA;
     int *windows = c->arch.sliding_window ? calloc((size_t)c->n_layers, sizeof *windows) : NULL;
     for (int l = 0; windows && l < c->n_layers; l++)
