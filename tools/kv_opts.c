@@ -237,6 +237,7 @@ void kv_opts_usage(FILE *f)
     fprintf(f, "  --cache-type-k T     key cache type (default tq3j; see `kvq types`)\n"
                "  --cache-type-v T     value cache type (default tq3)\n"
                "  --kv-budget SIZE     most bytes of KV-cache pages over all layers, e.g. 48MiB\n"
+               "                       (KiB/MiB/GiB or K/M/G: powers of 1024; kB/MB/GB: of 1000)\n"
                "                       (split evenly per layer; default: no limit)\n"
                "  --layer-types K/V,.. per-layer cache types, one pair per layer (overrides the above)\n"
                "  --kv-auto            choose per-layer K/V types that fit --kv-budget at the context\n"

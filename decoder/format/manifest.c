@@ -6,6 +6,7 @@
 #include "kvq_manifest.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
@@ -305,7 +306,7 @@ kvq_status kvq_manifest_check_files(const struct kvq_manifest *m, const char *di
             continue;
         uint64_t h, b;
         if (kvq_file_checksum(path, &h, &b) != KVQ_OK)
-            return kvq_error_set(err, KVQ_ERR_IO, "%s: cannot read", path);
+            return kvq_error_set(err, KVQ_ERR_IO, "%s: cannot read: %s", path, strerror(errno ? errno : EIO));
         if (h != sh->fnv1a64)
             return kvq_error_set(err, KVQ_ERR_FORMAT,
                                  "%s: checksum mismatch (file fnv1a64 %016" PRIx64 ", runtime_meta.json %016" PRIx64

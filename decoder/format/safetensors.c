@@ -13,6 +13,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <errno.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -271,7 +272,7 @@ kvq_status kvq_st_open(const char *path, kvq_st_file **out, kvq_error *err)
         return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "kvq_st_open: NULL argument");
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
-        return kvq_error_set(err, KVQ_ERR_IO, "%s: cannot open", path);
+        return kvq_error_set(err, KVQ_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat sb;
     if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
         close(fd);
@@ -286,9 +287,10 @@ kvq_status kvq_st_open(const char *path, kvq_st_file **out, kvq_error *err)
     if (f->size > 0) {
         void *p = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (p == MAP_FAILED) {
+            int e = errno;
             close(fd);
             free(f);
-            return kvq_error_set(err, KVQ_ERR_IO, "%s: cannot map %zu bytes", path, (size_t)sb.st_size);
+            return kvq_error_set(err, KVQ_ERR_IO, "%s: cannot map %zu bytes: %s", path, (size_t)sb.st_size, strerror(e));
         }
         f->base = p;
         f->mapped = 1;
