@@ -173,6 +173,35 @@ static void test_errors_name_the_construct(void)
         free(out);
         kvq_chat_template_free(t);
     }
+    /* Hostile nesting and runaway loops end in an error, not a crash or a hang. */
+    static char deep[3][40000];
+    size_t k = 0;
+    k += (size_t)snprintf(deep[0], sizeof deep[0], "{{ ");
+    for (int i = 0; i < 5000; i++)
+        deep[0][k++] = '(';
+    deep[0][k++] = '1';
+    for (int i = 0; i < 5000; i++)
+        deep[0][k++] = ')';
+    snprintf(deep[0] + k, sizeof deep[0] - k, " }}");
+    k = (size_t)snprintf(deep[1], sizeof deep[1], "{{ 1");
+    for (int i = 0; i < 8000; i++)
+        k += (size_t)snprintf(deep[1] + k, sizeof deep[1] - k, "+1");
+    snprintf(deep[1] + k, sizeof deep[1] - k, " }}");
+    snprintf(deep[2], sizeof deep[2], "{%% for i in range(100000) %%}{%% for j in range(100000) %%}x{%% endfor %%}{%% endfor %%}");
+    for (int i = 0; i < 3; i++) {
+        kvq_chat_template *t = NULL;
+        kvq_error err = {KVQ_OK, ""};
+        char *out = NULL;
+        size_t len;
+        kvq_status st = kvq_chat_template_create(deep[i], strlen(deep[i]), &t, &err);
+        if (!st)
+            st = kvq_chat_render(t, NULL, 0, NULL, &out, &len, &err);
+        CHECKF((st == KVQ_ERR_UNSUPPORTED && (strstr(err.msg, "deeper") || strstr(err.msg, "too long"))) ||
+                   (st == KVQ_ERR_NOMEM && i == 2),
+               "hostile template %d: status %d '%s'", i, st, err.msg);
+        free(out);
+        kvq_chat_template_free(t);
+    }
     kvq_chat_template_free(NULL);
     kvq_chat_template *t;
     CHECK_STATUS(kvq_chat_template_create(NULL, 1, &t, NULL), KVQ_ERR_INVALID_ARG);

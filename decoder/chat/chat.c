@@ -221,7 +221,7 @@ kvq_status kvq_chat_render(const kvq_chat_template *t, const kvq_chat_message *m
         return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "kvq_chat_render: NULL argument");
     *text = NULL;
     *len = 0;
-    ch_arena a = {NULL, 0};
+    ch_arena a = {NULL, 0, 0};
     ch_val list = {V_LIST, {0}};
     kvq_status st = KVQ_OK;
     if (!(list.u.l = ch_alloc(&a, sizeof *list.u.l)) || (n && !(list.u.l->v = ch_alloc(&a, n * sizeof(ch_val)))))
@@ -257,7 +257,7 @@ kvq_status kvq_chat_render_json(const kvq_chat_template *t, const char *messages
         cJSON_Delete(j);
         return kvq_error_set(err, KVQ_ERR_FORMAT, "chat messages: not a JSON array");
     }
-    ch_arena a = {NULL, 0};
+    ch_arena a = {NULL, 0, 0};
     ch_val list;
     kvq_status st = from_json(&a, j, &list) ? KVQ_OK : kvq_error_set(err, KVQ_ERR_NOMEM, "out of memory");
     cJSON_Delete(j);

@@ -410,6 +410,10 @@ static ch_val binop(rctx *r, const ch_expr *e, ch_val a, ch_val b)
         ch_fail(r, KVQ_ERR_FORMAT, e->line, "an undefined value in '%s'", sym[op]);
         return undef();
     }
+    if ((op == OP_ADD && a.t == V_STR && b.t == V_STR && a.u.s.n + b.u.s.n > CH_MAX_TEXT)) {
+        ch_fail(r, KVQ_ERR_UNSUPPORTED, e->line, "a string over %zu MiB", CH_MAX_TEXT >> 20);
+        return undef();
+    }
     if (op == OP_ADD && a.t == V_STR && b.t == V_STR) {
         char *s = ch_alloc(r->a, a.u.s.n + b.u.s.n + 1);
         if (!s) {
@@ -431,9 +435,13 @@ static ch_val binop(rctx *r, const ch_expr *e, ch_val a, ch_val b)
     if (op == OP_MUL && ((a.t == V_STR && b.t == V_INT) || (a.t == V_INT && b.t == V_STR))) {
         ch_val s = a.t == V_STR ? a : b;
         int64_t k = a.t == V_INT ? a.u.i : b.u.i;
+        if (k > 0 && s.u.s.n && (uint64_t)k > CH_MAX_TEXT / s.u.s.n) {
+            ch_fail(r, KVQ_ERR_UNSUPPORTED, e->line, "a string over %zu MiB", CH_MAX_TEXT >> 20);
+            return undef();
+        }
         ch_sb out = {0};
         sb_put(&out, "", 0);
-        for (int64_t i = 0; i < k && i < (1 << 20); i++)
+        for (int64_t i = 0; i < k; i++)
             sb_put(&out, s.u.s.s, s.u.s.n);
         ch_val v = ch_str_copy(r, out.s, out.n);
         free(out.s);
@@ -483,10 +491,30 @@ static ch_val binop(rctx *r, const ch_expr *e, ch_val a, ch_val b)
     return undef();
 }
 
+static ch_val eval_inner(rctx *r, const ch_expr *e);
+
 ch_val ch_eval(rctx *r, const ch_expr *e)
 {
     if (r->st)
         return undef();
+    if (++r->steps > CH_MAX_STEPS) {
+        ch_fail(r, KVQ_ERR_UNSUPPORTED, e->line, "the template runs too long (over %llu steps)",
+                (unsigned long long)CH_MAX_STEPS);
+        return undef();
+    }
+    /* Long operator or attribute chains nest the tree as deep as they are long. */
+    if (++r->eval_depth > CH_MAX_EVAL_DEPTH) {
+        r->eval_depth--;
+        ch_fail(r, KVQ_ERR_UNSUPPORTED, e->line, "an expression nested deeper than %d", CH_MAX_EVAL_DEPTH);
+        return undef();
+    }
+    ch_val v = eval_inner(r, e);
+    r->eval_depth--;
+    return v;
+}
+
+static ch_val eval_inner(rctx *r, const ch_expr *e)
+{
     switch (e->k) {
     case E_LIT:
         return e->lit;
@@ -708,6 +736,11 @@ static void exec_set(rctx *r, const ch_node *n, ch_val v)
 
 static void exec_node(rctx *r, const ch_node *n)
 {
+    if (++r->steps > CH_MAX_STEPS || r->out.n > CH_MAX_TEXT) {
+        ch_fail(r, KVQ_ERR_UNSUPPORTED, n->line, "the template runs too long (over %llu steps or %zu MiB of text)",
+                (unsigned long long)CH_MAX_STEPS, CH_MAX_TEXT >> 20);
+        return;
+    }
     switch (n->k) {
     case S_TEXT:
         sb_put(&r->out, n->text, n->len);

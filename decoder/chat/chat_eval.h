@@ -20,7 +20,15 @@ typedef struct rctx {
     scope *sc;
     int loop_ctl;
     int depth;
+    uint64_t steps; /* nodes and expressions evaluated: a runaway template stops */
+    int eval_depth;
 } rctx;
+
+/* Limits that turn a runaway template into an error instead of a hang or an
+ * out-of-memory: evaluation steps, and bytes of output or of one string. */
+#define CH_MAX_STEPS 1000000ull
+#define CH_MAX_TEXT ((size_t)64 << 20)
+#define CH_MAX_EVAL_DEPTH 1000
 
 void ch_fail(rctx *r, kvq_status st, int line, const char *fmt, ...)
 #if defined(__GNUC__)

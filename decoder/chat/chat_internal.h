@@ -14,8 +14,12 @@
 typedef struct ch_chunk ch_chunk;
 typedef struct ch_arena {
     ch_chunk *head;
-    int failed; /* an allocation failed */
+    int failed;   /* an allocation failed, or the cap below was reached */
+    size_t total; /* bytes held */
 } ch_arena;
+/* One render (or parse) holds at most this much: hostile templates end in
+ * KVQ_ERR_NOMEM instead of taking the machine's memory. */
+#define CH_ARENA_CAP ((size_t)256 << 20)
 void *ch_alloc(ch_arena *a, size_t n); /* zeroed; NULL (and a->failed) when out of memory */
 char *ch_strdup(ch_arena *a, const char *s, size_t n);
 void ch_arena_free(ch_arena *a);

@@ -32,7 +32,12 @@ typedef struct parser {
     tok *toks;
     int n, cap, pos;
     kvq_status st;
+    int depth; /* recursion: nested expressions and blocks */
 } parser;
+
+/* Deeper nesting than this is refused (the recursion would otherwise run off
+ * the stack on hostile input); real templates nest a handful of levels. */
+#define MAX_DEPTH 200
 
 static kvq_status fail(parser *p, kvq_status st, int line, const char *fmt, ...)
 #if defined(__GNUC__)
@@ -142,8 +147,11 @@ static void lex_tag(parser *p, const char *src, size_t len, size_t *ip, int *lin
                 t.i = strtoll(buf, NULL, 10);
             i = j;
         } else if (c == '\'' || c == '"') {
-            /* Python string literal escapes. */
-            char *out = ch_alloc(&p->t->arena, len - i + 1);
+            /* Python string literal escapes; sized by the literal, not the rest of the source. */
+            size_t lit_end = i + 1;
+            while (lit_end < len && src[lit_end] != c)
+                lit_end += src[lit_end] == '\\' && lit_end + 1 < len ? 2 : 1;
+            char *out = ch_alloc(&p->t->arena, lit_end - i + 1);
             if (!out) {
                 fail(p, KVQ_ERR_NOMEM, *line, "%s", "out of memory");
                 break;
@@ -369,6 +377,7 @@ static int add_arg(parser *p, ch_expr *e, ch_expr *arg, const char *kw)
 static ch_expr *parse_expr(parser *p);
 static ch_expr *parse_or(parser *p);
 static ch_expr *parse_unary(parser *p);
+static int enter(parser *p);
 
 /* "(" args ")" with keyword arguments; the "(" is consumed already. */
 static void parse_args(parser *p, ch_expr *e)
@@ -621,7 +630,11 @@ static ch_expr *parse_unary_f(parser *p, int with_filter)
     tok *t = peek(p);
     ch_expr *e;
     if (accept_op(p, "-") || accept_op(p, "+")) {
-        if (!(e = mk(p, t->s[0] == '-' ? E_NEG : E_POS, t->line)) || !(e->a = parse_unary_f(p, 0)))
+        if (!(e = mk(p, t->s[0] == '-' ? E_NEG : E_POS, t->line)))
+            return NULL;
+        e->a = enter(p) ? parse_unary_f(p, 0) : NULL;
+        p->depth--;
+        if (!e->a)
             return NULL;
     } else {
         e = parse_postfix(p);
@@ -719,9 +732,11 @@ static ch_expr *parse_not(parser *p)
     tok *t = peek(p);
     if (accept_name(p, "not")) {
         ch_expr *x = mk(p, E_NOT, t->line);
-        if (!x || !(x->a = parse_not(p)))
+        if (!x)
             return NULL;
-        return x;
+        x->a = enter(p) ? parse_not(p) : NULL;
+        p->depth--;
+        return x->a ? x : NULL;
     }
     return parse_compare(p);
 }
@@ -756,7 +771,25 @@ static ch_expr *parse_or(parser *p)
     return e;
 }
 
+static ch_expr *parse_expr_inner(parser *p);
+
+static int enter(parser *p)
+{
+    if (++p->depth > MAX_DEPTH) {
+        fail(p, KVQ_ERR_UNSUPPORTED, peek(p)->line, "nesting deeper than %d levels", MAX_DEPTH);
+        return 0;
+    }
+    return 1;
+}
+
 static ch_expr *parse_expr(parser *p)
+{
+    ch_expr *e = enter(p) ? parse_expr_inner(p) : NULL;
+    p->depth--;
+    return e;
+}
+
+static ch_expr *parse_expr_inner(parser *p)
 {
     ch_expr *e = parse_or(p);
     if (e && is_name(peek(p), "if")) {
@@ -941,7 +974,16 @@ static void parse_set(parser *p, ch_node *n)
         end_tag(p);
 }
 
+static void parse_body_inner(parser *p, ch_body *body, const char *const *stops, const char **stop);
+
 static void parse_body(parser *p, ch_body *body, const char *const *stops, const char **stop)
+{
+    if (enter(p))
+        parse_body_inner(p, body, stops, stop);
+    p->depth--;
+}
+
+static void parse_body_inner(parser *p, ch_body *body, const char *const *stops, const char **stop)
 {
     while (!p->st) {
         tok *t = peek(p);
@@ -1032,7 +1074,7 @@ static void parse_body(parser *p, ch_body *body, const char *const *stops, const
 
 kvq_status ch_parse(kvq_chat_template *t, const char *src, size_t len, kvq_error *err)
 {
-    parser p = {t, err, NULL, 0, 0, 0, KVQ_OK};
+    parser p = {t, err, NULL, 0, 0, 0, KVQ_OK, 0};
     if (!lex(&p, src, len)) {
         const char *stop = NULL;
         parse_body(&p, &t->root, NULL, &stop);

@@ -20,11 +20,12 @@ void *ch_alloc(ch_arena *a, size_t n)
     ch_chunk *c = a->head;
     if (!c || c->cap - c->used < n) {
         size_t cap = n > 60000 ? n : 60000;
-        c = malloc(sizeof *c + cap);
+        c = a->total + cap <= CH_ARENA_CAP ? malloc(sizeof *c + cap) : NULL;
         if (!c) {
             a->failed = 1;
             return NULL;
         }
+        a->total += cap;
         c->cap = cap;
         c->used = 0;
         c->next = a->head;
