@@ -37,7 +37,9 @@ void kv_opts_default(struct kv_opts *o);
 int kv_opts_parse(const char *cmd, const char *a, const char *v, struct kv_opts *o);
 
 /* Flags without a value (--v-norm-correct, --kv-recent-f16,
- * --no-kv-recent-f16, --kv-auto). @return 1 when consumed. */
+ * --no-kv-recent-f16, --kv-auto). @return 1 when consumed. A new flag
+ * without a value also goes into cli.c's value_less list, so that the
+ * argument after it is read as an option (cli_normalize_args). */
 int kv_opts_flag(const char *a, struct kv_opts *o);
 
 /* What `kvq ppl` and `kvq passkey` share: --model, --json, --quiet and the
