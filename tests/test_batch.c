@@ -203,14 +203,14 @@ static void test_sampled_identical(void)
     compare(&sc, 1);
 }
 
-/* The same on the GPU (f16 cache: the device store has no f16 window). */
-static void test_greedy_cuda(void)
+/* The same on the GPU: types k/v, the window as the kvq command sets it. */
+static void greedy_cuda(enum kvq_type k, enum kvq_type v)
 {
     struct kvq_batch_config bc;
     kvq_batch_config_default(&bc);
     bc.seq.device = KVQ_DEVICE_CUDA;
-    bc.seq.type_k = bc.seq.type_v = KVQ_TYPE_F16;
-    bc.seq.recent_f16 = 0;
+    bc.seq.type_k = k;
+    bc.seq.type_v = v;
     kvq_batch *b = NULL;
     kvq_error err = {0};
     kvq_status st = kvq_batch_create(model, &bc, &b, &err);
@@ -219,6 +219,17 @@ static void test_greedy_cuda(void)
         SKIP("no CUDA device or build: %s", err.msg);
     CHECK_OK(st);
     compare(&bc.seq, 0);
+}
+
+static void test_greedy_cuda(void)
+{
+    greedy_cuda(KVQ_TYPE_F16, KVQ_TYPE_F16);
+}
+
+/* tq3j/tq3 with the recent f16 window: the device's f16 rows, batched. */
+static void test_greedy_cuda_compressed(void)
+{
+    greedy_cuda(KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3);
 }
 
 /* The pool: pages counted per slot, a step that does not fit changes
@@ -334,6 +345,7 @@ int main(void)
     RUN(test_greedy_identical_f32);
     RUN(test_sampled_identical);
     RUN(test_greedy_cuda);
+    RUN(test_greedy_cuda_compressed);
     RUN(test_page_pool);
     RUN(test_bad_steps);
     for (int i = 0; i < N_SEQS; i++)

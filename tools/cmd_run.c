@@ -215,6 +215,12 @@ static void print_summary(const struct opts *o, const kvq_model *m, const kvq_se
         fprintf(stderr, " (drafts accepted %zu of %zu)", st.accepted, st.drafted);
     fprintf(stderr, "\ntime:    matmul %.3f s, attention %.3f s, LM head %.3f s, host overhead %.3f s (%.1f%%)\n",
             st.t_matmul, st.t_attn, st.t_lm_head, st.t_host, busy > 0 ? 100.0 * st.t_host / busy : 0.0);
+    size_t dev_free = 0, dev_total = 0;
+    if (o->kvx.device == KVQ_DEVICE_CUDA && kvq_cuda_mem_info(&dev_free, &dev_total) == KVQ_OK)
+        fprintf(stderr, "         (GPU work is queued asynchronously: the parts are host times, the LM head's\n"
+                        "         includes waiting for the step)\n"
+                        "device:  %.2f GiB of %.2f GiB in use\n",
+                (double)(dev_total - dev_free) / (1 << 30), (double)dev_total / (1 << 30));
     char name[2048];
     kv_opts_name(&o->kvx, name, sizeof name);
     /* what the cache holds for these tokens: their rows, plus the f16
