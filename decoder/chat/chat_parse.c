@@ -1,287 +1,16 @@
 /* chat_parse.c - Jinja template source -> syntax tree (chat_internal.h).
  *
- * The lexer applies Jinja's whitespace rules with the settings transformers
- * uses for chat templates: trim_blocks (the newline after a block tag goes),
- * lstrip_blocks (spaces before a block tag on its own line go), and the '-'
- * / '+' modifiers. The parser is recursive descent with Jinja's precedence:
+ * Tokens come from chat_lex.c. The parser is recursive descent with Jinja's
+ * precedence:
  *   a if c else b  <  or  <  and  <  not  <  comparisons, in, not in
  *   <  ~  <  + -  <  * / // %  <  **  <  unary - +  <  filters | and tests is
  *   <  postfix . [] ()  <  literals, names, ( ), [ ], { }.
  */
-#include "chat_internal.h"
+#include "chat_lex.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-typedef enum { T_TEXT, T_VAR, T_VAR_END, T_BLOCK, T_BLOCK_END, T_NAME, T_STR, T_INT, T_FLOAT, T_OP, T_EOF } tkind;
-
-typedef struct tok {
-    tkind k;
-    int line;
-    const char *s; /* T_TEXT, T_NAME, T_OP: into the source; T_STR: unescaped copy */
-    size_t n;
-    int64_t i;
-    double f;
-} tok;
-
-typedef struct parser {
-    kvq_chat_template *t;
-    kvq_error *err;
-    tok *toks;
-    int n, cap, pos;
-    kvq_status st;
-    int depth; /* recursion: nested expressions and blocks */
-} parser;
-
-/* Deeper nesting than this is refused (the recursion would otherwise run off
- * the stack on hostile input); real templates nest a handful of levels. */
-#define MAX_DEPTH 200
-
-static kvq_status fail(parser *p, kvq_status st, int line, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 4, 5)))
-#endif
-    ;
-static kvq_status fail(parser *p, kvq_status st, int line, const char *fmt, ...)
-{
-    if (!p->st) {
-        char msg[200];
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(msg, sizeof msg, fmt, ap);
-        va_end(ap);
-        p->st = kvq_error_set(p->err, st, "chat template line %d: %s", line, msg);
-    }
-    return p->st;
-}
-
-static int push(parser *p, tok t)
-{
-    if (p->n == p->cap) {
-        int cap = p->cap ? 2 * p->cap : 256;
-        tok *nt = realloc(p->toks, (size_t)cap * sizeof *nt);
-        if (!nt) {
-            fail(p, KVQ_ERR_NOMEM, t.line, "%s", "out of memory");
-            return 0;
-        }
-        p->toks = nt;
-        p->cap = cap;
-    }
-    p->toks[p->n++] = t;
-    return 1;
-}
-
-static int count_lines(const char *s, size_t n)
-{
-    int k = 0;
-    for (size_t i = 0; i < n; i++)
-        k += s[i] == '\n';
-    return k;
-}
-
-static int is_ws(char c)
-{
-    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
-}
-
-/* Lexes the inside of a {{ }} or {% %} tag from *i; stops before its end marker. */
-static void lex_tag(parser *p, const char *src, size_t len, size_t *ip, int *line, int block)
-{
-    size_t i = *ip;
-    const char *end = block ? "%}" : "}}";
-    while (i < len && !p->st) {
-        char c = src[i];
-        if (c == '\n')
-            (*line)++;
-        if (is_ws(c)) {
-            i++;
-            continue;
-        }
-        if ((c == '-' || c == '+') && i + 2 < len + 0 && memcmp(src + i + 1, end, 2) == 0)
-            break;
-        if (i + 1 < len && memcmp(src + i, end, 2) == 0)
-            break;
-        tok t = {T_OP, *line, src + i, 1, 0, 0};
-        if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_') {
-            size_t j = i;
-            while (j < len && ((src[j] >= 'a' && src[j] <= 'z') || (src[j] >= 'A' && src[j] <= 'Z') ||
-                               (src[j] >= '0' && src[j] <= '9') || src[j] == '_'))
-                j++;
-            t.k = T_NAME;
-            t.n = j - i;
-            i = j;
-        } else if (c >= '0' && c <= '9') {
-            size_t j = i;
-            int is_float = 0;
-            while (j < len && ((src[j] >= '0' && src[j] <= '9') || src[j] == '_'))
-                j++;
-            if (j + 1 < len && src[j] == '.' && src[j + 1] >= '0' && src[j + 1] <= '9') {
-                is_float = 1;
-                j++;
-                while (j < len && src[j] >= '0' && src[j] <= '9')
-                    j++;
-            }
-            if (j + 1 < len && (src[j] == 'e' || src[j] == 'E')) {
-                size_t q = j + 1;
-                if (q < len && (src[q] == '+' || src[q] == '-'))
-                    q++;
-                if (q < len && src[q] >= '0' && src[q] <= '9') {
-                    is_float = 1;
-                    j = q;
-                    while (j < len && src[j] >= '0' && src[j] <= '9')
-                        j++;
-                }
-            }
-            char buf[64];
-            size_t k = 0;
-            for (size_t q = i; q < j && k < sizeof buf - 1; q++)
-                if (src[q] != '_')
-                    buf[k++] = src[q];
-            buf[k] = 0;
-            t.k = is_float ? T_FLOAT : T_INT;
-            if (is_float)
-                t.f = strtod(buf, NULL);
-            else
-                t.i = strtoll(buf, NULL, 10);
-            i = j;
-        } else if (c == '\'' || c == '"') {
-            /* Python string literal escapes; sized by the literal, not the rest of the source. */
-            size_t lit_end = i + 1;
-            while (lit_end < len && src[lit_end] != c)
-                lit_end += src[lit_end] == '\\' && lit_end + 1 < len ? 2 : 1;
-            char *out = ch_alloc(&p->t->arena, lit_end - i + 1);
-            if (!out) {
-                fail(p, KVQ_ERR_NOMEM, *line, "%s", "out of memory");
-                break;
-            }
-            size_t w = 0, j = i + 1;
-            while (j < len && src[j] != c) {
-                if (src[j] == '\n')
-                    (*line)++;
-                if (src[j] == '\\' && j + 1 < len) {
-                    char e = src[++j];
-                    switch (e) {
-                    case 'n': out[w++] = '\n'; break;
-                    case 't': out[w++] = '\t'; break;
-                    case 'r': out[w++] = '\r'; break;
-                    case '0': out[w++] = '\0'; break;
-                    case '\\': case '\'': case '"': out[w++] = e; break;
-                    case '\n': break;
-                    default: out[w++] = '\\'; out[w++] = e; break;
-                    }
-                    j++;
-                } else {
-                    out[w++] = src[j++];
-                }
-            }
-            if (j >= len) {
-                fail(p, KVQ_ERR_FORMAT, t.line, "%s", "unterminated string literal");
-                break;
-            }
-            t.k = T_STR;
-            t.s = out;
-            t.n = w;
-            i = j + 1;
-        } else {
-            static const char *two[] = {"//", "**", "==", "!=", "<=", ">="};
-            for (size_t q = 0; q < sizeof two / sizeof two[0]; q++)
-                if (i + 1 < len && memcmp(src + i, two[q], 2) == 0)
-                    t.n = 2;
-            if (t.n == 1 && !strchr("+-*/%~|.,:()[]{}=<>!", c)) {
-                char what[8] = {c, 0};
-                fail(p, KVQ_ERR_FORMAT, *line, "unexpected character '%s'", what);
-                break;
-            }
-            i += t.n;
-        }
-        if (!push(p, t))
-            break;
-    }
-    *ip = i;
-}
-
-static kvq_status lex(parser *p, const char *src, size_t len)
-{
-    size_t i = 0;
-    int line = 1, strip_next = 0;
-    while (i <= len && !p->st) {
-        /* Next tag start. */
-        size_t j = i;
-        int kind = 0; /* 1 var, 2 block, 3 comment */
-        for (; j + 1 < len; j++) {
-            if (src[j] == '{' && (src[j + 1] == '{' || src[j + 1] == '%' || src[j + 1] == '#')) {
-                kind = src[j + 1] == '{' ? 1 : src[j + 1] == '%' ? 2 : 3;
-                break;
-            }
-        }
-        if (!kind)
-            j = len;
-        char mod = kind && j + 2 < len ? src[j + 2] : 0;
-        size_t ts = i, te = j;
-        if (strip_next)
-            while (ts < te && is_ws(src[ts]))
-                ts++;
-        if (kind && mod == '-') {
-            while (te > ts && is_ws(src[te - 1]))
-                te--;
-        } else if ((kind == 2 || kind == 3) && mod != '+') {
-            /* lstrip_blocks: spaces and tabs from the line start to the tag. */
-            size_t l = te;
-            while (l > ts && (src[l - 1] == ' ' || src[l - 1] == '\t'))
-                l--;
-            if ((l > ts && src[l - 1] == '\n') || (l == ts && (ts == 0 || src[ts - 1] == '\n')))
-                te = l;
-        }
-        if (te > ts) {
-            tok t = {T_TEXT, line, src + ts, te - ts, 0, 0};
-            if (!push(p, t))
-                break;
-        }
-        line += count_lines(src + i, j - i);
-        if (!kind)
-            break;
-        i = j + 2 + (mod == '-' || mod == '+');
-        strip_next = 0;
-        int tag_line = line;
-        if (kind == 3) {
-            size_t k = i;
-            while (k + 1 < len && !(src[k] == '#' && src[k + 1] == '}'))
-                k++;
-            if (k + 1 >= len)
-                return fail(p, KVQ_ERR_FORMAT, tag_line, "%s", "unterminated comment");
-            line += count_lines(src + i, k - i);
-            char before = k > i ? src[k - 1] : 0;
-            strip_next = before == '-';
-            i = k + 2;
-            if (before != '-' && before != '+' && i < len && src[i] == '\n')
-                i++; /* trim_blocks */
-            continue;
-        }
-        tok open = {kind == 1 ? T_VAR : T_BLOCK, tag_line, NULL, 0, 0, 0};
-        if (!push(p, open))
-            break;
-        lex_tag(p, src, len, &i, &line, kind == 2);
-        if (p->st)
-            break;
-        if (i >= len)
-            return fail(p, KVQ_ERR_FORMAT, tag_line, "%s", kind == 1 ? "'{{' without '}}'" : "'{%' without '%}'");
-        char endmod = src[i] == '-' || src[i] == '+' ? src[i] : 0;
-        i += 2 + (endmod != 0);
-        strip_next = endmod == '-';
-        if (kind == 2 && !endmod && i < len && src[i] == '\n')
-            i++; /* trim_blocks */
-        tok close = {kind == 1 ? T_VAR_END : T_BLOCK_END, line, NULL, 0, 0, 0};
-        if (!push(p, close))
-            break;
-    }
-    tok eof = {T_EOF, line, NULL, 0, 0, 0};
-    push(p, eof);
-    return p->st;
-}
-
-/* ---- parser helpers ---- */
 
 static tok *peek(parser *p)
 {
@@ -330,7 +59,7 @@ static int expect_op(parser *p, const char *s)
         return 1;
     char what[64];
     snprintf(what, sizeof what, "'%s'", s);
-    fail(p, KVQ_ERR_FORMAT, peek(p)->line, "expected %s", what);
+    ch_fail_at(p, KVQ_ERR_FORMAT, peek(p)->line, "expected %s", what);
     return 0;
 }
 
@@ -338,7 +67,7 @@ static const char *name_dup(parser *p, const tok *t)
 {
     char *s = ch_strdup(&p->t->arena, t->s, t->n);
     if (!s)
-        fail(p, KVQ_ERR_NOMEM, t->line, "%s", "out of memory");
+        ch_fail_at(p, KVQ_ERR_NOMEM, t->line, "%s", "out of memory");
     return s;
 }
 
@@ -346,7 +75,7 @@ static ch_expr *mk(parser *p, ch_ekind k, int line)
 {
     ch_expr *e = ch_alloc(&p->t->arena, sizeof *e);
     if (!e) {
-        fail(p, KVQ_ERR_NOMEM, line, "%s", "out of memory");
+        ch_fail_at(p, KVQ_ERR_NOMEM, line, "%s", "out of memory");
         return NULL;
     }
     e->k = k;
@@ -359,7 +88,7 @@ static int add_arg(parser *p, ch_expr *e, ch_expr *arg, const char *kw)
     ch_expr **na = ch_alloc(&p->t->arena, (size_t)(e->nargs + 1) * sizeof *na);
     const char **nk = ch_alloc(&p->t->arena, (size_t)(e->nargs + 1) * sizeof *nk);
     if (!na || !nk) {
-        fail(p, KVQ_ERR_NOMEM, e->line, "%s", "out of memory");
+        ch_fail_at(p, KVQ_ERR_NOMEM, e->line, "%s", "out of memory");
         return 0;
     }
     if (e->nargs) {
@@ -493,7 +222,7 @@ static ch_expr *parse_primary(parser *p)
         }
         return p->st ? NULL : e;
     }
-    fail(p, KVQ_ERR_FORMAT, t->line, "unexpected %s in an expression", tok_text(p, t));
+    ch_fail_at(p, KVQ_ERR_FORMAT, t->line, "unexpected %s in an expression", tok_text(p, t));
     return NULL;
 }
 
@@ -516,7 +245,7 @@ static ch_expr *parse_postfix(parser *p)
                 x->b->lit.t = V_INT;
                 x->b->lit.u.i = n->i;
             } else {
-                fail(p, KVQ_ERR_FORMAT, n->line, "%s", "expected a name after '.'");
+                ch_fail_at(p, KVQ_ERR_FORMAT, n->line, "%s", "expected a name after '.'");
                 return NULL;
             }
             p->pos++;
@@ -529,13 +258,13 @@ static ch_expr *parse_postfix(parser *p)
             while (!p->st && !is_op(peek(p), "]")) {
                 if (accept_op(p, ":")) {
                     if (++colons > 2) {
-                        fail(p, KVQ_ERR_FORMAT, t->line, "%s", "too many ':' in a slice");
+                        ch_fail_at(p, KVQ_ERR_FORMAT, t->line, "%s", "too many ':' in a slice");
                         return NULL;
                     }
                     continue;
                 }
                 if (parts[colons]) {
-                    fail(p, KVQ_ERR_FORMAT, t->line, "%s", "bad subscript");
+                    ch_fail_at(p, KVQ_ERR_FORMAT, t->line, "%s", "bad subscript");
                     return NULL;
                 }
                 if (!(parts[colons] = parse_expr(p)))
@@ -552,7 +281,7 @@ static ch_expr *parse_postfix(parser *p)
             if (colons && !add_arg(p, x, parts[2], NULL))
                 return NULL;
             if (!colons && !parts[0]) {
-                fail(p, KVQ_ERR_FORMAT, t->line, "%s", "empty subscript");
+                ch_fail_at(p, KVQ_ERR_FORMAT, t->line, "%s", "empty subscript");
                 return NULL;
             }
             e = x;
@@ -578,7 +307,7 @@ static ch_expr *parse_filters(parser *p, ch_expr *e)
         if (accept_op(p, "|")) {
             tok *n = peek(p);
             if (n->k != T_NAME) {
-                fail(p, KVQ_ERR_FORMAT, n->line, "%s", "expected a filter name after '|'");
+                ch_fail_at(p, KVQ_ERR_FORMAT, n->line, "%s", "expected a filter name after '|'");
                 return NULL;
             }
             p->pos++;
@@ -597,7 +326,7 @@ static ch_expr *parse_filters(parser *p, ch_expr *e)
             x->negate = accept_name(p, "not");
             tok *n = peek(p);
             if (n->k != T_NAME) {
-                fail(p, KVQ_ERR_FORMAT, n->line, "%s", "expected a test name after 'is'");
+                ch_fail_at(p, KVQ_ERR_FORMAT, n->line, "%s", "expected a test name after 'is'");
                 return NULL;
             }
             p->pos++;
@@ -776,7 +505,7 @@ static ch_expr *parse_expr_inner(parser *p);
 static int enter(parser *p)
 {
     if (++p->depth > MAX_DEPTH) {
-        fail(p, KVQ_ERR_UNSUPPORTED, peek(p)->line, "nesting deeper than %d levels", MAX_DEPTH);
+        ch_fail_at(p, KVQ_ERR_UNSUPPORTED, peek(p)->line, "nesting deeper than %d levels", MAX_DEPTH);
         return 0;
     }
     return 1;
@@ -812,7 +541,7 @@ static int body_add(parser *p, ch_body *b, ch_node *n)
 {
     ch_node **nn = ch_alloc(&p->t->arena, (size_t)(b->count + 1) * sizeof *nn);
     if (!nn) {
-        fail(p, KVQ_ERR_NOMEM, n->line, "%s", "out of memory");
+        ch_fail_at(p, KVQ_ERR_NOMEM, n->line, "%s", "out of memory");
         return 0;
     }
     if (b->count)
@@ -826,7 +555,7 @@ static ch_node *mknode(parser *p, ch_skind k, int line)
 {
     ch_node *n = ch_alloc(&p->t->arena, sizeof *n);
     if (!n)
-        fail(p, KVQ_ERR_NOMEM, line, "%s", "out of memory");
+        ch_fail_at(p, KVQ_ERR_NOMEM, line, "%s", "out of memory");
     else {
         n->k = k;
         n->line = line;
@@ -840,7 +569,7 @@ static int end_tag(parser *p)
         p->pos++;
         return 1;
     }
-    fail(p, KVQ_ERR_FORMAT, peek(p)->line, "expected '%%}', found %s", tok_text(p, peek(p)));
+    ch_fail_at(p, KVQ_ERR_FORMAT, peek(p)->line, "expected '%%}', found %s", tok_text(p, peek(p)));
     return 0;
 }
 
@@ -857,7 +586,7 @@ static void parse_if(parser *p, ch_node *n)
         ch_expr **nc = ch_alloc(&p->t->arena, (size_t)(n->n_branches + 1) * sizeof *nc);
         ch_body *nb = ch_alloc(&p->t->arena, (size_t)(n->n_branches + 1) * sizeof *nb);
         if (!nc || !nb) {
-            fail(p, KVQ_ERR_NOMEM, n->line, "%s", "out of memory");
+            ch_fail_at(p, KVQ_ERR_NOMEM, n->line, "%s", "out of memory");
             return;
         }
         if (n->n_branches) {
@@ -890,7 +619,7 @@ static void parse_for(parser *p, ch_node *n)
     for (int k = 0; k < 2; k++) {
         tok *t = peek(p);
         if (t->k != T_NAME) {
-            fail(p, KVQ_ERR_FORMAT, t->line, "%s", "expected a loop variable");
+            ch_fail_at(p, KVQ_ERR_FORMAT, t->line, "%s", "expected a loop variable");
             return;
         }
         n->var[k] = name_dup(p, t);
@@ -899,7 +628,7 @@ static void parse_for(parser *p, ch_node *n)
             break;
     }
     if (!accept_name(p, "in")) {
-        fail(p, KVQ_ERR_FORMAT, peek(p)->line, "%s", "expected 'in' in a for loop");
+        ch_fail_at(p, KVQ_ERR_FORMAT, peek(p)->line, "%s", "expected 'in' in a for loop");
         return;
     }
     if (!(n->e = parse_or(p)))
@@ -907,14 +636,14 @@ static void parse_for(parser *p, ch_node *n)
     if (accept_name(p, "if") && !(n->cond = parse_or(p)))
         return;
     if (is_name(peek(p), "recursive")) {
-        fail(p, KVQ_ERR_UNSUPPORTED, peek(p)->line, "%s", "recursive loops are not supported");
+        ch_fail_at(p, KVQ_ERR_UNSUPPORTED, peek(p)->line, "%s", "recursive loops are not supported");
         return;
     }
     if (!end_tag(p))
         return;
     n->bodies = ch_alloc(&p->t->arena, sizeof *n->bodies);
     if (!n->bodies) {
-        fail(p, KVQ_ERR_NOMEM, n->line, "%s", "out of memory");
+        ch_fail_at(p, KVQ_ERR_NOMEM, n->line, "%s", "out of memory");
         return;
     }
     static const char *const stops[] = {"else", "endfor", NULL};
@@ -935,7 +664,7 @@ static void parse_set(parser *p, ch_node *n)
 {
     tok *t = peek(p);
     if (t->k != T_NAME) {
-        fail(p, KVQ_ERR_FORMAT, t->line, "%s", "expected a name after 'set'");
+        ch_fail_at(p, KVQ_ERR_FORMAT, t->line, "%s", "expected a name after 'set'");
         return;
     }
     n->var[0] = name_dup(p, t);
@@ -943,14 +672,14 @@ static void parse_set(parser *p, ch_node *n)
     if (accept_op(p, ".")) {
         tok *a = peek(p);
         if (a->k != T_NAME) {
-            fail(p, KVQ_ERR_FORMAT, a->line, "%s", "expected an attribute name");
+            ch_fail_at(p, KVQ_ERR_FORMAT, a->line, "%s", "expected an attribute name");
             return;
         }
         n->var[1] = name_dup(p, a);
         p->pos++;
     }
     if (is_op(peek(p), ",")) {
-        fail(p, KVQ_ERR_UNSUPPORTED, t->line, "%s", "'set' with several targets is not supported");
+        ch_fail_at(p, KVQ_ERR_UNSUPPORTED, t->line, "%s", "'set' with several targets is not supported");
         return;
     }
     if (accept_op(p, "=")) {
@@ -964,7 +693,7 @@ static void parse_set(parser *p, ch_node *n)
     n->k = S_SETBLOCK;
     n->bodies = ch_alloc(&p->t->arena, sizeof *n->bodies);
     if (!n->bodies) {
-        fail(p, KVQ_ERR_NOMEM, n->line, "%s", "out of memory");
+        ch_fail_at(p, KVQ_ERR_NOMEM, n->line, "%s", "out of memory");
         return;
     }
     static const char *const stops[] = {"endset", NULL};
@@ -992,7 +721,7 @@ static void parse_body_inner(parser *p, ch_body *body, const char *const *stops,
                 const char *last = stops[0];
                 for (int k = 0; stops[k]; k++)
                     last = stops[k];
-                fail(p, KVQ_ERR_FORMAT, t->line, "missing '{%% %s %%}'", last);
+                ch_fail_at(p, KVQ_ERR_FORMAT, t->line, "missing '{%% %s %%}'", last);
             }
             return;
         }
@@ -1012,7 +741,7 @@ static void parse_body_inner(parser *p, ch_body *body, const char *const *stops,
             if (!n || !(n->e = parse_expr(p)))
                 return;
             if (peek(p)->k != T_VAR_END) {
-                fail(p, KVQ_ERR_FORMAT, peek(p)->line, "expected '}}', found %s", tok_text(p, peek(p)));
+                ch_fail_at(p, KVQ_ERR_FORMAT, peek(p)->line, "expected '}}', found %s", tok_text(p, peek(p)));
                 return;
             }
             p->pos++;
@@ -1020,12 +749,12 @@ static void parse_body_inner(parser *p, ch_body *body, const char *const *stops,
             continue;
         }
         if (t->k != T_BLOCK) {
-            fail(p, KVQ_ERR_FORMAT, t->line, "unexpected %s", tok_text(p, t));
+            ch_fail_at(p, KVQ_ERR_FORMAT, t->line, "unexpected %s", tok_text(p, t));
             return;
         }
         tok *kw = &p->toks[p->pos + 1];
         if (kw->k != T_NAME) {
-            fail(p, KVQ_ERR_FORMAT, kw->line, "%s", "expected a statement after '{%'");
+            ch_fail_at(p, KVQ_ERR_FORMAT, kw->line, "%s", "expected a statement after '{%'");
             return;
         }
         for (int k = 0; stops && stops[k]; k++)
@@ -1062,7 +791,7 @@ static void parse_body_inner(parser *p, ch_body *body, const char *const *stops,
             char what[48];
             snprintf(what, sizeof what, "%.*s", (int)(kw->n < 40 ? kw->n : 40), kw->s);
             int known_end = strncmp(what, "end", 3) == 0 || strcmp(what, "elif") == 0 || strcmp(what, "else") == 0;
-            fail(p, known_end ? KVQ_ERR_FORMAT : KVQ_ERR_UNSUPPORTED, kw->line,
+            ch_fail_at(p, known_end ? KVQ_ERR_FORMAT : KVQ_ERR_UNSUPPORTED, kw->line,
                  known_end ? "unexpected '{%% %s %%}'" : "'{%% %s %%}' is not supported by kvq's Jinja subset", what);
             return;
         }
@@ -1075,10 +804,11 @@ static void parse_body_inner(parser *p, ch_body *body, const char *const *stops,
 kvq_status ch_parse(kvq_chat_template *t, const char *src, size_t len, kvq_error *err)
 {
     parser p = {t, err, NULL, 0, 0, 0, KVQ_OK, 0};
-    if (!lex(&p, src, len)) {
+    if (!ch_lex(&p, src, len)) {
         const char *stop = NULL;
         parse_body(&p, &t->root, NULL, &stop);
     }
     free(p.toks);
     return p.st;
 }
+
