@@ -10,6 +10,7 @@
  * a family not fetched skips.
  */
 #include <cjson/cJSON.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -208,6 +209,48 @@ static void test_errors_name_the_construct(void)
     CHECK_STATUS(kvq_chat_template_load("/nonexistent", &t, NULL), KVQ_ERR_IO);
 }
 
+/* A model folder: chat_template.jinja wins over tokenizer_config.json's
+ * template, whose bos_token ({"content": ...} form) still applies. */
+static void test_load_model_folder(void)
+{
+    char dir[] = "/tmp/kvq_chat_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    char p1[128], p2[128];
+    snprintf(p1, sizeof p1, "%s/tokenizer_config.json", dir);
+    snprintf(p2, sizeof p2, "%s/chat_template.jinja", dir);
+    FILE *f = fopen(p1, "w");
+    CHECK(f != NULL);
+    if (!f)
+        return;
+    fputs("{\"bos_token\": {\"content\": \"<B>\"}, \"chat_template\": \"from-json\"}", f);
+    fclose(f);
+    kvq_chat_template *t = NULL;
+    kvq_error err = {KVQ_OK, ""};
+    kvq_chat_message m = {"user", "hi"};
+    char *out = NULL;
+    size_t len;
+    CHECK_OK(kvq_chat_template_load(dir, &t, &err));
+    CHECK_OK(kvq_chat_render(t, &m, 1, NULL, &out, &len, &err));
+    CHECK(out && strcmp(out, "from-json") == 0);
+    free(out);
+    kvq_chat_template_free(t);
+    f = fopen(p2, "w");
+    CHECK(f != NULL);
+    if (f) {
+        fputs("{{ bos_token }}|{{ messages[0].content }}", f);
+        fclose(f);
+    }
+    CHECK_OK(kvq_chat_template_load(dir, &t, &err));
+    out = NULL;
+    CHECK_OK(kvq_chat_render(t, &m, 1, NULL, &out, &len, &err));
+    CHECKF(out && strcmp(out, "<B>|hi") == 0, "got '%s'", out ? out : "");
+    free(out);
+    kvq_chat_template_free(t);
+    remove(p1);
+    remove(p2);
+    remove(dir);
+}
+
 int main(void)
 {
     RUN(test_features_match_jinja2);
@@ -216,5 +259,6 @@ int main(void)
     RUN(test_gemma3);
     RUN(test_deepseek_v3);
     RUN(test_errors_name_the_construct);
+    RUN(test_load_model_folder);
     return TEST_END("test_chat");
 }

@@ -62,41 +62,63 @@ static char *token_string(const cJSON *v)
     return s;
 }
 
-kvq_status kvq_chat_template_load(const char *path, kvq_chat_template **out, kvq_error *err)
+/* The whole file, malloc'ed and NUL-terminated; NULL with errno when unreadable. */
+static char *read_all(const char *file, size_t *len)
 {
-    if (!path || !out)
-        return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "kvq_chat_template_load: NULL argument");
-    *out = NULL;
-    char file[4096];
-    size_t pl = strlen(path);
-    if (pl >= 5 && strcmp(path + pl - 5, ".json") == 0)
-        snprintf(file, sizeof file, "%s", path);
-    else
-        snprintf(file, sizeof file, "%s/tokenizer_config.json", path);
     FILE *f = fopen(file, "rb");
     if (!f)
-        return kvq_error_set(err, KVQ_ERR_IO, "%s: %s", file, strerror(errno));
+        return NULL;
     char *buf = NULL;
-    size_t len = 0, cap = 0, got;
+    size_t cap = 0, got;
+    *len = 0;
     do {
-        if (len == cap) {
+        if (*len + 1 >= cap) {
             cap = cap ? 2 * cap : 1 << 16;
             char *nb = realloc(buf, cap);
             if (!nb) {
                 free(buf);
                 fclose(f);
-                return kvq_error_set(err, KVQ_ERR_NOMEM, "out of memory");
+                errno = ENOMEM;
+                return NULL;
             }
             buf = nb;
         }
-        got = fread(buf + len, 1, cap - len, f);
-        len += got;
+        got = fread(buf + *len, 1, cap - *len - 1, f);
+        *len += got;
     } while (got);
     fclose(f);
+    buf[*len] = 0;
+    return buf;
+}
+
+kvq_status kvq_chat_template_load(const char *path, kvq_chat_template **out, kvq_error *err)
+{
+    if (!path || !out)
+        return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "kvq_chat_template_load: NULL argument");
+    *out = NULL;
+    char file[4096], jinja_file[4096];
+    size_t pl = strlen(path), len;
+    int is_file = pl >= 5 && strcmp(path + pl - 5, ".json") == 0;
+    snprintf(file, sizeof file, is_file ? "%s" : "%s/tokenizer_config.json", path);
+    /* Newer model folders keep the template in chat_template.jinja beside it. */
+    char *jinja = NULL;
+    if (!is_file) {
+        snprintf(jinja_file, sizeof jinja_file, "%s/chat_template.jinja", path);
+        jinja = read_all(jinja_file, &len);
+    }
+    char *buf = read_all(file, &len);
+    if (!buf && !jinja)
+        return kvq_error_set(err, KVQ_ERR_IO, "%s: %s", file, strerror(errno));
+    if (!buf) {
+        kvq_status st = kvq_chat_template_create(jinja, strlen(jinja), out, err);
+        free(jinja);
+        return st;
+    }
     cJSON *root = cJSON_ParseWithLength(buf, len);
     free(buf);
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
+        free(jinja);
         return kvq_error_set(err, KVQ_ERR_FORMAT, "%s: not a JSON object", file);
     }
     const cJSON *tpl = cJSON_GetObjectItemCaseSensitive(root, "chat_template");
@@ -110,11 +132,14 @@ kvq_status kvq_chat_template_load(const char *path, kvq_chat_template **out, kvq
         }
         tpl = pick;
     }
-    if (!cJSON_IsString(tpl) || !tpl->valuestring) {
+    const char *src = jinja ? jinja : cJSON_IsString(tpl) ? tpl->valuestring : NULL;
+    if (!src) {
         cJSON_Delete(root);
-        return kvq_error_set(err, KVQ_ERR_FORMAT, "%s: no chat_template", file);
+        return kvq_error_set(err, KVQ_ERR_FORMAT, "%s: no chat_template (and no chat_template.jinja beside it)",
+                             file);
     }
-    kvq_status st = kvq_chat_template_create(tpl->valuestring, strlen(tpl->valuestring), out, err);
+    kvq_status st = kvq_chat_template_create(src, strlen(src), out, err);
+    free(jinja);
     if (!st) {
         (*out)->bos = token_string(cJSON_GetObjectItemCaseSensitive(root, "bos_token"));
         (*out)->eos = token_string(cJSON_GetObjectItemCaseSensitive(root, "eos_token"));

@@ -75,7 +75,8 @@ KVQ_API kvq_status kvq_chat_template_create(const char *src, size_t len, kvq_cha
 
 /** Reads "chat_template" (a string, or the list form's "default" entry) and
  *  bos_token / eos_token (strings or {"content": ...}) from a
- *  tokenizer_config.json; path may also be a model directory holding one.
+ *  tokenizer_config.json; path may also be a model directory holding one,
+ *  where a chat_template.jinja file, when present, is the template.
  *  @return as kvq_chat_template_create; KVQ_ERR_IO; KVQ_ERR_FORMAT when the
  *  file has no chat_template. */
 KVQ_API kvq_status kvq_chat_template_load(const char *path, kvq_chat_template **out, kvq_error *err);
