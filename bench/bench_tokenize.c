@@ -89,7 +89,7 @@ int main(void)
 
     printf("encode %zu bytes of English (valid.txt), median of 3, CPU time\n", len);
     printf("%-12s %8s %9s %9s %9s %10s %s\n", "tokenizer", "load s", "ids", "kvq MB/s", "HF MB/s", "kvq/HF", "same ids");
-    const char *fams[] = {"llama3", "gemma3", "qwen3", "llama2", "deepseek_v3"};
+    const char *fams[] = {"llama3", "gemma3", "qwen3", "llama2", "deepseek_v3", "gptoss"};
     int first = 1;
     for (size_t k = 0; k < sizeof fams / sizeof fams[0]; k++) {
         char path[512];

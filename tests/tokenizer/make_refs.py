@@ -16,7 +16,7 @@ import json
 import os
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-FAMILIES = ["llama2", "llama3", "qwen3", "gemma3", "deepseek_v3"]
+FAMILIES = ["llama2", "llama3", "qwen3", "gemma3", "deepseek_v3", "gptoss"]
 
 
 def main():
