@@ -81,6 +81,17 @@ int cmd_tokenize(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char **slot = NULL;
+        /* "--opt=value" that cli_normalize_args left whole (it follows a flag
+         * of ours it does not know, e.g. --no-bos): split it here. */
+        char opt_buf[64];
+        const char *eq = strncmp(a, "--", 2) == 0 ? strchr(a, '=') : NULL;
+        const char *inline_value = NULL;
+        if (eq && (size_t)(eq - a) < sizeof opt_buf) {
+            memcpy(opt_buf, a, (size_t)(eq - a));
+            opt_buf[eq - a] = 0;
+            a = opt_buf;
+            inline_value = eq + 1;
+        }
         if (cli_is_help(a)) {
             usage(stdout);
             return 0;
@@ -105,9 +116,14 @@ int cmd_tokenize(int argc, char **argv)
             return cli_error("tokenize", "unknown option '%s'", a);
         }
         if (slot) {
-            if (i + 1 >= argc)
+            if (inline_value)
+                *slot = inline_value;
+            else if (i + 1 >= argc)
                 return cli_error("tokenize", "%s needs a value", a);
-            *slot = argv[++i];
+            else
+                *slot = argv[++i];
+        } else if (inline_value) {
+            return cli_error("tokenize", "%s takes no value", a);
         }
     }
     if (!!tok_path + !!model != 1)
