@@ -170,10 +170,13 @@ kvq_status kvq_out_file_commit(kvq_out_file *f, kvq_error *err)
 {
     if (!f)
         return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "kvq_out_file_commit: NULL file");
+    /* A write that failed earlier (full disk) left its bytes in the buffer:
+     * this flush fails again and says why, where errno from then is gone. */
+    errno = 0;
     int e = 0;
-    if (ferror(f->fp))
+    if (fflush(f->fp) != 0 || ferror(f->fp))
         e = errno ? errno : EIO;
-    else if (fflush(f->fp) != 0 || (f->tmp && fsync(fileno(f->fp)) != 0))
+    else if (f->tmp && fsync(fileno(f->fp)) != 0)
         e = errno;
     if (fclose(f->fp) != 0 && !e)
         e = errno;
