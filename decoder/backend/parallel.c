@@ -98,8 +98,15 @@ static int cores_available(void)
     return n > 0 ? (int)n : 1;
 }
 
+/* A forked child has none of the workers: its loops run on its one thread. */
+static void after_fork_child(void)
+{
+    P.n_workers = 0;
+}
+
 static void init_default(void)
 {
+    pthread_atfork(NULL, NULL, after_fork_child);
     start_workers(cores_available());
 }
 
