@@ -67,7 +67,7 @@ static void run_family(const char *name, enum kvq_type tk, enum kvq_type tv, int
     kvq_seq_config_default(&sc);
     sc.type_k = tk;
     sc.type_v = tv;
-    sc.max_ctx = T + N + 1;
+    sc.max_ctx = T + N; /* the prompt and every generated token but the last */
     CHECKF(kvq_seq_create(m, &sc, &s, &err) == KVQ_OK, "%s: %s", name, err.msg);
     if (!s)
         goto done;

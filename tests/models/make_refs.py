@@ -63,7 +63,7 @@ FAMILIES = {
         rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}, attention_bias=True),
         40, "linear RoPE scaling; Llama attention_bias (q/k/v/o biases)"),
     "llama_dynamic": ("LlamaConfig", "LlamaForCausalLM", base(
-        max_position_embeddings=32, rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}),
+        max_position_embeddings=32, rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 4.0}),
         48, "dynamic NTK RoPE past max_position_embeddings (prompt 48 > 32)"),
     "qwen2_yarn": ("Qwen2Config", "Qwen2ForCausalLM", base(
         max_position_embeddings=128, rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
