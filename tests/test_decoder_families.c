@@ -4,8 +4,10 @@
  * max_position_embeddings.
  *
  * Per family: logits at every prompt position within 1e-4 x max|logit| of
- * transformers' float32 logits over the same bf16 weights, with f32 and f16
- * caches; the greedy continuation identical; tq3j/tq3 runs and stays finite.
+ * transformers' float32 logits over the same bf16 weights with an f32 cache
+ * (5e-3 with an f16 cache, which rounds what the reference keeps in f32);
+ * the greedy continuation identical with both; tq3j/tq3 runs and stays
+ * finite.
  * A family whose fixture directory is not committed yet is skipped, with one
  * line naming the command that makes it.
  */
@@ -35,8 +37,9 @@ static int have_dir(const char *d)
 }
 
 /* Runs the prompt (all logits) and the greedy continuation of one family
- * with cache types tk/tv; compares with the reference when check. */
-static void run_family(const char *name, enum kvq_type tk, enum kvq_type tv, int check)
+ * with cache types tk/tv; compares with the reference when tol > 0 (logits
+ * within tol x max|logit|, greedy ids identical). */
+static void run_family(const char *name, enum kvq_type tk, enum kvq_type tv, double tol)
 {
     char dir[256], path[300];
     snprintf(dir, sizeof dir, FIXTURES "/%s", name);
@@ -83,9 +86,9 @@ static void run_family(const char *name, enum kvq_type tk, enum kvq_type tv, int
         }
         worst = e / mx > worst ? e / mx : worst;
     }
-    if (check)
-        CHECKF(worst <= 1e-4, "%s %s/%s: logits differ by %.3g x max|logit| (limit 1e-4)", name,
-               kvq_type_traits(tk)->name, kvq_type_traits(tv)->name, worst);
+    if (tol > 0)
+        CHECKF(worst <= tol, "%s %s/%s: logits differ by %.3g x max|logit| (limit %g)", name,
+               kvq_type_traits(tk)->name, kvq_type_traits(tv)->name, worst, tol);
     kvq_seq_reset(s);
     struct kvq_gen_params gp;
     kvq_gen_params_default(&gp);
@@ -94,7 +97,7 @@ static void run_family(const char *name, enum kvq_type tk, enum kvq_type tv, int
     size_t n_out = 0;
     CHECK_OK(kvq_seq_generate(s, ids, T, &gp, out, N, &n_out, NULL, NULL));
     CHECK(n_out == N);
-    if (check)
+    if (tol > 0)
         for (size_t i = 0; i < N && i < n_out; i++)
             CHECKF(out[i] == greedy[i], "%s %s/%s: greedy token %zu is %d, transformers %d", name,
                    kvq_type_traits(tk)->name, kvq_type_traits(tv)->name, i, out[i], greedy[i]);
@@ -123,8 +126,11 @@ static void test_families(void)
             continue;
         }
         ran++;
-        run_family(families[i], KVQ_TYPE_F32, KVQ_TYPE_F32, 1);
-        run_family(families[i], KVQ_TYPE_F16, KVQ_TYPE_F16, 1);
+        run_family(families[i], KVQ_TYPE_F32, KVQ_TYPE_F32, 1e-4);
+        /* f16 rounds every cached key and value (relative 2^-11) where the
+         * reference keeps f32: on the bundled model that alone moves logits
+         * by 1.3e-3 x max|logit| at 40 tokens, so 1e-4 cannot hold; 5e-3 */
+        run_family(families[i], KVQ_TYPE_F16, KVQ_TYPE_F16, 5e-3);
         run_family(families[i], KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, 0);
     }
     if (missing[0])

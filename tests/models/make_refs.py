@@ -41,7 +41,7 @@ from safetensors.torch import save_file
 
 VOCAB = 256
 N_GREEDY = 16
-MIN_MARGIN = 2e-3  # relative to max|logit|: greedy must not hinge on rounding
+MIN_MARGIN = 1e-2  # relative to max|logit|: greedy must not hinge on rounding, f16 cache included
 
 
 def base(**kw):
