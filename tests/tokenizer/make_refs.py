@@ -39,7 +39,9 @@ def main():
             ref = json.load(open(os.path.join(a.compare, name + ".json"), encoding="utf-8"))["cases"]
             keys = [k for k in out[0] if k in ref[0]]
             same = sum(all(x[k] == y[k] for k in keys) for x, y in zip(out, ref))
-            print("%-20s %d/%d cases agree (%s)" % (name, same, len(out), ", ".join(keys)))
+            diff = ["%d:%s" % (i, k) for i, (x, y) in enumerate(zip(out, ref)) for k in keys if x[k] != y[k]]
+            print("%-20s %d/%d cases agree (%s)%s" % (name, same, len(out), ", ".join(keys),
+                                                     "; differ: " + " ".join(diff) if diff else ""))
 
     for fam in FAMILIES:
         path = os.path.join(a.data, fam, "tokenizer.json")
