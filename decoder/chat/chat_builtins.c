@@ -245,7 +245,8 @@ static ch_val split(rctx *r, ch_val s, const ch_val *sep, int64_t maxsplit, int 
     }
     ch_val l = ch_list_new(r, n);
     if (!r->st)
-        memcpy(l.u.l->v, parts, n * sizeof *parts);
+        if (n)
+            memcpy(l.u.l->v, parts, n * sizeof *parts);
     return l;
 }
 
@@ -300,7 +301,7 @@ static ch_val as_list(rctx *r, ch_val v, int line)
         return v;
     if (v.t == V_DICT) {
         ch_val l = ch_list_new(r, v.u.d->n);
-        if (!r->st)
+        if (!r->st && v.u.d->n)
             memcpy(l.u.l->v, v.u.d->k, v.u.d->n * sizeof(ch_val));
         return l;
     }
@@ -775,7 +776,7 @@ static ch_val method(rctx *r, const ch_expr *e, ch_val obj, const char *m, const
             return items_of(r, obj);
         if (!strcmp(m, "keys") || !strcmp(m, "values")) {
             ch_val l = ch_list_new(r, obj.u.d->n);
-            if (!r->st)
+            if (!r->st && obj.u.d->n)
                 memcpy(l.u.l->v, m[0] == 'k' ? obj.u.d->k : obj.u.d->v, obj.u.d->n * sizeof(ch_val));
             return l;
         }

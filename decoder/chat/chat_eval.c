@@ -428,8 +428,10 @@ static ch_val binop(rctx *r, const ch_expr *e, ch_val a, ch_val b)
         ch_val v = ch_list_new(r, a.u.l->n + b.u.l->n);
         if (r->st)
             return undef();
-        memcpy(v.u.l->v, a.u.l->v, a.u.l->n * sizeof(ch_val));
-        memcpy(v.u.l->v + a.u.l->n, b.u.l->v, b.u.l->n * sizeof(ch_val));
+        if (a.u.l->n) /* an empty list has no array */
+            memcpy(v.u.l->v, a.u.l->v, a.u.l->n * sizeof(ch_val));
+        if (b.u.l->n)
+            memcpy(v.u.l->v + a.u.l->n, b.u.l->v, b.u.l->n * sizeof(ch_val));
         return v;
     }
     if (op == OP_MUL && ((a.t == V_STR && b.t == V_INT) || (a.t == V_INT && b.t == V_STR))) {
@@ -626,7 +628,7 @@ static ch_val iter_items(rctx *r, ch_val v, int line)
         return ch_list_new(r, 0);
     if (v.t == V_DICT) {
         ch_val l = ch_list_new(r, v.u.d->n);
-        if (!r->st)
+        if (!r->st && v.u.d->n)
             memcpy(l.u.l->v, v.u.d->k, v.u.d->n * sizeof(ch_val));
         return l;
     }
