@@ -251,4 +251,36 @@ if start_server "$tmp/log3" -ctk f16 -ctv f16 --kv-budget 1MiB --max-seqs 8 --ma
 else
     bad "kvq serve did not start: $(cat "$tmp/log3")"
 fi
+# ---- 4. prefix reuse: a second turn takes over the first turn's prompt ------
+# tq3j/tq3 with the recent f16 window (the default cache): the second turn's
+# answer must equal the one a server without --prefix-cache gives.
+turn1=$(tr -d '"\\\n' <"$root/models/passkey-3500.txt" | cut -c 1-1200)
+printf '{"prompt":"%s","max_tokens":8,"temperature":0}' "$turn1" >"$tmp/t1.json"
+second_turn() { # URL -> the second turn's choices
+    a1=$(curl -s --max-time 60 -H 'Content-Type: application/json' --data-binary "@$tmp/t1.json" "$1/v1/completions" |
+        sed -n 's/.*"text":"\([^"\\]*\)".*/\1/p')
+    printf '{"prompt":"%s%s The pass key is","max_tokens":8,"temperature":0}' "$turn1" "$a1" >"$tmp/t2.json"
+    curl -s --max-time 60 -H 'Content-Type: application/json' --data-binary "@$tmp/t2.json" "$1/v1/completions" |
+        sed -n 's/.*"choices":\(.*\),"usage".*/\1/p'
+}
+if start_server "$tmp/log4" --prefix-cache 2 --chunk 64 --max-seqs 4; then
+    with=$(second_turn "$url")
+    reused=$(metric kvq_prefix_reused_tokens_total)
+    stop_server
+    check "prefix reuse server exits 0" "$stop_rc" 0
+    if start_server "$tmp/log5" --chunk 64 --max-seqs 4; then
+        without=$(second_turn "$url")
+        stop_server
+        [ -n "$with" ] && [ "$with" = "$without" ] && ok "prefix reuse: the second turn's answer is unchanged" ||
+            bad "prefix reuse changed the answer: '$with' vs '$without'"
+        [ "${reused:-0}" -ge 256 ] && ok "prefix reuse: $reused prompt tokens not prefilled again" ||
+            bad "prefix reuse: $reused tokens reused"
+    else
+        bad "kvq serve did not start: $(cat "$tmp/log5")"
+    fi
+else
+    bad "kvq serve did not start: $(cat "$tmp/log4")"
+fi
+check "--prefix-cache with a chunk off the page grid: exit 2" \
+    "$(timeout 30 "$kvq" serve --model "$model" --port 0 --prefix-cache 2 --chunk 100 2>/dev/null; echo $?)" 2
 finish

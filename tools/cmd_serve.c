@@ -28,6 +28,8 @@ static void usage(FILE *f)
                "  --ctx N              tokens per sequence (default: the model's context)\n"
                "  --chunk N            prompt tokens per prefill chunk (default 256)\n"
                "  --max-queue N        waiting requests before 429 (default 128)\n"
+               "  --prefix-cache N     keep up to N finished sequences' prompts for prefix reuse\n"
+               "                       (default 0: off; --chunk must be a multiple of 64)\n"
                "  --api-key KEY        require 'Authorization: Bearer KEY' on /v1/ (default: env\n"
                "                       KVQ_API_KEY, else none)\n"
                "  --model-name NAME    the model id clients send and see (default: the directory name)\n"
@@ -43,7 +45,7 @@ static void usage(FILE *f)
 struct opts {
     struct kv_cmd c;
     const char *host, *api_key, *model_name, *chat_template;
-    long port, max_seqs, ctx, chunk, max_queue, timeout;
+    long port, max_seqs, ctx, chunk, max_queue, timeout, prefix_cache;
     size_t max_body;
 };
 
@@ -66,6 +68,8 @@ static int own_option(void *user, const char *a, const char *v)
         return cli_parse_int(v, 2, 1 << 24, &o->ctx) ? 1 : 0;
     else if (strcmp(a, "--chunk") == 0)
         return cli_parse_int(v, 1, 1 << 16, &o->chunk) ? 1 : 0;
+    else if (strcmp(a, "--prefix-cache") == 0)
+        return cli_parse_int(v, 0, 4096, &o->prefix_cache) ? 1 : 0;
     else if (strcmp(a, "--max-queue") == 0)
         return cli_parse_int(v, 1, 1 << 20, &o->max_queue) ? 1 : 0;
     else if (strcmp(a, "--timeout") == 0)
@@ -128,6 +132,7 @@ static int serve(void *user, kvq_model *m, kvq_tokenizer *tok)
     ec.batch.max_seqs = (int)o->max_seqs;
     ec.chunk = (int)o->chunk;
     ec.max_queue = (int)o->max_queue;
+    ec.prefix_cache = (int)(o->prefix_cache < o->max_seqs ? o->prefix_cache : o->max_seqs);
     ec.model_name = o->model_name ? o->model_name : base_name(o->c.model);
     kv_opts_name(&o->c.kv, ec.cache_name, sizeof ec.cache_name);
     kvq_chat_template *chat = NULL;

@@ -112,6 +112,7 @@ struct serve_engine_config {
     struct kvq_batch_config batch;
     int chunk;                 /* prompt tokens per prefill chunk (default 256) */
     int max_queue;             /* waiting requests before 429 (default 128) */
+    int prefix_cache;          /* finished sequences kept for prefix reuse (0: off) */
     const char *model_name;    /* what /v1/models and responses call the model */
     const kvq_chat_template *chat; /* renders /v1/chat/completions messages; NULL: 400 */
     const char *chat_missing;  /* the 400's message without a template */

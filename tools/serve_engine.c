@@ -39,6 +39,14 @@ struct route_count {
     unsigned long n;
 };
 
+/* A finished sequence kept in its slot for prefix reuse: its first `kept`
+ * tokens (whole prompt chunks) stay in the cache. */
+struct cached_prefix {
+    int32_t *ids;              /* NULL: the slot holds no cached prefix */
+    size_t kept;
+    double t_used;
+};
+
 struct serve_engine {
     const kvq_model *m;
     const kvq_tokenizer *tok;
@@ -58,6 +66,10 @@ struct serve_engine {
     struct serve_req **run;    /* [max_seqs] admitted, by slot */
     int n_running;
     int n_live;                /* requests created and not yet freed */
+    struct cached_prefix *cached; /* [max_seqs] by slot */
+    int n_cached;
+    size_t cached_pages;
+    unsigned long reused_tokens, reuse_hits;
     size_t pages_reserved;
     unsigned long seq_no;
     struct kvq_batch_item *items;
@@ -339,10 +351,52 @@ void serve_req_release(struct serve_engine *e, struct serve_req *r)
 /* ---- the scheduler --------------------------------------------------- */
 
 /* Ends r (mu held): its slot and pages go back at once. */
+static void uncache(struct serve_engine *e, int slot, int remove)
+{
+    struct cached_prefix *c = &e->cached[slot];
+    free(c->ids);
+    c->ids = NULL;
+    e->n_cached--;
+    e->cached_pages -= kvq_batch_pages_for(e->b, c->kept);
+    if (remove)
+        kvq_batch_remove(e->b, slot);
+}
+
+/* Prefix reuse: a completed sequence keeps the whole chunks of its prompt in
+ * its slot. Those tokens were prefilled in chunks at multiples of `chunk`,
+ * exactly as a new prompt with the same start would prefill them, so a
+ * request that takes them over computes bit-identical logits (CPU) while
+ * skipping their prefill. The oldest cached sequence goes first whenever a
+ * slot or pages are needed. */
+static int keep_prefix(struct serve_engine *e, struct serve_req *r)
+{
+    const size_t C = (size_t)e->cfg.chunk, kept = r->n_prompt / C * C;
+    if (!e->cfg.prefix_cache || r->status || r->cancelled || kept == 0)
+        return 0;
+    while (e->n_cached >= e->cfg.prefix_cache) { /* the oldest makes room */
+        int old = -1;
+        for (int s = 0; s < e->cfg.batch.max_seqs; s++)
+            if (e->cached[s].ids && (old < 0 || e->cached[s].t_used < e->cached[old].t_used))
+                old = s;
+        uncache(e, old, 1);
+    }
+    if (kvq_batch_truncate(e->b, r->slot, kept) != KVQ_OK)
+        return 0;
+    struct cached_prefix *c = &e->cached[r->slot];
+    c->ids = r->ids; /* the request gives its prompt to the cache */
+    r->ids = NULL;
+    c->kept = kept;
+    c->t_used = now_s();
+    e->n_cached++;
+    e->cached_pages += kvq_batch_pages_for(e->b, kept);
+    return 1;
+}
+
 static void finish(struct serve_engine *e, struct serve_req *r, const char *why)
 {
     if (r->slot >= 0) {
-        kvq_batch_remove(e->b, r->slot);
+        if (!keep_prefix(e, r))
+            kvq_batch_remove(e->b, r->slot);
         e->run[r->slot] = NULL;
         e->n_running--;
         e->pages_reserved -= r->pages;
@@ -399,11 +453,48 @@ static void admit(struct serve_engine *e)
             finish(e, r, "cancelled");
             continue;
         }
-        if (r->pages > e->pages_total - e->pages_reserved)
-            return;
-        int slot;
-        if (kvq_batch_add(e->b, &slot) != KVQ_OK)
-            return;
+        /* the cached prefix sharing the most whole chunks with the prompt
+         * (at least one prompt token is left to run, for the logits) */
+        const size_t C = (size_t)e->cfg.chunk;
+        int reuse = -1;
+        size_t best = 0;
+        for (int s = 0; e->n_cached && s < e->cfg.batch.max_seqs; s++) {
+            const struct cached_prefix *c = &e->cached[s];
+            size_t n = 0, lim = c->kept < r->n_prompt - 1 ? c->kept : r->n_prompt - 1;
+            while (c->ids && n < lim && c->ids[n] == r->ids[n])
+                n++;
+            n = n / C * C;
+            if (n > best)
+                best = n, reuse = s;
+        }
+        const size_t reuse_pages = reuse >= 0 ? kvq_batch_pages_for(e->b, e->cached[reuse].kept) : 0;
+        while (r->pages > e->pages_total - e->pages_reserved - (e->cached_pages - reuse_pages)) {
+            int old = -1; /* the oldest other cached prefix gives its pages back */
+            for (int s = 0; s < e->cfg.batch.max_seqs; s++)
+                if (e->cached[s].ids && s != reuse && (old < 0 || e->cached[s].t_used < e->cached[old].t_used))
+                    old = s;
+            if (old < 0)
+                return;
+            uncache(e, old, 1);
+        }
+        int slot = reuse;
+        if (reuse >= 0) {
+            uncache(e, reuse, 0);
+            kvq_batch_truncate(e->b, reuse, best);
+            r->done = best;
+            e->reused_tokens += best;
+            e->reuse_hits++;
+        } else {
+            while (kvq_batch_add(e->b, &slot) != KVQ_OK) {
+                int old = -1;
+                for (int s = 0; s < e->cfg.batch.max_seqs; s++)
+                    if (e->cached[s].ids && (old < 0 || e->cached[s].t_used < e->cached[old].t_used))
+                        old = s;
+                if (old < 0)
+                    return;
+                uncache(e, old, 1);
+            }
+        }
         e->head = r->next;
         if (!e->head)
             e->tail = NULL;
@@ -634,16 +725,26 @@ int serve_engine_start(const kvq_model *m, const kvq_tokenizer *tok, const struc
         return st == KVQ_ERR_NOMEM || st == KVQ_ERR_DEVICE ? 1 : 2;
     }
     kvq_batch_get_stats(e->b, &e->bs);
+    if (e->cfg.prefix_cache && e->cfg.chunk % (int)e->bs.page_tokens) {
+        /* a kept prefix must end on a page boundary, where the recent f16
+         * window of the next token starts empty, as in a fresh prefill */
+        snprintf(err, cap, "--prefix-cache needs --chunk to be a multiple of the page (%zu tokens)",
+                 e->bs.page_tokens);
+        kvq_batch_free(e->b);
+        free(e);
+        return 2;
+    }
     e->max_ctx = e->bs.max_ctx;
     e->pages_total = e->bs.pages_total;
     const size_t S = (size_t)e->cfg.batch.max_seqs;
     e->run = calloc(S, sizeof *e->run);
+    e->cached = calloc(S, sizeof *e->cached);
     e->items = calloc(S, sizeof *e->items);
     e->item_req = calloc(S, sizeof *e->item_req);
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->work, NULL);
     pthread_cond_init(&e->idle, NULL);
-    if (!e->run || !e->items || !e->item_req || pthread_create(&e->thread, NULL, engine_main, e) != 0) {
+    if (!e->run || !e->cached || !e->items || !e->item_req || pthread_create(&e->thread, NULL, engine_main, e) != 0) {
         snprintf(err, cap, "cannot start the scheduler thread");
         serve_engine_stop(e);
         return 1;
@@ -673,6 +774,9 @@ void serve_engine_stop(struct serve_engine *e)
         serve_unlock(e);
         pthread_join(e->thread, NULL);
     }
+    for (int s = 0; e->cached && s < e->cfg.batch.max_seqs; s++)
+        free(e->cached[s].ids);
+    free(e->cached);
     kvq_batch_free(e->b);
     free(e->run);
     free(e->items);
@@ -773,12 +877,20 @@ char *serve_metrics_text(struct serve_engine *e)
         "kvq_kv_page_bytes{cache=\"%s\"} %zu\n"
         "# HELP kvq_kv_budget_bytes The --kv-budget (0: none).\n# TYPE kvq_kv_budget_bytes gauge\n"
         "kvq_kv_budget_bytes %zu\n"
+        "# HELP kvq_prefix_cache_sequences Finished sequences kept for prefix reuse (--prefix-cache).\n"
+        "# TYPE kvq_prefix_cache_sequences gauge\nkvq_prefix_cache_sequences %d\n"
+        "# HELP kvq_prefix_cache_pages Pages they hold.\n# TYPE kvq_prefix_cache_pages gauge\n"
+        "kvq_prefix_cache_pages %zu\n"
+        "# HELP kvq_prefix_reused_tokens_total Prompt tokens taken over from a cached prefix, not prefilled.\n"
+        "# TYPE kvq_prefix_reused_tokens_total counter\nkvq_prefix_reused_tokens_total %lu\n"
+        "# HELP kvq_prefix_reuse_hits_total Requests that took over a cached prefix.\n"
+        "# TYPE kvq_prefix_reuse_hits_total counter\nkvq_prefix_reuse_hits_total %lu\n"
         "# HELP kvq_steps_total Batched forwards.\n# TYPE kvq_steps_total counter\nkvq_steps_total %zu\n"
         "# HELP kvq_step_rows_total Rows through them.\n# TYPE kvq_step_rows_total counter\n"
         "kvq_step_rows_total %zu\n",
         bs->page_tokens, now.pages_total, now.pages_used, now.pages_total - now.pages_used, e->pages_reserved,
         now.bytes_allocated, e->cfg.cache_name, now.bytes_per_token, e->cfg.cache_name, now.page_bytes,
-        now.kv_budget, now.steps, now.rows);
+        now.kv_budget, e->n_cached, e->cached_pages, e->reused_tokens, e->reuse_hits, now.steps, now.rows);
     out(&buf, &len, &cap,
         "# HELP kvq_time_to_first_token_seconds From queueing to the first generated token.\n"
         "# TYPE kvq_time_to_first_token_seconds histogram\n");
