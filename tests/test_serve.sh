@@ -5,11 +5,13 @@
 #     completions, chat, streaming, logprobs, seeds and errors; greedy text
 #     equals the HF reference of the bundled model (f32 cache);
 #  2. raw HTTP with curl: every kind of bad input gets its status in OpenAI's
-#     error shape, and afterwards /health answers and every page is back;
+#     error shape, a request that never completes is dropped, a client that
+#     disconnects mid-stream frees its pages, and after each /health answers
+#     and every page is back; SIGTERM drains the running stream to
+#     data: [DONE] and exits 0;
 #  3. load: 32 clients x 8 requests under a small --kv-budget: each request
 #     completes with exactly its solo tokens or gets an honest 429/503;
-#  4. a client that disconnects mid-stream frees its pages; SIGTERM drains
-#     the running stream to data: [DONE] and exits 0.
+#  4. prefix reuse (--prefix-cache) leaves a second turn's answer unchanged.
 name=test_serve.sh
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${KVQ_BUILD:-build}
