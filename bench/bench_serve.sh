@@ -44,7 +44,7 @@ start() {
     port=""
     i=0
     while [ $i -lt 100 ] && [ -z "$port" ]; do
-        port=$(sed -n 's/.*listening on http:\/\/127\.0\.0\.1:\([0-9]*\).*/\1/p' "$tmp/log")
+        port=$(sed -n 's/.*listening on http:\/\/127\.0\.0\.1:\([0-9]*\).*/\1/p' "$tmp/log" 2>/dev/null)
         [ -n "$port" ] || sleep 0.1
         i=$((i + 1))
     done
