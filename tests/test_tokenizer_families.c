@@ -256,6 +256,17 @@ static void test_added_token_variants(void)
                 CHECKF(dec && dl == strlen(hf) && memcmp(dec, hf, dl) == 0,
                        "variant %s text %d decodes to '%s', HF '%s'", name, k, dec ? dec : "", hf);
             free(dec);
+            /* And with special tokens skipped, where HF's is recorded. */
+            const cJSON *skip = cJSON_GetObjectItem(x, "special_skipped");
+            if (skip && cJSON_IsString(skip)) {
+                dec = NULL;
+                CHECK(ids && kvq_tokenizer_decode_alloc(t, ids, n, KVQ_DETOK_SKIP_SPECIAL, &dec, &dl) == KVQ_OK);
+                if (!cJSON_IsFalse(cJSON_GetObjectItem(v, "check_decode")))
+                    CHECKF(dec && dl == strlen(skip->valuestring) && memcmp(dec, skip->valuestring, dl) == 0,
+                           "variant %s text %d decodes (skip special) to '%s', HF '%s'", name, k, dec ? dec : "",
+                           skip->valuestring);
+                free(dec);
+            }
             free(ids);
         }
         printf("  %s: %d texts checked\n", name, k);

@@ -90,11 +90,9 @@ kvq_status kvq_tokenizer_decode_alloc(const kvq_tokenizer *t, const int32_t *ids
         int32_t id = ids[i];
         if (skipped(t, id, flags))
             continue;
-        if (first && t->dec_first_off) {
-            ok = sb_add(&out, t->arena + t->dec_first_off[id], t->dec_first_len[id]);
-            first = 0;
-            continue;
-        }
+        /* Metaspace's rule is about the first token rendered, whatever it is
+         * (a "<0xHH>" token has no replacement character to drop). */
+        int is_first = first;
         first = 0;
         if (t->dec_byte[id] >= 0) {
             char c = (char)t->dec_byte[id];
@@ -105,7 +103,10 @@ kvq_status kvq_tokenizer_decode_alloc(const kvq_tokenizer *t, const int32_t *ids
             ok = sb_run(&out, run.s, run.n);
             run.n = 0;
         }
-        ok = ok && sb_add(&out, t->arena + t->dec_off[id], t->dec_len[id]);
+        if (is_first && t->dec_first_off)
+            ok = ok && sb_add(&out, t->arena + t->dec_first_off[id], t->dec_first_len[id]);
+        else
+            ok = ok && sb_add(&out, t->arena + t->dec_off[id], t->dec_len[id]);
     }
     if (ok && run.n)
         ok = sb_run(&out, run.s, run.n);
@@ -303,6 +304,7 @@ kvq_status kvq_detok_push(kvq_detok *d, int32_t id, const char **text, size_t *l
             return KVQ_ERR_NOMEM;
         }
         d->run[d->run_len++] = (char)t->dec_byte[id];
+        d->first = 0;
         emit(d, 0, text, len);
         return KVQ_OK;
     }

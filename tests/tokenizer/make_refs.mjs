@@ -50,8 +50,8 @@ for (const v of variants) {
   const tok = new Tokenizer(tj, tc);
   const out = v.texts.map((text) => {
     const ids = tok.encode(text, { add_special_tokens: false }).ids;
-    const decoded = ids.length ? tok.decode(ids, { skip_special_tokens: false, clean_up_tokenization_spaces: false }) : "";
-    return { ids, decoded };
+    const dec = (skip) => ids.length ? tok.decode(ids, { skip_special_tokens: skip, clean_up_tokenization_spaces: false }) : "";
+    return { ids, decoded: dec(false), special_skipped: dec(true) };
   });
   fs.writeFileSync(path.join(here, "expected", `variant_${v.name}.json`), JSON.stringify({
     generator: "@huggingface/tokenizers 0.2.0 via tests/tokenizer/make_refs.mjs", cases: out }) + "\n");

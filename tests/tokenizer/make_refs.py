@@ -71,7 +71,8 @@ def main():
         out = []
         for t in v["texts"]:
             ids = tok.encode(t, add_special_tokens=False).ids
-            out.append({"ids": ids, "decoded": tok.decode(ids, skip_special_tokens=False)})
+            out.append({"ids": ids, "decoded": tok.decode(ids, skip_special_tokens=False),
+                        "special_skipped": tok.decode(ids, skip_special_tokens=True)})
         write("variant_" + v["name"], out)
 
 
