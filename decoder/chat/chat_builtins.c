@@ -865,16 +865,20 @@ ch_val ch_call(rctx *r, const ch_expr *e)
             ch_fail(r, KVQ_ERR_FORMAT, e->line, "range() step is zero");
             return undef();
         }
-        size_t n = 0;
-        for (int64_t i = lo; step > 0 ? i < hi : i > hi; i += step)
-            if (++n > 100000) {
-                ch_fail(r, KVQ_ERR_UNSUPPORTED, e->line, "range() longer than 100000");
-                return undef();
-            }
-        ch_val l = ch_list_new(r, n);
-        size_t w = 0;
-        for (int64_t i = lo; !r->st && (step > 0 ? i < hi : i > hi); i += step)
-            l.u.l->v[w++] = mk_int(i);
+        /* The length without stepping past the bounds (no overflow): unsigned
+         * differences are exact when the range is not empty. */
+        uint64_t n = 0;
+        if (step > 0 && hi > lo)
+            n = ((uint64_t)hi - (uint64_t)lo - 1) / (uint64_t)step + 1;
+        else if (step < 0 && lo > hi)
+            n = ((uint64_t)lo - (uint64_t)hi - 1) / ((uint64_t)0 - (uint64_t)step) + 1;
+        if (n > 100000) {
+            ch_fail(r, KVQ_ERR_UNSUPPORTED, e->line, "range() longer than 100000");
+            return undef();
+        }
+        ch_val l = ch_list_new(r, (size_t)n);
+        for (uint64_t k = 0; !r->st && k < n; k++)
+            l.u.l->v[k] = mk_int((int64_t)((uint64_t)lo + k * (uint64_t)step));
         return l;
     }
     case FN_RAISE: {

@@ -313,6 +313,12 @@ static ch_val eval_slice(rctx *r, const ch_expr *e)
     } else {
         hi = step < 0 ? -1 : n;
     }
+    /* A step past the ends gives the same items as one just past them, and
+     * keeps i + step from overflowing. */
+    if (step > n + 1)
+        step = n + 1;
+    if (step < -(n + 1))
+        step = -(n + 1);
     size_t count = 0;
     for (int64_t i = lo; step > 0 ? i < hi : i > hi; i += step)
         count++;
@@ -460,32 +466,51 @@ static ch_val binop(rctx *r, const ch_expr *e, ch_val a, ch_val b)
         ch_fail(r, KVQ_ERR_FORMAT, e->line, "division by zero");
         return undef();
     }
+    int64_t p = as_int(a), q = as_int(b), res = 0;
+    /* Python's integers do not overflow; kvq's 64-bit ones say so instead. */
+    if (ints && (op == OP_ADD || op == OP_SUB || op == OP_MUL)) {
+        int over = op == OP_ADD ? __builtin_add_overflow(p, q, &res)
+                   : op == OP_SUB ? __builtin_sub_overflow(p, q, &res)
+                                  : __builtin_mul_overflow(p, q, &res);
+        if (over) {
+            ch_fail(r, KVQ_ERR_UNSUPPORTED, e->line, "integer overflow in '%s' (kvq's integers are 64-bit)", sym[op]);
+            return undef();
+        }
+        return mk_int(res);
+    }
+    if (ints && (op == OP_FLOORDIV || op == OP_MOD) && p == INT64_MIN && q == -1) {
+        ch_fail(r, KVQ_ERR_UNSUPPORTED, e->line, "integer overflow in '%s' (kvq's integers are 64-bit)", sym[op]);
+        return undef();
+    }
     switch (op) {
     case OP_ADD:
-        return ints ? mk_int(as_int(a) + as_int(b)) : mk_float(x + y);
+        return mk_float(x + y);
     case OP_SUB:
-        return ints ? mk_int(as_int(a) - as_int(b)) : mk_float(x - y);
+        return mk_float(x - y);
     case OP_MUL:
-        return ints ? mk_int(as_int(a) * as_int(b)) : mk_float(x * y);
+        return mk_float(x * y);
     case OP_DIV:
         return mk_float(x / y);
     case OP_FLOORDIV:
         if (ints) {
-            int64_t p = as_int(a), q = as_int(b), d = p / q;
+            int64_t d = p / q;
             return mk_int(d - ((p % q != 0) && ((p < 0) != (q < 0))));
         }
         return mk_float(floor(x / y));
     case OP_MOD:
         if (ints) {
-            int64_t p = as_int(a), q = as_int(b), m = p % q;
+            int64_t m = p % q;
             return mk_int(m && ((m < 0) != (q < 0)) ? m + q : m);
         }
         return mk_float(x - floor(x / y) * y);
     case OP_POW:
         if (ints && as_int(b) >= 0) {
             int64_t acc = 1;
-            for (int64_t i = 0; i < as_int(b) && i < 64; i++)
-                acc *= as_int(a);
+            for (int64_t i = 0; i < q && i < 64; i++)
+                if (__builtin_mul_overflow(acc, p, &acc)) {
+                    ch_fail(r, KVQ_ERR_UNSUPPORTED, e->line, "integer overflow in '**' (kvq's integers are 64-bit)");
+                    return undef();
+                }
             return mk_int(acc);
         }
         return mk_float(pow(x, y));
@@ -585,6 +610,10 @@ static ch_val eval_inner(rctx *r, const ch_expr *e)
         }
         if (e->k == E_POS)
             return v;
+        if (v.t != V_FLOAT && as_int(v) == INT64_MIN) {
+            ch_fail(r, KVQ_ERR_UNSUPPORTED, e->line, "integer overflow in unary '-'");
+            return undef();
+        }
         return v.t == V_FLOAT ? mk_float(-v.u.f) : mk_int(-as_int(v));
     }
     case E_NOT: {
