@@ -160,7 +160,7 @@ static int from_json(ch_arena *a, const cJSON *j, ch_val *out)
         out->u.b = cJSON_IsTrue(j);
     } else if (cJSON_IsNumber(j)) {
         double d = j->valuedouble;
-        if (d == (double)(int64_t)d && d > -9e15 && d < 9e15) {
+        if (d > -9e15 && d < 9e15 && d == (double)(int64_t)d) {
             out->t = V_INT;
             out->u.i = (int64_t)d;
         } else {

@@ -327,8 +327,13 @@ static ch_val tojson(rctx *r, ch_val v, const args *a, int line, int arg0)
                  *sort = arg(a, arg0 + 2, "sort_keys"), *seps = arg(a, -1, "separators");
     /* transformers: tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False),
      * where Jinja's own takes indent first; keywords mean the same in both. */
-    if (indent && indent->t == V_INT)
-        o.indent = (int)indent->u.i;
+    if (indent && indent->t == V_INT) {
+        if (indent->u.i > 256) {
+            ch_fail(r, KVQ_ERR_UNSUPPORTED, line, "tojson indent over 256");
+            return undef();
+        }
+        o.indent = indent->u.i < 0 ? 0 : (int)indent->u.i;
+    }
     if (ascii)
         o.ascii = ch_truthy(*ascii);
     if (sort)
@@ -341,6 +346,11 @@ static ch_val tojson(rctx *r, ch_val v, const args *a, int line, int arg0)
     ch_sb b = {0};
     sb_put(&b, "", 0);
     int ok = ch_put_json(&b, v, &o, 0);
+    if (b.failed) {
+        free(b.s);
+        ch_fail(r, KVQ_ERR_NOMEM, line, "tojson: the text is over %zu MiB", CH_SB_CAP >> 20);
+        return undef();
+    }
     ch_val s = ok ? ch_str_copy(r, b.s, b.n) : undef();
     free(b.s);
     if (!ok)
@@ -613,7 +623,7 @@ ch_val ch_filter(rctx *r, const ch_expr *e)
         if (v.t == V_INT || v.t == V_BOOL)
             return mk_int(v.t == V_INT ? v.u.i : v.u.b);
         if (v.t == V_FLOAT)
-            return mk_int((int64_t)v.u.f);
+            return mk_int(ch_float_to_int(v.u.f));
         if (v.t == V_STR) {
             char buf[64];
             snprintf(buf, sizeof buf, "%.*s", (int)(v.u.s.n < 63 ? v.u.s.n : 63), v.u.s.s);

@@ -66,9 +66,21 @@ double ch_num(ch_val v)
     return v.t == V_FLOAT ? v.u.f : v.t == V_INT ? (double)v.u.i : v.t == V_BOOL ? v.u.b : 0.0;
 }
 
+int64_t ch_float_to_int(double d)
+{
+    /* Truncation as Python's int(), clamped to 64 bits (NaN is 0). */
+    if (!(d == d))
+        return 0;
+    if (d >= 9.2233720368547758e18)
+        return INT64_MAX;
+    if (d <= -9.2233720368547758e18)
+        return INT64_MIN;
+    return (int64_t)d;
+}
+
 static int64_t as_int(ch_val v)
 {
-    return v.t == V_INT ? v.u.i : v.t == V_BOOL ? v.u.b : (int64_t)ch_num(v);
+    return v.t == V_INT ? v.u.i : v.t == V_BOOL ? v.u.b : ch_float_to_int(ch_num(v));
 }
 
 int ch_equal(ch_val a, ch_val b)

@@ -39,6 +39,7 @@ const char *ch_type_name(ch_val v);
 int ch_truthy(ch_val v);
 int ch_equal(ch_val a, ch_val b);
 double ch_num(ch_val v);
+int64_t ch_float_to_int(double d);
 ch_val ch_list_new(rctx *r, size_t n);
 ch_val ch_dict_new(rctx *r);
 ch_val ch_str_copy(rctx *r, const char *s, size_t n);

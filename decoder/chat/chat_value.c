@@ -101,6 +101,10 @@ int ch_dict_set(ch_arena *a, ch_dict *d, const char *k, size_t kn, ch_val v)
 
 int sb_put(ch_sb *b, const char *s, size_t n)
 {
+    if (b->failed || b->n + n > CH_SB_CAP) { /* a hostile template's text: stop growing */
+        b->failed = 1;
+        return 0;
+    }
     if (b->n + n + 1 > b->cap) {
         size_t cap = b->cap ? b->cap : 1024;
         while (cap < b->n + n + 1)

@@ -4,6 +4,9 @@
 
 #include "chat_internal.h"
 
+/* No one buffer grows past this (the renderer reports it as out of memory). */
+#define CH_SB_CAP ((size_t)64 << 20)
+
 typedef struct ch_sb {
     char *s;
     size_t n, cap;
