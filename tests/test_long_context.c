@@ -191,6 +191,58 @@ static void test_ppl_api(void)
     kvq_seq_free(s);
 }
 
+/* KL against a reference cache: analytic on two-token rows; 0 and full
+ * top-1 agreement for the same cache type; for q4_0 the per-position KLs
+ * reproduced here from the two sequences' logits. */
+static void test_ppl_kl(void)
+{
+    const float a[2] = {0.0f, 0.0f}, b[2] = {(float)log(3.0), 0.0f};
+    /* p = (1/2, 1/2), q = (3/4, 1/4): 1/2 ln(2/3) + 1/2 ln 2 */
+    CHECK_NEAR(kvq_logits_kl(a, b, 2), 0.5 * log(2.0 / 3.0) + 0.5 * log(2.0), 1e-7);
+    CHECK(kvq_logits_kl(a, a, 2) == 0.0);
+    enum { N = 100 };
+    int32_t ids[N];
+    for (int i = 0; i < N; i++)
+        ids[i] = 10 + (i * 53) % 3000;
+    struct kvq_ppl_config pc;
+    kvq_ppl_config_default(&pc);
+    pc.chunk = 16;
+    kvq_seq *base = new_seq(KVQ_TYPE_F32, KVQ_TYPE_F32, 64, 0, 16), *same = new_seq(KVQ_TYPE_F32, KVQ_TYPE_F32, 64, 0, 16);
+    kvq_seq *q4 = new_seq(KVQ_TYPE_Q4_0, KVQ_TYPE_Q4_0, 64, 0, 16);
+    struct kvq_ppl_result r, r0;
+    struct kvq_kl_result kl;
+    CHECK_OK(kvq_ppl_kl(model, same, base, &pc, ids, N, &r, &kl, NULL, NULL));
+    CHECK(kl.n == N && kl.mean == 0.0 && kl.max == 0.0 && kl.top1 == 1.0 && kl.ref_ppl == r.ppl);
+    CHECK_OK(kvq_ppl_score(model, base, &pc, ids, N, NULL, &r0, NULL, NULL));
+    CHECK_OK(kvq_ppl_kl(model, q4, base, &pc, ids, N, &r, &kl, NULL, NULL));
+    CHECK(kl.n == N && kl.mean > 0 && kl.p99 <= kl.max && kl.mean <= kl.max && kl.top1 > 0.5 && kl.top1 <= 1.0);
+    CHECK_NEAR(kl.ref_ppl, r0.ppl, 1e-9 * r0.ppl);
+    /* the mean again from one window's logits (ids[0..63) after BOS) */
+    const int V = kvq_model_config_of(model)->vocab;
+    float *lr = malloc(64 * (size_t)V * sizeof *lr), *lq = malloc(64 * (size_t)V * sizeof *lq);
+    int32_t win[64];
+    win[0] = kvq_model_config_of(model)->bos_id;
+    memcpy(win + 1, ids, 63 * sizeof *ids);
+    kvq_seq_reset(base);
+    kvq_seq_reset(q4);
+    double sum = 0;
+    for (int c0 = 0; c0 < 64 && lr && lq; c0 += 16) {
+        CHECK_OK(kvq_seq_forward(base, win + c0, 16, 0, lr + (size_t)c0 * V, NULL));
+        CHECK_OK(kvq_seq_forward(q4, win + c0, 16, 0, lq + (size_t)c0 * V, NULL));
+    }
+    for (int t = 0; t < 63 && lr && lq; t++)
+        sum += kvq_logits_kl(lr + (size_t)t * V, lq + (size_t)t * V, V);
+    struct kvq_kl_result k1;
+    CHECK_OK(kvq_ppl_kl(model, q4, base, &pc, ids, 63, &r, &k1, NULL, NULL));
+    CHECK_NEAR(k1.mean, sum / 63, 1e-12);
+    CHECK_STATUS(kvq_ppl_kl(model, q4, NULL, &pc, ids, N, &r, &kl, NULL, NULL), KVQ_ERR_INVALID_ARG);
+    free(lr);
+    free(lq);
+    kvq_seq_free(base);
+    kvq_seq_free(same);
+    kvq_seq_free(q4);
+}
+
 /* `kvq ppl --json` over several windows equals exp(mean NLL) from full
  * logits of each window computed here in one forward; it is deterministic
  * for a compressed cache. */
@@ -715,6 +767,7 @@ int main(void)
     }
     RUN(test_ppl_matches_hf);
     RUN(test_ppl_api);
+    RUN(test_ppl_kl);
     RUN(test_ppl_cmd);
     RUN(test_passkey_prompt);
     RUN(test_passkey_api);

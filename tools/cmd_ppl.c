@@ -24,6 +24,9 @@ static void usage(FILE *f)
                "  --ctx N              tokens per window, BOS included (default: the model's context)\n"
                "  --chunk C            tokens per forward (default 256)\n"
                "  --max-tokens N       score only the first N tokens of the text (default: all)\n"
+               "  --kl-divergence      also run an f32 cache over the same windows and report the mean,\n"
+               "                       99th-percentile and largest KL(P_f32 || P) per token and how often\n"
+               "                       the top-1 token agrees (twice the work)\n"
                "  --json               print one JSON object\n"
                "  --quiet              no progress on stderr\n");
     kv_opts_usage(f);
@@ -33,6 +36,7 @@ struct opts {
     struct kv_cmd c; /* --model, --json, --quiet, the KV options */
     const char *file;
     long ctx, max_tokens;
+    int kl; /* --kl-divergence */
     struct kvq_ppl_config ppl;
 };
 
@@ -60,7 +64,16 @@ static int parse_args(int argc, char **argv, struct opts *o)
 {
     memset(o, 0, sizeof *o);
     kvq_ppl_config_default(&o->ppl);
-    int rc = kv_cmd_parse(CMD, argc, argv, &o->c, usage, own_option, o);
+    /* --kl-divergence is this command's one flag without a value: taken out
+     * before the shared loop, which reads a value after every other option */
+    int m = 0;
+    for (int i = 0; i < argc; i++) {
+        if (i > 0 && strcmp(argv[i], "--kl-divergence") == 0 && strcmp(argv[i - 1], "--file") != 0)
+            o->kl = 1;
+        else
+            argv[m++] = argv[i];
+    }
+    int rc = kv_cmd_parse(CMD, m, argv, &o->c, usage, own_option, o);
     if (rc)
         return rc;
     if (!o->c.model || !o->file)
@@ -76,7 +89,7 @@ static void progress(void *user, size_t done, size_t total, const struct kvq_ppl
 }
 
 static int report(const struct opts *o, const struct kvq_seq_config *sc, const struct kvq_seq_plan *pl,
-                  const kvq_model *m, size_t n, const struct kvq_ppl_result *r)
+                  const kvq_model *m, size_t n, const struct kvq_ppl_result *r, const struct kvq_kl_result *kl)
 {
     const struct kvq_model_config *c = kvq_model_config_of(m);
     char name[2048];
@@ -85,6 +98,9 @@ static int report(const struct opts *o, const struct kvq_seq_config *sc, const s
     if (!o->c.json) {
         printf("ppl %.4f  cache %s (%.3f bits/value)  %zu tokens scored in %zu windows of %ld  %.1f s\n", r->ppl,
                name, bits, r->scored, r->windows, o->ctx, r->seconds);
+        if (kl)
+            printf("KL vs an f32 cache (ppl %.4f): mean %.6f  p99 %.6f  max %.6f  top-1 agreement %.2f%%\n",
+                   kl->ref_ppl, kl->mean, kl->p99, kl->max, 100.0 * kl->top1);
         return 0;
     }
     cJSON *root = cJSON_CreateObject();
@@ -102,6 +118,15 @@ static int report(const struct opts *o, const struct kvq_seq_config *sc, const s
     cJSON_AddNumberToObject(root, "ctx", (double)o->ctx);
     cJSON_AddNumberToObject(root, "chunk", (double)o->ppl.chunk);
     cJSON_AddNumberToObject(root, "seconds", r->seconds);
+    if (kl) {
+        cJSON *k = cJSON_AddObjectToObject(root, "kl_vs_f32");
+        cJSON_AddNumberToObject(k, "ref_ppl", kl->ref_ppl);
+        cJSON_AddNumberToObject(k, "mean", kl->mean);
+        cJSON_AddNumberToObject(k, "p99", kl->p99);
+        cJSON_AddNumberToObject(k, "max", kl->max);
+        cJSON_AddNumberToObject(k, "top1_agreement", kl->top1);
+        cJSON_AddNumberToObject(k, "positions", (double)kl->n);
+    }
     kv_auto_json(root, &o->c.kv, m);
     return kv_print_json(CMD, root);
 }
@@ -112,7 +137,7 @@ static int score(void *user, kvq_model *m, kvq_tokenizer *tok)
     const struct kvq_model_config *c = kvq_model_config_of(m);
     size_t len = 0, n = 0;
     int32_t *ids = NULL;
-    kvq_seq *s = NULL;
+    kvq_seq *s = NULL, *ref = NULL;
     kvq_error err = {0};
     int rc = 0;
     char *text = cli_read_text(CMD, o->file, "the text", &len);
@@ -150,16 +175,33 @@ static int score(void *user, kvq_model *m, kvq_tokenizer *tok)
         goto out;
     }
     struct kvq_ppl_result r;
+    struct kvq_kl_result kl;
     o->ppl.ctx = (size_t)o->ctx;
-    st = kvq_ppl_score(m, s, &o->ppl, ids, n, NULL, &r, progress, o);
+    if (o->kl) { /* the reference: an f32 cache, no window or sinks, on the same device */
+        struct kvq_seq_config ref_cfg = sc;
+        ref_cfg.type_k = ref_cfg.type_v = KVQ_TYPE_F32;
+        ref_cfg.layer_types = NULL;
+        ref_cfg.recent_f16 = 0;
+        ref_cfg.sink_tokens = 0;
+        ref_cfg.v_norm_correct = 0;
+        ref_cfg.kv_budget = 0;
+        if (kvq_seq_create(m, &ref_cfg, &ref, &err) != KVQ_OK) {
+            rc = cli_error(CMD, "the f32 reference cache: %s", err.msg);
+            goto out;
+        }
+        st = kvq_ppl_kl(m, s, ref, &o->ppl, ids, n, &r, &kl, progress, o);
+    } else {
+        st = kvq_ppl_score(m, s, &o->ppl, ids, n, NULL, &r, progress, o);
+    }
     if (!o->c.quiet)
         fputc('\n', stderr);
     if (st != KVQ_OK) {
         rc = cli_status_error(CMD, st, "scoring");
         goto out;
     }
-    rc = report(o, &sc, &pl, m, n, &r);
+    rc = report(o, &sc, &pl, m, n, &r, o->kl ? &kl : NULL);
 out:
+    kvq_seq_free(ref);
     kvq_seq_free(s);
     free(ids);
     return rc;

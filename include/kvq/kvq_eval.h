@@ -88,6 +88,31 @@ KVQ_API kvq_status kvq_ppl_score(const kvq_model *m, kvq_seq *s, const struct kv
  *  (log-sum-exp). */
 KVQ_API double kvq_ppl_token_nll(const float *logits, int vocab, int32_t target);
 
+/* How far a cache moves the model's next-token distributions from a
+ * reference cache's (f32 in `kvq ppl --kl-divergence`), over every scored
+ * position: the measures llama.cpp's perplexity tool reports. */
+struct kvq_kl_result {
+    size_t n;          /* positions compared */
+    double mean;       /* mean KL(P_ref || P), natural log */
+    double p99;        /* 99th percentile of the per-position KL */
+    double max;        /* largest per-position KL */
+    double top1;       /* fraction of positions whose argmax (lowest id on ties) agrees */
+    double ref_ppl;    /* perplexity through the reference sequence */
+};
+
+/** As kvq_ppl_score through s, with the reference sequence ref (same model,
+ *  max_ctx >= ctx, max_chunk = chunk) forwarded over the same windows and
+ *  chunks in lockstep; each position's KL(P_ref || P) is computed in double
+ *  from the two logits rows. res is s's perplexity result, kl the
+ *  comparison. Allocates two logits buffers of chunk rows and n doubles.
+ *  @return as kvq_ppl_score (for either sequence). */
+KVQ_API kvq_status kvq_ppl_kl(const kvq_model *m, kvq_seq *s, kvq_seq *ref, const struct kvq_ppl_config *cfg,
+                              const int32_t *ids, size_t n, struct kvq_ppl_result *res, struct kvq_kl_result *kl,
+                              kvq_ppl_progress_fn fn, void *user);
+
+/** @return KL(softmax(ref) || softmax(test)) over vocab logits, in double. */
+KVQ_API double kvq_logits_kl(const float *ref, const float *test, int vocab);
+
 /* ==== passkey retrieval =================================================
  *
  * Prompts follow the format the bundled model was trained on
