@@ -356,7 +356,7 @@ static int get_prompt(const struct opts *o, const kvq_tokenizer *tok, int32_t **
         return st ? cli_status_error(CMD, st, "encoding the chat prompt") : 0;
     }
     if (o->prompt_file) {
-        text = cli_read_text(CMD, o->prompt_file, "the prompt", &len);
+        text = cli_read_text(CMD, o->prompt_file, "the prompt file", &len);
         if (!text)
             return 2;
         if (len && text[len - 1] == '\n')
