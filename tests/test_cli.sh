@@ -73,6 +73,12 @@ check "kvq --help names --version and the size units; --version prints it" $?
 $kvq_t run --model "$model" hi 2>"$tmp/err"; rc=$?
 [ "$rc" -eq 2 ] && grep -q "unexpected argument 'hi'" "$tmp/err" && ! grep -q "needs a value" "$tmp/err"
 check "run: a stray word is named as such, not as an option needing a value" $?
+for cmd in "ppl -m $model" "passkey -m $model" "shard -m $model"; do
+    # shellcheck disable=SC2086
+    $kvq_t $cmd stray 2>"$tmp/err"; rc=$?
+    [ "$rc" -eq 2 ] && grep -q "unexpected argument 'stray'" "$tmp/err"
+    check "$(echo "$cmd" | cut -d' ' -f1): a stray word is named as such" $?
+done
 $kvq_t run -m "$model" -p hi -n 1000000000 2>"$tmp/err"; rc=$?
 [ "$rc" -eq 2 ] && grep -q "16777216" "$tmp/err"
 check "run: --max-tokens out of range names the limit" $?

@@ -79,6 +79,8 @@ int cmd_shard(int argc, char **argv)
             *(a[2] == 'p' ? &do_plan : &force) = 1;
             continue;
         }
+        if (a[0] != '-')
+            return cli_error(CMD, "unexpected argument '%s': options start with -- (see kvq shard --help)", a);
         if (i + 1 >= argc)
             return cli_error(CMD, "%s needs a value (see kvq shard --help)", a);
         const char *v = argv[++i];

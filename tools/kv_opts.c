@@ -161,6 +161,8 @@ int kv_cmd_parse(const char *cmd, int argc, char **argv, struct kv_cmd *c, void 
             *(a[2] == 'j' ? &c->json : &c->quiet) = 1;
             continue;
         }
+        if (a[0] != '-')
+            return cli_error(cmd, "unexpected argument '%s': options start with -- (see kvq %s --help)", a, cmd);
         if (i + 1 >= argc)
             return cli_error(cmd, "%s needs a value (see kvq %s --help)", a, cmd);
         const char *v = argv[++i];
