@@ -7,6 +7,7 @@
 #include "kvq_model.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -464,18 +465,23 @@ kvq_status kvq_model_config_parse(const char *json, size_t len, struct kvq_model
 
 kvq_status kvq_model_config_load(const char *path, struct kvq_model_config *cfg, kvq_error *err)
 {
+    errno = 0;
     FILE *f = fopen(path, "rb");
     if (!f)
-        return kvq_error_set(err, KVQ_ERR_IO, "%s: cannot open", path);
+        return kvq_error_set(err, KVQ_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     char *buf = NULL;
     long n = -1;
     if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && n < (1l << 24) && fseek(f, 0, SEEK_SET) == 0)
         buf = malloc((size_t)n + 1);
+    errno = 0;
     size_t got = buf ? fread(buf, 1, (size_t)n, f) : 0;
+    const int e = errno;
     fclose(f);
     if (!buf || got != (size_t)n) {
         free(buf);
-        return kvq_error_set(err, KVQ_ERR_IO, "%s: cannot read", path);
+        if (n >= (1l << 24))
+            return kvq_error_set(err, KVQ_ERR_IO, "%s: larger than 16 MiB, not a config", path);
+        return kvq_error_set(err, KVQ_ERR_IO, "%s: cannot read: %s", path, e ? strerror(e) : "short read");
     }
     kvq_status st = kvq_model_config_parse(buf, (size_t)n, cfg, err);
     free(buf);

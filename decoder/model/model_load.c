@@ -12,6 +12,7 @@
  * weights_f32 the matrices too, fused into single f32 blocks.
  */
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,9 +46,11 @@ void kvq_model_load_opts_default(struct kvq_model_load_opts *o)
 static kvq_status open_sharded(struct loader *L, const char *manifest_path, const struct kvq_model_load_opts *o)
 {
     size_t len;
+    errno = 0;
     char *text = kvq_read_text(manifest_path, 1u << 26, &len);
     if (!text)
-        return kvq_error_set(L->err, KVQ_ERR_IO, "%s: cannot read", manifest_path);
+        return kvq_error_set(L->err, KVQ_ERR_IO, "%s: cannot read: %s", manifest_path,
+                             errno ? strerror(errno) : "larger than 64 MiB");
     kvq_status st = kvq_manifest_parse(text, len, &L->man, L->err);
     free(text);
     if (st == KVQ_OK)
