@@ -22,6 +22,7 @@
 #include "kvq_model.h"
 #include "kvq_safetensors.h"
 #include "test.h"
+#include "test_fixture.h"
 #include "test_util.h"
 
 #define FIXTURES "tests/models"
@@ -139,53 +140,21 @@ static void test_families(void)
         SKIP("no family fixture committed yet");
 }
 
-/* Resident bytes of this process now. */
-static size_t rss_now(void)
-{
-    FILE *f = fopen("/proc/self/statm", "r");
-    unsigned long size = 0, res = 0;
-    if (f) {
-        if (fscanf(f, "%lu %lu", &size, &res) != 2)
-            res = 0;
-        fclose(f);
-    }
-    return (size_t)res * (size_t)sysconf(_SC_PAGESIZE);
-}
-
 /* The bundled model with max_position_embeddings = max_pos (weights linked). */
 static void write_ctx_variant(const char *dir, int max_pos)
 {
-    mkdir(dir, 0777);
-    size_t len;
-    char *text = test_read_file(TEST_MODEL_DIR "/config.json", &len);
-    cJSON *cfg = text ? cJSON_Parse(text) : NULL;
-    free(text);
-    CHECK(cfg != NULL);
+    cJSON *cfg = test_model_config();
     if (!cfg)
         return;
     cJSON_ReplaceItemInObject(cfg, "max_position_embeddings", cJSON_CreateNumber(max_pos));
-    char *js = cJSON_Print(cfg);
-    cJSON_Delete(cfg);
-    char p[256], src[512], cwd[256];
-    snprintf(p, sizeof p, "%s/config.json", dir);
-    CHECK(js && test_write_file(p, js, strlen(js)) == 0);
-    free(js);
-    CHECK(getcwd(cwd, sizeof cwd) != NULL);
-    const char *files[] = {"model.safetensors.index.json", "model-00001-of-00002.safetensors",
-                           "model-00002-of-00002.safetensors"};
-    for (int i = 0; i < 3; i++) {
-        snprintf(p, sizeof p, "%s/%s", dir, files[i]);
-        snprintf(src, sizeof src, "%s/" TEST_MODEL_DIR "/%s", cwd, files[i]);
-        unlink(p);
-        CHECK(symlink(src, p) == 0);
-    }
+    test_model_variant(dir, cfg);
 }
 
 /* Load + a sequence of max_ctx tokens (0: the model's) + 5 tokens forward:
  * what it keeps resident. */
 static size_t resident_cost(const char *dir, size_t max_ctx, double *load_s)
 {
-    size_t before = rss_now();
+    size_t before = test_rss_now();
     kvq_model *m = NULL;
     kvq_seq *s = NULL;
     kvq_error err = {0};
@@ -199,7 +168,7 @@ static size_t resident_cost(const char *dir, size_t max_ctx, double *load_s)
     int32_t best;
     if (s)
         CHECK_OK(kvq_seq_forward(s, ids, 5, 4, NULL, &best));
-    size_t after = rss_now();
+    size_t after = test_rss_now();
     struct kvq_model_info info;
     kvq_model_get_info(m, &info);
     *load_s = info.load_seconds;

@@ -21,18 +21,6 @@
 
 #define T_PROMPT 40
 
-static size_t rss_now(void)
-{
-    FILE *f = fopen("/proc/self/statm", "r");
-    unsigned long size = 0, res = 0;
-    if (f) {
-        if (fscanf(f, "%lu %lu", &size, &res) != 2)
-            res = 0;
-        fclose(f);
-    }
-    return (size_t)res * (size_t)sysconf(_SC_PAGESIZE);
-}
-
 struct run {
     float prefill[T_PROMPT][4096];
     float decode[4][4096];
@@ -42,7 +30,7 @@ struct run {
 
 static void run_model(int f32, int max_chunk, struct run *r)
 {
-    size_t before = rss_now();
+    size_t before = test_rss_now();
     struct kvq_model_load_opts o;
     kvq_model_load_opts_default(&o);
     o.weights_f32 = f32;
@@ -68,7 +56,7 @@ static void run_model(int f32, int max_chunk, struct run *r)
         for (int i = 0; i < 4; i++)
             CHECK_OK(kvq_seq_forward(s, &ids[i], 1, 0, r->decode[i], NULL));
     }
-    r->resident = rss_now() - before;
+    r->resident = test_rss_now() - before;
     kvq_model_get_info(m, &r->info);
     kvq_seq_free(s);
     kvq_model_free(m);

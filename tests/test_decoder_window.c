@@ -24,6 +24,7 @@
 #include "kvq_model.h"
 #include "kvq_safetensors.h"
 #include "test.h"
+#include "test_fixture.h"
 #include "test_util.h"
 
 static char dir_plain[64], dir_win[64];
@@ -31,33 +32,14 @@ static char dir_plain[64], dir_win[64];
 /* The bundled model as model_type mistral with sliding_window w (0: none). */
 static void write_variant(const char *dir, int w)
 {
-    mkdir(dir, 0777);
-    size_t len;
-    char *text = test_read_file(TEST_MODEL_DIR "/config.json", &len);
-    cJSON *cfg = text ? cJSON_Parse(text) : NULL;
-    free(text);
-    CHECK(cfg != NULL);
+    cJSON *cfg = test_model_config();
     if (!cfg)
         return;
     cJSON_ReplaceItemInObject(cfg, "model_type", cJSON_CreateString("mistral"));
     cJSON_DeleteItemFromObject(cfg, "sliding_window");
     if (w)
         cJSON_AddNumberToObject(cfg, "sliding_window", w);
-    char *js = cJSON_Print(cfg);
-    cJSON_Delete(cfg);
-    char p[256], src[512], cwd[256];
-    snprintf(p, sizeof p, "%s/config.json", dir);
-    CHECK(js && test_write_file(p, js, strlen(js)) == 0);
-    free(js);
-    CHECK(getcwd(cwd, sizeof cwd) != NULL);
-    const char *files[] = {"model.safetensors.index.json", "model-00001-of-00002.safetensors",
-                           "model-00002-of-00002.safetensors"};
-    for (int i = 0; i < 3; i++) {
-        snprintf(p, sizeof p, "%s/%s", dir, files[i]);
-        snprintf(src, sizeof src, "%s/" TEST_MODEL_DIR "/%s", cwd, files[i]);
-        unlink(p);
-        CHECK(symlink(src, p) == 0);
-    }
+    test_model_variant(dir, cfg);
 }
 
 static kvq_seq *open_seq(const char *dir, kvq_model **m, enum kvq_type t, size_t ctx)

@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "kvq_model.h"
 #include "kvq_safetensors.h"
@@ -193,6 +194,41 @@ static inline int test_fixture_passkey(const struct test_fixture *fx, kvq_seq *s
     CHECK_OK(kvq_tokenizer_decode(tok, out, n_out, KVQ_DETOK_SKIP_CONTROL, answer, cap, &len));
     free(ids);
     return strstr(answer, key) != NULL;
+}
+
+/* The bundled model's config.json, parsed, to edit into a variant (NULL
+ * after a failed CHECK when it cannot be read). */
+static inline cJSON *test_model_config(void)
+{
+    size_t len;
+    char *text = test_read_file(TEST_MODEL_DIR "/config.json", &len);
+    cJSON *cfg = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    CHECK(cfg != NULL);
+    return cfg;
+}
+
+/* Makes dir (created if needed) a model that differs from the bundled one
+ * in its config only: cfg (freed here) as config.json, the bundled index
+ * and weights linked in. */
+static inline void test_model_variant(const char *dir, cJSON *cfg)
+{
+    mkdir(dir, 0777);
+    char *js = cJSON_Print(cfg);
+    cJSON_Delete(cfg);
+    char p[256], src[512], cwd[256];
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    CHECK(js && test_write_file(p, js, strlen(js)) == 0);
+    free(js);
+    CHECK(getcwd(cwd, sizeof cwd) != NULL);
+    const char *files[] = {"model.safetensors.index.json", "model-00001-of-00002.safetensors",
+                           "model-00002-of-00002.safetensors"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, files[i]);
+        snprintf(src, sizeof src, "%s/" TEST_MODEL_DIR "/%s", cwd, files[i]);
+        unlink(p);
+        CHECK(symlink(src, p) == 0);
+    }
 }
 
 #endif /* KVQ_TEST_FIXTURE_H */

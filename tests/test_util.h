@@ -47,6 +47,19 @@ static inline char *test_read_file(const char *path, size_t *len)
 
 /* Writes len bytes of data to path (replacing it). @return 0, or -1 on any
  * open, write or close failure. */
+/* Resident bytes of this process now (/proc/self/statm; 0 where unreadable). */
+static inline size_t test_rss_now(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    unsigned long size = 0, res = 0;
+    if (f) {
+        if (fscanf(f, "%lu %lu", &size, &res) != 2)
+            res = 0;
+        fclose(f);
+    }
+    return (size_t)res * (size_t)sysconf(_SC_PAGESIZE);
+}
+
 static inline int test_write_file(const char *path, const void *data, size_t len)
 {
     FILE *f = fopen(path, "wb");
