@@ -389,6 +389,18 @@ static int is_eos(const struct kvq_model_config *c, int32_t id)
     return 0;
 }
 
+/* A plan row's label: the K/V pair or "per-layer", "+win" with the recent
+ * window, "*" for the selected types. */
+static void plan_row_name(const struct kvq_seq_config *sc, int n_layers, int selected, char *name, size_t n)
+{
+    const char *win = kvq_seq_window_for(sc, n_layers) ? "+win" : "";
+    if (sc->layer_types)
+        snprintf(name, n, "per-layer%s*", win);
+    else
+        snprintf(name, n, "%s/%s%s%s", kvq_type_traits(sc->type_k)->name, kvq_type_traits(sc->type_v)->name, win,
+                 selected ? "*" : "");
+}
+
 /* --plan --device cuda: what this GPU's free memory holds once the model is
  * on it (an estimate: the weights in their file's type, the embedding table
  * too, and 1 GiB for activations, cuBLAS and the RoPE table). */
@@ -421,8 +433,7 @@ static int print_gpu_plan(const struct opts *o, kvq_model *m)
         if (kvq_seq_plan_of(m, &sc, &pl) != KVQ_OK || !pl.bytes_per_token)
             continue;
         char nm[48];
-        snprintf(nm, sizeof nm, "%s/%s%s%s", kvq_type_traits(sc.type_k)->name, kvq_type_traits(sc.type_v)->name,
-                 kvq_seq_window_for(&sc, c->n_layers) ? "+win" : "", i < 0 ? "*" : "");
+        plan_row_name(&sc, c->n_layers, i < 0, nm, sizeof nm);
         const size_t longest = room > pl.fixed_bytes ? (room - pl.fixed_bytes) / pl.bytes_per_token : 0;
         const size_t per_seq = pl.bytes_per_token * (size_t)c->max_ctx + pl.fixed_bytes;
         printf("%-15s %14zu %22zu\n", nm, longest, per_seq ? room / per_seq : 0);
@@ -473,11 +484,7 @@ static int print_plan(void *user, kvq_model *m, kvq_tokenizer *tok)
         if (kvq_seq_plan_of(m, &sc, &pl) != KVQ_OK)
             continue;
         char name[40];
-        if (sc.layer_types)
-            snprintf(name, sizeof name, "per-layer%s*", kvq_seq_window_for(&sc, c->n_layers) ? "+win" : "");
-        else
-            snprintf(name, sizeof name, "%s/%s%s%s", kvq_type_traits(sc.type_k)->name, kvq_type_traits(sc.type_v)->name,
-                     kvq_seq_window_for(&sc, c->n_layers) ? "+win" : "", i < 0 ? "*" : "");
+        plan_row_name(&sc, c->n_layers, i < 0, name, sizeof name);
         any_buffers |= pl.fixed_bytes > 0;
         double bits = kv_bits_at(&pl, c, (size_t)c->max_ctx); /* f16 window/sink buffers included */
         char bt[32] = "unlimited", ratio[32] = "-";
