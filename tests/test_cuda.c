@@ -766,19 +766,20 @@ done:
     kvq_cuda_cache_free(g);
 }
 
-/* Runs everywhere: f16 override rows (recent window, sink) exist only in
- * the host cache, so a device cache asking for them is refused up front. */
-static void test_f16_overrides_refused(void)
+/* Runs everywhere: a sink count outside 0..KVQ_CACHE_MAX_SINK_TOKENS is
+ * refused before the device is looked at (the f16 override rows
+ * themselves are checked on the GPU: test_backend_ops -o attend-window). */
+static void test_f16_overrides_bad_config(void)
 {
     struct kvq_cuda_cache_config cfg;
     kvq_cuda_cache_config_default(&cfg, 2, 128, 256, 1);
     kvq_cuda_cache *g = (kvq_cuda_cache *)&cfg;
     cfg.cache.recent_f16 = 1;
-    CHECK_STATUS(kvq_cuda_cache_create(&cfg, &g), KVQ_ERR_UNSUPPORTED);
+    cfg.cache.sink_tokens = -1;
+    CHECK_STATUS(kvq_cuda_cache_create(&cfg, &g), KVQ_ERR_INVALID_ARG);
     CHECK(g == NULL);
-    cfg.cache.recent_f16 = 0;
-    cfg.cache.sink_tokens = 16;
-    CHECK_STATUS(kvq_cuda_cache_create(&cfg, &g), KVQ_ERR_UNSUPPORTED);
+    cfg.cache.sink_tokens = KVQ_CACHE_MAX_SINK_TOKENS + 1;
+    CHECK_STATUS(kvq_cuda_cache_create(&cfg, &g), KVQ_ERR_INVALID_ARG);
     CHECK(g == NULL);
 }
 
@@ -811,7 +812,7 @@ static void test_no_device_contract(void)
 int main(void)
 {
     RUN(test_no_device_contract);
-    RUN(test_f16_overrides_refused);
+    RUN(test_f16_overrides_bad_config);
     RUN(test_encode_errors);
     RUN(test_truncate_reappend);
     RUN(test_attend_prefix);

@@ -114,8 +114,8 @@ kvq_status kvq_cuda_cache_create(const struct kvq_cuda_cache_config *cfg, kvq_cu
 {
     if (out)
         *out = NULL;
-    if (cfg && (cfg->cache.recent_f16 || cfg->cache.sink_tokens))
-        return KVQ_ERR_UNSUPPORTED; /* as the CUDA build: checked before the device */
+    if (cfg && (cfg->cache.sink_tokens < 0 || cfg->cache.sink_tokens > KVQ_CACHE_MAX_SINK_TOKENS))
+        return KVQ_ERR_INVALID_ARG; /* as the CUDA build: checked before the device */
     return KVQ_ERR_NO_DEVICE;
 }
 
