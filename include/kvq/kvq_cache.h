@@ -30,8 +30,17 @@
  * deeper truncation may lose the f16 copies of the kept tokens of the then
  * partly filled page, which are then read packed until the page fills.
  *
- * Threading: append/reset/truncate/reserve need exclusive access; concurrent
- * readers (kvq_cache_read, kvq_attn_*) are safe while no writer runs.
+ * Shared pages: kvq_cache_share lets one cache hold the whole pages of
+ * another's prefix instead of its own copy (prefix sharing among sequences).
+ * A page is freed when the last cache holding it lets go (trim, free, a
+ * truncation then trim), and no cache ever writes a page another one holds:
+ * an append that lands in one (only after a truncation into the shared
+ * prefix) first replaces it by a private copy (copy on write).
+ *
+ * Threading: append/reset/truncate/reserve/share need exclusive access to
+ * the caches they write; concurrent readers (kvq_cache_read, kvq_attn_*) are
+ * safe while no writer runs. Caches that share pages may be written by
+ * different threads (the page counts are atomic).
  */
 #ifndef KVQ_CACHE_H
 #define KVQ_CACHE_H
@@ -125,6 +134,25 @@ KVQ_API void kvq_cache_reset(kvq_cache *c);
  *  memory back. Pages reserved by kvq_cache_reserve beyond len are freed too.
  *  @return the bytes freed (0 when c is NULL). */
 KVQ_API size_t kvq_cache_trim(kvq_cache *c);
+
+/** Makes dst hold the first n_tokens tokens of src by sharing src's pages
+ *  (no copy, no encode): dst must be empty (len 0; the pages it kept are
+ *  let go), n_tokens a multiple of page_tokens and at most src's len, and
+ *  both caches of one config (all but max_tokens and max_bytes equal). The
+ *  sink f16 rows are copied; no recent-window copy is needed at a page
+ *  boundary, so dst then reads exactly what src reads over those tokens, and
+ *  what dst would read had it appended them itself. The shared pages count
+ *  towards dst's max_bytes as its own. src is not changed (const: only the
+ *  pages' hidden reference counts move).
+ *  @return KVQ_OK; KVQ_ERR_INVALID_ARG (NULL, dst == src, dst not empty,
+ *  n_tokens not whole pages or beyond src's len, configs differ);
+ *  KVQ_ERR_CONTEXT_FULL (n_tokens > dst's max_tokens); KVQ_ERR_BUDGET
+ *  (the pages exceed dst's max_bytes). On error dst is unchanged. */
+KVQ_API kvq_status kvq_cache_share(kvq_cache *dst, const kvq_cache *src, size_t n_tokens);
+
+/** @return how many of c's allocated pages another cache also holds (0 when
+ *  c is NULL). */
+KVQ_API size_t kvq_cache_pages_shared(const kvq_cache *c);
 
 /** Drops tokens [n, len) (speculative decoding rollback). n > len is an error.
  *  With recent_f16, see above for what a truncation by more than

@@ -17,8 +17,14 @@
  * ring holds valid copies of tokens [f16_lo, len): appending raises f16_lo
  * to len - ring_rows (the row just overwritten), truncating lowers it to n
  * at most, so a view of n <= len tokens can tell which rows are still there.
+ *
+ * Shared pages (kvq_cache_share): every page allocation starts with a
+ * PAGE_HDR-byte header holding the number of caches whose table points at
+ * the page; the last one to let go frees it, and a cache about to write into
+ * a page that others hold writes into a private copy instead.
  */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -113,6 +119,30 @@ static size_t f16_bytes_of(const struct kvq_cache_config *cfg, size_t P)
     return (sink + ring) * (size_t)cfg->n_kv_heads * (size_t)cfg->head_dim * 2 * sizeof(uint16_t);
 }
 
+/* The reference count lives in front of the page, which stays 64-byte aligned. */
+#define PAGE_HDR 64
+
+static atomic_uint *page_refs(uint8_t *p)
+{
+    return (atomic_uint *)(void *)(p - PAGE_HDR);
+}
+
+/* A page of bytes bytes (not zeroed), held once. */
+static uint8_t *page_alloc(size_t bytes)
+{
+    uint8_t *base = aligned_alloc(64, PAGE_HDR + bytes);
+    if (!base)
+        return NULL;
+    atomic_init((atomic_uint *)(void *)base, 1u);
+    return base + PAGE_HDR;
+}
+
+static void page_unref(uint8_t *p)
+{
+    if (p && atomic_fetch_sub(page_refs(p), 1u) == 1u)
+        free(p - PAGE_HDR);
+}
+
 kvq_status kvq_cache_create(const struct kvq_cache_config *cfg, kvq_cache **out)
 {
     if (!out)
@@ -192,7 +222,7 @@ void kvq_cache_free(kvq_cache *c)
         return;
     if (c->pages)
         for (size_t i = 0; i < c->n_pages; i++)
-            free(c->pages[i]);
+            page_unref(c->pages[i]);
     free(c->pages);
     free(c->sink_k);
     free(c->sink_v);
@@ -203,11 +233,12 @@ void kvq_cache_free(kvq_cache *c)
     free(c);
 }
 
-/* Frees the pages [keep, n_pages): undoes the allocations of a failed append. */
+/* Lets go of the pages [keep, n_pages): undoes the allocations of a failed
+ * append, or trims. */
 static void drop_pages(kvq_cache *c, size_t keep)
 {
     while (c->n_pages > keep)
-        free(c->pages[--c->n_pages]);
+        page_unref(c->pages[--c->n_pages]);
 }
 
 static uint8_t *head_chunk(const kvq_cache *c, size_t page, int v, int h)
@@ -224,12 +255,24 @@ static kvq_status grow(kvq_cache *c, size_t n_tokens)
         return KVQ_ERR_CONTEXT_FULL;
     const size_t P = c->layout.page_tokens, had = c->n_pages;
     const size_t need = pages_for(c->len + n_tokens, P);
+    /* copy on write: a page these tokens land in that another cache also
+     * holds (kvq_cache_share) is replaced by a private copy; a copy made
+     * before a later failure is harmless (same bytes) */
+    for (size_t i = c->len / P; n_tokens && i < had && i < need; i++)
+        if (atomic_load(page_refs(c->pages[i])) > 1u) {
+            uint8_t *p = page_alloc(c->alloc_bytes);
+            if (!p)
+                return KVQ_ERR_NOMEM;
+            memcpy(p, c->pages[i], c->alloc_bytes);
+            page_unref(c->pages[i]);
+            c->pages[i] = p;
+        }
     if (need <= had)
         return KVQ_OK;
     if (need > c->table_cap) /* only the budget can make the table short */
         return KVQ_ERR_BUDGET;
     for (size_t i = had; i < need; i++) {
-        uint8_t *p = aligned_alloc(64, c->alloc_bytes);
+        uint8_t *p = page_alloc(c->alloc_bytes);
         if (!p) {
             drop_pages(c, had);
             return KVQ_ERR_NOMEM;
@@ -384,6 +427,45 @@ size_t kvq_cache_trim(kvq_cache *c)
     const size_t had = c->n_pages;
     drop_pages(c, pages_for(c->len, c->layout.page_tokens));
     return (had - c->n_pages) * c->layout.page_bytes;
+}
+
+kvq_status kvq_cache_share(kvq_cache *dst, const kvq_cache *src, size_t n_tokens)
+{
+    if (!dst || !src || dst == src || n_tokens > src->len || dst->len != 0)
+        return KVQ_ERR_INVALID_ARG;
+    const struct kvq_cache_config *a = &dst->cfg, *b = &src->cfg;
+    const size_t P = dst->layout.page_tokens, k = n_tokens / P;
+    if (n_tokens % P || a->n_kv_heads != b->n_kv_heads || a->head_dim != b->head_dim || a->type_k != b->type_k ||
+        a->type_v != b->type_v || a->seed != b->seed || a->rot != b->rot || a->qjl != b->qjl ||
+        a->page_tokens != b->page_tokens || a->recent_f16 != b->recent_f16 || a->sink_tokens != b->sink_tokens)
+        return KVQ_ERR_INVALID_ARG;
+    if (n_tokens > a->max_tokens)
+        return KVQ_ERR_CONTEXT_FULL;
+    if (k > dst->table_cap)
+        return KVQ_ERR_BUDGET;
+    drop_pages(dst, 0);
+    for (size_t i = 0; i < k; i++) {
+        atomic_fetch_add(page_refs(src->pages[i]), 1u);
+        dst->pages[i] = src->pages[i];
+    }
+    dst->n_pages = k;
+    const size_t hd = (size_t)a->n_kv_heads * (size_t)a->head_dim;
+    const size_t sinks = n_tokens < dst->sink_rows ? n_tokens : dst->sink_rows;
+    if (sinks) {
+        memcpy(dst->sink_k, src->sink_k, sinks * hd * sizeof *dst->sink_k);
+        memcpy(dst->sink_v, src->sink_v, sinks * hd * sizeof *dst->sink_v);
+    }
+    dst->len = n_tokens;
+    dst->f16_lo = n_tokens; /* a whole-page view reads no recent copy */
+    return KVQ_OK;
+}
+
+size_t kvq_cache_pages_shared(const kvq_cache *c)
+{
+    size_t n = 0;
+    for (size_t i = 0; c && i < c->n_pages; i++)
+        n += atomic_load(page_refs(c->pages[i])) > 1u;
+    return n;
 }
 
 kvq_status kvq_cache_truncate(kvq_cache *c, size_t n)
