@@ -343,6 +343,21 @@ static void cpu_trim(kvq_kv_store *base, int seq)
             kvq_cache_trim(ring_of(s, l, seq, (size_t)r));
 }
 
+static kvq_status cpu_share(kvq_kv_store *base, int dst, int src, size_t n)
+{
+    struct cpu_store *s = (struct cpu_store *)base;
+    for (int l = 0; l < base->n_layers; l++) {
+        kvq_status st = s->window[l] ? KVQ_ERR_UNSUPPORTED /* a ring's segments are not a prefix */
+                                     : kvq_cache_share(cache_of(s, l, dst), cache_of(s, l, src), n);
+        if (st != KVQ_OK) {
+            cpu_reset(base, dst);
+            cpu_trim(base, dst);
+            return st;
+        }
+    }
+    return KVQ_OK;
+}
+
 static void cpu_stats(const kvq_kv_store *base, int seq, struct kvq_cache_stats *sum)
 {
     const struct cpu_store *s = (const struct cpu_store *)base;
@@ -418,6 +433,7 @@ static const struct kvq_kv_store_ops cpu_ops = {
     .truncate = cpu_truncate,
     .reset = cpu_reset,
     .trim = cpu_trim,
+    .share = cpu_share,
     .stats = cpu_stats,
     .cache = cpu_cache,
     .free = cpu_free,

@@ -6,6 +6,11 @@
  * counted here, over all slots, against one pool; the CPU caches have no
  * budget of their own (they allocate pages on demand and the batch never
  * lets them exceed the pool), the device caches get the pool as theirs.
+ *
+ * Prefix sharing (kvq_batch_share): the batch mirrors what the caches hold
+ * with a page id per page of each slot and a count of the slots holding each
+ * id, so pages_used counts a shared page once and the step check knows the
+ * page a copy on write will take.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -34,7 +39,13 @@ struct kvq_batch {
     unsigned *mark;            /* [max_seqs] step stamp: one item per slot */
     unsigned stamp;
     int active;
-    size_t pages_total, pages_used, page_bytes, fixed_bytes, bytes_per_token;
+    size_t pages_total, page_bytes, fixed_bytes, bytes_per_token;
+    size_t per_seq;            /* pages of one full slot */
+    uint32_t *pid;             /* [max_seqs][per_seq] the pool page of each page of a slot */
+    uint32_t *refs;            /* [max_seqs * per_seq] slots holding each page id (0: unused) */
+    uint32_t *free_ids;        /* stack of unused ids */
+    size_t n_free, n_ids;
+    size_t pages_shared;       /* ids held by two slots or more */
     int32_t *ids;              /* [max_rows] a step's tokens */
     struct kvq_fwd_seg *segs;  /* [max_seqs] */
     int *seq_ids;              /* [max_seqs] */
@@ -56,6 +67,45 @@ void kvq_batch_config_default(struct kvq_batch_config *cfg)
 size_t kvq_batch_pages_for(const kvq_batch *b, size_t n)
 {
     return b ? (n + b->page_tokens - 1) / b->page_tokens : 0;
+}
+
+static size_t pages_used(const kvq_batch *b)
+{
+    return b->n_ids - b->n_free;
+}
+
+/* Page i of slot becomes a fresh page. */
+static void take_page(kvq_batch *b, int slot, size_t i)
+{
+    uint32_t id = b->free_ids[--b->n_free];
+    b->refs[id] = 1;
+    b->pid[(size_t)slot * b->per_seq + i] = id;
+}
+
+static void unref_page(kvq_batch *b, uint32_t id)
+{
+    if (b->refs[id] == 2)
+        b->pages_shared--;
+    if (--b->refs[id] == 0)
+        b->free_ids[b->n_free++] = id;
+}
+
+/* Whether appending to slot at len writes into a page other slots hold: the
+ * caches then copy it (kvq_cache.h), which takes one more page. */
+static int cow_page(const kvq_batch *b, int slot, size_t len)
+{
+    return len % b->page_tokens && b->refs[b->pid[(size_t)slot * b->per_seq + len / b->page_tokens]] > 1;
+}
+
+/* The ids of slot growing from len to len + n tokens (pages checked). */
+static void grow_pages(kvq_batch *b, int slot, size_t len, size_t n)
+{
+    if (n && cow_page(b, slot, len)) {
+        unref_page(b, b->pid[(size_t)slot * b->per_seq + len / b->page_tokens]);
+        take_page(b, slot, len / b->page_tokens);
+    }
+    for (size_t i = kvq_batch_pages_for(b, len); i < kvq_batch_pages_for(b, len + n); i++)
+        take_page(b, slot, i);
 }
 
 /* Pool size and per-layer cache configs from the budget: every slot's f16
@@ -164,6 +214,13 @@ kvq_status kvq_batch_create(const kvq_model *m, const struct kvq_batch_config *c
         kvq_batch_free(b);
         return st;
     }
+    b->per_seq = kvq_batch_pages_for(b, b->max_ctx);
+    b->n_ids = b->n_free = S * b->per_seq;
+    b->pid = malloc(b->n_ids * sizeof *b->pid);
+    b->refs = calloc(b->n_ids, sizeof *b->refs);
+    b->free_ids = malloc(b->n_ids * sizeof *b->free_ids);
+    for (size_t i = 0; b->free_ids && i < b->n_ids; i++)
+        b->free_ids[i] = (uint32_t)(b->n_ids - 1 - i);
     b->taken = calloc(S, sizeof *b->taken);
     b->len = calloc(S, sizeof *b->len);
     b->mark = calloc(S, sizeof *b->mark);
@@ -175,7 +232,7 @@ kvq_status kvq_batch_create(const kvq_model *m, const struct kvq_batch_config *c
     b->out_rows = malloc(S * sizeof *b->out_rows);
     int32_t *pos = malloc(b->max_rows * sizeof *pos);
     b->fwd = (struct kvq_fwd){m, b->be, b->kv, &b->tm, NULL, NULL, pos, b->seq_ids};
-    if (!b->taken || !b->len || !b->mark || !b->ids || !b->segs || !b->seq_ids || !b->logits || !b->argmax || !b->out_rows || !pos) {
+    if (!b->pid || !b->refs || !b->free_ids || b->n_ids > UINT32_MAX || !b->taken || !b->len || !b->mark || !b->ids || !b->segs || !b->seq_ids || !b->logits || !b->argmax || !b->out_rows || !pos) {
         kvq_batch_free(b);
         return kvq_error_set(err, KVQ_ERR_NOMEM, "out of memory for the batch");
     }
@@ -189,6 +246,9 @@ void kvq_batch_free(kvq_batch *b)
         return;
     kvq_kv_store_free(b->kv);
     kvq_backend_free(b->be);
+    free(b->pid);
+    free(b->refs);
+    free(b->free_ids);
     free(b->taken);
     free(b->len);
     free(b->mark);
@@ -228,7 +288,8 @@ kvq_status kvq_batch_truncate(kvq_batch *b, int slot, size_t n)
         return KVQ_ERR_INVALID_ARG;
     b->kv->ops->truncate(b->kv, slot, b->m->cfg.n_layers, n);
     b->kv->ops->trim(b->kv, slot);
-    b->pages_used -= kvq_batch_pages_for(b, b->len[slot]) - kvq_batch_pages_for(b, n);
+    for (size_t i = kvq_batch_pages_for(b, n); i < kvq_batch_pages_for(b, b->len[slot]); i++)
+        unref_page(b, b->pid[(size_t)slot * b->per_seq + i]);
     b->len[slot] = n;
     return KVQ_OK;
 }
@@ -274,11 +335,11 @@ static kvq_status check_items(kvq_batch *b, const struct kvq_batch_item *items, 
         if (it->n > b->max_ctx - len)
             return kvq_error_set(err, KVQ_ERR_CONTEXT_FULL, "slot %d: %zu + %zu tokens exceed the context %zu",
                                  it->slot, len, it->n, b->max_ctx);
-        *new_pages += kvq_batch_pages_for(b, len + it->n) - kvq_batch_pages_for(b, len);
+        *new_pages += kvq_batch_pages_for(b, len + it->n) - kvq_batch_pages_for(b, len) + cow_page(b, it->slot, len);
     }
-    if (*new_pages > b->pages_total - b->pages_used)
+    if (*new_pages > b->pages_total - pages_used(b))
         return kvq_error_set(err, KVQ_ERR_BUDGET, "the step needs %zu pages, %zu of %zu are free", *new_pages,
-                             b->pages_total - b->pages_used, b->pages_total);
+                             b->pages_total - pages_used(b), b->pages_total);
     return KVQ_OK;
 }
 
@@ -338,9 +399,10 @@ kvq_status kvq_batch_step(kvq_batch *b, const struct kvq_batch_item *items, int 
             b->kv->ops->trim(b->kv, items[i].slot);
         return kvq_error_set(err, st, "batched forward failed: %s", kvq_status_str(st));
     }
-    for (int i = 0; i < n_items; i++)
+    for (int i = 0; i < n_items; i++) {
+        grow_pages(b, items[i].slot, b->len[items[i].slot], items[i].n);
         b->len[items[i].slot] += items[i].n;
-    b->pages_used += new_pages;
+    }
     double t1 = kvq_now();
     st = head(b, out_rows, n_out, with_logits);
     b->tm.lm_head += kvq_now() - t1;
@@ -363,6 +425,30 @@ kvq_status kvq_batch_step(kvq_batch *b, const struct kvq_batch_item *items, int 
     return KVQ_OK;
 }
 
+kvq_status kvq_batch_share(kvq_batch *b, int dst, int src, size_t n, kvq_error *err)
+{
+    if (!valid(b, dst) || !valid(b, src) || dst == src || b->len[dst] != 0 || n > b->len[src] ||
+        n % b->page_tokens)
+        return kvq_error_set(err, KVQ_ERR_INVALID_ARG,
+                             "share: slot %d must be taken and empty, slot %d taken and holding %zu tokens, a "
+                             "multiple of the page (%zu)",
+                             dst, src, n, b ? b->page_tokens : 0);
+    if (!b->kv->ops->share)
+        return kvq_error_set(err, KVQ_ERR_UNSUPPORTED, "prefix sharing is not supported by the %s page pool yet",
+                             b->be->device ? "CUDA" : "host");
+    kvq_status st = b->kv->ops->share(b->kv, dst, src, n);
+    if (st != KVQ_OK)
+        return kvq_error_set(err, st, "cannot share %zu tokens of slot %d: %s", n, src, kvq_status_str(st));
+    for (size_t i = 0; i < n / b->page_tokens; i++) {
+        const uint32_t id = b->pid[(size_t)src * b->per_seq + i];
+        if (b->refs[id]++ == 1)
+            b->pages_shared++;
+        b->pid[(size_t)dst * b->per_seq + i] = id;
+    }
+    b->len[dst] = n;
+    return KVQ_OK;
+}
+
 void kvq_batch_get_stats(const kvq_batch *b, struct kvq_batch_stats *st)
 {
     memset(st, 0, sizeof *st);
@@ -375,7 +461,8 @@ void kvq_batch_get_stats(const kvq_batch *b, struct kvq_batch_stats *st)
     st->page_tokens = b->page_tokens;
     st->page_bytes = b->page_bytes;
     st->pages_total = b->pages_total;
-    st->pages_used = b->pages_used;
+    st->pages_used = pages_used(b);
+    st->pages_shared = b->pages_shared;
     st->bytes_per_token = b->bytes_per_token;
     st->fixed_bytes = b->fixed_bytes;
     st->kv_budget = b->cfg.kv_budget;
@@ -383,7 +470,9 @@ void kvq_batch_get_stats(const kvq_batch *b, struct kvq_batch_stats *st)
         struct kvq_cache_stats cs;
         b->kv->ops->stats(b->kv, i, &cs);
         st->bytes_allocated += cs.bytes_allocated;
+        st->page_refs += b->taken[i] ? kvq_batch_pages_for(b, b->len[i]) : 0;
     }
+    st->bytes_allocated -= (st->page_refs - st->pages_used) * b->page_bytes; /* each slot's caches count a shared page */
     st->steps = b->steps;
     st->rows = b->rows;
     st->t_matmul = b->tm.matmul;
@@ -398,8 +487,9 @@ kvq_status kvq_batch_fill(kvq_batch *b, int slot, size_t n, uint64_t seed)
         return KVQ_ERR_INVALID_ARG;
     if (n > b->max_ctx - b->len[slot])
         return KVQ_ERR_CONTEXT_FULL;
-    const size_t more = kvq_batch_pages_for(b, b->len[slot] + n) - kvq_batch_pages_for(b, b->len[slot]);
-    if (more > b->pages_total - b->pages_used)
+    const size_t more =
+        kvq_batch_pages_for(b, b->len[slot] + n) - kvq_batch_pages_for(b, b->len[slot]) + cow_page(b, slot, b->len[slot]);
+    if (more > b->pages_total - pages_used(b))
         return KVQ_ERR_BUDGET;
     const struct kvq_model_config *c = &b->m->cfg;
     /* the rows of one chunk, reused for every chunk and layer: their values
@@ -434,7 +524,7 @@ kvq_status kvq_batch_fill(kvq_batch *b, int slot, size_t n, uint64_t seed)
     free(rows);
     if (st != KVQ_OK)
         return st;
-    b->pages_used += more;
+    grow_pages(b, slot, b->len[slot], n);
     b->len[slot] += n;
     return KVQ_OK;
 }

@@ -13,6 +13,18 @@
  * runs, so a scheduler can admit work by kvq_batch_pages_for and always
  * knows where it stands. Removing a slot gives its pages back at once.
  *
+ * Prefix sharing: kvq_batch_share makes an empty slot hold the first n
+ * tokens of another slot by referencing its whole pages (one copy in the
+ * pool, counted once in pages_used). A page is returned to the pool when the
+ * last slot holding it lets go (remove, truncate); no slot writes a page
+ * another holds: sharing stops at the last whole page, so new tokens go to
+ * the slot's own pages, and an append after a truncation into a shared page
+ * copies that page first (copy on write, one more page in the step's
+ * check). Sharing is exact: the tokens' bytes are the ones the source
+ * encoded, so a sharer computes bit-identical logits to a sequence that
+ * prefilled the same tokens in the same chunks (CPU). The CUDA page pool
+ * cannot share pages yet (KVQ_ERR_UNSUPPORTED).
+ *
  * Determinism: on the CPU a sequence's logits are bit-identical whether it
  * runs alone or batched with any others, for the same chunk boundaries (its
  * rows meet the same kernels: see decoder/model/forward.c); so greedy and
@@ -75,6 +87,18 @@ KVQ_API kvq_status kvq_batch_truncate(kvq_batch *b, int slot, size_t n);
 /** Tokens slot holds (0 for a free slot). */
 KVQ_API size_t kvq_batch_len(const kvq_batch *b, int slot);
 
+/** Makes the taken, empty slot dst hold tokens [0, n) of slot src by
+ *  sharing src's pages: no forward, no encode, no new page. n must be a
+ *  multiple of page_tokens (kvq_batch_get_stats) and at most src's length;
+ *  dst then has length n and continues with its own tokens (kvq_batch_step).
+ *  src is not changed; either slot may be removed or truncated first, each
+ *  releases only its own references.
+ *  @return KVQ_OK; KVQ_ERR_INVALID_ARG (a free or out-of-range slot, dst ==
+ *  src, dst not empty, n not whole pages or beyond src's length: nothing
+ *  changed); KVQ_ERR_UNSUPPORTED (the CUDA store, or a sliding-window
+ *  layer: nothing changed). err gets one line. */
+KVQ_API kvq_status kvq_batch_share(kvq_batch *b, int dst, int src, size_t n, kvq_error *err);
+
 /** Pages a sequence of n tokens holds: ceil(n / page_tokens). */
 KVQ_API size_t kvq_batch_pages_for(const kvq_batch *b, size_t n);
 
@@ -105,7 +129,10 @@ struct kvq_batch_stats {
     size_t page_tokens;       /* tokens per page */
     size_t page_bytes;        /* bytes of one page: page_tokens tokens in every layer */
     size_t pages_total;       /* the pool (SIZE_MAX / page_tokens when there is no budget) */
-    size_t pages_used;        /* held by the slots' tokens */
+    size_t pages_used;        /* held by the slots' tokens (a shared page once) */
+    size_t pages_shared;      /* of those, pages two slots or more hold (kvq_batch_share) */
+    size_t page_refs;         /* pages the slots would hold without sharing: sum of
+                               * kvq_batch_pages_for(len) over taken slots */
     size_t bytes_per_token;   /* encoded K+V bytes of one token, all layers */
     size_t fixed_bytes;       /* f16 override buffers of all slots */
     size_t kv_budget;         /* as configured (0 = none) */
