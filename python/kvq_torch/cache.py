@@ -1,0 +1,265 @@
+"""KVQCache: a transformers Cache whose layers keep K/V in kvq pages.
+
+Each layer owns one kvq device cache (DeviceCache) with one kvq sequence per
+batch row. The cache is sized from the tensors it receives (batch, KV heads,
+head dim), not from the config's head counts, so under tensor parallelism
+(torchrun, tp_plan="auto"), where each rank sees only its own KV heads, it
+needs no change.
+
+update() does not keep bf16 K/V: it hands the new chunk to the "kvq"
+attention function (attention.py), which encodes it into the pages and
+attends. The two are used together:
+
+    model = AutoModelForCausalLM.from_pretrained(..., attn_implementation="kvq")
+    model.generate(ids, past_key_values=KVQCache(model.config, k="tq3j", v="tq3"))
+"""
+import torch
+
+try:
+    from transformers.cache_utils import Cache, CacheLayerMixin
+except ImportError:  # pragma: no cover - the package needs transformers
+    raise
+
+from . import ops
+from .device_cache import DeviceCache
+from .plan import layer_seed
+
+
+class KVQLayer(CacheLayerMixin):
+    """One layer: its DeviceCache (created on the first update, from the
+    shapes seen there), the chunk waiting for the attention function, and the
+    number of positions forwarded (padding included: transformers counts
+    positions; padding is never stored in the pages)."""
+
+    is_compileable = False
+    is_sliding = False
+
+    def __init__(self, owner, layer_idx):
+        super().__init__()
+        self.owner = owner
+        self.layer_idx = layer_idx
+        self.dc = None
+        self.handle = None
+        self.anchor = torch.zeros(1, dtype=torch.int64)
+        self.pending = None
+        self.seen = 0
+        self.is_initialized = False
+
+    def lazy_initialization(self, key_states, *args, **kwargs):
+        o = self.owner
+        B, Hkv, _, D = key_states.shape
+        self.dtype, self.device = key_states.dtype, key_states.device
+        with torch.cuda.device(key_states.device):
+            self.dc = DeviceCache(n_kv_heads=Hkv, head_dim=D, max_tokens=o.max_cache_len, max_seqs=B,
+                                  type_k=o.k, type_v=o.v, seed=layer_seed(o.seed, self.layer_idx),
+                                  recent_f16=o.recent_f16, sink_tokens=o.sink_tokens, check_input=o.check_input,
+                                  max_q_per_kv=o.max_q_per_kv)
+        self.handle = ops.register(self.dc)
+        self.batch = B
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, cache_kwargs=None):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states)
+        if key_states.shape[0] != self.batch:
+            raise ValueError(f"KVQCache layer {self.layer_idx}: batch {key_states.shape[0]} after {self.batch} "
+                             "(a KVQCache serves one batch; make a new one)")
+        if self.pending is not None:
+            raise RuntimeError("KVQCache: the previous chunk of layer %d was never attended: the model must run "
+                               "with attn_implementation=\"kvq\" (kvq_torch.register() and "
+                               "model.set_attn_implementation(\"kvq\"))" % self.layer_idx)
+        self.pending = (key_states, value_states)
+        self.seen += key_states.shape[-2]
+        return key_states, value_states
+
+    def take(self):
+        kv, self.pending = self.pending, None
+        return kv
+
+    def get_seq_length(self, *args, **kwargs):
+        return self.seen
+
+    def get_mask_sizes(self, query, *args, **kwargs):
+        q = query if isinstance(query, int) else int(query.shape[0])
+        return self.seen + q, 0
+
+    def get_max_cache_shape(self, *args, **kwargs):
+        return self.owner.max_cache_len
+
+    def get_max_length(self, *args, **kwargs):
+        return self.owner.max_cache_len
+
+    def bytes_used(self):
+        return self.dc.bytes_used() if self.dc else 0
+
+    def free(self):
+        if self.handle is not None:
+            ops.unregister(self.handle)
+        self.dc = self.handle = None
+        self.is_initialized = False
+        self.seen = 0
+        self.pending = None
+
+    def reset(self):
+        if self.dc is not None:
+            for s in range(self.batch):
+                self.dc.truncate(s, 0)
+        self.seen = 0
+        self.pending = None
+
+    def crop(self, max_length):
+        raise NotImplementedError("KVQCache.crop: not supported yet (padded rows hold different token counts)")
+
+    def reorder_cache(self, beam_idx):
+        raise NotImplementedError("KVQCache: beam search is not supported (use greedy or sampling)")
+
+    def batch_repeat_interleave(self, repeats):
+        raise NotImplementedError("KVQCache: batch expansion is not supported; make the batch before prefill")
+
+    def batch_select_indices(self, indices):
+        raise NotImplementedError("KVQCache: batch selection is not supported")
+
+    def offload(self):
+        pass
+
+    def prefetch(self):
+        pass
+
+
+# transformers versions differ in which methods the mixin declares abstract;
+# every one a cache needs is implemented above, with tolerant signatures
+KVQLayer.__abstractmethods__ = frozenset()
+
+
+class KVQCache(Cache):
+    """transformers Cache over kvq pages.
+
+    config:        the model's config (only the layer count and the query/KV
+                   head ratio are read; head counts come from the tensors)
+    k, v:          cache types ("tq3j"/"tq3" default; "f16", "tq4j", ... see `kvq types`)
+    max_cache_len: most tokens per batch row (default: config.max_position_embeddings);
+                   every layer's page pool is sized for batch x max_cache_len
+    seed:          cache seed; layer l uses kvq_seed_derive(seed, l) as the C decoder does
+    recent_f16:    keep the last, partly filled page in f16 (default: on for compressed
+                   types, as the `kvq` commands do)
+    sink_tokens:   also keep the first N tokens in f16
+    prefill:       "sdpa" (default): a prefill chunk into an empty cache attends over
+                   itself with SDPA in the model's dtype, then is encoded;
+                   "kvq": every chunk is encoded first and its queries attend over the
+                   encoded pages causally (kvq_cuda_cache_attend_prefix), exactly what
+                   the C decoder computes (used to compare perplexities)
+    check_input:   validate appended rows (NaN/Inf; one host sync per layer and step)
+    """
+
+    def __init__(self, config, k="tq3j", v="tq3", max_cache_len=None, seed=0, recent_f16=None, sink_tokens=0,
+                 prefill="sdpa", check_input=False):
+        text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+        n_layers = int(text.num_hidden_layers)
+        if prefill not in ("sdpa", "kvq"):
+            raise ValueError(f"KVQCache: prefill must be 'sdpa' or 'kvq', not {prefill!r}")
+        self.k, self.v = k, v
+        self.max_cache_len = int(max_cache_len or getattr(text, "max_position_embeddings", 0) or 4096)
+        self.seed = int(seed)
+        compressed = not (k in ("f16", "f32") and v in ("f16", "f32"))
+        self.recent_f16 = compressed if recent_f16 is None else bool(recent_f16)
+        self.sink_tokens = int(sink_tokens)
+        self.prefill = prefill
+        self.check_input = bool(check_input)
+        hq = getattr(text, "num_attention_heads", None)
+        hkv = getattr(text, "num_key_value_heads", None) or hq
+        # the ratio survives tensor parallelism (both counts are split alike)
+        self.max_q_per_kv = max(1, hq // hkv) if hq and hkv else 8
+        layers = [KVQLayer(self, i) for i in range(n_layers)]
+        try:
+            super().__init__(layers=layers)
+        except TypeError:  # a transformers whose Cache takes no layers argument
+            super().__init__()
+            self.layers = layers
+        self.layers = layers
+
+    # ---- what transformers calls -----------------------------------------
+    def _layer(self, layer_idx):
+        while len(self.layers) <= layer_idx:
+            self.layers.append(KVQLayer(self, len(self.layers)))
+        return self.layers[layer_idx]
+
+    def update(self, key_states, value_states, layer_idx, cache_kwargs=None):
+        from . import attention
+        layer = self._layer(layer_idx)
+        out = layer.update(key_states, value_states, cache_kwargs)
+        attention.set_active(layer)
+        return out
+
+    def get_seq_length(self, layer_idx=0, *args, **kwargs):
+        if layer_idx is None:
+            layer_idx = 0
+        return self.layers[layer_idx].seen if layer_idx < len(self.layers) else 0
+
+    def get_query_offset(self, layer_idx=0, *args, **kwargs):
+        return self.get_seq_length(layer_idx)
+
+    def get_mask_sizes(self, query, layer_idx=0, *args, **kwargs):
+        q = query if isinstance(query, int) else int(query.shape[0])
+        return self.get_seq_length(layer_idx) + q, 0
+
+    def get_max_cache_shape(self, layer_idx=0, *args, **kwargs):
+        return self.max_cache_len
+
+    def get_max_length(self, *args, **kwargs):
+        return self.max_cache_len
+
+    @property
+    def is_compileable(self):
+        return False
+
+    @property
+    def is_sliding(self):
+        return [False] * len(self.layers)
+
+    @property
+    def is_initialized(self):
+        return len(self.layers) > 0 and all(l.is_initialized for l in self.layers)
+
+    def reset(self):
+        for l in self.layers:
+            l.reset()
+
+    def crop(self, max_length):
+        for l in self.layers:
+            l.crop(max_length)
+
+    def reorder_cache(self, beam_idx):
+        for l in self.layers:
+            l.reorder_cache(beam_idx)
+
+    def batch_repeat_interleave(self, repeats):
+        for l in self.layers:
+            l.batch_repeat_interleave(repeats)
+
+    def batch_select_indices(self, indices):
+        for l in self.layers:
+            l.batch_select_indices(indices)
+
+    def __len__(self):
+        return len(self.layers)
+
+    # ---- kvq extras --------------------------------------------------------
+    def kv_bytes(self):
+        """Bytes of the pages in use over all layers (what the tokens occupy,
+        in whole pages); the f16 window buffers are not counted."""
+        return sum(l.bytes_used() for l in self.layers)
+
+    def pool_bytes(self):
+        """Device bytes reserved for pages over all layers."""
+        return sum(l.dc.bytes_pool() for l in self.layers if l.dc is not None)
+
+    def close(self):
+        """Frees every layer's device memory now (otherwise at garbage collection)."""
+        for l in self.layers:
+            l.free()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
