@@ -61,6 +61,10 @@ size_t kvq_eval_sweep_default(const struct kvq_eval_config *def, struct kvq_eval
     n = add(out, n, cap, def, KVQ_TYPE_Q8_0, KVQ_TYPE_Q8_0);
     n = add(out, n, cap, def, KVQ_TYPE_Q4_0, KVQ_TYPE_Q4_0);
     n = add(out, n, cap, def, KVQ_TYPE_Q8_0, KVQ_TYPE_Q4_0);
+    /* What llama.cpp stores by default since 2026-04: the same, rotated. */
+    n = add(out, n, cap, def, KVQ_TYPE_Q8_0R, KVQ_TYPE_Q8_0R);
+    n = add(out, n, cap, def, KVQ_TYPE_Q4_0R, KVQ_TYPE_Q4_0R);
+    n = add(out, n, cap, def, KVQ_TYPE_Q8_0R, KVQ_TYPE_Q4_0R);
     /* Symmetric tq, then the QJL key on the same-bit value codebook. */
     for (int b = 0; b < 4; b++)
         n = add(out, n, cap, def, tq[b], tq[b]);
@@ -82,6 +86,8 @@ size_t kvq_eval_sweep_default(const struct kvq_eval_config *def, struct kvq_eval
     for (int b = 1; b < 4; b++)
         n = add(out, n, cap, def, KVQ_TYPE_F16, tq[b]);
     n = add(out, n, cap, def, KVQ_TYPE_F16, KVQ_TYPE_Q4_0);
+    n = add(out, n, cap, def, KVQ_TYPE_Q4_0R, KVQ_TYPE_F16);
+    n = add(out, n, cap, def, KVQ_TYPE_F16, KVQ_TYPE_Q4_0R);
     return n;
 }
 

@@ -661,8 +661,10 @@ static int row_supports(const struct tcase *c, enum backend b)
 {
     if (b == BE_AVX2)
         return !c->sh->page_tokens; /* SH_ROW_PAGES: the GPU encoder's page sizes */
-    /* the GPU encoder: f32, f16 and the tq types (q8_0/q4_0 pages are uploaded) */
-    return b == BE_CUDA && c->op == OP_ENCODE && c->tk != KVQ_TYPE_Q8_0 && c->tk != KVQ_TYPE_Q4_0;
+    /* the GPU encoder: f32, f16 and the tq types (q8_0/q4_0 pages are uploaded;
+     * the rotated q8_0r/q4_0r are CPU-only) */
+    const int base = (int)kvq_type_traits((enum kvq_type)c->tk)->base;
+    return b == BE_CUDA && c->op == OP_ENCODE && base != KVQ_TYPE_Q8_0 && base != KVQ_TYPE_Q4_0;
 }
 
 /* ---- rotations ------------------------------------------------------------ */
@@ -1352,7 +1354,8 @@ static void build_cases(void)
             for (int op = OP_ENCODE; op <= OP_SCORE; op++)
                 add_case((enum op)op, t, -1, &SH_ROW_IDENTITY[0]);
         for (int i = 0; i < COUNT(SH_ROW_PAGES); i++)
-            if (t != Q8 && t != Q4 && kvq_type_check_dim((enum kvq_type)t, SH_ROW_PAGES[i].dim) == KVQ_OK)
+            if ((int)kvq_type_traits((enum kvq_type)t)->base != Q8 && (int)kvq_type_traits((enum kvq_type)t)->base != Q4 &&
+                kvq_type_check_dim((enum kvq_type)t, SH_ROW_PAGES[i].dim) == KVQ_OK)
                 add_case(OP_ENCODE, t, -1, &SH_ROW_PAGES[i]);
     }
     for (int r = 0; r < N_ROTS; r++) {

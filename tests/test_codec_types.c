@@ -18,7 +18,8 @@ static kvq_codec *make(enum kvq_type t, int d)
 static void test_traits_table(void)
 {
     static const char *const names[KVQ_TYPE_COUNT] = {"f32",  "f16",  "q8_0", "q4_0", "tq1",  "tq2",
-                                                      "tq3",  "tq4",  "tq1j", "tq2j", "tq3j", "tq4j"};
+                                                      "tq3",  "tq4",  "tq1j", "tq2j", "tq3j", "tq4j",
+                                                      "q8_0r", "q4_0r"};
     for (int t = 0; t < KVQ_TYPE_COUNT; t++) {
         const struct kvq_type_traits *tr = kvq_type_traits((enum kvq_type)t);
         CHECK(tr != NULL);
@@ -31,9 +32,14 @@ static void test_traits_table(void)
         enum kvq_type back;
         CHECK_OK(kvq_type_from_name(names[t], &back));
         CHECK((int)back == t);
-        int tq = t >= KVQ_TYPE_TQ1;
+        int tq = t >= KVQ_TYPE_TQ1 && t <= KVQ_TYPE_TQ4J, rotbase = t == KVQ_TYPE_Q8_0R || t == KVQ_TYPE_Q4_0R;
         CHECK(tr->rotated == tq);
-        CHECK(tr->qjl == (t >= KVQ_TYPE_TQ1J));
+        CHECK(tr->qjl == (t >= KVQ_TYPE_TQ1J && t <= KVQ_TYPE_TQ4J));
+        CHECK((int)tr->base == (t == KVQ_TYPE_Q8_0R ? KVQ_TYPE_Q8_0 : t == KVQ_TYPE_Q4_0R ? KVQ_TYPE_Q4_0 : t));
+        if (rotbase) { /* the base's bytes, so the bit budget compares like for like */
+            CHECK(kvq_type_row_bytes((enum kvq_type)t, 128) == kvq_type_row_bytes(tr->base, 128));
+            CHECK(tr->block_bytes == kvq_type_traits(tr->base)->block_bytes);
+        }
         if (tq) {
             CHECK(tr->bits == (t - KVQ_TYPE_TQ1) % 4 + 1);
             CHECK(tr->block_values == 0 && tr->block_bytes == 0);
@@ -52,6 +58,7 @@ static void test_traits_table(void)
 /* Bytes from first principles: f16 norms, B bits per code, 1 bit per sign. */
 static size_t expected_bytes(int t, int d)
 {
+    t = t == KVQ_TYPE_Q8_0R ? KVQ_TYPE_Q8_0 : t == KVQ_TYPE_Q4_0R ? KVQ_TYPE_Q4_0 : t; /* rotated: the base's bytes */
     switch (t) {
     case KVQ_TYPE_F32: return 4u * (size_t)d;
     case KVQ_TYPE_F16: return 2u * (size_t)d;
@@ -74,7 +81,8 @@ static void test_row_bytes(void)
     CHECK(kvq_type_row_bytes(KVQ_DEFAULT_TYPE_K, 128) + kvq_type_row_bytes(KVQ_DEFAULT_TYPE_V, 128) == 118);
     for (int t = 0; t < KVQ_TYPE_COUNT; t++) {
         for (int d = 0; d <= KVQ_MAX_DIM + 40; d += 4) {
-            int block = t == KVQ_TYPE_Q8_0 || t == KVQ_TYPE_Q4_0 ? 32 : t >= KVQ_TYPE_TQ1 ? 8 : 1;
+            int block = t == KVQ_TYPE_Q8_0 || t == KVQ_TYPE_Q4_0 || t == KVQ_TYPE_Q8_0R || t == KVQ_TYPE_Q4_0R ? 32
+                        : t >= KVQ_TYPE_TQ1 ? 8 : 1;
             int ok = d >= 8 && d <= KVQ_MAX_DIM && d % block == 0;
             kvq_status st = kvq_type_check_dim((enum kvq_type)t, d);
             CHECKF(st == (ok ? KVQ_OK : KVQ_ERR_UNSUPPORTED), "type %d d=%d: %s", t, d, kvq_status_str(st));
@@ -343,14 +351,19 @@ out:
     kvq_codec_free(c32);
 }
 
-/* score(q, row) = <q, decode(row)> and prepare_query copies. */
+/* score(q, row) = <q, decode(row)>; prepare_query copies for the plain
+ * baselines and rotates (same norm, other coordinates) for q8_0r/q4_0r. */
 static void test_baseline_score(void)
 {
     const int d = 64;
+    static const enum kvq_type types[] = {KVQ_TYPE_F32, KVQ_TYPE_F16, KVQ_TYPE_Q8_0, KVQ_TYPE_Q4_0, KVQ_TYPE_Q8_0R,
+                                          KVQ_TYPE_Q4_0R};
     kvq_rng rng;
     kvq_rng_init(&rng, 12);
-    for (int t = KVQ_TYPE_F32; t <= KVQ_TYPE_Q4_0; t++) {
-        kvq_codec *c = make((enum kvq_type)t, d);
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        const enum kvq_type t = types[ti];
+        const int rotated = t == KVQ_TYPE_Q8_0R || t == KVQ_TYPE_Q4_0R;
+        kvq_codec *c = make(t, d);
         if (!c)
             continue;
         for (int it = 0; it < 200; it++) {
@@ -363,18 +376,54 @@ static void test_baseline_score(void)
             CHECK_OK(kvq_codec_encode(c, x, 1, row));
             CHECK_OK(kvq_codec_decode(c, row, 1, y));
             CHECK_OK(kvq_codec_prepare_query(c, q, qp));
-            CHECK(memcmp(q, qp, sizeof q) == 0);
-            struct kvq_row r = kvq_codec_packed_row(c, row);
-            double dot = 0, nq = 0, ny = 0;
+            double dot = 0, nq = 0, ny = 0, nqp = 0;
             for (int j = 0; j < d; j++) {
                 dot += (double)q[j] * y[j];
                 nq += (double)q[j] * q[j];
                 ny += (double)y[j] * y[j];
+                nqp += (double)qp[j] * qp[j];
             }
+            if (rotated) {
+                CHECK(memcmp(q, qp, sizeof q) != 0);
+                CHECK_NEAR(nqp, nq, 1e-5 * nq);
+            } else {
+                CHECK(memcmp(q, qp, sizeof q) == 0);
+            }
+            struct kvq_row r = kvq_codec_packed_row(c, row);
             CHECK_NEAR(kvq_codec_score(c, qp, &r), dot, 1e-5 * sqrt(nq * ny));
         }
         kvq_codec_free(c);
     }
+}
+
+/* What the rotation is for: a channel outlier sets one block's scale in
+ * q4_0 and flattens the other values of that block to few levels; R spreads
+ * it over every block. Rows like a key with one massive channel (as RoPE'd
+ * keys have) must come back with several times less squared error. */
+static void test_rotated_baseline_outliers(void)
+{
+    const int d = 128;
+    kvq_codec *plain = make(KVQ_TYPE_Q4_0, d), *rot = make(KVQ_TYPE_Q4_0R, d);
+    kvq_rng rng;
+    kvq_rng_init(&rng, 77);
+    double err[2] = {0, 0};
+    for (int it = 0; it < 200 && plain && rot; it++) {
+        float x[128], y[128];
+        uint8_t row[128];
+        for (int j = 0; j < d; j++)
+            x[j] = (float)kvq_rng_gauss(&rng);
+        x[it % d] = 40.0f; /* one outlier channel */
+        for (int k = 0; k < 2; k++) {
+            kvq_codec *c = k ? rot : plain;
+            CHECK_OK(kvq_codec_encode(c, x, 1, row));
+            CHECK_OK(kvq_codec_decode(c, row, 1, y));
+            for (int j = 0; j < d; j++)
+                err[k] += ((double)x[j] - y[j]) * ((double)x[j] - y[j]);
+        }
+    }
+    CHECKF(err[1] < 0.5 * err[0], "q4_0r squared error %.4g vs q4_0 %.4g", err[1], err[0]);
+    kvq_codec_free(plain);
+    kvq_codec_free(rot);
 }
 
 /* NaN/Inf -> NONFINITE, overflow -> RANGE, and nothing written: for every type. */
@@ -491,6 +540,7 @@ int main(void)
     RUN(test_f16_semantics);
     RUN(test_baseline_round_trip);
     RUN(test_baseline_score);
+    RUN(test_rotated_baseline_outliers);
     RUN(test_bad_input_all_types);
     RUN(test_cmd_types);
     return TEST_END("test_codec_types");

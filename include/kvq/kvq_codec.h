@@ -22,6 +22,14 @@
  * binary16), q8_0 (blocks of 32: f16 scale + 32 x int8, 34 bytes) and q4_0
  * (blocks of 32: f16 scale + 16 bytes of nibbles, 18 bytes).
  *
+ * Rotated baselines q8_0r, q4_0r: what llama.cpp has stored for quantized
+ * caches since PR #21038 (merged 2026-04-01, commit 744c0c73): the row is
+ * rotated, y = R x, and y is stored in the q8_0/q4_0 layout; queries are
+ * rotated the same way (<R q, y> = <q, x>) and a value sum is rotated back
+ * once per head. R is kvq's randomized Hadamard over the whole row, as for
+ * the tq types (llama.cpp uses an unsigned Sylvester Hadamard, over the
+ * whole head for K and in blocks of 64 for V). Row bytes are the base's.
+ *
  * What a tq row decodes to (the "dequantize" used by reference attention):
  *   x~ = n * R^T ( c[idx] + g * S^T s~ ),  s~_j = +-1 from the sign bits,
  * g = gamma * kappa (0 for tqB), kappa = 1 / E[sum_i |v_i|] for v uniform on
@@ -60,6 +68,8 @@ enum kvq_type {
     KVQ_TYPE_TQ2J = 9,
     KVQ_TYPE_TQ3J = 10,
     KVQ_TYPE_TQ4J = 11,
+    KVQ_TYPE_Q8_0R = 12,
+    KVQ_TYPE_Q4_0R = 13,
     KVQ_TYPE_COUNT
 };
 
@@ -99,6 +109,8 @@ struct kvq_type_traits {
     int block_bytes;     /* bytes per block; 0 for tq (size depends on d) */
     int rotated;         /* 1: scores live in the rotated domain (tq types) */
     int qjl;             /* 1: has the QJL sign residual (tqBj) */
+    enum kvq_type base;  /* the block layout rows are stored in: q8_0/q4_0 for
+                            q8_0r/q4_0r, the type itself otherwise */
     const char *summary; /* one line for --help and tables */
     /* Fast paths (SIMD where the CPU has it); bit-identical to the _ref ones. */
     kvq_encode_fn encode;

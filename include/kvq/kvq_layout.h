@@ -92,12 +92,23 @@ KVQ_HD static inline int kvq_layout_tq_qjl(int t)
     return t >= KVQ_TYPE_TQ1J && t <= KVQ_TYPE_TQ4J;
 }
 
+/* The block layout a type's rows use: rotated baselines store R x in their
+ * base's layout, every other type is its own. */
+KVQ_HD static inline int kvq_layout_base_type(int t)
+{
+    switch (t) {
+    case KVQ_TYPE_Q8_0R: return KVQ_TYPE_Q8_0;
+    case KVQ_TYPE_Q4_0R: return KVQ_TYPE_Q4_0;
+    default: return t;
+    }
+}
+
 KVQ_HD static inline struct kvq_row_fields kvq_layout_row_fields(int t, int d)
 {
     struct kvq_row_fields f = {0, 0, 0, 0};
     if (d < 8 || d > KVQ_MAX_DIM)
         return f;
-    switch (t) {
+    switch (kvq_layout_base_type(t)) {
     case KVQ_TYPE_F32: f.codes = 4u * (uint32_t)d; return f;
     case KVQ_TYPE_F16: f.codes = 2u * (uint32_t)d; return f;
     case KVQ_TYPE_Q8_0:

@@ -207,6 +207,8 @@ kvq_status kvq_attn_decode_kernels(const struct kvq_attn_kernels *kr, const kvq_
                     o[j] += t[j];
             }
             kvq_rotation_apply_t(cv->rot, o, o);
+        } else if (cv->rot) { /* rotated baseline */
+            kvq_rotation_apply_t(cv->rot, o, o);
         }
         /* Only a float overflow of the scores (queries near FLT_MAX) gets here. */
         if (!kvq_all_finite(o, d))

@@ -40,7 +40,7 @@ struct consts {
 
 static int kind_of(const kvq_codec *c)
 {
-    switch (c->cfg.type) {
+    switch (kvq_layout_base_type((int)c->cfg.type)) { /* q8_0r/q4_0r: their base's kernels on R's domain */
     case KVQ_TYPE_F32: return K_F32;
     case KVQ_TYPE_F16: return K_F16;
     case KVQ_TYPE_Q8_0: return K_Q8;

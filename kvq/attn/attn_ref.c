@@ -157,10 +157,11 @@ static void value_scalar(const struct kvq_attn_job *job, const struct kvq_attn_b
     /* Block sums in float (like the SIMD path), folded into double below. */
     float *blk = ws->row, tmp_s[KVQ_MAX_DIM];
     memset(blk, 0, (size_t)nq * (size_t)d * sizeof *blk);
-    if (!cv->traits->rotated) {
+    if (!cv->traits->rotated) { /* a rotated baseline sums in R's domain; attn.c rotates the result back */
+        const struct kvq_type_traits *st = kvq_codec_stored_traits(cv);
         for (uint32_t i = 0; i < b->n; i++) {
             struct kvq_row r = kvq_attn_row(job->hv, b->vchunk, b->s0 + i);
-            cv->traits->decode_ref(cv, &r, tmp_s);
+            st->decode_ref(cv, &r, tmp_s);
             for (int h = 0; h < nq; h++) {
                 float w = ws->w[(size_t)h * KVQ_ATTN_BLOCK + i];
                 for (int j = 0; j < d; j++)

@@ -243,7 +243,7 @@ kvq_status kvq_baseline_check(const kvq_codec *c, const float *x)
 {
     int d = c->cfg.dim;
     float scales[KVQ_MAX_DIM / KVQ_QK];
-    switch (c->cfg.type) {
+    switch (kvq_layout_base_type((int)c->cfg.type)) {
     case KVQ_TYPE_F16: return f16_check(x, d);
     case KVQ_TYPE_Q8_0: return block_scales(x, d, q8_0_scale, scales);
     case KVQ_TYPE_Q4_0: return block_scales(x, d, q4_0_scale, scales);

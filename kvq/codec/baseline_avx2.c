@@ -312,7 +312,7 @@ kvq_status kvq_baseline_check_avx2(const kvq_codec *c, const float *x)
     int d = c->cfg.dim, nb = d / KVQ_QK;
     if (!kvq_all_finite_avx2(x, d))
         return KVQ_ERR_NONFINITE;
-    switch (c->cfg.type) {
+    switch (kvq_layout_base_type((int)c->cfg.type)) {
     case KVQ_TYPE_F16:
         return f16_range_bad(x, d) ? KVQ_ERR_RANGE : KVQ_OK;
     case KVQ_TYPE_Q8_0:

@@ -99,6 +99,10 @@ kvq_status kvq_codec_create(const struct kvq_codec_config *cfg, kvq_codec **out)
             c->qjl_kappa = qjl_kappa(cfg->qjl, cfg->dim);
             c->qjl_kappa_f = (float)c->qjl_kappa;
         }
+    } else if (tr->base != tr->type) { /* rotated baseline: R only, from the same stream as tq's */
+        st = kvq_rotation_create(cfg->dim, cfg->rot, kvq_seed_derive(cfg->seed, KVQ_SEED_STREAM_R), &c->rot);
+        if (st != KVQ_OK)
+            goto fail;
     }
     *out = c;
     return KVQ_OK;
@@ -159,6 +163,8 @@ kvq_status kvq_codec_check_row(const kvq_codec *c, const float *x)
 {
     if (c->traits->rotated)
         return kvq_cpu_has_avx2() ? kvq_tq_check_avx2(c, x) : kvq_tq_check_ref(c, x);
+    if (c->traits->base != c->traits->type)
+        return kvq_rotbase_check(c, x);
     return kvq_cpu_has_avx2() ? kvq_baseline_check_avx2(c, x) : kvq_baseline_check(c, x);
 }
 
@@ -228,6 +234,10 @@ kvq_status kvq_codec_prepare_query(const kvq_codec *c, const float *q, float *qp
     int d = c->cfg.dim;
     if (!kvq_all_finite(q, d))
         return KVQ_ERR_NONFINITE;
+    if (c->traits->base != c->traits->type) { /* rotated baseline: <R q, R x> = <q, x> */
+        kvq_rotation_apply(c->rot, q, qprep);
+        return KVQ_OK;
+    }
     if (!c->traits->rotated) {
         memmove(qprep, q, (size_t)d * sizeof(float));
         return KVQ_OK;

@@ -130,6 +130,25 @@ float kvq_tq_score_avx2(const kvq_codec *c, const float *qprep, const struct kvq
 kvq_status kvq_tq_encode(const kvq_codec *c, const float *x, const struct kvq_row *dst);
 void kvq_tq_decode(const kvq_codec *c, const struct kvq_row *src, float *x);
 float kvq_tq_score(const kvq_codec *c, const float *qprep, const struct kvq_row *src);
+/* Rotated baselines (q8_0r, q4_0r; baseline_rot.c): the base type's kernels
+ * on y = R x. Encode rotates then encodes; decode decodes then applies R^T;
+ * score is the base's score against the prepared query R q. The _ref ones use
+ * the scalar rotation and the base's scalar kernels, bit-identical to the
+ * fast ones. kvq_rotbase_check: steps 1-2 (non-finite x, then an f16 block
+ * scale of R x that would overflow). */
+kvq_status kvq_rotbase_encode(const kvq_codec *c, const float *x, const struct kvq_row *dst);
+void kvq_rotbase_decode(const kvq_codec *c, const struct kvq_row *src, float *x);
+float kvq_rotbase_score(const kvq_codec *c, const float *qprep, const struct kvq_row *src);
+kvq_status kvq_rotbase_encode_ref(const kvq_codec *c, const float *x, const struct kvq_row *dst);
+void kvq_rotbase_decode_ref(const kvq_codec *c, const struct kvq_row *src, float *x);
+float kvq_rotbase_score_ref(const kvq_codec *c, const float *qprep, const struct kvq_row *src);
+kvq_status kvq_rotbase_check(const kvq_codec *c, const float *x);
+/* The traits whose kernels read this codec's stored rows: the base's for a
+ * rotated baseline (rows in R's domain), the codec's own otherwise. */
+static inline const struct kvq_type_traits *kvq_codec_stored_traits(const kvq_codec *c)
+{
+    return c->traits->base != c->traits->type ? kvq_type_traits(c->traits->base) : c->traits;
+}
 /* Steps 1-2 of encode without writing: KVQ_OK, KVQ_ERR_NONFINITE or KVQ_ERR_RANGE. */
 kvq_status kvq_tq_check_ref(const kvq_codec *c, const float *x);
 kvq_status kvq_tq_check_avx2(const kvq_codec *c, const float *x);

@@ -7,15 +7,20 @@
 #include "codec_internal.h"
 
 #define BASELINE(T, NAME, BITS, BV, BB, SUMMARY, FN)                                      \
-    [T] = {NAME, T, BITS, BV, BB, 0, 0, SUMMARY, FN##_encode_fast, FN##_decode_fast,       \
+    [T] = {NAME, T, BITS, BV, BB, 0, 0, T, SUMMARY, FN##_encode_fast, FN##_decode_fast,    \
            FN##_score_fast, FN##_encode, FN##_decode, FN##_score}
 #define TQ(T, NAME, BITS, QJL, SUMMARY)                                                   \
-    [T] = {NAME, T, BITS, 0, 0, 1, QJL, SUMMARY, kvq_tq_encode, kvq_tq_decode, kvq_tq_score, \
+    [T] = {NAME, T, BITS, 0, 0, 1, QJL, T, SUMMARY, kvq_tq_encode, kvq_tq_decode, kvq_tq_score, \
            kvq_tq_encode_ref, kvq_tq_decode_ref, kvq_tq_score_ref}
+/* A baseline layout holding R x (see kvq_codec.h); the kernels reach the
+ * base's own functions through kvq_rotbase_*. */
+#define ROTATED_BASELINE(T, BASE, NAME, BITS, BB, SUMMARY)                                   \
+    [T] = {NAME, T, BITS, KVQ_QK, BB, 0, 0, BASE, SUMMARY, kvq_rotbase_encode, kvq_rotbase_decode, \
+           kvq_rotbase_score, kvq_rotbase_encode_ref, kvq_rotbase_decode_ref, kvq_rotbase_score_ref}
 
 static const struct kvq_type_traits traits_table[KVQ_TYPE_COUNT] = {
     /* f32 decode is a memcpy on either path. */
-    [KVQ_TYPE_F32] = {"f32", KVQ_TYPE_F32, 32, 1, 4, 0, 0, "IEEE binary32, uncompressed reference",
+    [KVQ_TYPE_F32] = {"f32", KVQ_TYPE_F32, 32, 1, 4, 0, 0, KVQ_TYPE_F32, "IEEE binary32, uncompressed reference",
                       kvq_f32_encode_fast, kvq_f32_decode, kvq_f32_score_fast, kvq_f32_encode, kvq_f32_decode,
                       kvq_f32_score},
     BASELINE(KVQ_TYPE_F16, "f16", 16, 1, 2, "IEEE binary16 (round to nearest even)", kvq_f16),
@@ -31,6 +36,10 @@ static const struct kvq_type_traits traits_table[KVQ_TYPE_COUNT] = {
     TQ(KVQ_TYPE_TQ2J, "tq2j", 2, 1, "tq2 + 1-bit QJL sign residual and its f16 norm"),
     TQ(KVQ_TYPE_TQ3J, "tq3j", 3, 1, "tq3 + 1-bit QJL sign residual and its f16 norm"),
     TQ(KVQ_TYPE_TQ4J, "tq4j", 4, 1, "tq4 + 1-bit QJL sign residual and its f16 norm"),
+    ROTATED_BASELINE(KVQ_TYPE_Q8_0R, KVQ_TYPE_Q8_0, "q8_0r", 8, (int)sizeof(kvq_block_q8_0),
+                     "q8_0 of the rotated row (llama.cpp's default for a q8_0 cache since 2026-04)"),
+    ROTATED_BASELINE(KVQ_TYPE_Q4_0R, KVQ_TYPE_Q4_0, "q4_0r", 4, (int)sizeof(kvq_block_q4_0),
+                     "q4_0 of the rotated row (llama.cpp's default for a q4_0 cache since 2026-04)"),
 };
 
 const struct kvq_type_traits *kvq_type_traits(enum kvq_type t)

@@ -290,6 +290,11 @@ kvq_status kvq_cuda_cache_create(const struct kvq_cuda_cache_config *cfg, kvq_cu
         return KVQ_ERR_INVALID_ARG;
     if (cfg->cache.sink_tokens < 0 || cfg->cache.sink_tokens > KVQ_CACHE_MAX_SINK_TOKENS)
         return KVQ_ERR_INVALID_ARG;
+    /* Rotated baselines have no device kernels yet (their rows would need the
+     * query rotation of the tq path with the baseline block readers). */
+    if (kvq_layout_base_type((int)cfg->cache.type_k) != (int)cfg->cache.type_k ||
+        kvq_layout_base_type((int)cfg->cache.type_v) != (int)cfg->cache.type_v)
+        return KVQ_ERR_UNSUPPORTED;
     if (kvq_cuda_require_device() != KVQ_OK)
         return KVQ_ERR_NO_DEVICE;
     kvq_cuda_cache *c = (kvq_cuda_cache *)calloc(1, sizeof *c);
