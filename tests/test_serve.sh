@@ -12,6 +12,8 @@
 #  3. load: 32 clients x 8 requests under a small --kv-budget: each request
 #     completes with exactly its solo tokens or gets an honest 429/503;
 #  4. prefix reuse (--prefix-cache) leaves a second turn's answer unchanged.
+#  5. prefix sharing: concurrent requests with one long prompt give the solo
+#     answer and hold its pages once.
 name=test_serve.sh
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${KVQ_BUILD:-build}
@@ -294,6 +296,48 @@ if start_server "$tmp/log4" --prefix-cache 2 --chunk 64 --max-seqs 4; then
 else
     bad "kvq serve did not start: $(cat "$tmp/log4")"
 fi
+# ---- 5. prefix sharing: concurrent requests with one long prompt hold it once --
+# Four at once after a solo run: each answer equals the solo one, three
+# requests share the first one's whole prompt chunks (usage.prompt_tokens_
+# details.cached_tokens, the counters), and the pool never held more than
+# one copy of them: at most the first request's pages plus the others' own.
+share=$(tr -d '"\\\n' <"$root/models/passkey-3500.txt" | cut -c 1-1800)
+printf '{"prompt":"%s","max_tokens":16,"temperature":0}' "$share" >"$tmp/share.json"
+if start_server "$tmp/log6" --max-seqs 4; then
+    curl -s --max-time 60 -H 'Content-Type: application/json' --data-binary "@$tmp/share.json" \
+        "$url/v1/completions" >"$tmp/share.solo"
+    solo=$(sed -n 's/.*"choices":\(.*\),"usage".*/\1/p' "$tmp/share.solo")
+    n=$(sed -n 's/.*"prompt_tokens":\([0-9]*\).*/\1/p' "$tmp/share.solo")
+    jobs=""
+    for k in 1 2 3 4; do
+        curl -s --max-time 60 -H 'Content-Type: application/json' --data-binary "@$tmp/share.json" \
+            "$url/v1/completions" >"$tmp/share.$k" &
+        jobs="$jobs $!"
+    done
+    wait $jobs
+    same=0; cached=0
+    for k in 1 2 3 4; do
+        [ -n "$solo" ] && [ "$(sed -n 's/.*"choices":\(.*\),"usage".*/\1/p' "$tmp/share.$k")" = "$solo" ] && same=$((same + 1))
+        cached=$((cached + $(sed -n 's/.*"cached_tokens":\([0-9]*\).*/\1/p' "$tmp/share.$k")))
+    done
+    check "prefix sharing: 4 concurrent answers equal the solo one" "$same" 4
+    unit=$(((n - 1) / 256 * 256)) # the whole 256-token chunks before the last prompt token
+    check "prefix sharing: 3 requests shared the prompt's $unit-token start" \
+        "$(metric kvq_prefix_share_hits_total):$(metric kvq_prefix_shared_tokens_total):$cached" \
+        "3:$((3 * unit)):$((3 * unit))"
+    own=$(((n + 16 + 63) / 64)) # one request's pages unshared
+    peak=$(metric kvq_kv_pages_used_peak); speak=$(metric kvq_kv_pages_shared_peak)
+    echo "  prefix sharing: $n-token prompt, peak $peak pages used ($speak shared); unshared 4 x $own"
+    [ "${speak:-0}" -ge $((unit / 64)) ] && [ "${peak:-999}" -le $((own + 3 * (own - unit / 64))) ] &&
+        ok "prefix sharing: one copy of the shared pages ($speak), peak $peak <= $((own + 3 * (own - unit / 64)))" ||
+        bad "prefix sharing: peak $peak pages used, $speak shared"
+    after "prefix sharing"
+    stop_server
+else
+    bad "kvq serve did not start: $(cat "$tmp/log6")"
+fi
+check "--prefix-share with a bad value: exit 2" \
+    "$(timeout 30 "$kvq" serve --model "$model" --port 0 --prefix-share maybe 2>/dev/null; echo $?)" 2
 check "--prefix-cache with a chunk off the page grid: exit 2" \
     "$(timeout 30 "$kvq" serve --model "$model" --port 0 --prefix-cache 2 --chunk 100 2>/dev/null; echo $?)" 2
 finish

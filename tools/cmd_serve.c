@@ -30,6 +30,8 @@ static void usage(FILE *f)
                "  --max-queue N        waiting requests before 429 (default 128)\n"
                "  --prefix-cache N     keep up to N finished sequences' prompts for prefix reuse\n"
                "                       (default 0: off; --chunk must be a multiple of 64)\n"
+               "  --prefix-share on|off a request shares the pages of the prompt start it has in\n"
+               "                       common with a running sequence (default: on with the CPU)\n"
                "  --api-key KEY        require 'Authorization: Bearer KEY' on /v1/ (default: env\n"
                "                       KVQ_API_KEY, else none)\n"
                "  --model-name NAME    the model id clients send and see (default: the directory name)\n"
@@ -46,6 +48,7 @@ struct opts {
     struct kv_cmd c;
     const char *host, *api_key, *model_name, *chat_template;
     long port, max_seqs, ctx, chunk, max_queue, timeout, prefix_cache;
+    int prefix_share; /* -1: on with the CPU, off with CUDA */
     size_t max_body;
 };
 
@@ -70,7 +73,11 @@ static int own_option(void *user, const char *a, const char *v)
         return cli_parse_int(v, 1, 1 << 16, &o->chunk) ? 1 : 0;
     else if (strcmp(a, "--prefix-cache") == 0)
         return cli_parse_int(v, 0, 4096, &o->prefix_cache) ? 1 : 0;
-    else if (strcmp(a, "--max-queue") == 0)
+    else if (strcmp(a, "--prefix-share") == 0) {
+        if (strcmp(v, "on") != 0 && strcmp(v, "off") != 0)
+            return 1;
+        o->prefix_share = strcmp(v, "on") == 0;
+    } else if (strcmp(a, "--max-queue") == 0)
         return cli_parse_int(v, 1, 1 << 20, &o->max_queue) ? 1 : 0;
     else if (strcmp(a, "--timeout") == 0)
         return cli_parse_int(v, 1, 86400, &o->timeout) ? 1 : 0;
@@ -133,6 +140,7 @@ static int serve(void *user, kvq_model *m, kvq_tokenizer *tok)
     ec.chunk = (int)o->chunk;
     ec.max_queue = (int)o->max_queue;
     ec.prefix_cache = (int)(o->prefix_cache < o->max_seqs ? o->prefix_cache : o->max_seqs);
+    ec.prefix_share = o->prefix_share >= 0 ? o->prefix_share : ec.batch.seq.device == KVQ_DEVICE_CPU;
     ec.model_name = o->model_name ? o->model_name : base_name(o->c.model);
     kv_opts_name(&o->c.kv, ec.cache_name, sizeof ec.cache_name);
     kvq_chat_template *chat = NULL;
@@ -193,6 +201,7 @@ int cmd_serve(int argc, char **argv)
     o.port = 8080;
     o.max_seqs = 16;
     o.chunk = 256;
+    o.prefix_share = -1;
     o.max_queue = 128;
     o.timeout = 30;
     o.max_body = 1u << 20;

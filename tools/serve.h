@@ -87,10 +87,12 @@ struct serve_req {
     long created;
     int32_t *ids;              /* prompt tokens */
     size_t n_prompt, done;     /* prompt tokens, and those prefilled */
+    size_t cached_tokens;      /* prompt tokens not prefilled: a cached prefix taken over or
+                                * a running sequence's pages shared */
     int max_tokens;
     int slot;
     enum serve_state state;
-    size_t pages;              /* pages reserved at admission */
+    size_t pages;              /* pages of the whole sequence (prompt + max_tokens) */
     int32_t *out;              /* [max_tokens] generated ids */
     size_t n_out;
     struct serve_logprob *lps; /* [max_tokens] when logprobs >= 0 */
@@ -113,6 +115,8 @@ struct serve_engine_config {
     int chunk;                 /* prompt tokens per prefill chunk (default 256) */
     int max_queue;             /* waiting requests before 429 (default 128) */
     int prefix_cache;          /* finished sequences kept for prefix reuse (0: off) */
+    int prefix_share;          /* a request shares the pages of a running sequence's prompt
+                                * start it has too (kvq_batch_share; 0: off; CPU only) */
     const char *model_name;    /* what /v1/models and responses call the model */
     const kvq_chat_template *chat; /* renders /v1/chat/completions messages; NULL: 400 */
     const char *chat_missing;  /* the 400's message without a template */

@@ -13,6 +13,16 @@
  * greedy or sampled with a seed. A long prompt takes one chunk per step and
  * never stalls the decode rows.
  *
+ * Prefix sharing (--prefix-share, on by default on the CPU): a request
+ * whose prompt starts with whole chunks of a running sequence's prompt
+ * shares those pages (kvq_batch_share: one copy in the pool, reference
+ * counted) instead of prefilling them. They were prefilled in the same
+ * chunks the request would use, so its logits stay bit-identical. When the
+ * running sequence is still prefilling that start, the request waits at the
+ * head of the queue until it is in (vLLM and SGLang would prefill it twice
+ * meanwhile). Pages are admitted against what the pool holds plus what every
+ * running sequence may still take in pages of its own.
+ *
  * Every request field is behind the one mutex; the batch is touched only by
  * this thread, outside the mutex during the forward.
  */
@@ -69,8 +79,9 @@ struct serve_engine {
     struct cached_prefix *cached; /* [max_seqs] by slot */
     int n_cached;
     size_t cached_pages;
-    unsigned long reused_tokens, reuse_hits;
-    size_t pages_reserved;
+    unsigned long reused_tokens, reuse_hits, shared_tokens, share_hits;
+    size_t unit;               /* prefix lengths reused or shared: multiples of the chunk and the page */
+    size_t pages_committed, pages_peak, shared_peak;
     unsigned long seq_no;
     struct kvq_batch_item *items;
     struct serve_req **item_req;
@@ -399,7 +410,6 @@ static void finish(struct serve_engine *e, struct serve_req *r, const char *why)
             kvq_batch_remove(e->b, r->slot);
         e->run[r->slot] = NULL;
         e->n_running--;
-        e->pages_reserved -= r->pages;
         r->slot = -1;
         kvq_batch_get_stats(e->b, &e->bs);
     }
@@ -442,6 +452,48 @@ static void count_rate(struct serve_engine *e, unsigned long n)
     e->rate[i] += n;
 }
 
+/* Pages the pool holds plus those the running sequences may still take in
+ * pages of their own (each up to prompt + max_tokens; a shared page is in
+ * the pool's count once). */
+static size_t pages_committed(struct serve_engine *e)
+{
+    size_t n = 0;
+    kvq_batch_page_counts(e->b, &n, NULL, NULL);
+    for (int s = 0; s < e->cfg.batch.max_seqs; s++)
+        if (e->run[s])
+            n += e->run[s]->pages - kvq_batch_pages_for(e->b, kvq_batch_len(e->b, s));
+    return n;
+}
+
+/* The cheap page counts after a change (the engine thread only). */
+static void count_pages(struct serve_engine *e)
+{
+    kvq_batch_page_counts(e->b, &e->bs.pages_used, &e->bs.pages_shared, &e->bs.page_refs);
+    e->pages_committed = pages_committed(e);
+    e->pages_peak = e->bs.pages_used > e->pages_peak ? e->bs.pages_used : e->pages_peak;
+    e->shared_peak = e->bs.pages_shared > e->shared_peak ? e->bs.pages_shared : e->shared_peak;
+}
+
+/* How much of r's prompt, in whole units and leaving its last token to run
+ * (for the logits), ids[0..n) starts with too. */
+static size_t common_prefix(const struct serve_engine *e, const struct serve_req *r, const int32_t *ids, size_t n)
+{
+    size_t lim = n < r->n_prompt - 1 ? n : r->n_prompt - 1, k = 0;
+    while (k < lim && ids[k] == r->ids[k])
+        k++;
+    return k / e->unit * e->unit;
+}
+
+/* The oldest cached prefix other than slot keep, or -1. */
+static int oldest_cached(const struct serve_engine *e, int keep)
+{
+    int old = -1;
+    for (int s = 0; s < e->cfg.batch.max_seqs; s++)
+        if (e->cached[s].ids && s != keep && (old < 0 || e->cached[s].t_used < e->cached[old].t_used))
+            old = s;
+    return old;
+}
+
 /* Moves queued requests into free slots while their pages fit (FIFO). */
 static void admit(struct serve_engine *e)
 {
@@ -453,26 +505,37 @@ static void admit(struct serve_engine *e)
             finish(e, r, "cancelled");
             continue;
         }
-        /* the cached prefix sharing the most whole chunks with the prompt
-         * (at least one prompt token is left to run, for the logits) */
-        const size_t C = (size_t)e->cfg.chunk;
-        int reuse = -1;
-        size_t best = 0;
+        /* where the prompt's start already is: a cached prefix to take
+         * over, or a running sequence's pages to share */
+        int reuse = -1, src = -1;
+        size_t best = 0, share = 0, later = 0;
         for (int s = 0; e->n_cached && s < e->cfg.batch.max_seqs; s++) {
             const struct cached_prefix *c = &e->cached[s];
-            size_t n = 0, lim = c->kept < r->n_prompt - 1 ? c->kept : r->n_prompt - 1;
-            while (c->ids && n < lim && c->ids[n] == r->ids[n])
-                n++;
-            n = n / C * C;
+            size_t n = c->ids ? common_prefix(e, r, c->ids, c->kept) : 0;
             if (n > best)
                 best = n, reuse = s;
         }
-        const size_t reuse_pages = reuse >= 0 ? kvq_batch_pages_for(e->b, e->cached[reuse].kept) : 0;
-        while (r->pages > e->pages_total - e->pages_reserved - (e->cached_pages - reuse_pages)) {
-            int old = -1; /* the oldest other cached prefix gives its pages back */
-            for (int s = 0; s < e->cfg.batch.max_seqs; s++)
-                if (e->cached[s].ids && s != reuse && (old < 0 || e->cached[s].t_used < e->cached[old].t_used))
-                    old = s;
+        for (int s = 0; e->cfg.prefix_share && s < e->cfg.batch.max_seqs; s++) {
+            const struct serve_req *a = e->run[s];
+            if (!a || a->cancelled || a->status)
+                continue;
+            const size_t pot = common_prefix(e, r, a->ids, a->n_prompt);
+            const size_t have = a->state == SERVE_PREFILL ? a->done / e->unit * e->unit : a->n_prompt;
+            const size_t now = pot < have ? pot : have;
+            if (now > share)
+                share = now, src = s;
+            if (pot > now && pot > later)
+                later = pot;
+        }
+        if (later > best && later > share)
+            return; /* a running prompt is prefilling more of this one's start: wait for it */
+        if (share > best)
+            reuse = -1, best = share;
+        else
+            src = -1, share = 0;
+        const size_t held = kvq_batch_pages_for(e->b, best), need = r->pages - held;
+        while (pages_committed(e) + need > e->pages_total) {
+            int old = oldest_cached(e, reuse); /* cached prefixes give their pages back first */
             if (old < 0)
                 return;
             uncache(e, old, 1);
@@ -481,18 +544,21 @@ static void admit(struct serve_engine *e)
         if (reuse >= 0) {
             uncache(e, reuse, 0);
             kvq_batch_truncate(e->b, reuse, best);
-            r->done = best;
             e->reused_tokens += best;
             e->reuse_hits++;
         } else {
             while (kvq_batch_add(e->b, &slot) != KVQ_OK) {
-                int old = -1;
-                for (int s = 0; s < e->cfg.batch.max_seqs; s++)
-                    if (e->cached[s].ids && (old < 0 || e->cached[s].t_used < e->cached[old].t_used))
-                        old = s;
+                int old = oldest_cached(e, -1);
                 if (old < 0)
                     return;
                 uncache(e, old, 1);
+            }
+            kvq_error err = {0};
+            if (src >= 0 && kvq_batch_share(e->b, slot, src, share, &err) == KVQ_OK) {
+                e->shared_tokens += share;
+                e->share_hits++;
+            } else {
+                best = 0; /* (not expected on the CPU) prefill it all */
             }
         }
         e->head = r->next;
@@ -500,10 +566,10 @@ static void admit(struct serve_engine *e)
             e->tail = NULL;
         e->n_waiting--;
         r->slot = slot;
+        r->done = r->cached_tokens = best;
         r->state = SERVE_PREFILL;
         e->run[slot] = r;
         e->n_running++;
-        e->pages_reserved += r->pages;
         e->prompt_tokens += r->n_prompt;
     }
 }
@@ -657,6 +723,7 @@ static void *engine_main(void *arg)
             if (e->run[s] && e->run[s]->cancelled)
                 finish(e, e->run[s], "cancelled");
         admit(e);
+        count_pages(e);
         size_t rows;
         int n = build_step(e, &rows);
         if (n == 0) {
@@ -676,6 +743,7 @@ static void *engine_main(void *arg)
             kvq_batch_get_stats(e->b, &e->bs);
             e->t_stats = t;
         }
+        count_pages(e);
         for (int k = 0; k < n; k++) {
             struct serve_req *r = e->item_req[k];
             if (st != KVQ_OK) {
@@ -734,6 +802,15 @@ int serve_engine_start(const kvq_model *m, const kvq_tokenizer *tok, const struc
         free(e);
         return 2;
     }
+    if (e->cfg.prefix_share && e->cfg.batch.seq.device != KVQ_DEVICE_CPU) {
+        snprintf(err, cap, "--prefix-share needs the CPU page pool: the CUDA pool cannot share pages yet");
+        kvq_batch_free(e->b);
+        free(e);
+        return 2;
+    }
+    e->unit = (size_t)e->cfg.chunk;
+    while (e->unit % e->bs.page_tokens) /* lcm(chunk, page) */
+        e->unit += (size_t)e->cfg.chunk;
     e->max_ctx = e->bs.max_ctx;
     e->pages_total = e->bs.pages_total;
     const size_t S = (size_t)e->cfg.batch.max_seqs;
@@ -867,8 +944,17 @@ char *serve_metrics_text(struct serve_engine *e)
         "# TYPE kvq_kv_pages_total gauge\nkvq_kv_pages_total %zu\n"
         "# HELP kvq_kv_pages_used Pages holding tokens.\n# TYPE kvq_kv_pages_used gauge\nkvq_kv_pages_used %zu\n"
         "# HELP kvq_kv_pages_free Pages holding no tokens.\n# TYPE kvq_kv_pages_free gauge\nkvq_kv_pages_free %zu\n"
-        "# HELP kvq_kv_pages_reserved Pages reserved by admitted requests (prompt + max_tokens).\n"
+        "# HELP kvq_kv_pages_reserved Pages held plus those admitted requests may still take (up to prompt + "
+        "max_tokens each).\n"
         "# TYPE kvq_kv_pages_reserved gauge\nkvq_kv_pages_reserved %zu\n"
+        "# HELP kvq_kv_pages_shared Pages held by two sequences or more (prefix sharing; counted once in used).\n"
+        "# TYPE kvq_kv_pages_shared gauge\nkvq_kv_pages_shared %zu\n"
+        "# HELP kvq_kv_pages_referenced Pages the sequences would hold without sharing.\n"
+        "# TYPE kvq_kv_pages_referenced gauge\nkvq_kv_pages_referenced %zu\n"
+        "# HELP kvq_kv_pages_used_peak Most pages used at once since the start.\n"
+        "# TYPE kvq_kv_pages_used_peak gauge\nkvq_kv_pages_used_peak %zu\n"
+        "# HELP kvq_kv_pages_shared_peak Most pages shared at once since the start.\n"
+        "# TYPE kvq_kv_pages_shared_peak gauge\nkvq_kv_pages_shared_peak %zu\n"
         "# HELP kvq_kv_bytes_allocated Bytes the KV caches hold now (pages and f16 buffers).\n"
         "# TYPE kvq_kv_bytes_allocated gauge\nkvq_kv_bytes_allocated %zu\n"
         "# HELP kvq_kv_bytes_per_token Encoded K+V bytes of one token over all layers, by cache type.\n"
@@ -885,12 +971,17 @@ char *serve_metrics_text(struct serve_engine *e)
         "# TYPE kvq_prefix_reused_tokens_total counter\nkvq_prefix_reused_tokens_total %lu\n"
         "# HELP kvq_prefix_reuse_hits_total Requests that took over a cached prefix.\n"
         "# TYPE kvq_prefix_reuse_hits_total counter\nkvq_prefix_reuse_hits_total %lu\n"
+        "# HELP kvq_prefix_shared_tokens_total Prompt tokens whose pages were shared with a running sequence, "
+        "not prefilled.\n"
+        "# TYPE kvq_prefix_shared_tokens_total counter\nkvq_prefix_shared_tokens_total %lu\n"
+        "# HELP kvq_prefix_share_hits_total Requests that shared a running sequence's pages.\n"
+        "# TYPE kvq_prefix_share_hits_total counter\nkvq_prefix_share_hits_total %lu\n"
         "# HELP kvq_steps_total Batched forwards.\n# TYPE kvq_steps_total counter\nkvq_steps_total %zu\n"
         "# HELP kvq_step_rows_total Rows through them.\n# TYPE kvq_step_rows_total counter\n"
         "kvq_step_rows_total %zu\n",
-        bs->page_tokens, now.pages_total, now.pages_used, now.pages_total - now.pages_used, e->pages_reserved,
-        now.bytes_allocated, e->cfg.cache_name, now.bytes_per_token, e->cfg.cache_name, now.page_bytes,
-        now.kv_budget, e->n_cached, e->cached_pages, e->reused_tokens, e->reuse_hits, now.steps, now.rows);
+        bs->page_tokens, now.pages_total, now.pages_used, now.pages_total - now.pages_used, e->pages_committed,
+        now.pages_shared, now.page_refs, e->pages_peak, e->shared_peak, now.bytes_allocated, e->cfg.cache_name, now.bytes_per_token, e->cfg.cache_name, now.page_bytes,
+        now.kv_budget, e->n_cached, e->cached_pages, e->reused_tokens, e->reuse_hits, e->shared_tokens, e->share_hits, now.steps, now.rows);
     out(&buf, &len, &cap,
         "# HELP kvq_time_to_first_token_seconds From queueing to the first generated token.\n"
         "# TYPE kvq_time_to_first_token_seconds histogram\n");

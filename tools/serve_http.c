@@ -174,6 +174,10 @@ static cJSON *usage_json(const struct serve_req *r)
     cJSON_AddNumberToObject(u, "prompt_tokens", (double)r->n_prompt);
     cJSON_AddNumberToObject(u, "completion_tokens", (double)r->n_out);
     cJSON_AddNumberToObject(u, "total_tokens", (double)(r->n_prompt + r->n_out));
+    /* OpenAI's field for prompt tokens served from a cache: here a cached
+     * prefix taken over or pages shared with a running sequence */
+    cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
+    cJSON_AddNumberToObject(d, "cached_tokens", (double)r->cached_tokens);
     return u;
 }
 

@@ -449,6 +449,19 @@ kvq_status kvq_batch_share(kvq_batch *b, int dst, int src, size_t n, kvq_error *
     return KVQ_OK;
 }
 
+void kvq_batch_page_counts(const kvq_batch *b, size_t *used, size_t *shared, size_t *refs)
+{
+    size_t r = 0;
+    for (int i = 0; b && i < b->max_seqs; i++)
+        r += b->taken[i] ? kvq_batch_pages_for(b, b->len[i]) : 0;
+    if (used)
+        *used = b ? pages_used(b) : 0;
+    if (shared)
+        *shared = b ? b->pages_shared : 0;
+    if (refs)
+        *refs = r;
+}
+
 void kvq_batch_get_stats(const kvq_batch *b, struct kvq_batch_stats *st)
 {
     memset(st, 0, sizeof *st);
@@ -461,8 +474,7 @@ void kvq_batch_get_stats(const kvq_batch *b, struct kvq_batch_stats *st)
     st->page_tokens = b->page_tokens;
     st->page_bytes = b->page_bytes;
     st->pages_total = b->pages_total;
-    st->pages_used = pages_used(b);
-    st->pages_shared = b->pages_shared;
+    kvq_batch_page_counts(b, &st->pages_used, &st->pages_shared, &st->page_refs);
     st->bytes_per_token = b->bytes_per_token;
     st->fixed_bytes = b->fixed_bytes;
     st->kv_budget = b->cfg.kv_budget;
@@ -470,7 +482,6 @@ void kvq_batch_get_stats(const kvq_batch *b, struct kvq_batch_stats *st)
         struct kvq_cache_stats cs;
         b->kv->ops->stats(b->kv, i, &cs);
         st->bytes_allocated += cs.bytes_allocated;
-        st->page_refs += b->taken[i] ? kvq_batch_pages_for(b, b->len[i]) : 0;
     }
     st->bytes_allocated -= (st->page_refs - st->pages_used) * b->page_bytes; /* each slot's caches count a shared page */
     st->steps = b->steps;

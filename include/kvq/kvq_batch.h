@@ -99,6 +99,11 @@ KVQ_API size_t kvq_batch_len(const kvq_batch *b, int slot);
  *  layer: nothing changed). err gets one line. */
 KVQ_API kvq_status kvq_batch_share(kvq_batch *b, int dst, int src, size_t n, kvq_error *err);
 
+/** The pool's page counts as kvq_batch_get_stats gives them (pages_used,
+ *  pages_shared, page_refs) without walking the caches: cheap enough for
+ *  every step. Any pointer may be NULL; all zero when b is NULL. */
+KVQ_API void kvq_batch_page_counts(const kvq_batch *b, size_t *used, size_t *shared, size_t *refs);
+
 /** Pages a sequence of n tokens holds: ceil(n / page_tokens). */
 KVQ_API size_t kvq_batch_pages_for(const kvq_batch *b, size_t n);
 
