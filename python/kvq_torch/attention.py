@@ -47,7 +47,7 @@ def _row_validity(mask, B, T):
 
 def kvq_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     layer = _active
-    if layer is None or layer.pending is None or layer.pending[0] is not key:
+    if layer is None or layer.pending is None or (not torch.compiler.is_compiling() and layer.pending[0] is not key):
         raise RuntimeError("kvq attention: these keys did not come from a KVQCache; pass "
                            "past_key_values=kvq_torch.KVQCache(model.config, ...) (and use_cache=True)")
     k, v = layer.take()
