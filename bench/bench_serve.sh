@@ -15,6 +15,11 @@
 # (the device store has no recent f16 window, so its configuration is left
 # out there), KVQ_BENCH_SERVE_BUDGET=SIZE, KVQ_BENCH_SERVE_CLIENTS="1 8 64".
 # Table on stdout, JSON in $KVQ_BENCH_JSON_DIR/bench_serve.json.
+# Then prefix sharing (CPU): 8 concurrent requests whose prompts share a
+# ~1,500-token start (KVQ_BENCH_SERVE_SHARE_CHARS characters of the passkey
+# text) and end in their own question, with --prefix-share on and off: peak
+# pages used, prompt tokens not prefilled, wall time, TTFT.
+# KVQ_BENCH_SERVE_ONLY=share runs only that part.
 build=${1:-build}
 kvq=$build/bin/kvq
 model=${KVQ_BENCH_SERVE_MODEL:-models/kvq-tiny-llama}
@@ -69,10 +74,12 @@ pct() { sort -n | awk -v p="$1" '{v[NR]=$1} END {if (NR == 0) {print 0; exit} i 
 json="{\"model\": \"$model\", \"device\": \"$device\", \"prompt_chars\": $chars, \"max_tokens\": $max_tokens, \"kv_budget\": \"$budget\", \"requests_per_client\": $reqs, \"configs\": ["
 printf '%-16s %5s %7s %9s %10s %10s %7s\n' cache clients admits "tok/s" "ttft p50" "ttft p99" "429/5xx"
 first=1
+[ "$KVQ_BENCH_SERVE_ONLY" = share ] && conc=""
 for conf in "f16:-ctk f16 -ctv f16" "tq3j/tq3:-ctk tq3j -ctv tq3 --no-kv-recent-f16" "tq3j/tq3+win:-ctk tq3j -ctv tq3"; do
     name=${conf%%:*}
     args=${conf#*:}
     [ "$device" = cuda ] && [ "$name" = "tq3j/tq3+win" ] && continue
+    [ -z "$conc" ] && continue
     # shellcheck disable=SC2086
     start $args --kv-budget "$budget" --max-seqs "$maxc"
     pages_total=$(curl -s "$url/metrics" | sed -n 's/^kvq_kv_pages_total //p')
@@ -120,5 +127,59 @@ for conf in "f16:-ctk f16 -ctv f16" "tq3j/tq3:-ctk tq3j -ctv tq3 --no-kv-recent-
     printf '%-16s decode at 1 client: serve %.1f tok/s, kvq run %.1f tok/s\n' "$name" "$serve_dec" "${run_dec:-0}"
     stop
 done
+json="$json], \"prefix_share\": ["
+# ---- prefix sharing: 8 concurrent requests over one long prompt start ------
+if [ "$device" = cpu ]; then
+    schars=${KVQ_BENCH_SERVE_SHARE_CHARS:-3300}
+    sprefix=$(head -c "$schars" models/passkey-3500.txt | tr -d '"\\\n')
+    k=0
+    while [ $k -lt 8 ]; do
+        printf '{"prompt":"%s Question %d: what is the pass key?","max_tokens":16,"temperature":0}' "$sprefix" \
+            "$((k * 37 + 11))" >"$tmp/share$k.json"
+        k=$((k + 1))
+    done
+    printf '%-8s %8s %10s %10s %12s %9s %10s\n' share prompt "peak pages" "shared" "not prefilled" "wall" "ttft p50"
+    sfirst=1
+    for mode in off on; do
+        start --max-seqs 8 --prefix-share $mode
+        t0=$(date +%s.%N)
+        pids=""
+        k=0
+        while [ $k -lt 8 ]; do
+            request "s$k" "$tmp/share$k.json" >"$tmp/sclient.$k" &
+            pids="$pids $!"
+            k=$((k + 1))
+        done
+        wait $pids
+        t1=$(date +%s.%N)
+        m=$(curl -s "$url/metrics")
+        stop
+        wall=$(echo "$t0 $t1" | awk '{print $2 - $1}')
+        ntok=$(sed -n 's/.*"prompt_tokens":\([0-9]*\).*/\1/p' "$tmp/r.s0")
+        peak=$(echo "$m" | sed -n 's/^kvq_kv_pages_used_peak //p')
+        speak=$(echo "$m" | sed -n 's/^kvq_kv_pages_shared_peak //p')
+        saved=$(echo "$m" | sed -n 's/^kvq_prefix_shared_tokens_total //p')
+        prompt_all=$(echo "$m" | sed -n 's/^kvq_prompt_tokens_total //p')
+        p50=$(awk '$1 == 200 {print $2}' "$tmp"/sclient.* | pct 0.5)
+        ok=$(awk '$1 == 200 {n++} END {print n + 0}' "$tmp"/sclient.*)
+        same=0
+        [ $mode = off ] && for k in 0 1 2 3 4 5 6 7; do
+            sed -n 's/.*"choices":\(.*\),"usage".*/\1/p' "$tmp/r.s$k" >"$tmp/off.$k"
+        done
+        [ $mode = on ] && for k in 0 1 2 3 4 5 6 7; do
+            [ "$(sed -n 's/.*"choices":\(.*\),"usage".*/\1/p' "$tmp/r.s$k")" = "$(cat "$tmp/off.$k")" ] && same=$((same + 1))
+        done
+        printf '%-8s %8s %10s %10s %6s/%-6s %8.2f s %7.0f ms\n' "$mode" "$ntok" "$peak" "$speak" "$saved" "$prompt_all" \
+            "$wall" "$p50"
+        [ $mode = on ] && echo "  answers equal with sharing off: $same of 8 ($ok of 8 completed)"
+        [ $sfirst = 1 ] || json="$json,"
+        sfirst=0
+        json="$json{\"prefix_share\": \"$mode\", \"requests\": 8, \"prompt_tokens\": ${ntok:-0}, \"completed\": $ok,"
+        json="$json \"pages_used_peak\": ${peak:-0}, \"pages_shared_peak\": ${speak:-0},"
+        json="$json \"prompt_tokens_shared\": ${saved:-0}, \"prompt_tokens_total\": ${prompt_all:-0},"
+        json="$json \"wall_s\": $wall, \"ttft_p50_ms\": $p50, \"equal_to_unshared\": $same}"
+        rm -f "$tmp"/sclient.*
+    done
+fi
 echo "$json]}" >"$out"
 echo "bench_serve: $out"
