@@ -50,7 +50,7 @@ class KVQLayer(CacheLayerMixin):
         B, Hkv, _, D = key_states.shape
         self.dtype, self.device = key_states.dtype, key_states.device
         with torch.cuda.device(key_states.device):
-            self.dc = DeviceCache(n_kv_heads=Hkv, head_dim=D, max_tokens=o.max_cache_len, max_seqs=B,
+            self.dc = DeviceCache(n_kv_heads=Hkv, head_dim=D, max_tokens=o.kvq_max_len, max_seqs=B,
                                   type_k=o.k, type_v=o.v, seed=layer_seed(o.seed, self.layer_idx),
                                   recent_f16=o.recent_f16, sink_tokens=o.sink_tokens, check_input=o.check_input,
                                   max_q_per_kv=o.max_q_per_kv)
@@ -84,10 +84,15 @@ class KVQLayer(CacheLayerMixin):
         return self.seen + q, 0
 
     def get_max_cache_shape(self, *args, **kwargs):
-        return self.owner.max_cache_len
+        return -1  # grows like a DynamicCache (up to kvq_max_len, which the C cache enforces)
 
-    def get_max_length(self, *args, **kwargs):
-        return self.owner.max_cache_len
+    @property
+    def max_cache_len(self):
+        return self.owner.kvq_max_len
+
+    @property
+    def max_batch_size(self):
+        return getattr(self, "batch", 0)
 
     def bytes_used(self):
         return self.dc.bytes_used() if self.dc else 0
@@ -138,7 +143,8 @@ class KVQCache(Cache):
                    head ratio are read; head counts come from the tensors)
     k, v:          cache types ("tq3j"/"tq3" default; "f16", "tq4j", ... see `kvq types`)
     max_cache_len: most tokens per batch row (default: config.max_position_embeddings);
-                   every layer's page pool is sized for batch x max_cache_len
+                   every layer's page pool is sized for batch x max_cache_len; an append past it
+                   raises KvqError "context full"
     seed:          cache seed; layer l uses kvq_seed_derive(seed, l) as the C decoder does
     recent_f16:    keep the last, partly filled page in f16 (default: on for compressed
                    types, as the `kvq` commands do)
@@ -158,7 +164,8 @@ class KVQCache(Cache):
         if prefill not in ("sdpa", "kvq"):
             raise ValueError(f"KVQCache: prefill must be 'sdpa' or 'kvq', not {prefill!r}")
         self.k, self.v = k, v
-        self.max_cache_len = int(max_cache_len or getattr(text, "max_position_embeddings", 0) or 4096)
+        # not "max_cache_len": transformers' Cache has a read-only property of that name
+        self.kvq_max_len = int(max_cache_len or getattr(text, "max_position_embeddings", 0) or 4096)
         self.seed = int(seed)
         compressed = not (k in ("f16", "f32") and v in ("f16", "f32"))
         self.recent_f16 = compressed if recent_f16 is None else bool(recent_f16)
@@ -170,11 +177,12 @@ class KVQCache(Cache):
         # the ratio survives tensor parallelism (both counts are split alike)
         self.max_q_per_kv = max(1, hq // hkv) if hq and hkv else 8
         layers = [KVQLayer(self, i) for i in range(n_layers)]
-        try:
-            super().__init__(layers=layers)
-        except TypeError:  # a transformers whose Cache takes no layers argument
-            super().__init__()
-            self.layers = layers
+        for kw in ({"layers": layers}, {}):  # transformers versions differ in what Cache() takes
+            try:
+                super().__init__(**kw)
+                break
+            except (TypeError, ValueError):
+                continue
         self.layers = layers
 
     # ---- what transformers calls -----------------------------------------
@@ -203,22 +211,7 @@ class KVQCache(Cache):
         return self.get_seq_length(layer_idx) + q, 0
 
     def get_max_cache_shape(self, layer_idx=0, *args, **kwargs):
-        return self.max_cache_len
-
-    def get_max_length(self, *args, **kwargs):
-        return self.max_cache_len
-
-    @property
-    def is_compileable(self):
-        return False
-
-    @property
-    def is_sliding(self):
-        return [False] * len(self.layers)
-
-    @property
-    def is_initialized(self):
-        return len(self.layers) > 0 and all(l.is_initialized for l in self.layers)
+        return -1
 
     def reset(self):
         for l in self.layers:
@@ -263,3 +256,13 @@ class KVQCache(Cache):
             self.close()
         except Exception:
             pass
+
+
+# what generate and the mask code read, where this transformers' Cache lacks it
+# (where it has it, its version works over the layers above)
+for _name, _prop in (("is_compileable", property(lambda self: False)),
+                     ("is_sliding", property(lambda self: [False] * len(self.layers))),
+                     ("is_initialized", property(lambda self: bool(self.layers) and
+                                                 all(l.is_initialized for l in self.layers)))):
+    if not hasattr(Cache, _name):
+        setattr(KVQCache, _name, _prop)
