@@ -375,6 +375,37 @@ static void test_cache_share(void)
     free(v);
 }
 
+/* The CUDA page pool cannot share pages yet: one clear status, nothing changed. */
+static void test_cuda_refuses(void)
+{
+    struct kvq_batch_config bc;
+    kvq_batch_config_default(&bc);
+    bc.seq.device = KVQ_DEVICE_CUDA;
+    bc.seq.type_k = bc.seq.type_v = KVQ_TYPE_F16;
+    bc.max_seqs = 2;
+    kvq_batch *b = NULL;
+    kvq_error err = {0};
+    kvq_status st = kvq_batch_create(model, &bc, &b, &err);
+    if (st == KVQ_ERR_NO_DEVICE || st == KVQ_ERR_UNSUPPORTED)
+        SKIP("no CUDA device or build: %s", err.msg);
+    CHECK_OK(st);
+    if (!b)
+        return;
+    int s0, s1;
+    CHECK_OK(kvq_batch_add(b, &s0));
+    CHECK_OK(kvq_batch_add(b, &s1));
+    struct kvq_batch_stats st0;
+    kvq_batch_get_stats(b, &st0);
+    struct kvq_batch_item it = {s0, prompts[0], st0.page_tokens, NULL, NULL};
+    CHECK_OK(kvq_batch_step(b, &it, 1, &err));
+    CHECK_STATUS(kvq_batch_share(b, s1, s0, st0.page_tokens, &err), KVQ_ERR_UNSUPPORTED);
+    CHECK(strstr(err.msg, "CUDA") != NULL);
+    struct kvq_batch_stats st1;
+    kvq_batch_get_stats(b, &st1);
+    CHECK(kvq_batch_len(b, s1) == 0 && st1.pages_used == 1 && st1.pages_shared == 0);
+    kvq_batch_free(b);
+}
+
 int main(void)
 {
     kvq_error err = {0};
@@ -399,6 +430,7 @@ int main(void)
     RUN(test_shared_identical_sinks);
     RUN(test_budget);
     RUN(test_copy_on_write);
+    RUN(test_cuda_refuses);
     for (int i = 0; i < N_SEQS; i++)
         free(prompts[i]);
     kvq_model_free(model);
