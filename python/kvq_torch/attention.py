@@ -112,6 +112,13 @@ def use_kvq(model, name="kvq"):
     """Switches a loaded model's attention to kvq (and back: use_kvq(model, "sdpa"))."""
     if hasattr(model, "set_attn_implementation"):
         model.set_attn_implementation(name)
-    else:
-        model.config._attn_implementation = name
+    # set_attn_implementation only warns for a model class it cannot check
+    # (a source-text heuristic in some versions): set the configs directly then
+    for m in model.modules():
+        cfg = getattr(m, "config", None)
+        if cfg is not None and getattr(cfg, "_attn_implementation", name) != name:
+            try:
+                cfg._attn_implementation = name
+            except (AttributeError, ValueError):
+                cfg._attn_implementation_internal = name
     return model

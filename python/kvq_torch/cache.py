@@ -20,7 +20,7 @@ try:
 except ImportError:  # pragma: no cover - the package needs transformers
     raise
 
-from . import ops
+from . import attention, ops
 from .device_cache import DeviceCache
 from .plan import layer_seed
 
@@ -192,7 +192,6 @@ class KVQCache(Cache):
         return self.layers[layer_idx]
 
     def update(self, key_states, value_states, layer_idx, cache_kwargs=None):
-        from . import attention
         layer = self._layer(layer_idx)
         out = layer.update(key_states, value_states, cache_kwargs)
         attention.set_active(layer)
