@@ -47,7 +47,6 @@ def _register_once():
 try:  # with torch and transformers present, attn_implementation="kvq" works right after import
     import torch  # noqa: F401
     import transformers  # noqa: F401
-except ImportError:
-    pass
-else:
     _register_once()
+except (ImportError, AttributeError):
+    pass  # no torch/transformers, or a torch without torch.library.custom_op: the pure parts still work

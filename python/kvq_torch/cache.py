@@ -15,10 +15,7 @@ attends. The two are used together:
 """
 import torch
 
-try:
-    from transformers.cache_utils import Cache, CacheLayerMixin
-except ImportError:  # pragma: no cover - the package needs transformers
-    raise
+from transformers.cache_utils import Cache, CacheLayerMixin
 
 from . import attention, ops
 from .device_cache import DeviceCache
