@@ -6,7 +6,7 @@ and the key/value KVQCache.update() returned, i.e. the new chunk [B, Hkv, T, D]
 and nothing older; it returns ([B, T, Hq, D], None).
 
 - decode (T == 1): one batched GPU encode of the B new tokens, then the fused
-  decode kernel over each row's pages (torch.ops.kvq.append_batch, attend);
+  decode kernel over each row's pages (torch.ops.kvq.decode_step);
 - prefill (T > 1) into an empty cache with KVQCache(prefill="sdpa"): SDPA over
   the chunk in the model's dtype (transformers' own sdpa_attention_forward,
   mask included), then the chunk is encoded;
@@ -55,8 +55,7 @@ def kvq_attention_forward(module, query, key, value, attention_mask, dropout=0.0
     scale = float(scaling) if scaling is not None else D ** -0.5
     h, anchor, dc = layer.handle, layer.anchor, layer.dc
     if T == 1:
-        torch.ops.kvq.append_batch(h, k[:, :, 0, :], v[:, :, 0, :], anchor)
-        out = torch.ops.kvq.attend(h, query[:, :, 0, :], scale, anchor)
+        out = torch.ops.kvq.decode_step(h, k[:, :, 0, :], v[:, :, 0, :], query[:, :, 0, :], scale, anchor)
         return out.unsqueeze(1), None
 
     valid = _row_validity(attention_mask, B, T)

@@ -3,6 +3,8 @@
     append(handle, seq, k, v, anchor)            GPU-encode k, v [T, Hkv, D] into sequence seq
     append_batch(handle, k, v, anchor)           one token per sequence 0..B-1: k, v [B, Hkv, D]
     attend(handle, q, scale, anchor) -> out      decode attention, q [B, Hq, D], sequences 0..B-1
+    decode_step(handle, k, v, q, scale, anchor) -> out
+                                                 append_batch then attend, in one op
     attend_prefix(handle, seq, pos0, q, scale, anchor) -> out
                                                  q [T, Hq, D]: entry i attends over the first
                                                  pos0 + i + 1 tokens of seq (a causal chunk)
@@ -21,6 +23,7 @@ give the output shapes without touching the GPU). CUDA graphs cannot replay
 these ops: sequence lengths and page tables live on the host side of the
 cache (docs/pytorch.md, "torch.compile and CUDA graphs").
 """
+import contextlib
 import itertools
 
 import torch
@@ -64,6 +67,13 @@ def _prepare(dc, t, what):
     return _f32(t)
 
 
+def _on(t):
+    """libkvq works on the current device: make it t's (a no-op in the usual case)."""
+    if t.device.index is None or t.device.index == torch.cuda.current_device():
+        return contextlib.nullcontext()
+    return torch.cuda.device(t.device)
+
+
 def _check_kv(dc, k, v, n, what):
     want = (n, dc.n_kv_heads, dc.head_dim)
     if tuple(k.shape) != want or tuple(v.shape) != want:
@@ -75,7 +85,7 @@ def _check_kv(dc, k, v, n, what):
 def append(handle: int, seq: int, k: torch.Tensor, v: torch.Tensor, anchor: torch.Tensor) -> None:
     dc = cache_of(handle)
     _check_kv(dc, k, v, k.shape[0], "append")
-    with torch.cuda.device(k.device):
+    with _on(k):
         k32 = _prepare(dc, k, "k")
         v32 = _f32(v)
         dc.append(seq, k.shape[0], k32.data_ptr(), v32.data_ptr())
@@ -94,7 +104,7 @@ def _(handle, seq, k, v, anchor):
 def append_batch(handle: int, k: torch.Tensor, v: torch.Tensor, anchor: torch.Tensor) -> None:
     dc = cache_of(handle)
     _check_kv(dc, k, v, k.shape[0], "append_batch")
-    with torch.cuda.device(k.device):
+    with _on(k):
         k32 = _prepare(dc, k, "k")
         v32 = _f32(v)
         dc.append_batch(k.shape[0], k32.data_ptr(), v32.data_ptr())
@@ -116,7 +126,7 @@ def _check_q(dc, q, what):
 def attend(handle: int, q: torch.Tensor, scale: float, anchor: torch.Tensor) -> torch.Tensor:
     dc = cache_of(handle)
     _check_q(dc, q, "attend")
-    with torch.cuda.device(q.device):
+    with _on(q):
         q32 = _prepare(dc, q, "q")
         out = torch.empty_like(q32)
         dc.attend(q.shape[0], q32.data_ptr(), q.shape[1], scale, out.data_ptr())
@@ -128,12 +138,35 @@ def _(handle, q, scale, anchor):
     return torch.empty_like(q)
 
 
+@torch.library.custom_op("kvq::decode_step", mutates_args=("anchor",))
+def decode_step(handle: int, k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, scale: float,
+                anchor: torch.Tensor) -> torch.Tensor:
+    """append_batch(k, v) then attend(q) in one op: one dispatch per layer and
+    step instead of two (the host cost of eager decoding is per op)."""
+    dc = cache_of(handle)
+    _check_kv(dc, k, v, k.shape[0], "decode_step")
+    _check_q(dc, q, "decode_step")
+    with _on(q):
+        k32 = _prepare(dc, k, "k")
+        v32, q32 = _f32(v), _f32(q)
+        dc.append_batch(k.shape[0], k32.data_ptr(), v32.data_ptr())
+        anchor.add_(k.shape[0])
+        out = torch.empty_like(q32)
+        dc.attend(q.shape[0], q32.data_ptr(), q.shape[1], scale, out.data_ptr())
+    return out if q.dtype == torch.float32 else out.to(q.dtype)
+
+
+@decode_step.register_fake
+def _(handle, k, v, q, scale, anchor):
+    return torch.empty_like(q)
+
+
 @torch.library.custom_op("kvq::attend_prefix", mutates_args=())
 def attend_prefix(handle: int, seq: int, pos0: int, q: torch.Tensor, scale: float,
                   anchor: torch.Tensor) -> torch.Tensor:
     dc = cache_of(handle)
     _check_q(dc, q, "attend_prefix")
-    with torch.cuda.device(q.device):
+    with _on(q):
         q32 = _prepare(dc, q, "q")
         out = torch.empty_like(q32)
         n = q.shape[0]

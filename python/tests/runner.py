@@ -28,7 +28,16 @@ if __name__ == "__main__":  # test modules import Skip from "runner": one class,
     sys.modules["runner"] = sys.modules[__name__]
 
 
-def run(modules, only=None):
+def _save(path, results):
+    if path:
+        n = {s: sum(r["status"] == s for r in results) for s in ("pass", "fail", "skip")}
+        with open(path, "w") as f:
+            json.dump({"results": results, "summary": n}, f, indent=1, default=str)
+
+
+def run(modules, only=None, json_path=None):
+    """Runs the tests; with json_path the results so far are saved after every
+    test, so a run killed by a timeout keeps what finished."""
     results = []
     for name in modules:
         try:
@@ -67,6 +76,7 @@ def run(modules, only=None):
             else:
                 r["detail"] = detail
             results.append(r)
+            _save(json_path, results)
     return results
 
 
@@ -76,12 +86,10 @@ def main():
     p.add_argument("--json")
     p.add_argument("--only")
     a = p.parse_args()
-    results = run(a.modules, a.only)
+    results = run(a.modules, a.only, a.json)
+    _save(a.json, results)
     n = {s: sum(r["status"] == s for r in results) for s in ("pass", "fail", "skip")}
     print(f"{n['pass']} passed, {n['fail']} failed, {n['skip']} skipped", flush=True)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"results": results, "summary": n}, f, indent=1)
     return 1 if n["fail"] else 0
 
 
