@@ -21,7 +21,9 @@ temporaries); kv_gib is what the cache holds after the prefill
 compile: KVQCache's decode step under torch.compile (default mode, not
 fullgraph) at the first context, after the eager runs: the time of the
 first two (compiling) steps, then the step time, and how many graphs and
-graph breaks dynamo made. Prints one JSON line per measurement and a
+graph breaks dynamo made. layer: one layer's decode attention alone at each
+context (kvq decode_step vs SDPA on a bf16 cache), device and host time per
+call, so the model's own overhead can be told from the kernel's. Prints one JSON line per measurement and a
 table at the end; --deadline-s skips what would not finish in time.
 """
 import argparse
@@ -149,6 +151,52 @@ def run_compile(model, cache, tok, steps):
     return c
 
 
+def layer_bench(N, a, iters=50):
+    """One layer's decode attention at context N, outside the model: KVQ's
+    decode_step (bf16 in: conversion, encode of the new token, fused
+    attention, bf16 out) against SDPA over a bf16 cache (GQA 32/8, d 128).
+    Device time from CUDA events; host time per call without synchronising
+    (what eager decoding pays per layer on the CPU)."""
+    from kvq_torch import ops
+    from kvq_torch.device_cache import DeviceCache
+    import torch.nn.functional as F
+    H, G, D = 8, 4, 128
+    g = torch.Generator(device="cuda").manual_seed(N)
+    dc = DeviceCache(H, D, N + iters + 16, 1, a.k, a.v, recent_f16=True)
+    h, anchor = ops.register(dc), torch.zeros(1, dtype=torch.int64)
+    for t0 in range(0, N, 16384):
+        n = min(16384, N - t0)
+        kk = torch.randn(n, H, D, generator=g, device="cuda", dtype=torch.bfloat16)
+        torch.ops.kvq.append(h, 0, kk, kk, anchor)
+    k1 = torch.randn(1, H, D, generator=g, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(1, H * G, D, generator=g, device="cuda", dtype=torch.bfloat16)
+    kc = torch.randn(1, H, N, D, generator=g, device="cuda", dtype=torch.bfloat16)
+    qs = q[:, :, None, :]
+
+    def timed(fn):
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t0 = time.perf_counter()
+        e0.record()
+        for _ in range(iters):
+            fn()
+        e1.record()
+        host = (time.perf_counter() - t0) / iters
+        torch.cuda.synchronize()
+        return 1e3 * e0.elapsed_time(e1) / iters, 1e6 * host
+
+    kvq_us, kvq_host = timed(lambda: torch.ops.kvq.decode_step(h, k1, k1, q, D ** -0.5, anchor))
+    sdpa_us, sdpa_host = timed(lambda: F.scaled_dot_product_attention(qs, kc, kc, enable_gqa=True))
+    ops.unregister(h)
+    del kc
+    torch.cuda.empty_cache()
+    return {"ctx": N, "kvq_decode_step_us": kvq_us, "kvq_host_us": kvq_host, "sdpa_us": sdpa_us,
+            "sdpa_host_us": sdpa_host, "note": "device us per layer call (events over %d calls); host us per call "
+            "without sync" % iters}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ctx", default="32768,131072")
@@ -168,6 +216,12 @@ def main():
            "transformers": transformers.__version__, "layers": a.layers, "steps": a.steps, "results": []}
     print(f"bench_hf: model of {a.layers} layers ready after {elapsed():.0f} s", flush=True)
     ctxs = [int(x) for x in a.ctx.split(",")]
+    out["layer"] = []
+    for N in ctxs:  # one layer alone first: seconds, and it separates the kernel from the model's overhead
+        r = layer_bench(N, a)
+        print(f"| layer {N} | kvq decode_step {r['kvq_decode_step_us']:.1f} us (host {r['kvq_host_us']:.1f} us) "
+              f"| SDPA bf16 {r['sdpa_us']:.1f} us (host {r['sdpa_host_us']:.1f} us) |", flush=True)
+        out["layer"].append(r)
 
     def save():  # after every measurement: a run cut short by a timeout keeps what it measured
         out["seconds"] = elapsed()
