@@ -97,13 +97,20 @@ static int cow_page(const kvq_batch *b, int slot, size_t len)
     return len % b->page_tokens && b->refs[b->pid[(size_t)slot * b->per_seq + len / b->page_tokens]] > 1;
 }
 
-/* The ids of slot growing from len to len + n tokens (pages checked). */
-static void grow_pages(kvq_batch *b, int slot, size_t len, size_t n)
+/* The caches copied the shared page slot's next token lands in. */
+static void cow_commit(kvq_batch *b, int slot, size_t len)
 {
-    if (n && cow_page(b, slot, len)) {
+    if (cow_page(b, slot, len)) {
         unref_page(b, b->pid[(size_t)slot * b->per_seq + len / b->page_tokens]);
         take_page(b, slot, len / b->page_tokens);
     }
+}
+
+/* The ids of slot growing from len to len + n tokens (pages checked). */
+static void grow_pages(kvq_batch *b, int slot, size_t len, size_t n)
+{
+    if (n)
+        cow_commit(b, slot, len);
     for (size_t i = kvq_batch_pages_for(b, len); i < kvq_batch_pages_for(b, len + n); i++)
         take_page(b, slot, i);
 }
@@ -374,9 +381,12 @@ kvq_status kvq_batch_step(kvq_batch *b, const struct kvq_batch_item *items, int 
         return st;
     double t0 = kvq_now();
     /* With the recent window a failed chunk could not restore the f16 copies
-     * it overwrote, so pages are taken before the first append (seq.c). */
-    for (int i = 0; b->cfg.recent_f16 && i < n_items; i++)
-        if ((st = b->kv->ops->reserve(b->kv, items[i].slot, items[i].n)) != KVQ_OK) {
+     * it overwrote, so pages are taken before the first append (seq.c); a
+     * copy on write is made here too, so that after a failed forward the
+     * caches hold the copy whatever layer failed. */
+    for (int i = 0; i < n_items; i++)
+        if ((b->cfg.recent_f16 || cow_page(b, items[i].slot, b->len[items[i].slot])) &&
+            (st = b->kv->ops->reserve(b->kv, items[i].slot, items[i].n)) != KVQ_OK) {
             for (int j = 0; j <= i; j++)
                 b->kv->ops->trim(b->kv, items[j].slot);
             return kvq_error_set(err, st, "cannot reserve pages: %s", kvq_status_str(st));
@@ -395,8 +405,10 @@ kvq_status kvq_batch_step(kvq_batch *b, const struct kvq_batch_item *items, int 
     }
     st = kvq_forward_rows(&b->fwd, b->ids, b->segs, n_items);
     if (st != KVQ_OK) {
-        for (int i = 0; i < n_items; i++)
+        for (int i = 0; i < n_items; i++) {
             b->kv->ops->trim(b->kv, items[i].slot);
+            cow_commit(b, items[i].slot, b->len[items[i].slot]);
+        }
         return kvq_error_set(err, st, "batched forward failed: %s", kvq_status_str(st));
     }
     for (int i = 0; i < n_items; i++) {
