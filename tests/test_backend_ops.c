@@ -661,10 +661,11 @@ static int row_supports(const struct tcase *c, enum backend b)
 {
     if (b == BE_AVX2)
         return !c->sh->page_tokens; /* SH_ROW_PAGES: the GPU encoder's page sizes */
-    /* the GPU encoder: f32, f16 and the tq types (q8_0/q4_0 pages are uploaded;
-     * the rotated q8_0r/q4_0r are CPU-only) */
-    const int base = (int)kvq_type_traits((enum kvq_type)c->tk)->base;
-    return b == BE_CUDA && c->op == OP_ENCODE && base != KVQ_TYPE_Q8_0 && base != KVQ_TYPE_Q4_0;
+    /* the GPU encoder: f32, f16 and the tq types up to 4 bits (q8_0/q4_0 pages
+     * are uploaded; q8_0r, q4_0r, tq5, tq6, tq8 are CPU-only) */
+    const struct kvq_type_traits *tr = kvq_type_traits((enum kvq_type)c->tk);
+    return b == BE_CUDA && c->op == OP_ENCODE && tr->base != KVQ_TYPE_Q8_0 && tr->base != KVQ_TYPE_Q4_0 &&
+           !(tr->rotated && tr->bits > 4);
 }
 
 /* ---- rotations ------------------------------------------------------------ */

@@ -270,15 +270,20 @@ static void test_score_is_dot_of_decode(void)
 static void test_round_trip_mse(void)
 {
     static const int dims[] = {64, 96, 128};
-    const int N = 20000;
     kvq_rng rng;
     kvq_rng_init(&rng, 25);
+    static const enum kvq_type types[] = {KVQ_TYPE_TQ1,  KVQ_TYPE_TQ2,  KVQ_TYPE_TQ3,  KVQ_TYPE_TQ4,
+                                          KVQ_TYPE_TQ1J, KVQ_TYPE_TQ2J, KVQ_TYPE_TQ3J, KVQ_TYPE_TQ4J,
+                                          KVQ_TYPE_TQ5,  KVQ_TYPE_TQ6,  KVQ_TYPE_TQ8};
     for (size_t di = 0; di < 3; di++)
-        for (int t = KVQ_TYPE_TQ1; t <= KVQ_TYPE_TQ4J; t++) {
+        for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+            const enum kvq_type t = types[ti];
             int d = dims[di];
-            kvq_codec *c = make((enum kvq_type)t, d);
+            kvq_codec *c = make(t, d);
             if (!c)
                 continue;
+            /* the error of a fine codebook varies more from row to row (the f16 norm's share grows) */
+            const int N = c->bits > 4 ? 60000 : 20000;
             double s = 0, s2 = 0;
             for (int it = 0; it < N; it++) {
                 float x[128], y[128];

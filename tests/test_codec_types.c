@@ -19,7 +19,7 @@ static void test_traits_table(void)
 {
     static const char *const names[KVQ_TYPE_COUNT] = {"f32",  "f16",  "q8_0", "q4_0", "tq1",  "tq2",
                                                       "tq3",  "tq4",  "tq1j", "tq2j", "tq3j", "tq4j",
-                                                      "q8_0r", "q4_0r"};
+                                                      "q8_0r", "q4_0r", "tq5",  "tq6",  "tq8"};
     for (int t = 0; t < KVQ_TYPE_COUNT; t++) {
         const struct kvq_type_traits *tr = kvq_type_traits((enum kvq_type)t);
         CHECK(tr != NULL);
@@ -32,7 +32,8 @@ static void test_traits_table(void)
         enum kvq_type back;
         CHECK_OK(kvq_type_from_name(names[t], &back));
         CHECK((int)back == t);
-        int tq = t >= KVQ_TYPE_TQ1 && t <= KVQ_TYPE_TQ4J, rotbase = t == KVQ_TYPE_Q8_0R || t == KVQ_TYPE_Q4_0R;
+        int wide = t >= KVQ_TYPE_TQ5 && t <= KVQ_TYPE_TQ8;
+        int tq = (t >= KVQ_TYPE_TQ1 && t <= KVQ_TYPE_TQ4J) || wide, rotbase = t == KVQ_TYPE_Q8_0R || t == KVQ_TYPE_Q4_0R;
         CHECK(tr->rotated == tq);
         CHECK(tr->qjl == (t >= KVQ_TYPE_TQ1J && t <= KVQ_TYPE_TQ4J));
         CHECK((int)tr->base == (t == KVQ_TYPE_Q8_0R ? KVQ_TYPE_Q8_0 : t == KVQ_TYPE_Q4_0R ? KVQ_TYPE_Q4_0 : t));
@@ -40,7 +41,9 @@ static void test_traits_table(void)
             CHECK(kvq_type_row_bytes((enum kvq_type)t, 128) == kvq_type_row_bytes(tr->base, 128));
             CHECK(tr->block_bytes == kvq_type_traits(tr->base)->block_bytes);
         }
-        if (tq) {
+        if (wide)
+            CHECK(tr->bits == (t == KVQ_TYPE_TQ5 ? 5 : t == KVQ_TYPE_TQ6 ? 6 : 8));
+        else if (tq) {
             CHECK(tr->bits == (t - KVQ_TYPE_TQ1) % 4 + 1);
             CHECK(tr->block_values == 0 && tr->block_bytes == 0);
         }
@@ -48,7 +51,7 @@ static void test_traits_table(void)
     CHECK(kvq_type_traits(KVQ_TYPE_COUNT) == NULL);
     CHECK(kvq_type_traits((enum kvq_type)-1) == NULL);
     enum kvq_type t = KVQ_TYPE_F32;
-    CHECK_STATUS(kvq_type_from_name("tq5", &t), KVQ_ERR_INVALID_ARG);
+    CHECK_STATUS(kvq_type_from_name("tq7", &t), KVQ_ERR_INVALID_ARG);
     CHECK_STATUS(kvq_type_from_name("TQ3", &t), KVQ_ERR_INVALID_ARG);
     CHECK_STATUS(kvq_type_from_name(NULL, &t), KVQ_ERR_INVALID_ARG);
     CHECK(t == KVQ_TYPE_F32);
@@ -66,7 +69,8 @@ static size_t expected_bytes(int t, int d)
     case KVQ_TYPE_Q4_0: return (size_t)d / 32 * (2 + 16);
     default: break;
     }
-    int b = (t - KVQ_TYPE_TQ1) % 4 + 1, qjl = t >= KVQ_TYPE_TQ1J;
+    int b = t == KVQ_TYPE_TQ5 ? 5 : t == KVQ_TYPE_TQ6 ? 6 : t == KVQ_TYPE_TQ8 ? 8 : (t - KVQ_TYPE_TQ1) % 4 + 1;
+    int qjl = t >= KVQ_TYPE_TQ1J && t <= KVQ_TYPE_TQ4J;
     return (size_t)(16 * (1 + qjl) + d * b + qjl * d) / 8;
 }
 

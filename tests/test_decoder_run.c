@@ -195,8 +195,8 @@ static void expect_error(int argc, const char **args, const char *msg)
 
 static void test_errors(void)
 {
-    const char *a1[] = {"--model", TEST_MODEL_DIR, "--prompt", "hi", "--cache-type-k", "tq5"};
-    expect_error(6, a1, "unknown cache type 'tq5'");
+    const char *a1[] = {"--model", TEST_MODEL_DIR, "--prompt", "hi", "--cache-type-k", "tq7"};
+    expect_error(6, a1, "unknown cache type 'tq7'");
     const char *a2[] = {"--model", TEST_MODEL_DIR, "--prompt-ids", "1,5,4096"};
     expect_error(4, a2, "prompt token id 4096 is outside the vocabulary");
     char *many = malloc(4097 * 2 + 1);

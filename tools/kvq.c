@@ -76,6 +76,12 @@ static int dispatch(const struct cli_command *c, int argc, char **argv)
 
 int main(int argc, char **argv)
 {
+    /* Whole reports reach the file in cli_finish_stdout's flush, where a
+     * failed write's errno is still known ("No space left on device"); with
+     * stdio's 4 KiB buffer a longer one failed mid-way and lost the reason.
+     * Streamed text is flushed by its command (cli_flush_stdout). */
+    static char out_buf[1 << 16];
+    setvbuf(stdout, out_buf, _IOFBF, sizeof out_buf);
     if (argc < 2 || cli_is_help(argv[1])) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : cli_finish_stdout("help", 0);

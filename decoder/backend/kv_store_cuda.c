@@ -181,9 +181,11 @@ kvq_status kvq_kv_store_cuda_create(const struct kvq_kv_store_config *cfg, kvq_k
         return kvq_error_set(err, KVQ_ERR_UNSUPPORTED, "the value-norm correction is not on the GPU yet");
     for (int l = 0; l < cfg->n_layers; l++) {
         const struct kvq_type_traits *tk = kvq_type_traits(cfg->cfgs[l].type_k), *tv = kvq_type_traits(cfg->cfgs[l].type_v);
-        if (tk && tv && (tk->base != tk->type || tv->base != tv->type))
-            return kvq_error_set(err, KVQ_ERR_UNSUPPORTED, "cache types %s/%s: the rotated baselines are CPU-only for now",
-                                 tk->name, tv->name);
+        if (tk && tv && (tk->base != tk->type || tv->base != tv->type || (tk->rotated && tk->bits > 4) ||
+                         (tv->rotated && tv->bits > 4)))
+            return kvq_error_set(err, KVQ_ERR_UNSUPPORTED,
+                                 "cache types %s/%s: q8_0r, q4_0r, tq5, tq6 and tq8 are CPU-only for now", tk->name,
+                                 tv->name);
     }
     struct cuda_store *s = calloc(1, sizeof *s);
     if (!s || !(s->caches = calloc((size_t)cfg->n_layers, sizeof *s->caches)) ||

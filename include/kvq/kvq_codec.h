@@ -17,6 +17,8 @@
  * [B*j, B*j+B), stream bit i being bit (i % 8) of byte i / 8. Sign j is
  * stream bit j of signs, 1 when (S r)_j >= 0.
  * At d = 128: tq3j = 68 bytes (4.25 bits/value), tq3 = 50 (3.125).
+ * tq5, tq6, tq8 (no QJL variant) extend tqB to the rates of q4_0..q8_0:
+ * 82, 98, 130 bytes at d = 128 (5.125, 6.125, 8.125 bits/value).
  *
  * Baselines use llama.cpp's block layouts bit for bit: f32, f16 (IEEE
  * binary16), q8_0 (blocks of 32: f16 scale + 32 x int8, 34 bytes) and q4_0
@@ -70,6 +72,9 @@ enum kvq_type {
     KVQ_TYPE_TQ4J = 11,
     KVQ_TYPE_Q8_0R = 12,
     KVQ_TYPE_Q4_0R = 13,
+    KVQ_TYPE_TQ5 = 14,
+    KVQ_TYPE_TQ6 = 15,
+    KVQ_TYPE_TQ8 = 16,
     KVQ_TYPE_COUNT
 };
 

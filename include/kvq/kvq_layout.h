@@ -84,7 +84,12 @@ KVQ_HD static inline int kvq_layout_tq_bits(int t)
         return t - KVQ_TYPE_TQ1 + 1;
     if (t >= KVQ_TYPE_TQ1J && t <= KVQ_TYPE_TQ4J)
         return t - KVQ_TYPE_TQ1J + 1;
-    return 0;
+    switch (t) {
+    case KVQ_TYPE_TQ5: return 5;
+    case KVQ_TYPE_TQ6: return 6;
+    case KVQ_TYPE_TQ8: return 8;
+    default: return 0;
+    }
 }
 
 KVQ_HD static inline int kvq_layout_tq_qjl(int t)

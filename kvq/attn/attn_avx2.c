@@ -31,11 +31,15 @@
 #define INLINE static inline __attribute__((always_inline))
 
 /* What one row stores, as far as expanding 8 coordinates goes. */
-enum kind { K_TQ1 = 1, K_TQ2 = 2, K_TQ3 = 3, K_TQ4 = 4, K_SIGN, K_F32, K_F16, K_Q8, K_Q4 };
+/* K_TQW: codebooks of 5 to 8 bits, read by gathers from the centroid array. */
+enum kind { K_TQ1 = 1, K_TQ2 = 2, K_TQ3 = 3, K_TQ4 = 4, K_SIGN, K_F32, K_F16, K_Q8, K_Q4, K_TQW };
 
 struct consts {
     __m256 lo, hi;    /* centroid tables (hi: codes 8..15 of a 4-bit codebook); K_SIGN: -1/+1 */
     __m256i shr, shl; /* per-lane shifts */
+    __m256i mask;     /* K_TQW: levels - 1 */
+    const float *tab; /* K_TQW: the centroids */
+    int bits;         /* K_TQW: B */
 };
 
 static int kind_of(const kvq_codec *c)
@@ -45,7 +49,7 @@ static int kind_of(const kvq_codec *c)
     case KVQ_TYPE_F16: return K_F16;
     case KVQ_TYPE_Q8_0: return K_Q8;
     case KVQ_TYPE_Q4_0: return K_Q4;
-    default: return c->bits; /* tq: 1..4 */
+    default: return c->bits <= K_TQ4 ? c->bits : K_TQW; /* tq: 1..4, then 5..8 */
     }
 }
 
@@ -68,6 +72,15 @@ static struct consts make_consts(const kvq_codec *c, int kind)
         k.hi = _mm256_loadu_ps(c->centroids + 8);
     } else {
         k.lo = k.hi = _mm256_setzero_ps();
+    }
+    k.mask = _mm256_setzero_si256();
+    k.tab = NULL;
+    k.bits = 0;
+    if (kind == K_TQW) { /* lanes 0-3 from the low 4B bits of the group's word, 4-7 from the next 4B */
+        k.bits = c->bits;
+        k.shr = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3), _mm256_set1_epi32(c->bits));
+        k.mask = _mm256_set1_epi32(c->levels - 1);
+        k.tab = c->centroids;
     }
     return k;
 }
@@ -97,6 +110,12 @@ INLINE __m256 expand(const int kind, const uint8_t *r, int g, const struct const
         __m256i idx = _mm256_srlv_epi32(w, k->shr);
         __m256 a = _mm256_permutevar8x32_ps(k->lo, idx), b = _mm256_permutevar8x32_ps(k->hi, idx);
         return _mm256_blendv_ps(a, b, _mm256_castsi256_ps(_mm256_sllv_epi32(w, k->shl)));
+    }
+    case K_TQW: { /* 8 codes of B bits are B bytes */
+        const uint64_t w = kvq_load_le_5to8(r + (size_t)k->bits * (size_t)g, k->bits);
+        const int lo = (int)(uint32_t)w, hi = (int)(uint32_t)(w >> (4 * k->bits));
+        __m256i v = _mm256_setr_epi32(lo, lo, lo, lo, hi, hi, hi, hi);
+        return _mm256_i32gather_ps(k->tab, _mm256_and_si256(_mm256_srlv_epi32(v, k->shr), k->mask), 4);
     }
     case K_F32:
         return _mm256_loadu_ps((const float *)(const void *)(r + 32 * g));
@@ -234,6 +253,7 @@ static void score_chunk(int kind, int qc, int sign, const uint8_t *codes, uint32
         BASE_CASES(K_F16)
         BASE_CASES(K_Q8)
         BASE_CASES(K_Q4)
+        BASE_CASES(K_TQW)
     default: break;
     }
 }
@@ -437,6 +457,7 @@ static void value_chunk(int kind, int qc, const uint8_t *rows, uint32_t stride, 
         VALUE_CASES(K_F16)
         VALUE_CASES(K_Q8)
         VALUE_CASES(K_Q4)
+        VALUE_CASES(K_TQW)
     default: break;
     }
 }

@@ -177,7 +177,7 @@ INLINE __m256i words_half(const uint64_t *w, int l)
 TGT static void score_avx512(const struct kvq_attn_job *job, const struct kvq_attn_block *b)
 {
     const kvq_codec *ck = job->ck;
-    if (!ck->traits->rotated) {
+    if (!ck->traits->rotated || ck->bits > KVQ_TQ_SIMD_MAX_BITS) {
         kvq_attn_kernels_avx2.score(job, b);
         return;
     }
@@ -298,7 +298,7 @@ TGT static void scale_weights16(const float *src, const uint16_t *h16, float mul
 TGT static void value_avx512(const struct kvq_attn_job *job, const struct kvq_attn_block *b)
 {
     const kvq_codec *cv = job->cv;
-    if (!cv->traits->rotated) {
+    if (!cv->traits->rotated || cv->bits > KVQ_TQ_SIMD_MAX_BITS) {
         kvq_attn_kernels_avx2.value(job, b);
         return;
     }
@@ -329,7 +329,7 @@ TGT static void value_avx512(const struct kvq_attn_job *job, const struct kvq_at
 /* Queries interleaved by 16-coordinate group for a tq K; the AVX2 layout otherwise. */
 TGT static void prepare_avx512(const struct kvq_attn_job *job)
 {
-    if (!job->ck->traits->rotated) {
+    if (!job->ck->traits->rotated || job->ck->bits > KVQ_TQ_SIMD_MAX_BITS) {
         kvq_attn_kernels_avx2.prepare(job);
         return;
     }

@@ -42,7 +42,10 @@
 #include "kvq_layout.h"
 #include "kvq_rotation.h"
 
-#define KVQ_TQ_MAX_LEVELS 16 /* tq types use at most 4-bit codebooks */
+#define KVQ_TQ_MAX_LEVELS 256 /* tq types use at most 8-bit codebooks */
+/* Codebooks the SIMD row and attention kernels take (a 4-bit codebook fits
+ * two 8-lane registers); wider ones run the scalar kernels. */
+#define KVQ_TQ_SIMD_MAX_BITS 4
 
 /* Stream ids for kvq_seed_derive(cfg.seed, id). */
 #define KVQ_SEED_STREAM_R 1u
@@ -247,6 +250,26 @@ static inline unsigned kvq_code_get(const uint8_t *codes, int bits, int j)
     for (int b = 0; b < bits; b++, pos++)
         v |= (unsigned)((codes[pos >> 3] >> (pos & 7)) & 1u) << b;
     return v;
+}
+
+/* The 5..8 bytes at p, little-endian (8 codes of a 5- to 8-bit codebook),
+ * with whole loads: a zeroed word patched by a short memcpy stalls on store
+ * forwarding, and never reading past p + n keeps the last row in bounds. */
+static inline uint64_t kvq_load_le_5to8(const uint8_t *p, int n)
+{
+    uint32_t a;
+    uint16_t b;
+    memcpy(&a, p, 4);
+    switch (n) {
+    case 5: return a | (uint64_t)p[4] << 32;
+    case 6: memcpy(&b, p + 4, 2); return a | (uint64_t)b << 32;
+    case 7: memcpy(&b, p + 4, 2); return a | (uint64_t)b << 32 | (uint64_t)p[6] << 48;
+    default: {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        return w;
+    }
+    }
 }
 
 static inline void kvq_code_set(uint8_t *codes, int bits, int j, unsigned v)

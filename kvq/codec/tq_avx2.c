@@ -94,6 +94,44 @@ static inline __m256i codes8(const uint8_t *codes, int bits, int j, __m256i shif
     return _mm256_and_si256(_mm256_srlv_epi32(w, shifts), mask);
 }
 
+/* Centroids of codes j..j+7: the permute table up to 4 bits; for the 5- to
+ * 8-bit codebooks a gather, the 8 codes being the B bytes at (j / 8) * B
+ * (lanes 0-3 in their low 4B bits, lanes 4-7 in the next 4B). */
+static inline __m256 centroids8(const kvq_codec *c, const struct lut *L, const uint8_t *codes, int j, __m256i shifts,
+                                __m256i mask)
+{
+    const int bits = c->bits;
+    if (bits <= KVQ_TQ_SIMD_MAX_BITS)
+        return lut_get(L, codes8(codes, bits, j, shifts, mask));
+    const uint64_t w = kvq_load_le_5to8(codes + (j >> 3) * bits, bits);
+    const int lo = (int)(uint32_t)w, hi = (int)(uint32_t)(w >> (4 * bits));
+    __m256i v = _mm256_srlv_epi32(_mm256_setr_epi32(lo, lo, lo, lo, hi, hi, hi, hi), shifts);
+    return _mm256_i32gather_ps(c->centroids, _mm256_and_si256(v, mask), 4);
+}
+
+/* Per-lane shifts of centroids8(): bits * k, or bits * (k mod 4) past 4 bits. */
+static inline __m256i centroid_shifts(int bits)
+{
+    if (bits <= KVQ_TQ_SIMD_MAX_BITS)
+        return code_shifts(bits);
+    return _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3), _mm256_set1_epi32(bits));
+}
+
+/* The reference's code for y: the number of boundaries below it (they
+ * ascend, so a binary search finds the same count as the reference's scan). */
+static inline unsigned code_of(const kvq_codec *c, float y)
+{
+    unsigned lo = 0, hi = (unsigned)c->levels - 1;
+    while (lo < hi) {
+        unsigned mid = (lo + hi) / 2;
+        if (y > c->boundaries[mid])
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
 /* Lane k all-ones when sign bit k of byte b is set. */
 static inline __m256 signs8(uint8_t b)
 {
@@ -130,12 +168,20 @@ kvq_status kvq_tq_encode_avx2(const kvq_codec *c, const float *x, const struct k
         _mm256_store_ps(y + j, _mm256_mul_ps(_mm256_loadu_ps(x + j), inv));
     kvq_rotation_apply(c->rot, y, y);
 
-    __m256 bnd[KVQ_TQ_MAX_LEVELS - 1];
-    for (int i = 0; i < nb; i++)
-        bnd[i] = _mm256_set1_ps(c->boundaries[i]);
     const struct lut L = lut_load(c);
+    if (bits > KVQ_TQ_SIMD_MAX_BITS) { /* 31..255 boundaries: a search per coordinate, not a compare each */
+        memset(dst->codes, 0, c->fields.codes);
+        for (int j = 0; j < d; j++) {
+            unsigned idx = code_of(c, y[j]);
+            kvq_code_set(dst->codes, bits, j, idx);
+            r[j] = y[j] - c->centroids[idx];
+        }
+    }
+    __m256 bnd[(1 << KVQ_TQ_SIMD_MAX_BITS) - 1];
+    for (int i = 0; i < nb && bits <= KVQ_TQ_SIMD_MAX_BITS; i++)
+        bnd[i] = _mm256_set1_ps(c->boundaries[i]);
     const __m256i shifts = code_shifts(bits);
-    for (int j = 0; j < d; j += 8) {
+    for (int j = 0; j < d && bits <= KVQ_TQ_SIMD_MAX_BITS; j += 8) {
         __m256 yv = _mm256_load_ps(y + j);
         __m256i idx = _mm256_setzero_si256();
         for (int i = 0; i < nb; i++) /* idx += (y > b_i): the mask is -1 */
@@ -172,9 +218,9 @@ void kvq_tq_decode_avx2(const kvq_codec *c, const struct kvq_row *src, float *x)
     if (d < 8) /* never (create checks dims); tells the compiler w gets written */
         return;
     const struct lut L = lut_load(c);
-    const __m256i shifts = code_shifts(bits), mask = _mm256_set1_epi32(c->levels - 1);
+    const __m256i shifts = centroid_shifts(bits), mask = _mm256_set1_epi32(c->levels - 1);
     for (int j = 0; j < d; j += 8)
-        _mm256_store_ps(w + j, lut_get(&L, codes8(src->codes, bits, j, shifts, mask)));
+        _mm256_store_ps(w + j, centroids8(c, &L, src->codes, j, shifts, mask));
     if (c->traits->qjl) {
         const __m256 one = _mm256_set1_ps(1.0f), minus = _mm256_set1_ps(-1.0f);
         for (int j = 0; j < d; j += 8)
@@ -195,10 +241,10 @@ float kvq_tq_score_avx2(const kvq_codec *c, const float *qprep, const struct kvq
     int d = c->cfg.dim, bits = c->bits;
     float n = kvq_f16_to_f32(kvq_row_load_u16(src->norm));
     const struct lut L = lut_load(c);
-    const __m256i shifts = code_shifts(bits), mask = _mm256_set1_epi32(c->levels - 1);
+    const __m256i shifts = centroid_shifts(bits), mask = _mm256_set1_epi32(c->levels - 1);
     __m256 a = _mm256_setzero_ps();
     for (int j = 0; j < d; j += 8)
-        a = _mm256_fmadd_ps(_mm256_loadu_ps(qprep + j), lut_get(&L, codes8(src->codes, bits, j, shifts, mask)), a);
+        a = _mm256_fmadd_ps(_mm256_loadu_ps(qprep + j), centroids8(c, &L, src->codes, j, shifts, mask), a);
     float A = kvq_hsum8_avx2(a);
     if (!c->traits->qjl)
         return n * A;

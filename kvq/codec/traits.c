@@ -40,6 +40,9 @@ static const struct kvq_type_traits traits_table[KVQ_TYPE_COUNT] = {
                      "q8_0 of the rotated row (llama.cpp's default for a q8_0 cache since 2026-04)"),
     ROTATED_BASELINE(KVQ_TYPE_Q4_0R, KVQ_TYPE_Q4_0, "q4_0r", 4, (int)sizeof(kvq_block_q4_0),
                      "q4_0 of the rotated row (llama.cpp's default for a q4_0 cache since 2026-04)"),
+    TQ(KVQ_TYPE_TQ5, "tq5", 5, 0, "TurboQuant: f16 norm + rotation + 5-bit Lloyd-Max codes"),
+    TQ(KVQ_TYPE_TQ6, "tq6", 6, 0, "TurboQuant: f16 norm + rotation + 6-bit Lloyd-Max codes"),
+    TQ(KVQ_TYPE_TQ8, "tq8", 8, 0, "TurboQuant: f16 norm + rotation + 8-bit Lloyd-Max codes"),
 };
 
 const struct kvq_type_traits *kvq_type_traits(enum kvq_type t)

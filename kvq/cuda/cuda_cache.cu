@@ -77,9 +77,9 @@ kvq_status kvq_cu_codec_upload(const kvq_codec *c, float *tables, struct kvq_dev
     d->qjl = c->traits->qjl;
     d->levels = c->levels;
     d->rotated = c->traits->rotated;
-    for (int i = 0; i < c->levels && i < KVQ_TQ_MAX_LEVELS; i++)
+    for (int i = 0; i < c->levels && i < KVQ_CUDA_TQ_MAX_LEVELS; i++)
         d->centroids[i] = c->centroids[i];
-    for (int i = 0; i + 1 < c->levels && i < KVQ_TQ_MAX_LEVELS - 1; i++)
+    for (int i = 0; i + 1 < c->levels && i < KVQ_CUDA_TQ_MAX_LEVELS - 1; i++)
         d->boundaries[i] = c->boundaries[i];
     d->kappa = c->qjl_kappa_f;
     float *cursor = tables;
@@ -290,10 +290,12 @@ kvq_status kvq_cuda_cache_create(const struct kvq_cuda_cache_config *cfg, kvq_cu
         return KVQ_ERR_INVALID_ARG;
     if (cfg->cache.sink_tokens < 0 || cfg->cache.sink_tokens > KVQ_CACHE_MAX_SINK_TOKENS)
         return KVQ_ERR_INVALID_ARG;
-    /* Rotated baselines have no device kernels yet (their rows would need the
-     * query rotation of the tq path with the baseline block readers). */
+    /* Rotated baselines and codebooks over 4 bits have no device kernels yet
+     * (the former would need the query rotation of the tq path with the
+     * baseline block readers, the latter wider centroid tables). */
     if (kvq_layout_base_type((int)cfg->cache.type_k) != (int)cfg->cache.type_k ||
-        kvq_layout_base_type((int)cfg->cache.type_v) != (int)cfg->cache.type_v)
+        kvq_layout_base_type((int)cfg->cache.type_v) != (int)cfg->cache.type_v ||
+        kvq_layout_tq_bits((int)cfg->cache.type_k) > 4 || kvq_layout_tq_bits((int)cfg->cache.type_v) > 4)
         return KVQ_ERR_UNSUPPORTED;
     if (kvq_cuda_require_device() != KVQ_OK)
         return KVQ_ERR_NO_DEVICE;

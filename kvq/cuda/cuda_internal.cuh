@@ -45,13 +45,17 @@ struct kvq_dev_rot {
     const float *mix;   /* m * m, NULL when m == 1 */
 };
 
+/* The device kernels take codebooks of up to 4 bits (kvq_cuda_cache_create
+ * refuses tq5, tq6, tq8): the codec travels by value as a kernel argument. */
+#define KVQ_CUDA_TQ_MAX_LEVELS 16
+
 /* Everything a kernel needs about one codec (passed by value). */
 struct kvq_dev_codec {
     int type, dim, bits, qjl, levels;
     int rotated;       /* tq types */
     int gpu_encode;    /* 1 when kvq_cu_encode can reproduce the CPU bytes */
-    float centroids[KVQ_TQ_MAX_LEVELS];
-    float boundaries[KVQ_TQ_MAX_LEVELS - 1];
+    float centroids[KVQ_CUDA_TQ_MAX_LEVELS];
+    float boundaries[KVQ_CUDA_TQ_MAX_LEVELS - 1];
     float kappa;       /* qjl_kappa_f */
     struct kvq_dev_rot R, S;
 };
