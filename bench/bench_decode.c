@@ -6,8 +6,9 @@
  * with the model's tokenizer) cut to 512, 2048 and 4032 tokens (4K minus
  * room for decoding). For every context and cache type (f32, f16, q8_0 for
  * K and V, the library default tq3j K / tq3 V, and the same with the recent
- * f16 window, the default of the kvq commands, "tq3j/tq3+win"; then q4_0 and
- * the rotated q4_0r that llama.cpp users get, for what the rotation costs):
+ * f16 window, the default of the kvq commands, "tq3j/tq3+win"; then q4_0,
+ * the rotated q4_0r that llama.cpp users get, and tq5/tq4, whose 5-bit
+ * codebook the SIMD kernels read by gathers, for what each costs):
  *   prefill  tokens/s of one forward over the whole prompt (chunks of 256);
  *   decode   tokens/s of 32 greedy tokens continuing it (plain, then with
  *            --speculative 4), the cache truncated back to the prompt before
@@ -35,7 +36,7 @@
 #define N_DECODE 32
 #define SPEC 4
 #define MAX_REPS 5
-#define N_TYPES 7
+#define N_TYPES 8
 #define N_CTX 3
 
 static const struct {
@@ -44,7 +45,7 @@ static const struct {
 } types[N_TYPES] = {
     {KVQ_TYPE_F32, KVQ_TYPE_F32, 0}, {KVQ_TYPE_F16, KVQ_TYPE_F16, 0}, {KVQ_TYPE_Q8_0, KVQ_TYPE_Q8_0, 0},
     {KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, 0}, {KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, 1}, {KVQ_TYPE_Q4_0, KVQ_TYPE_Q4_0, 0},
-    {KVQ_TYPE_Q4_0R, KVQ_TYPE_Q4_0R, 0},
+    {KVQ_TYPE_Q4_0R, KVQ_TYPE_Q4_0R, 0}, {KVQ_TYPE_TQ5, KVQ_TYPE_TQ4, 0},
 };
 static const size_t contexts[N_CTX] = {512, 2048, 4032};
 

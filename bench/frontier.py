@@ -8,7 +8,7 @@ window, on held-out text (issue 25).
 
 Each configuration is one `kvq ppl --kl-divergence --json` run (the f32 cache
 of the same windows is the reference of both measures). Writes OUT.json (every
-run), OUT.md (the table) and OUT.png (gnuplot; skipped with a line when
+run), OUT-table.md (the table) and OUT.png (gnuplot; skipped with a line when
 gnuplot is missing). Standard library only.
 """
 import argparse
@@ -59,6 +59,8 @@ def plot(rows, out, title):
         return
     dat = {}
     for r in rows:
+        if r["bits"] > 9.5:  # f16: off the rate range drawn
+            continue
         key = (r["family"], r["window"])
         dat.setdefault(key, []).append(r)
     files = []
@@ -82,7 +84,7 @@ def plot(rows, out, title):
           "set multiplot layout 1,2 title '%s'" % title, "set xlabel 'bits per cached value (window counted)'",
           "set logscale y", "set grid", "set key top right", "set xrange [2:9.5]",
           "set label 1 'lines: the frontier of each family (no cheaper pair has a lower KL); Δppl below 0.01% drawn at 0.01%'"
-          " at screen 0.01, screen 0.015 font ',8'"]
+          " at screen 0.5, screen 0.015 center font ',8'", "set bmargin 5"]
     for panel, col, ylab in (("perplexity increase (%)", 2, "Δppl (%) vs the f32 cache"),
                              ("mean KL divergence", 3, "mean KL vs the f32 cache (nats)")):
         gp.append("set title '%s'" % panel)
@@ -116,7 +118,7 @@ def main():
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--windows", type=int, default=2)
     ap.add_argument("--out", default="docs/frontier")
-    ap.add_argument("--plot-only", action="store_true", help="redraw OUT.png and OUT.md from OUT.json")
+    ap.add_argument("--plot-only", action="store_true", help="redraw OUT.png from OUT.json")
     args = ap.parse_args()
 
     if args.plot_only:
@@ -146,7 +148,7 @@ def main():
             "tokens": rows[0]["tokens"], "ref_ppl": rows[0]["ref_ppl"], "kvq": args.kvq}
     with open(args.out + ".json", "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
-    with open(args.out + ".md", "w") as f:
+    with open(args.out + "-table.md", "w") as f:
         f.write("%d tokens of %s in windows of %d; f32 cache ppl %.4f.\n\n" % (
             meta["tokens"], os.path.basename(args.text), args.ctx, meta["ref_ppl"]))
         f.write(table(rows))
