@@ -783,6 +783,26 @@ static void test_f16_overrides_bad_config(void)
     CHECK(g == NULL);
 }
 
+/* The CPU-only types (rotated baselines, codebooks over 4 bits) are refused
+ * as K or V, with or without a device, and nothing is created. */
+static void test_cpu_only_types(void)
+{
+    static const enum kvq_type cpu_only[] = {KVQ_TYPE_Q8_0R, KVQ_TYPE_Q4_0R, KVQ_TYPE_TQ5, KVQ_TYPE_TQ6, KVQ_TYPE_TQ8};
+    for (size_t i = 0; i < sizeof cpu_only / sizeof cpu_only[0]; i++)
+        for (int side = 0; side < 2; side++) {
+            struct kvq_cuda_cache_config cfg;
+            kvq_cuda_cache_config_default(&cfg, 2, 128, 256, 1);
+            if (side)
+                cfg.cache.type_v = cpu_only[i];
+            else
+                cfg.cache.type_k = cpu_only[i];
+            kvq_cuda_cache *g = (kvq_cuda_cache *)&cfg;
+            CHECKF(kvq_cuda_cache_create(&cfg, &g) == KVQ_ERR_UNSUPPORTED, "%s as %s",
+                   kvq_type_traits(cpu_only[i])->name, side ? "V" : "K");
+            CHECK(g == NULL);
+        }
+}
+
 /* Runs everywhere: without a GPU the API must say so, not crash. */
 static void test_no_device_contract(void)
 {
@@ -813,6 +833,7 @@ int main(void)
 {
     RUN(test_no_device_contract);
     RUN(test_f16_overrides_bad_config);
+    RUN(test_cpu_only_types);
     RUN(test_encode_errors);
     RUN(test_truncate_reappend);
     RUN(test_attend_prefix);
