@@ -31,11 +31,13 @@
 #define INLINE static inline __attribute__((always_inline))
 
 /* What one row stores, as far as expanding 8 coordinates goes. */
-/* K_TQW: codebooks of 5 to 8 bits, read by gathers from the centroid array. */
-enum kind { K_TQ1 = 1, K_TQ2 = 2, K_TQ3 = 3, K_TQ4 = 4, K_SIGN, K_F32, K_F16, K_Q8, K_Q4, K_TQW };
+/* K_TQ5: a 5-bit codebook, four registers of centroids; K_TQW: 6 to 8 bits,
+ * read by gathers from the centroid array. */
+enum kind { K_TQ1 = 1, K_TQ2 = 2, K_TQ3 = 3, K_TQ4 = 4, K_SIGN, K_F32, K_F16, K_Q8, K_Q4, K_TQ5, K_TQW };
 
 struct consts {
     __m256 lo, hi;    /* centroid tables (hi: codes 8..15 of a 4-bit codebook); K_SIGN: -1/+1 */
+    __m256 lo2, hi2;  /* K_TQ5: codes 16..23 and 24..31 */
     __m256i shr, shl; /* per-lane shifts */
     __m256i mask;     /* K_TQW: levels - 1 */
     const float *tab; /* K_TQW: the centroids */
@@ -49,7 +51,7 @@ static int kind_of(const kvq_codec *c)
     case KVQ_TYPE_F16: return K_F16;
     case KVQ_TYPE_Q8_0: return K_Q8;
     case KVQ_TYPE_Q4_0: return K_Q4;
-    default: return c->bits <= K_TQ4 ? c->bits : K_TQW; /* tq: 1..4, then 5..8 */
+    default: return c->bits <= K_TQ4 ? c->bits : c->bits == 5 ? K_TQ5 : K_TQW; /* tq: 1..4, 5, 6..8 */
     }
 }
 
@@ -73,9 +75,17 @@ static struct consts make_consts(const kvq_codec *c, int kind)
     } else {
         k.lo = k.hi = _mm256_setzero_ps();
     }
+    k.lo2 = k.hi2 = _mm256_setzero_ps();
     k.mask = _mm256_setzero_si256();
     k.tab = NULL;
     k.bits = 0;
+    if (kind == K_TQ5) {
+        k.lo = _mm256_loadu_ps(c->centroids);
+        k.hi = _mm256_loadu_ps(c->centroids + 8);
+        k.lo2 = _mm256_loadu_ps(c->centroids + 16);
+        k.hi2 = _mm256_loadu_ps(c->centroids + 24);
+        k.shr = _mm256_setr_epi32(0, 5, 10, 15, 0, 5, 10, 15);
+    }
     if (kind == K_TQW) { /* lanes 0-3 from the low 4B bits of the group's word, 4-7 from the next 4B */
         k.bits = c->bits;
         k.shr = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3), _mm256_set1_epi32(c->bits));
@@ -110,6 +120,15 @@ INLINE __m256 expand(const int kind, const uint8_t *r, int g, const struct const
         __m256i idx = _mm256_srlv_epi32(w, k->shr);
         __m256 a = _mm256_permutevar8x32_ps(k->lo, idx), b = _mm256_permutevar8x32_ps(k->hi, idx);
         return _mm256_blendv_ps(a, b, _mm256_castsi256_ps(_mm256_sllv_epi32(w, k->shl)));
+    }
+    case K_TQ5: { /* 8 codes in 5 bytes; the permutes read bits 0-2, the blends bits 3 and 4 */
+        const uint64_t w = kvq_load_le_5to8(r + 5 * (size_t)g, 5);
+        const int lo = (int)(uint32_t)w, hi = (int)(uint32_t)(w >> 20);
+        __m256i idx = _mm256_srlv_epi32(_mm256_setr_epi32(lo, lo, lo, lo, hi, hi, hi, hi), k->shr);
+        __m256 b3 = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)), b4 = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 27));
+        __m256 a = _mm256_blendv_ps(_mm256_permutevar8x32_ps(k->lo, idx), _mm256_permutevar8x32_ps(k->hi, idx), b3);
+        __m256 b = _mm256_blendv_ps(_mm256_permutevar8x32_ps(k->lo2, idx), _mm256_permutevar8x32_ps(k->hi2, idx), b3);
+        return _mm256_blendv_ps(a, b, b4);
     }
     case K_TQW: { /* 8 codes of B bits are B bytes */
         const uint64_t w = kvq_load_le_5to8(r + (size_t)k->bits * (size_t)g, k->bits);
@@ -253,6 +272,7 @@ static void score_chunk(int kind, int qc, int sign, const uint8_t *codes, uint32
         BASE_CASES(K_F16)
         BASE_CASES(K_Q8)
         BASE_CASES(K_Q4)
+        BASE_CASES(K_TQ5)
         BASE_CASES(K_TQW)
     default: break;
     }
@@ -457,6 +477,7 @@ static void value_chunk(int kind, int qc, const uint8_t *rows, uint32_t stride, 
         VALUE_CASES(K_F16)
         VALUE_CASES(K_Q8)
         VALUE_CASES(K_Q4)
+        VALUE_CASES(K_TQ5)
         VALUE_CASES(K_TQW)
     default: break;
     }
