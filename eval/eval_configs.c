@@ -70,6 +70,11 @@ size_t kvq_eval_sweep_default(const struct kvq_eval_config *def, struct kvq_eval
         n = add(out, n, cap, def, tq[b], tq[b]);
     for (int b = 0; b < 4; b++)
         n = add(out, n, cap, def, tqj[b], tq[b]);
+    /* Wider codebooks: the rates of q4_0 .. q8_0 (docs/frontier.md). */
+    n = add(out, n, cap, def, KVQ_TYPE_TQ5, KVQ_TYPE_TQ3);
+    n = add(out, n, cap, def, KVQ_TYPE_TQ5, KVQ_TYPE_TQ4);
+    n = add(out, n, cap, def, KVQ_TYPE_TQ6, KVQ_TYPE_TQ6);
+    n = add(out, n, cap, def, KVQ_TYPE_TQ8, KVQ_TYPE_TQ8);
     /* Mixed pairs: spend bits on K, save them on V ("V is cheap"). */
     n = add(out, n, cap, def, KVQ_TYPE_Q8_0, KVQ_TYPE_TQ3);
     n = add(out, n, cap, def, KVQ_TYPE_Q8_0, KVQ_TYPE_TQ4);
