@@ -259,8 +259,8 @@ void kv_opts_usage(FILE *f)
                "                       available)\n"
                "  --seed S             cache-rotation (and sampler) seed (default 0)\n"
                "  --device cpu|cuda    where the model runs (default cpu); cuda: weights, activations\n"
-               "                       and the KV pages on the GPU (no recent-token window there yet:\n"
-               "                       add --no-kv-recent-f16 for compressed types)\n",
+               "                       and the KV pages on the GPU (cache types f32, f16, tq1..tq4 and\n"
+               "                       tq1j..tq4j, with the recent-token window and sinks)\n",
             KVQ_CACHE_MAX_SINK_TOKENS);
 }
 
