@@ -22,8 +22,9 @@ import time
 # (K, V, family). Families are plotted as one series each.
 CONFIGS = [
     ("f16", "f16", "f16"),
-    ("q8_0", "q8_0", "plain"), ("q8_0", "q4_0", "plain"), ("q4_0", "q4_0", "plain"),
+    ("q8_0", "q8_0", "plain"), ("q8_0", "q4_0", "plain"), ("q4_0", "q4_0", "plain"), ("q5_0", "q5_0", "plain"),
     ("q8_0r", "q8_0r", "rotated"), ("q8_0r", "q4_0r", "rotated"), ("q4_0r", "q4_0r", "rotated"),
+    ("q4_1r", "q4_1r", "rotated"), ("q5_0r", "q5_0r", "rotated"), ("q5_1r", "q5_1r", "rotated"),
     ("tq4j", "tq4", "tq"), ("tq4", "tq4", "tq"), ("tq4j", "tq3", "tq"), ("tq4", "tq3", "tq"),
     ("tq3j", "tq3", "tq"), ("tq3", "tq3", "tq"), ("tq4j", "tq2", "tq"), ("tq3j", "tq2", "tq"),
     ("tq2j", "tq2", "tq"), ("tq2", "tq2", "tq"),

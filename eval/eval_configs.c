@@ -65,6 +65,10 @@ size_t kvq_eval_sweep_default(const struct kvq_eval_config *def, struct kvq_eval
     n = add(out, n, cap, def, KVQ_TYPE_Q8_0R, KVQ_TYPE_Q8_0R);
     n = add(out, n, cap, def, KVQ_TYPE_Q4_0R, KVQ_TYPE_Q4_0R);
     n = add(out, n, cap, def, KVQ_TYPE_Q8_0R, KVQ_TYPE_Q4_0R);
+    /* llama.cpp's other block types, rotated: 5.0, 5.5 and 6.0 bits per value. */
+    n = add(out, n, cap, def, KVQ_TYPE_Q4_1R, KVQ_TYPE_Q4_1R);
+    n = add(out, n, cap, def, KVQ_TYPE_Q5_0R, KVQ_TYPE_Q5_0R);
+    n = add(out, n, cap, def, KVQ_TYPE_Q5_1R, KVQ_TYPE_Q5_1R);
     /* Symmetric tq, then the QJL key on the same-bit value codebook. */
     for (int b = 0; b < 4; b++)
         n = add(out, n, cap, def, tq[b], tq[b]);

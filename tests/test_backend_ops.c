@@ -662,10 +662,8 @@ static int row_supports(const struct tcase *c, enum backend b)
     if (b == BE_AVX2)
         return !c->sh->page_tokens; /* SH_ROW_PAGES: the GPU encoder's page sizes */
     /* the GPU encoder: f32, f16 and the tq types up to 4 bits (q8_0/q4_0 pages
-     * are uploaded; q8_0r, q4_0r, tq5, tq6, tq8 are CPU-only) */
-    const struct kvq_type_traits *tr = kvq_type_traits((enum kvq_type)c->tk);
-    return b == BE_CUDA && c->op == OP_ENCODE && tr->base != KVQ_TYPE_Q8_0 && tr->base != KVQ_TYPE_Q4_0 &&
-           !(tr->rotated && tr->bits > 4);
+     * are uploaded; the kvq_layout_cpu_only types have no device kernels) */
+    return b == BE_CUDA && c->op == OP_ENCODE && kvq_layout_on_device(c->tk) && c->tk != Q8 && c->tk != Q4;
 }
 
 /* ---- rotations ------------------------------------------------------------ */
@@ -1355,7 +1353,7 @@ static void build_cases(void)
             for (int op = OP_ENCODE; op <= OP_SCORE; op++)
                 add_case((enum op)op, t, -1, &SH_ROW_IDENTITY[0]);
         for (int i = 0; i < COUNT(SH_ROW_PAGES); i++)
-            if ((int)kvq_type_traits((enum kvq_type)t)->base != Q8 && (int)kvq_type_traits((enum kvq_type)t)->base != Q4 &&
+            if (kvq_layout_on_device(t) && t != Q8 && t != Q4 &&
                 kvq_type_check_dim((enum kvq_type)t, SH_ROW_PAGES[i].dim) == KVQ_OK)
                 add_case(OP_ENCODE, t, -1, &SH_ROW_PAGES[i]);
     }

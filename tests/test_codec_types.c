@@ -1,5 +1,5 @@
 /* test_codec_types.c - the traits table, storage accounting, codec planning
- * and the llama.cpp baselines (f32, f16, q8_0, q4_0). Their AVX2 paths
+ * and the llama.cpp baselines (f32, f16, q8_0, q4_0, q4_1, q5_0, q5_1). Their AVX2 paths
  * against the scalar references: test_backend_ops (encode, decode, score). */
 #include <cjson/cJSON.h>
 #include <stdint.h>
@@ -15,11 +15,31 @@ static kvq_codec *make(enum kvq_type t, int d)
     return test_codec_make(t, d, 0, KVQ_QJL_ORTHO);
 }
 
+/* The layout a rotated baseline stores its rows in; t itself otherwise. */
+static int rot_base(int t)
+{
+    switch (t) {
+    case KVQ_TYPE_Q8_0R: return KVQ_TYPE_Q8_0;
+    case KVQ_TYPE_Q4_0R: return KVQ_TYPE_Q4_0;
+    case KVQ_TYPE_Q4_1R: return KVQ_TYPE_Q4_1;
+    case KVQ_TYPE_Q5_0R: return KVQ_TYPE_Q5_0;
+    case KVQ_TYPE_Q5_1R: return KVQ_TYPE_Q5_1;
+    default: return t;
+    }
+}
+
+static int is_block_type(int t)
+{
+    t = rot_base(t);
+    return t == KVQ_TYPE_Q8_0 || t == KVQ_TYPE_Q4_0 || t == KVQ_TYPE_Q4_1 || t == KVQ_TYPE_Q5_0 || t == KVQ_TYPE_Q5_1;
+}
+
 static void test_traits_table(void)
 {
     static const char *const names[KVQ_TYPE_COUNT] = {"f32",  "f16",  "q8_0", "q4_0", "tq1",  "tq2",
                                                       "tq3",  "tq4",  "tq1j", "tq2j", "tq3j", "tq4j",
-                                                      "q8_0r", "q4_0r", "tq5",  "tq6",  "tq8"};
+                                                      "q8_0r", "q4_0r", "tq5",  "tq6",  "tq8",  "q4_1",
+                                                      "q5_0",  "q5_1",  "q4_1r", "q5_0r", "q5_1r"};
     for (int t = 0; t < KVQ_TYPE_COUNT; t++) {
         const struct kvq_type_traits *tr = kvq_type_traits((enum kvq_type)t);
         CHECK(tr != NULL);
@@ -33,14 +53,17 @@ static void test_traits_table(void)
         CHECK_OK(kvq_type_from_name(names[t], &back));
         CHECK((int)back == t);
         int wide = t >= KVQ_TYPE_TQ5 && t <= KVQ_TYPE_TQ8;
-        int tq = (t >= KVQ_TYPE_TQ1 && t <= KVQ_TYPE_TQ4J) || wide, rotbase = t == KVQ_TYPE_Q8_0R || t == KVQ_TYPE_Q4_0R;
+        int tq = (t >= KVQ_TYPE_TQ1 && t <= KVQ_TYPE_TQ4J) || wide, rotbase = rot_base(t) != t;
         CHECK(tr->rotated == tq);
         CHECK(tr->qjl == (t >= KVQ_TYPE_TQ1J && t <= KVQ_TYPE_TQ4J));
-        CHECK((int)tr->base == (t == KVQ_TYPE_Q8_0R ? KVQ_TYPE_Q8_0 : t == KVQ_TYPE_Q4_0R ? KVQ_TYPE_Q4_0 : t));
+        CHECK((int)tr->base == rot_base(t));
         if (rotbase) { /* the base's bytes, so the bit budget compares like for like */
             CHECK(kvq_type_row_bytes((enum kvq_type)t, 128) == kvq_type_row_bytes(tr->base, 128));
             CHECK(tr->block_bytes == kvq_type_traits(tr->base)->block_bytes);
+            CHECK(tr->bits == kvq_type_traits(tr->base)->bits);
         }
+        if (is_block_type(t))
+            CHECK(tr->block_values == 32 && (size_t)tr->block_bytes * 4 == kvq_type_row_bytes((enum kvq_type)t, 128));
         if (wide)
             CHECK(tr->bits == (t == KVQ_TYPE_TQ5 ? 5 : t == KVQ_TYPE_TQ6 ? 6 : 8));
         else if (tq) {
@@ -56,17 +79,22 @@ static void test_traits_table(void)
     CHECK_STATUS(kvq_type_from_name(NULL, &t), KVQ_ERR_INVALID_ARG);
     CHECK(t == KVQ_TYPE_F32);
     CHECK(kvq_type_traits(KVQ_TYPE_Q8_0)->block_bytes == 34 && kvq_type_traits(KVQ_TYPE_Q4_0)->block_bytes == 18);
+    CHECK(kvq_type_traits(KVQ_TYPE_Q4_1)->block_bytes == 20 && kvq_type_traits(KVQ_TYPE_Q5_0)->block_bytes == 22 &&
+          kvq_type_traits(KVQ_TYPE_Q5_1)->block_bytes == 24);
 }
 
 /* Bytes from first principles: f16 norms, B bits per code, 1 bit per sign. */
 static size_t expected_bytes(int t, int d)
 {
-    t = t == KVQ_TYPE_Q8_0R ? KVQ_TYPE_Q8_0 : t == KVQ_TYPE_Q4_0R ? KVQ_TYPE_Q4_0 : t; /* rotated: the base's bytes */
+    t = rot_base(t); /* rotated: the base's bytes */
     switch (t) {
     case KVQ_TYPE_F32: return 4u * (size_t)d;
     case KVQ_TYPE_F16: return 2u * (size_t)d;
     case KVQ_TYPE_Q8_0: return (size_t)d / 32 * (2 + 32);
     case KVQ_TYPE_Q4_0: return (size_t)d / 32 * (2 + 16);
+    case KVQ_TYPE_Q4_1: return (size_t)d / 32 * (2 + 2 + 16);     /* d, m, nibbles */
+    case KVQ_TYPE_Q5_0: return (size_t)d / 32 * (2 + 4 + 16);     /* d, fifth bits, nibbles */
+    case KVQ_TYPE_Q5_1: return (size_t)d / 32 * (2 + 2 + 4 + 16); /* d, m, fifth bits, nibbles */
     default: break;
     }
     int b = t == KVQ_TYPE_TQ5 ? 5 : t == KVQ_TYPE_TQ6 ? 6 : t == KVQ_TYPE_TQ8 ? 8 : (t - KVQ_TYPE_TQ1) % 4 + 1;
@@ -82,11 +110,13 @@ static void test_row_bytes(void)
     CHECK_NEAR(kvq_type_bits_per_value(KVQ_TYPE_TQ3J, 128), 4.25, 0);
     CHECK_NEAR(kvq_type_bits_per_value(KVQ_TYPE_TQ3, 128), 3.125, 0);
     CHECK_NEAR(kvq_type_bits_per_value(KVQ_TYPE_Q8_0, 128), 8.5, 0);
+    CHECK_NEAR(kvq_type_bits_per_value(KVQ_TYPE_Q4_1, 128), 5.0, 0);
+    CHECK_NEAR(kvq_type_bits_per_value(KVQ_TYPE_Q5_0R, 128), 5.5, 0);
+    CHECK_NEAR(kvq_type_bits_per_value(KVQ_TYPE_Q5_1, 64), 6.0, 0);
     CHECK(kvq_type_row_bytes(KVQ_DEFAULT_TYPE_K, 128) + kvq_type_row_bytes(KVQ_DEFAULT_TYPE_V, 128) == 118);
     for (int t = 0; t < KVQ_TYPE_COUNT; t++) {
         for (int d = 0; d <= KVQ_MAX_DIM + 40; d += 4) {
-            int block = t == KVQ_TYPE_Q8_0 || t == KVQ_TYPE_Q4_0 || t == KVQ_TYPE_Q8_0R || t == KVQ_TYPE_Q4_0R ? 32
-                        : t >= KVQ_TYPE_TQ1 ? 8 : 1;
+            int block = is_block_type(t) ? 32 : t >= KVQ_TYPE_TQ1 ? 8 : 1;
             int ok = d >= 8 && d <= KVQ_MAX_DIM && d % block == 0;
             kvq_status st = kvq_type_check_dim((enum kvq_type)t, d);
             CHECKF(st == (ok ? KVQ_OK : KVQ_ERR_UNSUPPORTED), "type %d d=%d: %s", t, d, kvq_status_str(st));
@@ -278,6 +308,135 @@ static void test_q4_0_semantics(void)
     kvq_codec_free(c);
 }
 
+/* Encodes one block of 32 values with type t into out (block_bytes). */
+static void encode_block(enum kvq_type t, const float *x32, void *out, size_t bytes)
+{
+    memset(out, 0, bytes);
+    kvq_codec *c = make(t, 32);
+    if (c) {
+        CHECK(kvq_codec_row_bytes(c) == bytes);
+        CHECK_OK(kvq_codec_encode(c, x32, 1, out));
+        kvq_codec_free(c);
+    }
+}
+
+/* The decode of one block of type t, against want[32]. */
+static void check_decode(enum kvq_type t, const void *blk, const float *want)
+{
+    kvq_codec *c = make(t, 32);
+    if (!c)
+        return;
+    float y[32];
+    CHECK_OK(kvq_codec_decode(c, blk, 1, y));
+    for (int j = 0; j < 32; j++)
+        CHECKF(y[j] == want[j], "%s y[%d] = %g, want %g", kvq_type_traits(t)->name, j, y[j], want[j]);
+    kvq_codec_free(c);
+}
+
+/* llama.cpp's q4_1 (quantize_row_q4_1_ref): d = (max - min) / 15, m = min,
+ * q = min(15, (int8)((x - min) / d + 0.5)); x[j] in the low nibble of
+ * qs[j], x[j + 16] in the high one; decode q d + m. On the ramp x_j = j - 8:
+ * min -8 (f16 0xc800), d = 31/15 -> f16 2.06640625 = 0x4022 (2 + 34/512),
+ * q_j = floor(15 j / 31 + 1/2) = (30 j + 31) / 62 in integers (no tie: the
+ * fractions are multiples of 1/31). */
+static void test_q4_1_semantics(void)
+{
+    float x[32], want[32];
+    for (int j = 0; j < 32; j++)
+        x[j] = (float)j - 8.0f;
+    kvq_block_q4_1 b;
+    encode_block(KVQ_TYPE_Q4_1, x, &b, sizeof b);
+    CHECK(b.d == 0x4022 && b.m == 0xc800);
+    for (int j = 0; j < 16; j++) {
+        const int lo = (30 * j + 31) / 62, hi = (30 * (j + 16) + 31) / 62;
+        CHECKF(b.qs[j] == (lo | hi << 4), "qs[%d] = %#x, want %#x", j, b.qs[j], lo | hi << 4);
+    }
+    CHECK(b.qs[0] == 0x80 && b.qs[1] == 0x80 && b.qs[2] == 0x91 && b.qs[15] == 0xf7);
+    for (int j = 0; j < 32; j++)
+        want[j] = (float)((30 * j + 31) / 62) * 2.06640625f + -8.0f;
+    check_decode(KVQ_TYPE_Q4_1, &b, want);
+
+    for (int j = 0; j < 32; j++) /* a constant block: d = 0, every q = 0, decodes to m */
+        x[j] = 3.0f;
+    encode_block(KVQ_TYPE_Q4_1, x, &b, sizeof b);
+    CHECK(b.d == 0 && b.m == 0x4200);
+    for (int j = 0; j < 16; j++)
+        CHECK(b.qs[j] == 0);
+}
+
+/* llama.cpp's q5_0 (quantize_row_q5_0_ref): d = (the value of max |x|, the
+ * first one on ties) / -16, q = min(31, (int8)(x / d + 16.5)); nibbles as
+ * q4_0, bit 4 of q_j in bit j of the little-endian u32 qh; decode (q - 16) d. */
+static void test_q5_0_semantics(void)
+{
+    float x[32], want[32];
+    for (int j = 0; j < 32; j++) /* max |x| is x_0 = -8: d = 0.5, q_j = j exactly */
+        x[j] = ((float)j - 16.0f) * 0.5f;
+    kvq_block_q5_0 b;
+    encode_block(KVQ_TYPE_Q5_0, x, &b, sizeof b);
+    CHECK(b.d == 0x3800);
+    for (int j = 0; j < 16; j++) /* q_j = j, q_{j+16} = j + 16: both nibbles j */
+        CHECKF(b.qs[j] == 0x11 * j, "qs[%d] = %#x", j, b.qs[j]);
+    CHECK(b.qh[0] == 0 && b.qh[1] == 0 && b.qh[2] == 0xff && b.qh[3] == 0xff);
+    check_decode(KVQ_TYPE_Q5_0, &b, x);
+
+    memset(x, 0, sizeof x); /* a positive max: d = -1; -16 -> 32.5 is clamped to 31 */
+    x[0] = 16.0f;
+    x[1] = -16.0f;
+    x[2] = 5.0f;
+    x[3] = -3.0f;
+    encode_block(KVQ_TYPE_Q5_0, x, &b, sizeof b);
+    CHECK(b.d == 0xbc00);
+    /* q = {0, 31, 11, 19, 16, 16, ...}: low nibbles {0, 15, 11, 3, 0...}, the
+     * high nibbles (x_16.. = 0 -> 16) 0; fifth bits everywhere but j = 0, 2 */
+    static const uint8_t want_qs[4] = {0x00, 0x0f, 0x0b, 0x03};
+    for (int j = 0; j < 16; j++)
+        CHECKF(b.qs[j] == (j < 4 ? want_qs[j] : 0), "qs[%d] = %#x", j, b.qs[j]);
+    CHECK(b.qh[0] == 0xfa && b.qh[1] == 0xff && b.qh[2] == 0xff && b.qh[3] == 0xff);
+    memset(want, 0, sizeof want);
+    want[0] = 16.0f;
+    want[1] = -15.0f;
+    want[2] = 5.0f;
+    want[3] = -3.0f;
+    check_decode(KVQ_TYPE_Q5_0, &b, want);
+}
+
+/* llama.cpp's q5_1 (quantize_row_q5_1_ref): d = (max - min) / 31, m = min,
+ * q = (uint8)((x - min) / d + 0.5) (no clamp), packed as q5_0; decode
+ * q d + m. On x_j = j^2: d = 961/31 = 31 (f16 0x4fc0), m = 0, q_j =
+ * floor(j^2 / 31 + 1/2) = (2 j^2 + 31) / 62 (no tie: 31 is prime). */
+static void test_q5_1_semantics(void)
+{
+    float x[32], want[32];
+    int q[32];
+    for (int j = 0; j < 32; j++) {
+        x[j] = (float)(j * j);
+        q[j] = (2 * j * j + 31) / 62;
+        want[j] = (float)q[j] * 31.0f;
+    }
+    kvq_block_q5_1 b;
+    encode_block(KVQ_TYPE_Q5_1, x, &b, sizeof b);
+    CHECK(b.d == 0x4fc0 && b.m == 0);
+    uint32_t qh = 0;
+    for (int j = 0; j < 32; j++)
+        qh |= (uint32_t)(q[j] >> 4) << j;
+    for (int j = 0; j < 16; j++)
+        CHECKF(b.qs[j] == ((q[j] & 15) | (q[j + 16] & 15) << 4), "qs[%d] = %#x", j, b.qs[j]);
+    CHECK(b.qh[0] == (qh & 0xff) && b.qh[1] == (qh >> 8 & 0xff) && b.qh[2] == (qh >> 16 & 0xff) &&
+          b.qh[3] == qh >> 24);
+    CHECK(qh == 0xffc00000u); /* q_j >= 16 from j = 22: 484 / 31 = 15.6 rounds to 16 */
+    check_decode(KVQ_TYPE_Q5_1, &b, want);
+
+    for (int j = 0; j < 32; j++) /* min 1, d = 7.75 / 31 = 0.25, q_j = j: exact round trip */
+        x[j] = (float)j * 0.25f + 1.0f;
+    encode_block(KVQ_TYPE_Q5_1, x, &b, sizeof b);
+    CHECK(b.d == 0x3400 && b.m == 0x3c00);
+    for (int j = 0; j < 16; j++)
+        CHECK(b.qs[j] == 0x11 * j);
+    CHECK(b.qh[0] == 0 && b.qh[1] == 0 && b.qh[2] == 0xff && b.qh[3] == 0xff);
+    check_decode(KVQ_TYPE_Q5_1, &b, x);
+}
+
 static void test_f16_semantics(void)
 {
     kvq_codec *c = make(KVQ_TYPE_F16, 8);
@@ -360,13 +519,14 @@ out:
 static void test_baseline_score(void)
 {
     const int d = 64;
-    static const enum kvq_type types[] = {KVQ_TYPE_F32, KVQ_TYPE_F16, KVQ_TYPE_Q8_0, KVQ_TYPE_Q4_0, KVQ_TYPE_Q8_0R,
-                                          KVQ_TYPE_Q4_0R};
+    static const enum kvq_type types[] = {KVQ_TYPE_F32,  KVQ_TYPE_F16,  KVQ_TYPE_Q8_0,  KVQ_TYPE_Q4_0,
+                                          KVQ_TYPE_Q8_0R, KVQ_TYPE_Q4_0R, KVQ_TYPE_Q4_1,  KVQ_TYPE_Q5_0,
+                                          KVQ_TYPE_Q5_1, KVQ_TYPE_Q4_1R, KVQ_TYPE_Q5_0R, KVQ_TYPE_Q5_1R};
     kvq_rng rng;
     kvq_rng_init(&rng, 12);
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         const enum kvq_type t = types[ti];
-        const int rotated = t == KVQ_TYPE_Q8_0R || t == KVQ_TYPE_Q4_0R;
+        const int rotated = rot_base((int)t) != (int)t;
         kvq_codec *c = make(t, d);
         if (!c)
             continue;
@@ -541,6 +701,9 @@ int main(void)
     RUN(test_codec_accessors);
     RUN(test_q8_0_semantics);
     RUN(test_q4_0_semantics);
+    RUN(test_q4_1_semantics);
+    RUN(test_q5_0_semantics);
+    RUN(test_q5_1_semantics);
     RUN(test_f16_semantics);
     RUN(test_baseline_round_trip);
     RUN(test_baseline_score);

@@ -125,6 +125,7 @@ static void test_sweep_grid(void)
         {KVQ_TYPE_TQ4, KVQ_TYPE_TQ4},   {KVQ_TYPE_TQ1J, KVQ_TYPE_TQ1},  {KVQ_TYPE_TQ2J, KVQ_TYPE_TQ2},
         {KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3},  {KVQ_TYPE_TQ4J, KVQ_TYPE_TQ4},  {KVQ_TYPE_Q8_0, KVQ_TYPE_TQ3},
         {KVQ_TYPE_Q8_0R, KVQ_TYPE_Q8_0R}, {KVQ_TYPE_Q4_0R, KVQ_TYPE_Q4_0R},
+        {KVQ_TYPE_Q4_1R, KVQ_TYPE_Q4_1R}, {KVQ_TYPE_Q5_0R, KVQ_TYPE_Q5_0R}, {KVQ_TYPE_Q5_1R, KVQ_TYPE_Q5_1R},
     };
     for (size_t w = 0; w < sizeof want / sizeof want[0]; w++) {
         int found = 0;

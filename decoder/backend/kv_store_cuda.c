@@ -22,6 +22,7 @@
 
 #include "kv_store.h"
 #include "kvq_cuda.h"
+#include "kvq_layout.h"
 
 struct cuda_store {
     struct kvq_kv_store base;
@@ -181,11 +182,11 @@ kvq_status kvq_kv_store_cuda_create(const struct kvq_kv_store_config *cfg, kvq_k
         return kvq_error_set(err, KVQ_ERR_UNSUPPORTED, "the value-norm correction is not on the GPU yet");
     for (int l = 0; l < cfg->n_layers; l++) {
         const struct kvq_type_traits *tk = kvq_type_traits(cfg->cfgs[l].type_k), *tv = kvq_type_traits(cfg->cfgs[l].type_v);
-        if (tk && tv && (tk->base != tk->type || tv->base != tv->type || (tk->rotated && tk->bits > 4) ||
-                         (tv->rotated && tv->bits > 4)))
+        if (tk && tv && (kvq_layout_cpu_only((int)tk->type) || kvq_layout_cpu_only((int)tv->type)))
             return kvq_error_set(err, KVQ_ERR_UNSUPPORTED,
-                                 "cache types %s/%s: q8_0r, q4_0r, tq5, tq6 and tq8 are CPU-only for now", tk->name,
-                                 tv->name);
+                                 "cache types %s/%s: %s has no CUDA kernels yet (CPU-only; the GPU takes f32, f16, "
+                                 "q8_0, q4_0 and tq1..tq4, tq1j..tq4j)",
+                                 tk->name, tv->name, kvq_layout_cpu_only((int)tk->type) ? tk->name : tv->name);
     }
     struct cuda_store *s = calloc(1, sizeof *s);
     if (!s || !(s->caches = calloc((size_t)cfg->n_layers, sizeof *s->caches)) ||

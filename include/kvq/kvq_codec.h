@@ -22,11 +22,14 @@
  *
  * Baselines use llama.cpp's block layouts bit for bit: f32, f16 (IEEE
  * binary16), q8_0 (blocks of 32: f16 scale + 32 x int8, 34 bytes) and q4_0
- * (blocks of 32: f16 scale + 16 bytes of nibbles, 18 bytes).
+ * (blocks of 32: f16 scale + 16 bytes of nibbles, 18 bytes), and the other
+ * llama.cpp cache types of blocks of 32: q4_1 (f16 scale and minimum + 16
+ * bytes of nibbles, 20 bytes), q5_0 (f16 scale + 4 bytes of fifth bits + 16
+ * of nibbles, 22 bytes) and q5_1 (f16 scale and minimum + 4 + 16, 24 bytes).
  *
- * Rotated baselines q8_0r, q4_0r: what llama.cpp has stored for quantized
- * caches since PR #21038 (merged 2026-04-01, commit 744c0c73): the row is
- * rotated, y = R x, and y is stored in the q8_0/q4_0 layout; queries are
+ * Rotated baselines q8_0r, q4_0r, q4_1r, q5_0r, q5_1r: what llama.cpp has
+ * stored for quantized caches since PR #21038 (merged 2026-04-01, commit
+ * 744c0c73): the row is rotated, y = R x, and y is stored in the base layout; queries are
  * rotated the same way (<R q, y> = <q, x>) and a value sum is rotated back
  * once per head. R is kvq's randomized Hadamard over the whole row, as for
  * the tq types (llama.cpp uses an unsigned Sylvester Hadamard, over the
@@ -75,6 +78,12 @@ enum kvq_type {
     KVQ_TYPE_TQ5 = 14,
     KVQ_TYPE_TQ6 = 15,
     KVQ_TYPE_TQ8 = 16,
+    KVQ_TYPE_Q4_1 = 17,
+    KVQ_TYPE_Q5_0 = 18,
+    KVQ_TYPE_Q5_1 = 19,
+    KVQ_TYPE_Q4_1R = 20,
+    KVQ_TYPE_Q5_0R = 21,
+    KVQ_TYPE_Q5_1R = 22,
     KVQ_TYPE_COUNT
 };
 
@@ -110,12 +119,13 @@ struct kvq_type_traits {
     const char *name;    /* "f32", "q8_0", "tq3j", ... */
     enum kvq_type type;
     int bits;            /* tq: codebook bits B; baselines: bits per stored element */
-    int block_values;    /* values per block: 1 (f32, f16), 32 (q8_0, q4_0), 0 = whole row (tq) */
+    int block_values;    /* values per block: 1 (f32, f16), 32 (q8_0, q4_0, ...), 0 = whole row (tq) */
     int block_bytes;     /* bytes per block; 0 for tq (size depends on d) */
     int rotated;         /* 1: scores live in the rotated domain (tq types) */
     int qjl;             /* 1: has the QJL sign residual (tqBj) */
-    enum kvq_type base;  /* the block layout rows are stored in: q8_0/q4_0 for
-                            q8_0r/q4_0r, the type itself otherwise */
+    enum kvq_type base;  /* the block layout rows are stored in: q8_0 for q8_0r
+                            (likewise q4_0r, q4_1r, q5_0r, q5_1r), the type
+                            itself otherwise */
     const char *summary; /* one line for --help and tables */
     /* Fast paths (SIMD where the CPU has it); bit-identical to the _ref ones. */
     kvq_encode_fn encode;
@@ -134,7 +144,7 @@ KVQ_API const struct kvq_type_traits *kvq_type_traits(enum kvq_type t);
 KVQ_API kvq_status kvq_type_from_name(const char *name, enum kvq_type *out);
 
 /** @return KVQ_OK when type t can encode rows of dim d; KVQ_ERR_UNSUPPORTED
- *  otherwise (q8_0/q4_0 need d % 32 == 0, tq types d % 8 == 0, every type
+ *  otherwise (the block types q8_0 .. q5_1r need d % 32 == 0, tq types d % 8 == 0, every type
  *  8 <= d <= KVQ_MAX_DIM); KVQ_ERR_INVALID_ARG for an unknown type. */
 KVQ_API kvq_status kvq_type_check_dim(enum kvq_type t, int dim);
 
@@ -179,7 +189,7 @@ KVQ_API struct kvq_row kvq_codec_packed_row(const kvq_codec *c, void *row);
  *  Zero vectors encode to rows that decode to exact zeros.
  *  @return KVQ_OK; KVQ_ERR_NONFINITE (NaN/Inf in x); KVQ_ERR_RANGE (what
  *  would be stored as f16 rounds to Inf, i.e. reaches 65520: the norm of a tq
- *  row, an f16 value, a q8_0/q4_0 block scale); KVQ_ERR_INVALID_ARG (NULL). */
+ *  row, an f16 value, a block scale or minimum); KVQ_ERR_INVALID_ARG (NULL). */
 KVQ_API kvq_status kvq_codec_encode(const kvq_codec *c, const float *x, size_t n_rows, void *rows);
 /** The same through the scalar reference encoder (bit-identical output). */
 KVQ_API kvq_status kvq_codec_encode_ref(const kvq_codec *c, const float *x, size_t n_rows, void *rows);

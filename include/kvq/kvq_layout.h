@@ -15,7 +15,8 @@
  *
  *   tqBj chunk: norm[P] (u16) | rnorm[P] (u16) | codes[P][d*B/8] | signs[P][d/8]
  *   tqB  chunk: norm[P] (u16) | codes[P][d*B/8]
- *   f32/f16/q8_0/q4_0 chunk: codes[P][row_bytes] (llama.cpp rows)
+ *   baseline chunk (f32, f16, q8_0, q4_0, q4_1, q5_0, q5_1 and the rotated
+ *   ones): codes[P][row_bytes] (llama.cpp rows)
  *
  * page_tokens is a multiple of 16, which makes every section a multiple of
  * 16 bytes without padding: a page costs exactly P * H * (K row + V row)
@@ -49,7 +50,7 @@
 #define KVQ_PAGE_TAIL_PAD 16
 
 /* llama.cpp-compatible baseline blocks. */
-#define KVQ_QK 32 /* values per q8_0 / q4_0 block */
+#define KVQ_QK 32 /* values per block of every llama.cpp block type kvq has */
 typedef struct kvq_block_q8_0 {
     uint16_t d;          /* f16 scale: max|x| / 127 */
     int8_t qs[KVQ_QK];   /* x ~ d * qs */
@@ -58,8 +59,27 @@ typedef struct kvq_block_q4_0 {
     uint16_t d;              /* f16 scale: (value of max |x|) / -8 */
     uint8_t qs[KVQ_QK / 2];  /* x_j ~ d * ((qs[j] & 15) - 8), x_{j+16} ~ d * ((qs[j] >> 4) - 8) */
 } kvq_block_q4_0;
+/* llama.cpp's ggml-common.h block_q4_1 / block_q5_0 / block_q5_1. Fifth
+ * bits: bit j of the little-endian u32 qh is bit 4 of value j (j < 32). */
+typedef struct kvq_block_q4_1 {
+    uint16_t d, m;           /* f16 scale (max - min) / 15 and minimum */
+    uint8_t qs[KVQ_QK / 2];  /* x_j ~ d * (qs[j] & 15) + m, x_{j+16} ~ d * (qs[j] >> 4) + m */
+} kvq_block_q4_1;
+typedef struct kvq_block_q5_0 {
+    uint16_t d;              /* f16 scale: (value of max |x|) / -16 */
+    uint8_t qh[4];           /* fifth bits */
+    uint8_t qs[KVQ_QK / 2];  /* low nibbles as q4_0; x ~ d * (q - 16) */
+} kvq_block_q5_0;
+typedef struct kvq_block_q5_1 {
+    uint16_t d, m;           /* f16 scale (max - min) / 31 and minimum */
+    uint8_t qh[4];
+    uint8_t qs[KVQ_QK / 2];  /* x ~ d * q + m */
+} kvq_block_q5_1;
 KVQ_STATIC_ASSERT(sizeof(kvq_block_q8_0) == 34, "q8_0 block is 34 bytes as in llama.cpp");
 KVQ_STATIC_ASSERT(sizeof(kvq_block_q4_0) == 18, "q4_0 block is 18 bytes as in llama.cpp");
+KVQ_STATIC_ASSERT(sizeof(kvq_block_q4_1) == 20, "q4_1 block is 20 bytes as in llama.cpp");
+KVQ_STATIC_ASSERT(sizeof(kvq_block_q5_0) == 22, "q5_0 block is 22 bytes as in llama.cpp");
+KVQ_STATIC_ASSERT(sizeof(kvq_block_q5_1) == 24, "q5_1 block is 24 bytes as in llama.cpp");
 
 /* Field sizes of one tq row, in bytes. */
 #define KVQ_TQ_NORM_BYTES 2
@@ -104,8 +124,34 @@ KVQ_HD static inline int kvq_layout_base_type(int t)
     switch (t) {
     case KVQ_TYPE_Q8_0R: return KVQ_TYPE_Q8_0;
     case KVQ_TYPE_Q4_0R: return KVQ_TYPE_Q4_0;
+    case KVQ_TYPE_Q4_1R: return KVQ_TYPE_Q4_1;
+    case KVQ_TYPE_Q5_0R: return KVQ_TYPE_Q5_0;
+    case KVQ_TYPE_Q5_1R: return KVQ_TYPE_Q5_1;
     default: return t;
     }
+}
+
+/* Whether the CUDA cache has kernels for type t: f32, f16, q8_0, q4_0 and the
+ * tq types up to 4 bits. The others (rotated baselines, q4_1, q5_0, q5_1,
+ * tq5/tq6/tq8) are CPU-only for now; the CUDA cache refuses them. */
+KVQ_HD static inline int kvq_layout_on_device(int t)
+{
+    switch (t) {
+    case KVQ_TYPE_F32:
+    case KVQ_TYPE_F16:
+    case KVQ_TYPE_Q8_0:
+    case KVQ_TYPE_Q4_0: return 1;
+    default: {
+        const int b = kvq_layout_tq_bits(t);
+        return b >= 1 && b <= 4;
+    }
+    }
+}
+
+/* A valid type the CUDA cache refuses (KVQ_ERR_UNSUPPORTED). */
+KVQ_HD static inline int kvq_layout_cpu_only(int t)
+{
+    return t >= 0 && t < KVQ_TYPE_COUNT && !kvq_layout_on_device(t);
 }
 
 KVQ_HD static inline struct kvq_row_fields kvq_layout_row_fields(int t, int d)
@@ -123,6 +169,18 @@ KVQ_HD static inline struct kvq_row_fields kvq_layout_row_fields(int t, int d)
     case KVQ_TYPE_Q4_0:
         if (d % KVQ_QK == 0)
             f.codes = (uint32_t)(d / KVQ_QK) * (uint32_t)sizeof(kvq_block_q4_0);
+        return f;
+    case KVQ_TYPE_Q4_1:
+        if (d % KVQ_QK == 0)
+            f.codes = (uint32_t)(d / KVQ_QK) * (uint32_t)sizeof(kvq_block_q4_1);
+        return f;
+    case KVQ_TYPE_Q5_0:
+        if (d % KVQ_QK == 0)
+            f.codes = (uint32_t)(d / KVQ_QK) * (uint32_t)sizeof(kvq_block_q5_0);
+        return f;
+    case KVQ_TYPE_Q5_1:
+        if (d % KVQ_QK == 0)
+            f.codes = (uint32_t)(d / KVQ_QK) * (uint32_t)sizeof(kvq_block_q5_1);
         return f;
     default: break;
     }

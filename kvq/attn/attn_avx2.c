@@ -7,7 +7,7 @@
  * reads only the low 3 bits of each index) looks the centroid up in a
  * register. For B < 3 the table repeats the centroids so the neighbouring
  * code's bits do not matter; for B = 4 a second table and a blend on bit 3.
- * Baseline rows (f32, f16 via F16C, q8_0, q4_0) are expanded to 8 floats per
+ * Baseline rows (f32, f16 via F16C, q8_0, q4_0, q4_1, q5_0, q5_1) are expanded to 8 floats per
  * step the same way, so one kernel body serves every type.
  *
  * One unpack feeds all query heads of a chunk (up to 4), and the score loop
@@ -33,7 +33,9 @@
 /* What one row stores, as far as expanding 8 coordinates goes. */
 /* K_TQ5: a 5-bit codebook, four registers of centroids; K_TQW: 6 to 8 bits,
  * read by gathers from the centroid array. */
-enum kind { K_TQ1 = 1, K_TQ2 = 2, K_TQ3 = 3, K_TQ4 = 4, K_SIGN, K_F32, K_F16, K_Q8, K_Q4, K_TQ5, K_TQW };
+/* K_Q41, K_Q50, K_Q51: llama.cpp's q4_1, q5_0, q5_1 blocks. */
+enum kind { K_TQ1 = 1, K_TQ2 = 2, K_TQ3 = 3, K_TQ4 = 4, K_SIGN, K_F32, K_F16, K_Q8, K_Q4, K_TQ5, K_TQW,
+            K_Q41, K_Q50, K_Q51 };
 
 struct consts {
     __m256 lo, hi;    /* centroid tables (hi: codes 8..15 of a 4-bit codebook); K_SIGN: -1/+1 */
@@ -46,11 +48,14 @@ struct consts {
 
 static int kind_of(const kvq_codec *c)
 {
-    switch (kvq_layout_base_type((int)c->cfg.type)) { /* q8_0r/q4_0r: their base's kernels on R's domain */
+    switch (kvq_layout_base_type((int)c->cfg.type)) { /* q8_0r, q4_0r, ...: their base's kernels on R's domain */
     case KVQ_TYPE_F32: return K_F32;
     case KVQ_TYPE_F16: return K_F16;
     case KVQ_TYPE_Q8_0: return K_Q8;
     case KVQ_TYPE_Q4_0: return K_Q4;
+    case KVQ_TYPE_Q4_1: return K_Q41;
+    case KVQ_TYPE_Q5_0: return K_Q50;
+    case KVQ_TYPE_Q5_1: return K_Q51;
     default: return c->bits <= K_TQ4 ? c->bits : c->bits == 5 ? K_TQ5 : K_TQW; /* tq: 1..4, 5, 6..8 */
     }
 }
@@ -63,7 +68,7 @@ static struct consts make_consts(const kvq_codec *c, int kind)
     struct consts k;
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     const int B = kind <= K_TQ4 ? kind : 1;
-    k.shr = _mm256_mullo_epi32(lane, _mm256_set1_epi32(B));
+    k.shr = _mm256_mullo_epi32(lane, _mm256_set1_epi32(B)); /* K_Q50/K_Q51: 0..7, the fifth bits */
     k.shl = _mm256_sub_epi32(_mm256_set1_epi32(28), _mm256_slli_epi32(lane, 2));
     if (kind == K_SIGN) {
         k.lo = _mm256_setr_ps(-1, 1, -1, 1, -1, 1, -1, 1);
@@ -147,6 +152,34 @@ INLINE __m256 expand(const int kind, const uint8_t *r, int g, const struct const
         __m128i b8 = _mm_loadl_epi64((const __m128i *)(const void *)(blk + 2 + 8 * (g & 3)));
         __m256 x = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b8));
         return _mm256_mul_ps(x, _mm256_set1_ps(_cvtsh_ss(h)));
+    }
+    case K_Q41: { /* as K_Q4 after d and m; x = q d + m as dequantize_row_q4_1 */
+        const uint8_t *blk = r + (size_t)(g >> 2) * sizeof(kvq_block_q4_1);
+        uint16_t h[2];
+        memcpy(h, blk, sizeof h);
+        __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(blk + 4 + 8 * (g & 1))));
+        b = (g & 2) ? _mm256_srli_epi32(b, 4) : _mm256_and_si256(b, _mm256_set1_epi32(15));
+        __m256 x = _mm256_mul_ps(_mm256_cvtepi32_ps(b), _mm256_set1_ps(_cvtsh_ss(h[0])));
+        return _mm256_add_ps(x, _mm256_set1_ps(_cvtsh_ss(h[1])));
+    }
+    case K_Q50:
+    case K_Q51: { /* nibbles as K_Q4; bit c of the u32 qh is bit 4 of value c of the block */
+        const size_t bb = kind == K_Q50 ? sizeof(kvq_block_q5_0) : sizeof(kvq_block_q5_1);
+        const int off = kind == K_Q50 ? 2 : 4; /* qh after d (and m) */
+        const uint8_t *blk = r + (size_t)(g >> 2) * bb;
+        uint16_t h[2];
+        uint32_t qh;
+        memcpy(h, blk, sizeof h);
+        memcpy(&qh, blk + off, sizeof qh);
+        __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(blk + off + 4 + 8 * (g & 1))));
+        b = (g & 2) ? _mm256_srli_epi32(b, 4) : _mm256_and_si256(b, _mm256_set1_epi32(15));
+        __m256i hb = _mm256_srlv_epi32(_mm256_set1_epi32((int)(qh >> (8 * (g & 3)))), k->shr);
+        b = _mm256_or_si256(b, _mm256_and_si256(_mm256_slli_epi32(hb, 4), _mm256_set1_epi32(0x10)));
+        if (kind == K_Q50)
+            return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(b, _mm256_set1_epi32(16))),
+                                 _mm256_set1_ps(_cvtsh_ss(h[0])));
+        __m256 x = _mm256_mul_ps(_mm256_cvtepi32_ps(b), _mm256_set1_ps(_cvtsh_ss(h[0])));
+        return _mm256_add_ps(x, _mm256_set1_ps(_cvtsh_ss(h[1])));
     }
     default: { /* K_Q4: byte j holds x_j (low nibble) and x_{j+16} (high) */
         const uint8_t *blk = r + (size_t)(g >> 2) * sizeof(kvq_block_q4_0);
@@ -274,6 +307,9 @@ static void score_chunk(int kind, int qc, int sign, const uint8_t *codes, uint32
         BASE_CASES(K_Q4)
         BASE_CASES(K_TQ5)
         BASE_CASES(K_TQW)
+        BASE_CASES(K_Q41)
+        BASE_CASES(K_Q50)
+        BASE_CASES(K_Q51)
     default: break;
     }
 }
@@ -479,6 +515,9 @@ static void value_chunk(int kind, int qc, const uint8_t *rows, uint32_t stride, 
         VALUE_CASES(K_Q4)
         VALUE_CASES(K_TQ5)
         VALUE_CASES(K_TQW)
+        VALUE_CASES(K_Q41)
+        VALUE_CASES(K_Q50)
+        VALUE_CASES(K_Q51)
     default: break;
     }
 }

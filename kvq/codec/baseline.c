@@ -247,6 +247,9 @@ kvq_status kvq_baseline_check(const kvq_codec *c, const float *x)
     case KVQ_TYPE_F16: return f16_check(x, d);
     case KVQ_TYPE_Q8_0: return block_scales(x, d, q8_0_scale, scales);
     case KVQ_TYPE_Q4_0: return block_scales(x, d, q4_0_scale, scales);
+    case KVQ_TYPE_Q4_1:
+    case KVQ_TYPE_Q5_0:
+    case KVQ_TYPE_Q5_1: return kvq_q5_family_check(kvq_layout_base_type((int)c->cfg.type), x, d);
     default: return kvq_all_finite(x, d) ? KVQ_OK : KVQ_ERR_NONFINITE;
     }
 }

@@ -325,6 +325,10 @@ kvq_status kvq_baseline_check_avx2(const kvq_codec *c, const float *x)
             if (kvq_f16_overflows(block_signed_max(x + b * KVQ_QK) / -8.0f))
                 return KVQ_ERR_RANGE;
         return KVQ_OK;
+    case KVQ_TYPE_Q4_1:
+    case KVQ_TYPE_Q5_0:
+    case KVQ_TYPE_Q5_1: /* no AVX2 row codec for these (baseline_q5.c): the scalar check */
+        return kvq_q5_family_check(kvq_layout_base_type((int)c->cfg.type), x, d);
     default:
         return KVQ_OK;
     }

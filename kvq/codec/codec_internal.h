@@ -92,6 +92,20 @@ float kvq_q8_0_score(const kvq_codec *c, const float *q, const struct kvq_row *s
 kvq_status kvq_q4_0_encode(const kvq_codec *c, const float *x, const struct kvq_row *dst);
 void kvq_q4_0_decode(const kvq_codec *c, const struct kvq_row *src, float *x);
 float kvq_q4_0_score(const kvq_codec *c, const float *q, const struct kvq_row *src);
+/* q4_1, q5_0, q5_1 (baseline_q5.c): scalar only, the traits table uses
+ * them as the fast path too. kvq_q5_family_check: steps 1-2 for a row of
+ * one of these types (non-finite input, then a block scale or minimum whose
+ * f16 would overflow). */
+kvq_status kvq_q4_1_encode(const kvq_codec *c, const float *x, const struct kvq_row *dst);
+void kvq_q4_1_decode(const kvq_codec *c, const struct kvq_row *src, float *x);
+float kvq_q4_1_score(const kvq_codec *c, const float *q, const struct kvq_row *src);
+kvq_status kvq_q5_0_encode(const kvq_codec *c, const float *x, const struct kvq_row *dst);
+void kvq_q5_0_decode(const kvq_codec *c, const struct kvq_row *src, float *x);
+float kvq_q5_0_score(const kvq_codec *c, const float *q, const struct kvq_row *src);
+kvq_status kvq_q5_1_encode(const kvq_codec *c, const float *x, const struct kvq_row *dst);
+void kvq_q5_1_decode(const kvq_codec *c, const struct kvq_row *src, float *x);
+float kvq_q5_1_score(const kvq_codec *c, const float *q, const struct kvq_row *src);
+kvq_status kvq_q5_family_check(int type, const float *x, int d);
 /* The same with AVX2/F16C (baseline_avx2.c), bit-identical, and the
  * dispatchers (baseline.c) the traits table uses as the fast path. Baseline
  * scores use the 8-lane fmaf order of the tq scores (see above), so that
@@ -133,7 +147,7 @@ float kvq_tq_score_avx2(const kvq_codec *c, const float *qprep, const struct kvq
 kvq_status kvq_tq_encode(const kvq_codec *c, const float *x, const struct kvq_row *dst);
 void kvq_tq_decode(const kvq_codec *c, const struct kvq_row *src, float *x);
 float kvq_tq_score(const kvq_codec *c, const float *qprep, const struct kvq_row *src);
-/* Rotated baselines (q8_0r, q4_0r; baseline_rot.c): the base type's kernels
+/* Rotated baselines (q8_0r, q4_0r, q4_1r, q5_0r, q5_1r; baseline_rot.c): the base type's kernels
  * on y = R x. Encode rotates then encodes; decode decodes then applies R^T;
  * score is the base's score against the prepared query R q. The _ref ones use
  * the scalar rotation and the base's scalar kernels, bit-identical to the

@@ -12,6 +12,10 @@
 #define TQ(T, NAME, BITS, QJL, SUMMARY)                                                   \
     [T] = {NAME, T, BITS, 0, 0, 1, QJL, T, SUMMARY, kvq_tq_encode, kvq_tq_decode, kvq_tq_score, \
            kvq_tq_encode_ref, kvq_tq_decode_ref, kvq_tq_score_ref}
+/* A baseline with scalar kernels only (baseline_q5.c): they are the fast path too. */
+#define BASELINE_SCALAR(T, NAME, BITS, BB, SUMMARY, FN)                                        \
+    [T] = {NAME, T, BITS, KVQ_QK, BB, 0, 0, T, SUMMARY, FN##_encode, FN##_decode, FN##_score, \
+           FN##_encode, FN##_decode, FN##_score}
 /* A baseline layout holding R x (see kvq_codec.h); the kernels reach the
  * base's own functions through kvq_rotbase_*. */
 #define ROTATED_BASELINE(T, BASE, NAME, BITS, BB, SUMMARY)                                   \
@@ -43,6 +47,18 @@ static const struct kvq_type_traits traits_table[KVQ_TYPE_COUNT] = {
     TQ(KVQ_TYPE_TQ5, "tq5", 5, 0, "TurboQuant: f16 norm + rotation + 5-bit Lloyd-Max codes"),
     TQ(KVQ_TYPE_TQ6, "tq6", 6, 0, "TurboQuant: f16 norm + rotation + 6-bit Lloyd-Max codes"),
     TQ(KVQ_TYPE_TQ8, "tq8", 8, 0, "TurboQuant: f16 norm + rotation + 8-bit Lloyd-Max codes"),
+    BASELINE_SCALAR(KVQ_TYPE_Q4_1, "q4_1", 4, (int)sizeof(kvq_block_q4_1),
+                    "llama.cpp q4_1: blocks of 32 4-bit values with an f16 scale and minimum", kvq_q4_1),
+    BASELINE_SCALAR(KVQ_TYPE_Q5_0, "q5_0", 5, (int)sizeof(kvq_block_q5_0),
+                    "llama.cpp q5_0: blocks of 32 5-bit values with an f16 scale", kvq_q5_0),
+    BASELINE_SCALAR(KVQ_TYPE_Q5_1, "q5_1", 5, (int)sizeof(kvq_block_q5_1),
+                    "llama.cpp q5_1: blocks of 32 5-bit values with an f16 scale and minimum", kvq_q5_1),
+    ROTATED_BASELINE(KVQ_TYPE_Q4_1R, KVQ_TYPE_Q4_1, "q4_1r", 4, (int)sizeof(kvq_block_q4_1),
+                     "q4_1 of the rotated row (llama.cpp's default for a q4_1 cache since 2026-04)"),
+    ROTATED_BASELINE(KVQ_TYPE_Q5_0R, KVQ_TYPE_Q5_0, "q5_0r", 5, (int)sizeof(kvq_block_q5_0),
+                     "q5_0 of the rotated row (llama.cpp's default for a q5_0 cache since 2026-04)"),
+    ROTATED_BASELINE(KVQ_TYPE_Q5_1R, KVQ_TYPE_Q5_1, "q5_1r", 5, (int)sizeof(kvq_block_q5_1),
+                     "q5_1 of the rotated row (llama.cpp's default for a q5_1 cache since 2026-04)"),
 };
 
 const struct kvq_type_traits *kvq_type_traits(enum kvq_type t)

@@ -290,12 +290,11 @@ kvq_status kvq_cuda_cache_create(const struct kvq_cuda_cache_config *cfg, kvq_cu
         return KVQ_ERR_INVALID_ARG;
     if (cfg->cache.sink_tokens < 0 || cfg->cache.sink_tokens > KVQ_CACHE_MAX_SINK_TOKENS)
         return KVQ_ERR_INVALID_ARG;
-    /* Rotated baselines and codebooks over 4 bits have no device kernels yet
-     * (the former would need the query rotation of the tq path with the
-     * baseline block readers, the latter wider centroid tables). */
-    if (kvq_layout_base_type((int)cfg->cache.type_k) != (int)cfg->cache.type_k ||
-        kvq_layout_base_type((int)cfg->cache.type_v) != (int)cfg->cache.type_v ||
-        kvq_layout_tq_bits((int)cfg->cache.type_k) > 4 || kvq_layout_tq_bits((int)cfg->cache.type_v) > 4)
+    /* Rotated baselines, q4_1/q5_0/q5_1 and codebooks over 4 bits have no
+     * device kernels yet (the rotated ones would need the query rotation of
+     * the tq path with the baseline block readers, q4_1/q5_x their own block
+     * readers, the wide codebooks wider centroid tables). */
+    if (kvq_layout_cpu_only((int)cfg->cache.type_k) || kvq_layout_cpu_only((int)cfg->cache.type_v))
         return KVQ_ERR_UNSUPPORTED;
     if (kvq_cuda_require_device() != KVQ_OK)
         return KVQ_ERR_NO_DEVICE;
