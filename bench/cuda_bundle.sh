@@ -19,7 +19,8 @@ dev="$build/dev"
 mkdir -p "$dev/tests" "$dev/bench" "$dev/lib" "$dev/obj"
 cat >"$dev/obj/blas_shim.c" <<'EOF'
 /* Naive CBLAS subset (row/column major, transposes), for the GPU bundle only;
- * rows of a product in parallel (OpenMP), each computed alone, so results do
+ * entries of a product in parallel (OpenMP; a decode step is one row, so
+ * rows alone would leave it on one thread), each computed alone, so results do
  * not depend on the thread count. */
 enum { RowMajor = 101, NoTrans = 111 };
 #define AT(M, ld, r, c, rowmajor) ((rowmajor) ? (M)[(long)(r) * (ld) + (c)] : (M)[(long)(c) * (ld) + (r)])
@@ -40,7 +41,7 @@ void cblas_sgemv(int order, int ta, int m, int n, float alpha, const float *a, i
               int ldb, T beta, T *c, int ldc)                                                            \
     {                                                                                                    \
         int rm = order == RowMajor;                                                                      \
-        _Pragma("omp parallel for schedule(static)")                                                     \
+        _Pragma("omp parallel for collapse(2) schedule(static)")                                         \
         for (int i = 0; i < m; i++)                                                                      \
             for (int j = 0; j < n; j++) {                                                                \
                 double s = 0.0;                                                                          \

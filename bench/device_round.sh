@@ -8,15 +8,19 @@
 #                                         python/bundle.sh), fetches the tokenizer
 #                                         data and writes .devbundle/round/
 #                                         (git-ignored); prints the two calls
-#   sh bench/device_round.sh run1 OUT     ON THE DEVICE, run 1 (about 9 min):
+#   sh bench/device_round.sh run1 OUT     ON THE DEVICE, run 1 (about 9 min), two lanes
+#       at once, each on half of the cores:
 #       GPU lane: (1) bench/run_cuda.sh DEV W test (test_cuda, test_backend_ops
 #                 -o encode,attend,attend-window, test_decoder_cuda), then
-#                 test_batch and test_batch_share, then run_cuda.sh's sanitize
-#                 stage (memcheck + racecheck, KVQ_CUDA_TEST_SMALL=1), then (5)
-#                 the server on the GPU (bench/bench_serve.sh, FULL) if time is left
-#       CPU lane, at the same time on the upper half of the cores: (2) tokenizer references
-#                 (tests/tokenizer/make_refs.py --compare, make_chat_refs.py),
-#                 (3) model references (tests/models/make_refs.py)
+#                 run_cuda.sh's sanitize stage (memcheck + racecheck on
+#                 test_cuda and test_backend_ops, KVQ_CUDA_TEST_SMALL=1), then
+#                 (5) the server on the GPU (bench/bench_serve.sh, FULL) if
+#                 time is left (a skip line if the machine has no curl)
+#       CPU lane: (2) tokenizer references (tests/tokenizer/make_refs.py
+#                 --compare tests/tokenizer/expected, make_chat_refs.py, its
+#                 renders compared with the committed ones), (1) test_batch and
+#                 test_batch_share (mostly the CPU decoder; their CUDA cases
+#                 come last), (3) model references (tests/models/make_refs.py)
 #       OUT gets: summary.txt, logs.tar.gz (every log, run_cuda's run.log,
 #                 bench_serve.json), tokrefs.tar.gz (tok/, chat/), model_refs.tar
 #                 (models/FAMILY/...; `tar xf model_refs.tar -C tests` puts it
@@ -64,18 +68,19 @@ prepare() {
     nvcc=$(command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)
     [ -x "$nvcc" ] || die "prepare needs nvcc (the GPU build is made here)"
     say "make BUILD=$build -j2 all tests benches (nvcc: $nvcc)"
-    make BUILD="$build" -j2 all tests benches >"$build.make.log" 2>&1 || {
-        tail -n 30 "$build.make.log"; die "make failed (log: $build.make.log)"; }
+    mkdir -p "$build"
+    make BUILD="$build" -j2 all tests benches >"$build/prepare-make.log" 2>&1 || {
+        tail -n 30 "$build/prepare-make.log"; die "make failed (log: $build/prepare-make.log)"; }
     nm -A "$build/lib/libkvq.a" 2>/dev/null | grep -q 'cuda_cache\.o:.* T kvq_cuda_cache_create' ||
-        die "$build/lib/libkvq.a has no CUDA code: is nvcc 12+ found by make? ($build.make.log)"
+        die "$build/lib/libkvq.a has no CUDA code: is nvcc 12+ found by make? ($build/prepare-make.log)"
     say "bench/cuda_bundle.sh $build"
     rm -rf "${build:?}/dev"
-    sh bench/cuda_bundle.sh "$build" >"$build.bundle.log" 2>&1 || { tail -n 20 "$build.bundle.log"; die "cuda_bundle.sh failed"; }
+    sh bench/cuda_bundle.sh "$build" >"$build/prepare-bundle.log" 2>&1 || { tail -n 20 "$build/prepare-bundle.log"; die "cuda_bundle.sh failed"; }
     for b in $DEV_BINS; do
-        [ -x "$build/dev/$b" ] || die "the bundle lacks $b ($build.bundle.log)"
+        [ -x "$build/dev/$b" ] || die "the bundle lacks $b ($build/prepare-bundle.log)"
     done
     say "python/bundle.sh $build"
-    sh python/bundle.sh "$build" >"$build.pybundle.log" 2>&1 || { tail -n 20 "$build.pybundle.log"; die "python/bundle.sh failed"; }
+    sh python/bundle.sh "$build" >"$build/prepare-pybundle.log" 2>&1 || { tail -n 20 "$build/prepare-pybundle.log"; die "python/bundle.sh failed"; }
     say "tests/tokenizer/fetch.sh $tokdata"
     sh tests/tokenizer/fetch.sh "$tokdata"
     rm -rf "$round"
@@ -138,7 +143,7 @@ order() {
 write_summary() {
     # one temporary file per step: the two lanes write at the same time
     tmp="$OUT/.summary.${name:-head}"
-    { cat "$W/head"; cat "$W"/res/* 2>/dev/null; } >"$tmp" && mv "$tmp" "$OUT/summary.txt"
+    { cat "$W/head"; cat "$W"/res/* 2>/dev/null || :; } >"$tmp" && mv "$tmp" "$OUT/summary.txt"
 }
 wanted() { [ -z "${KVQ_DEVICE_STEPS:-}" ] && return 0; case ",$KVQ_DEVICE_STEPS," in *",$1,"*) return 0 ;; esac; return 1; }
 
@@ -181,14 +186,16 @@ step() {
     st=ok
     [ $rc -eq 0 ] || st=FAIL
     [ $rc -eq 77 ] && st=skip
-    record "$name" $st $(($(date +%s) - s0)) "$( [ $rc -ne 0 ] && [ $rc -ne 77 ] && printf 'exit %s; ' $rc)$(cat "$W/note.$name")"
+    why=""
+    [ $st = FAIL ] && why="exit $rc; $(cat "$W/note.$name"); last line: $(grep -v '^[[:space:]]*$' "$W/logs/$name.log" | tail -n 1 | cut -c1-160)"
+    record "$name" $st $(($(date +%s) - s0)) "${why:-$(cat "$W/note.$name")}"
 }
 note() { printf '%s' "$*" >>"$W/note.$name"; }
 # the step's command lines, for the dry run
 describe() {
     case $1 in
     s_cuda) echo "sh bench/run_cuda.sh $DEV $W/cuda test" ;;
-    s_batch) echo "$DEV/tests/test_batch; $DEV/tests/test_batch_share" ;;
+    s_batch) echo "$cpu $DEV/tests/test_batch; $cpu $DEV/tests/test_batch_share" ;;
     s_sanitize) echo "KVQ_SANITIZE_TIMEOUT=60 sh bench/run_cuda.sh $DEV $W/cuda sanitize" ;;
     s_serve) echo "KVQ_BENCH_SERVE_DEVICE=cuda KVQ_BENCH_SERVE_FULL=1 KVQ_BENCH_JSON_DIR=$W/serve sh bench/bench_serve.sh $W/servebuild ($W/servebuild/bin/kvq -> $DEV/kvq)" ;;
     s_tokrefs) echo "$cpu python3 tests/tokenizer/make_refs.py --data $W/tokenizer-data --out $W/refs/tok --compare tests/tokenizer/expected" ;;
@@ -201,9 +208,19 @@ describe() {
 s_cuda() { sh bench/run_cuda.sh "$DEV" "$W/cuda" test; }
 s_batch() {
     rc=0
+    # both are mostly CPU work (the CPU decoder, with the bundle's plain-loop
+    # BLAS), their CUDA cases last: test_batch gets 3/5 of the time
+    lim=$(($1 * 3 / 5))
     for t in test_batch test_batch_share; do
         echo "== $t"
-        timeout $(($1 / 2)) "$DEV/tests/$t" || { rc=1; note "$t failed; "; }
+        b0=$(date +%s)
+        # shellcheck disable=SC2086
+        $cpu timeout "$lim" "$DEV/tests/$t"
+        r=$?
+        case $r in 0) how=ok ;; 124) how="timed out at $lim s" ;; *) how="exit $r" ;; esac
+        note "$t $how ($(grep -c '^ok' "$W/logs/batch.log") cases ok so far); "
+        [ $r -eq 0 ] || rc=1
+        lim=$(($1 - ($(date +%s) - b0) - 5))
     done
     return $rc
 }
@@ -253,14 +270,22 @@ s_pyback() { sh python/run_device.sh "$W/py" "$PYDEV"; }
 # lane STEP... : steps one after the other (each: NAME CAP MIN FUNCTION)
 lane_gpu1() {
     step cuda 300 60 s_cuda
-    step batch 90 20 s_batch
     step sanitize 240 90 s_sanitize
     step serve 400 90 s_serve
 }
+# test_batch and test_batch_share are here: mostly CPU work (69 s for
+# test_batch on 2 busy cores of the build machine), their CUDA cases short
 lane_cpu1() {
     step tokrefs 200 20 s_tokrefs
     step chatrefs 120 10 s_chatrefs
+    step batch 180 30 s_batch
     step modelrefs 420 60 s_modelrefs
+}
+
+# xz -dc, or Python's lzma where the machine has no xz
+unxz() {
+    if command -v xz >/dev/null 2>&1; then xz -dc "$1"; else
+        python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), sys.stdout.buffer)' "$1"; fi
 }
 
 need() { # need FILE...: missing ones are listed in W/missing
@@ -289,11 +314,14 @@ device() {
     {
         echo "device_round $which  $(date -u '+%F %T') UTC  budget ${budget}s$( [ "$dry" = 1 ] && echo '  DRY RUN')"
         echo "bundle: $(head -n 2 "$round/MANIFEST" 2>/dev/null | tr '\n' ';')"
-        echo "gpu: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -n 1)"
+        echo "gpu: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -n 1 || :)"
         echo "python: $(python3 -c 'import sys, torch, transformers; print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__)' 2>&1 | tail -n 1)"
         for c in nvidia-smi compute-sanitizer curl taskset xz; do
             command -v $c >/dev/null 2>&1 || printf 'no %s; ' $c
         done
+        python3 -c 'import importlib.util as u
+m = [n for n in ("torch", "transformers", "tokenizers", "safetensors", "jinja2", "numpy") if u.find_spec(n) is None]
+print("no python module %s; " % ", ".join(m) if m else "", end="")' 2>/dev/null
         echo
         echo "step       status   time  note"
     } >"$W/head"
@@ -314,10 +342,10 @@ device() {
             models/passkey-3500.txt
         if [ -f "$round/dev.tar.xz" ]; then
             if [ "$dry" = 1 ]; then
-                list=$(xz -dc "$round/dev.tar.xz" | tar tf -)
+                list=$(unxz "$round/dev.tar.xz" | tar tf -)
                 for b in $DEV_BINS lib/; do echo "$list" | grep -qx "dev/$b" || echo "$round/dev.tar.xz: dev/$b" >>"$W/missing"; done
             else
-                rm -rf "$DEV" && xz -dc "$round/dev.tar.xz" | tar xf - -C "$base" || echo "unpacking dev.tar.xz" >>"$W/missing"
+                rm -rf "$DEV" && unxz "$round/dev.tar.xz" | tar xf - -C "$base" || echo "unpacking dev.tar.xz" >>"$W/missing"
             fi
         fi
         if [ -f "$round/tokref.tgz" ]; then
@@ -332,10 +360,10 @@ device() {
         need "$round/pydev.tar.xz" python/run_device.sh python/tests/runner.py python/bench_hf.py
         if [ -f "$round/pydev.tar.xz" ]; then
             if [ "$dry" = 1 ]; then
-                list=$(xz -dc "$round/pydev.tar.xz" | tar tf -)
+                list=$(unxz "$round/pydev.tar.xz" | tar tf -)
                 for b in pydev/kvq pydev/lib/libkvq.so.0; do echo "$list" | grep -qx "$b" || echo "$round/pydev.tar.xz: $b" >>"$W/missing"; done
             else
-                rm -rf "$PYDEV" && xz -dc "$round/pydev.tar.xz" | tar xf - -C "$base" || echo "unpacking pydev.tar.xz" >>"$W/missing"
+                rm -rf "$PYDEV" && unxz "$round/pydev.tar.xz" | tar xf - -C "$base" || echo "unpacking pydev.tar.xz" >>"$W/missing"
             fi
         fi
     fi
@@ -348,7 +376,10 @@ device() {
     export LD_LIBRARY_PATH="$DEV/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
     if [ "$which" = run1 ]; then
-        lane_gpu1 &
+        # the GPU lane's binaries (the CPU decoder in test_decoder_cuda, with
+        # the bundle's OpenMP BLAS shim) on the other half: no spinning
+        # threads fighting over the CPU lane's cores
+        (OMP_NUM_THREADS=$(((ncpu + 1) / 2)) OMP_WAIT_POLICY=PASSIVE; export OMP_NUM_THREADS OMP_WAIT_POLICY; lane_gpu1) &
         g=$!
         lane_cpu1 &
         c=$!
