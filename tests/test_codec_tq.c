@@ -287,7 +287,7 @@ static void test_round_trip_mse(void)
             double s = 0, s2 = 0;
             for (int it = 0; it < N; it++) {
                 float x[128], y[128];
-                uint8_t row[128];
+                uint8_t row[256]; /* tq8 at d = 128 is 130 bytes */
                 double nn = 0, e = 0;
                 for (int j = 0; j < d; j++) {
                     x[j] = (float)kvq_rng_gauss(&rng);
