@@ -187,7 +187,10 @@ step() {
     [ $rc -eq 0 ] || st=FAIL
     [ $rc -eq 77 ] && st=skip
     why=""
-    [ $st = FAIL ] && why="exit $rc; $(cat "$W/note.$name"); last line: $(grep -v '^[[:space:]]*$' "$W/logs/$name.log" | tail -n 1 | cut -c1-160)"
+    if [ $st = FAIL ]; then
+        n=$(cat "$W/note.$name")
+        why="exit $rc; ${n:+$n; }last line: $(grep -v '^[[:space:]]*$' "$W/logs/$name.log" | tail -n 1 | cut -c1-160)"
+    fi
     record "$name" $st $(($(date +%s) - s0)) "${why:-$(cat "$W/note.$name")}"
 }
 note() { printf '%s' "$*" >>"$W/note.$name"; }
@@ -205,7 +208,14 @@ describe() {
     esac
 }
 
-s_cuda() { sh bench/run_cuda.sh "$DEV" "$W/cuda" test; }
+# the tests' closing lines ("test_cuda: 3 passed, 0 failed, 8 skipped"), short
+counts() { grep -hE "^$1: [0-9]+ passed" "$2" 2>/dev/null | sed 's/ passed, /p /; s/ failed, /f /; s/ skipped/s/' | tr '\n' ' '; }
+s_cuda() {
+    sh bench/run_cuda.sh "$DEV" "$W/cuda" test
+    rc=$?
+    note "$(counts 'test_[a-z_]*' "$W/logs/cuda.log")"
+    return $rc
+}
 s_batch() {
     rc=0
     # both are mostly CPU work (the CPU decoder, with the bundle's plain-loop
@@ -218,13 +228,19 @@ s_batch() {
         $cpu timeout "$lim" "$DEV/tests/$t"
         r=$?
         case $r in 0) how=ok ;; 124) how="timed out at $lim s" ;; *) how="exit $r" ;; esac
-        note "$t $how ($(grep -c '^ok' "$W/logs/batch.log") cases ok so far); "
+        note "${sep:-}$t $how ($(grep -c '^ok' "$W/logs/batch.log") cases ok so far)"
+        sep="; "
         [ $r -eq 0 ] || rc=1
         lim=$(($1 - ($(date +%s) - b0) - 5))
     done
     return $rc
 }
-s_sanitize() { KVQ_SANITIZE_TIMEOUT=60 sh bench/run_cuda.sh "$DEV" "$W/cuda" sanitize; }
+s_sanitize() {
+    KVQ_SANITIZE_TIMEOUT=60 sh bench/run_cuda.sh "$DEV" "$W/cuda" sanitize
+    rc=$?
+    note "$(grep -E '^(memcheck|racecheck) .*exit' "$W/logs/sanitize.log" | sed 's/ (bench helpers)/ bench/; s/ exit / /' | tr '\n' ',' | sed 's/,$//')"
+    return $rc
+}
 s_serve() {
     command -v curl >/dev/null 2>&1 || { note "no curl on this machine"; return 77; }
     mkdir -p "$W/servebuild/bin" "$W/serve"
@@ -265,7 +281,14 @@ s_modelrefs() {
     note "$(find "$W/models/models" -name reference.json 2>/dev/null | wc -l) families written"
     return $rc
 }
-s_pyback() { sh python/run_device.sh "$W/py" "$PYDEV"; }
+# run_device.sh itself exits 0 when it got through: its "tests: exit N" and
+# "bench: exit N" lines say how the two parts went
+s_pyback() {
+    sh python/run_device.sh "$W/py" "$PYDEV" || return 1
+    log=$W/py/log.txt
+    note "$(grep -E 'passed, .* failed' "$log" | tail -n 1); $(grep -m 1 '^tests: exit' "$log"); $(grep -m 1 -E '^(bench: exit|== bench skipped)' "$log")"
+    grep -qE '^tests: exit 0' "$log" && grep -qE '^bench: exit 0' "$log"
+}
 
 # lane STEP... : steps one after the other (each: NAME CAP MIN FUNCTION)
 lane_gpu1() {
@@ -400,6 +423,9 @@ print("no python module %s; " % ", ".join(m) if m else "", end="")' 2>/dev/null
     else
         (cd "$W" && mkdir -p py && tar czf "$OUT/py.tar.gz" summary.txt logs py)
     fi
+    for f in "$OUT"/*; do
+        [ "$(wc -c <"$f")" -gt 16000000 ] && echo "WARNING: $(basename "$f") is $(wc -c <"$f") bytes, over the 16 MiB a file the device tool returns" >>"$OUT/summary.txt"
+    done
     say "done in $(($(date +%s) - t0)) s; OUT: $(cd "$OUT" && echo *)"
     cat "$OUT/summary.txt"
 }
