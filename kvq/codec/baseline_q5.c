@@ -106,6 +106,14 @@ static int level5(const uint8_t *qs, uint32_t qh, int j)
     return lo | (int)(((qh >> j) << 4) & 0x10);
 }
 
+/* <q, x> over a decoded row, in the 8-lane order of every baseline score:
+ * the f32 score reads the floats as its row. The decoders compute each value
+ * with the same expression the scores would, so this is that score exactly. */
+static float score_decoded(const kvq_codec *c, const float *q, const float *x)
+{
+    return kvq_f32_score(c, q, &(struct kvq_row){NULL, NULL, (uint8_t *)(uintptr_t)x, NULL});
+}
+
 /* ---- q4_1 ---- */
 
 kvq_status kvq_q4_1_encode(const kvq_codec *c, const float *x, const struct kvq_row *dst)
@@ -148,19 +156,9 @@ void kvq_q4_1_decode(const kvq_codec *c, const struct kvq_row *src, float *x)
 
 float kvq_q4_1_score(const kvq_codec *c, const float *q, const struct kvq_row *src)
 {
-    const int nb = c->cfg.dim / KVQ_QK;
-    float a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int b = 0; b < nb; b++) {
-        kvq_block_q4_1 blk;
-        memcpy(&blk, src->codes + (size_t)b * sizeof blk, sizeof blk);
-        const float d = kvq_f16_to_f32(blk.d), m = kvq_f16_to_f32(blk.m);
-        const float *qb = q + b * KVQ_QK;
-        for (int j = 0; j < KVQ_QK; j++) {
-            const int v = j < KVQ_QK / 2 ? blk.qs[j] & 15 : blk.qs[j - KVQ_QK / 2] >> 4;
-            a[j & 7] = fmaf(qb[j], (float)v * d + m, a[j & 7]);
-        }
-    }
-    return kvq_reduce8(a);
+    float x[KVQ_MAX_DIM];
+    kvq_q4_1_decode(c, src, x);
+    return score_decoded(c, q, x);
 }
 
 /* ---- q5_0 ---- */
@@ -203,18 +201,9 @@ void kvq_q5_0_decode(const kvq_codec *c, const struct kvq_row *src, float *x)
 
 float kvq_q5_0_score(const kvq_codec *c, const float *q, const struct kvq_row *src)
 {
-    const int nb = c->cfg.dim / KVQ_QK;
-    float a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int b = 0; b < nb; b++) {
-        kvq_block_q5_0 blk;
-        uint32_t qh;
-        memcpy(&blk, src->codes + (size_t)b * sizeof blk, sizeof blk);
-        memcpy(&qh, blk.qh, sizeof qh);
-        const float d = kvq_f16_to_f32(blk.d);
-        for (int j = 0; j < KVQ_QK; j++)
-            a[j & 7] = fmaf(q[b * KVQ_QK + j], (float)(level5(blk.qs, qh, j) - 16) * d, a[j & 7]);
-    }
-    return kvq_reduce8(a);
+    float x[KVQ_MAX_DIM];
+    kvq_q5_0_decode(c, src, x);
+    return score_decoded(c, q, x);
 }
 
 /* ---- q5_1 ---- */
@@ -256,16 +245,7 @@ void kvq_q5_1_decode(const kvq_codec *c, const struct kvq_row *src, float *x)
 
 float kvq_q5_1_score(const kvq_codec *c, const float *q, const struct kvq_row *src)
 {
-    const int nb = c->cfg.dim / KVQ_QK;
-    float a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int b = 0; b < nb; b++) {
-        kvq_block_q5_1 blk;
-        uint32_t qh;
-        memcpy(&blk, src->codes + (size_t)b * sizeof blk, sizeof blk);
-        memcpy(&qh, blk.qh, sizeof qh);
-        const float d = kvq_f16_to_f32(blk.d), m = kvq_f16_to_f32(blk.m);
-        for (int j = 0; j < KVQ_QK; j++)
-            a[j & 7] = fmaf(q[b * KVQ_QK + j], (float)level5(blk.qs, qh, j) * d + m, a[j & 7]);
-    }
-    return kvq_reduce8(a);
+    float x[KVQ_MAX_DIM];
+    kvq_q5_1_decode(c, src, x);
+    return score_decoded(c, q, x);
 }
