@@ -220,15 +220,22 @@ static void test_shared_identical_sinks(void)
     compare(&sc);
 }
 
-/* A pool that holds the prompts only with sharing. */
-static void test_budget(void)
+/* A q8_0 pool without the window: page counts that are easy to follow. */
+static struct kvq_batch_config q8_batch(int max_seqs, int max_rows)
 {
     struct kvq_batch_config bc;
     kvq_batch_config_default(&bc);
-    bc.max_seqs = 3;
-    bc.max_rows = 600;
+    bc.max_seqs = max_seqs;
+    bc.max_rows = max_rows;
     bc.seq.type_k = bc.seq.type_v = KVQ_TYPE_Q8_0;
     bc.seq.recent_f16 = 0;
+    return bc;
+}
+
+/* A pool that holds the prompts only with sharing. */
+static void test_budget(void)
+{
+    struct kvq_batch_config bc = q8_batch(3, 600);
     kvq_batch *b = NULL;
     CHECK_OK(kvq_batch_create(model, &bc, &b, NULL));
     struct kvq_batch_stats st;
@@ -272,12 +279,7 @@ static void test_budget(void)
  * next logits are unchanged, and the copy is one more page. */
 static void test_copy_on_write(void)
 {
-    struct kvq_batch_config bc;
-    kvq_batch_config_default(&bc);
-    bc.max_seqs = 4;
-    bc.max_rows = 512;
-    bc.seq.type_k = bc.seq.type_v = KVQ_TYPE_Q8_0;
-    bc.seq.recent_f16 = 0;
+    struct kvq_batch_config bc = q8_batch(4, 512);
     kvq_batch *b = NULL;
     CHECK_OK(kvq_batch_create(model, &bc, &b, NULL));
     struct kvq_batch_stats st;
