@@ -140,9 +140,43 @@ static inline __m256 signs8(uint8_t b)
     return _mm256_castsi256_ps(_mm256_cmpeq_epi32(m, lane_bit));
 }
 
+/* Codes of y into codes, and r = y - c[idx] when r is not NULL: up to 4
+ * bits, every boundary is one vector compare, counted per lane. */
+static void quantize_simd(const kvq_codec *c, const struct lut *L, const float *y, uint8_t *codes, float *r)
+{
+    const int d = c->cfg.dim, bits = c->bits, nb = c->levels - 1;
+    __m256 bnd[(1 << KVQ_TQ_SIMD_MAX_BITS) - 1];
+    for (int i = 0; i < nb; i++)
+        bnd[i] = _mm256_set1_ps(c->boundaries[i]);
+    const __m256i shifts = code_shifts(bits);
+    for (int j = 0; j < d; j += 8) {
+        __m256 yv = _mm256_load_ps(y + j);
+        __m256i idx = _mm256_setzero_si256();
+        for (int i = 0; i < nb; i++) /* idx += (y > b_i): the mask is -1 */
+            idx = _mm256_sub_epi32(idx, _mm256_castps_si256(_mm256_cmp_ps(yv, bnd[i], _CMP_GT_OQ)));
+        store_word(codes + (j >> 3) * bits, or_lanes(_mm256_sllv_epi32(idx, shifts)), bits);
+        if (r)
+            _mm256_store_ps(r + j, _mm256_sub_ps(yv, lut_get(L, idx)));
+    }
+}
+
+/* The same past 4 bits: 31..255 boundaries, so a search per coordinate
+ * rather than a compare against each. */
+static void quantize_wide(const kvq_codec *c, const float *y, uint8_t *codes, float *r)
+{
+    const int d = c->cfg.dim, bits = c->bits;
+    memset(codes, 0, c->fields.codes);
+    for (int j = 0; j < d; j++) {
+        const unsigned idx = code_of(c, y[j]);
+        kvq_code_set(codes, bits, j, idx);
+        if (r)
+            r[j] = y[j] - c->centroids[idx];
+    }
+}
+
 kvq_status kvq_tq_encode_avx2(const kvq_codec *c, const float *x, const struct kvq_row *dst)
 {
-    int d = c->cfg.dim, bits = c->bits, nb = c->levels - 1;
+    int d = c->cfg.dim, bits = c->bits;
     if (!kvq_all_finite_avx2(x, d))
         return KVQ_ERR_NONFINITE;
     float n = norm8(x, d);
@@ -169,27 +203,10 @@ kvq_status kvq_tq_encode_avx2(const kvq_codec *c, const float *x, const struct k
     kvq_rotation_apply(c->rot, y, y);
 
     const struct lut L = lut_load(c);
-    if (bits > KVQ_TQ_SIMD_MAX_BITS) { /* 31..255 boundaries: a search per coordinate, not a compare each */
-        memset(dst->codes, 0, c->fields.codes);
-        for (int j = 0; j < d; j++) {
-            unsigned idx = code_of(c, y[j]);
-            kvq_code_set(dst->codes, bits, j, idx);
-            r[j] = y[j] - c->centroids[idx];
-        }
-    }
-    __m256 bnd[(1 << KVQ_TQ_SIMD_MAX_BITS) - 1];
-    for (int i = 0; i < nb && bits <= KVQ_TQ_SIMD_MAX_BITS; i++)
-        bnd[i] = _mm256_set1_ps(c->boundaries[i]);
-    const __m256i shifts = code_shifts(bits);
-    for (int j = 0; j < d && bits <= KVQ_TQ_SIMD_MAX_BITS; j += 8) {
-        __m256 yv = _mm256_load_ps(y + j);
-        __m256i idx = _mm256_setzero_si256();
-        for (int i = 0; i < nb; i++) /* idx += (y > b_i): the mask is -1 */
-            idx = _mm256_sub_epi32(idx, _mm256_castps_si256(_mm256_cmp_ps(yv, bnd[i], _CMP_GT_OQ)));
-        store_word(dst->codes + (j >> 3) * bits, or_lanes(_mm256_sllv_epi32(idx, shifts)), bits);
-        if (qjl)
-            _mm256_store_ps(r + j, _mm256_sub_ps(yv, lut_get(&L, idx)));
-    }
+    if (bits > KVQ_TQ_SIMD_MAX_BITS)
+        quantize_wide(c, y, dst->codes, qjl ? r : NULL);
+    else
+        quantize_simd(c, &L, y, dst->codes, qjl ? r : NULL);
     kvq_row_store_u16(dst->norm, kvq_f32_to_f16(n));
     if (!qjl)
         return KVQ_OK;
