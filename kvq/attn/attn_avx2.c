@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "attn_internal.h"
+#include "codec_avx2_internal.h"
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -84,16 +85,17 @@ static struct consts make_consts(const kvq_codec *c, int kind)
     k.mask = _mm256_setzero_si256();
     k.tab = NULL;
     k.bits = 0;
+    if (kind == K_TQ5 || kind == K_TQW) { /* the codes of group g: kvq_codes8_wide_avx2 */
+        k.bits = c->bits;
+        k.shr = kvq_wide_shifts_avx2(c->bits);
+    }
     if (kind == K_TQ5) {
         k.lo = _mm256_loadu_ps(c->centroids);
         k.hi = _mm256_loadu_ps(c->centroids + 8);
         k.lo2 = _mm256_loadu_ps(c->centroids + 16);
         k.hi2 = _mm256_loadu_ps(c->centroids + 24);
-        k.shr = _mm256_setr_epi32(0, 5, 10, 15, 0, 5, 10, 15);
     }
-    if (kind == K_TQW) { /* lanes 0-3 from the low 4B bits of the group's word, 4-7 from the next 4B */
-        k.bits = c->bits;
-        k.shr = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3), _mm256_set1_epi32(c->bits));
+    if (kind == K_TQW) {
         k.mask = _mm256_set1_epi32(c->levels - 1);
         k.tab = c->centroids;
     }
@@ -127,19 +129,15 @@ INLINE __m256 expand(const int kind, const uint8_t *r, int g, const struct const
         return _mm256_blendv_ps(a, b, _mm256_castsi256_ps(_mm256_sllv_epi32(w, k->shl)));
     }
     case K_TQ5: { /* 8 codes in 5 bytes; the permutes read bits 0-2, the blends bits 3 and 4 */
-        const uint64_t w = kvq_load_le_5to8(r + 5 * (size_t)g, 5);
-        const int lo = (int)(uint32_t)w, hi = (int)(uint32_t)(w >> 20);
-        __m256i idx = _mm256_srlv_epi32(_mm256_setr_epi32(lo, lo, lo, lo, hi, hi, hi, hi), k->shr);
+        const __m256i idx = kvq_codes8_wide_avx2(r + 5 * (size_t)g, 5, k->shr);
         __m256 b3 = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)), b4 = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 27));
         __m256 a = _mm256_blendv_ps(_mm256_permutevar8x32_ps(k->lo, idx), _mm256_permutevar8x32_ps(k->hi, idx), b3);
         __m256 b = _mm256_blendv_ps(_mm256_permutevar8x32_ps(k->lo2, idx), _mm256_permutevar8x32_ps(k->hi2, idx), b3);
         return _mm256_blendv_ps(a, b, b4);
     }
     case K_TQW: { /* 8 codes of B bits are B bytes */
-        const uint64_t w = kvq_load_le_5to8(r + (size_t)k->bits * (size_t)g, k->bits);
-        const int lo = (int)(uint32_t)w, hi = (int)(uint32_t)(w >> (4 * k->bits));
-        __m256i v = _mm256_setr_epi32(lo, lo, lo, lo, hi, hi, hi, hi);
-        return _mm256_i32gather_ps(k->tab, _mm256_and_si256(_mm256_srlv_epi32(v, k->shr), k->mask), 4);
+        const __m256i v = kvq_codes8_wide_avx2(r + (size_t)k->bits * (size_t)g, k->bits, k->shr);
+        return _mm256_i32gather_ps(k->tab, _mm256_and_si256(v, k->mask), 4);
     }
     case K_F32:
         return _mm256_loadu_ps((const float *)(const void *)(r + 32 * g));

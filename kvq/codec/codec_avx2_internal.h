@@ -8,6 +8,9 @@
 
 #include <immintrin.h>
 #include <math.h>
+#include <stdint.h>
+
+#include "codec_internal.h"
 
 /* The sum of the 8 lanes in kvq_reduce8()'s order,
  * ((s0+s4)+(s2+s6)) + ((s1+s5)+(s3+s7)), so results match the references. */
@@ -31,6 +34,22 @@ static inline int kvq_all_finite_avx2(const float *x, int d)
     for (; j < d; j++)
         ok &= isfinite(x[j]) != 0;
     return ok;
+}
+
+/* Lane shifts for kvq_codes8_wide_avx2: bits * (k mod 4). */
+static inline __m256i kvq_wide_shifts_avx2(int bits)
+{
+    return _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3), _mm256_set1_epi32(bits));
+}
+
+/* The 8 codes of a 5- to 8-bit codebook stored in the `bits` bytes at p, as
+ * lanes still to be masked to their low `bits` bits: lanes 0-3 come from the
+ * low 4 * bits bits of the word, lanes 4-7 from the next 4 * bits. */
+static inline __m256i kvq_codes8_wide_avx2(const uint8_t *p, int bits, __m256i shifts)
+{
+    const uint64_t w = kvq_load_le_5to8(p, bits);
+    const int lo = (int)(uint32_t)w, hi = (int)(uint32_t)(w >> (4 * bits));
+    return _mm256_srlv_epi32(_mm256_setr_epi32(lo, lo, lo, lo, hi, hi, hi, hi), shifts);
 }
 
 #endif /* KVQ_CODEC_AVX2_INTERNAL_H */

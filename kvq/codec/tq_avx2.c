@@ -103,18 +103,14 @@ static inline __m256 centroids8(const kvq_codec *c, const struct lut *L, const u
     const int bits = c->bits;
     if (bits <= KVQ_TQ_SIMD_MAX_BITS)
         return lut_get(L, codes8(codes, bits, j, shifts, mask));
-    const uint64_t w = kvq_load_le_5to8(codes + (j >> 3) * bits, bits);
-    const int lo = (int)(uint32_t)w, hi = (int)(uint32_t)(w >> (4 * bits));
-    __m256i v = _mm256_srlv_epi32(_mm256_setr_epi32(lo, lo, lo, lo, hi, hi, hi, hi), shifts);
+    const __m256i v = kvq_codes8_wide_avx2(codes + (j >> 3) * bits, bits, shifts);
     return _mm256_i32gather_ps(c->centroids, _mm256_and_si256(v, mask), 4);
 }
 
 /* Per-lane shifts of centroids8(): bits * k, or bits * (k mod 4) past 4 bits. */
 static inline __m256i centroid_shifts(int bits)
 {
-    if (bits <= KVQ_TQ_SIMD_MAX_BITS)
-        return code_shifts(bits);
-    return _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3), _mm256_set1_epi32(bits));
+    return bits <= KVQ_TQ_SIMD_MAX_BITS ? code_shifts(bits) : kvq_wide_shifts_avx2(bits);
 }
 
 /* The reference's code for y: the number of boundaries below it (they
