@@ -655,17 +655,20 @@ done:
 
 /* A NaN or Inf in one query head reaches that head's output on every
  * kernel (the fixed-point conversion of the integer key scores must not
- * turn it into zeros), and leaves the other heads of its KV group as they
- * were. */
+ * turn it into zeros, nor the guard for "no packed token"), with and
+ * without the f16 window and sinks, and leaves the other heads of its KV
+ * group as they were. */
 static void test_attend_nonfinite_query(void)
 {
     REQUIRE_GPU();
     const int H = 2, d = 128, G = 4, Hq = H * G;
     const size_t N = 200;
     const enum kvq_type kt[2] = {KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3};
-    for (int ti = 0; ti < 2; ti++)
+    for (int ti = 0; ti < 4; ti++)
         for (int bad = 0; bad < 2; bad++) {
-            struct kvq_cache_config cc = cache_cfg(kt[ti], KVQ_TYPE_TQ3, H, d, N, 64, 11, KVQ_ROT_HADAMARD);
+            struct kvq_cache_config cc = cache_cfg(kt[ti % 2], KVQ_TYPE_TQ3, H, d, N, 64, 11, KVQ_ROT_HADAMARD);
+            cc.recent_f16 = ti >= 2;
+            cc.sink_tokens = ti >= 2 ? 4 : 0;
             float *k = test_outlier_rows(N * H, d, 81, 4.0), *v = test_outlier_rows(N * H, d, 82, 1.0);
             float *q = test_outlier_rows((size_t)Hq, d, 83, 2.0), ref[8 * 128], out[8 * 128];
             kvq_cache *cpu = NULL;
@@ -690,13 +693,13 @@ static void test_attend_nonfinite_query(void)
                 int finite = 0;
                 for (int i = 0; i < d; i++)
                     finite += isfinite(out[hbad * d + i]) != 0;
-                CHECKF(finite == 0, "K %s, %s query, kernel %d: %d of %d outputs of the head are finite",
-                       tname(kt[ti]), bad ? "Inf" : "NaN", (int)kinds[ki], finite, d);
+                CHECKF(finite == 0, "K %s%s, %s query, kernel %d: %d of %d outputs of the head are finite",
+                       tname(kt[ti % 2]), ti >= 2 ? " + window, sinks" : "", bad ? "Inf" : "NaN", (int)kinds[ki], finite, d);
                 for (int h = 0; h < Hq; h++)
                     if (h != hbad) {
                         const double e = test_rel_err(out + h * d, ref + h * d, (size_t)d);
                         CHECKF(e <= TOL, "K %s, kernel %d: head %d next to a non-finite query: error %.3g",
-                               tname(kt[ti]), (int)kinds[ki], h, e);
+                               tname(kt[ti % 2]), (int)kinds[ki], h, e);
                     }
             }
             kvq_cuda_free(qd);

@@ -241,13 +241,16 @@ __device__ float block_reduce128(float v, float *red, bool is_max)
  * (y L b^(M - M') + O b^(m - M')) / (L b^(M - M') + l b^(m - M')). */
 __device__ float merge_override(float y, float L, float M, const float *x, int i, int d, bool base2)
 {
+    /* A non-finite query makes L, y or l NaN and the result must stay NaN:
+     * so no "> 0" tests. An entry without packed tokens has L == 0 and y =
+     * 0/0, which the weight 0 drops. */
     const float m = x[d], l = x[d + 1];
+    if (m == -INFINITY)
+        return y; /* no override row (or a NaN query): the packed result as it is */
     const float Mx = fmaxf(M, m);
-    if (Mx == -INFINITY)
-        return 0.0f;
-    const float wp = L > 0.0f ? L * (base2 ? exp2f(M - Mx) : expf(M - Mx)) : 0.0f;
-    const float wf = m == -INFINITY ? 0.0f : (base2 ? exp2f(m - Mx) : expf(m - Mx));
-    return (y * wp + x[i] * wf) / (wp + l * wf);
+    const float wp = L == 0.0f ? 0.0f : L * (base2 ? exp2f(M - Mx) : expf(M - Mx));
+    const float wf = base2 ? exp2f(m - Mx) : expf(m - Mx);
+    return ((wp == 0.0f ? 0.0f : y * wp) + x[i] * wf) / (wp + l * wf);
 }
 
 /* Attention of one (query head, entry) over its f16 override rows, fp32:
@@ -373,7 +376,7 @@ finalize_kernel(const float *part, int n_splits, int Hq, int H, int G, int v_f16
     }
     for (; s < n_splits; s++)
         o = fmaf(ob[(size_t)s * stride], wts[s], o);
-    od[vslot_dim(v_f16, i)] = L > 0.0f ? o * (inv_alpha_v / L) : 0.0f; /* no packed token (overrides only): 0 */
+    od[vslot_dim(v_f16, i)] = o * (inv_alpha_v / L); /* no packed token: 0/0, dropped by merge_override */
     __syncthreads();
     if (rv.mode == ROT_WARP && i < 32) {
         float v[4];
@@ -526,8 +529,8 @@ __global__ void ref_kernel(const __grid_constant__ ref_params p)
             o += acc[w * d + j] * wgt[w];
         for (int w = 0; p.sv && w < 4; w++)
             os += accs[w * d + j] * wgt[w];
-        qv[j] = L > 0.0f ? o / L : 0.0f;      /* reuse: the rotated-domain output */
-        qv[d + j] = L > 0.0f ? os / L : 0.0f; /* its sign residual, S domain (no packed token: 0) */
+        qv[j] = o / L;      /* reuse: the rotated-domain output (no packed token: 0/0, see merge_override) */
+        qv[d + j] = os / L; /* its sign residual, S domain */
     }
     __syncthreads();
     if (p.sv) {
