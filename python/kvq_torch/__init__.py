@@ -9,6 +9,8 @@ Needs libkvq.so built with CUDA ($KVQ_LIB or kvq_torch/lib/), torch and, for
 KVQCache, transformers. kvq_torch._lib and kvq_torch.plan import without
 either.
 """
+import importlib
+
 from . import _lib, plan  # noqa: F401
 
 __all__ = ["KVQCache", "DeviceCache", "register", "use_kvq", "kvq_attention_forward"]
@@ -16,21 +18,25 @@ __all__ = ["KVQCache", "DeviceCache", "register", "use_kvq", "kvq_attention_forw
 
 def __getattr__(name):
     # torch/transformers load only when asked for, so the pure parts stay usable without them
+    # import_module, not `from . import x`: the latter asks this very hook for
+    # x before importing it, which recursed without end for "ops".
     if name == "DeviceCache":
-        from .device_cache import DeviceCache
-        return DeviceCache
+        return _sub("device_cache").DeviceCache
     if name == "KVQCache":
-        from .cache import KVQCache
+        cache = _sub("cache")
         _register_once()
-        return KVQCache
+        return cache.KVQCache
     if name in ("register", "use_kvq", "kvq_attention_forward"):
-        from . import attention
+        attention = _sub("attention")
         _register_once()
         return getattr(attention, name)
     if name == "ops":
-        from . import ops
-        return ops
+        return _sub("ops")
     raise AttributeError(name)
+
+
+def _sub(name):
+    return importlib.import_module("." + name, __name__)
 
 
 _registered = False
@@ -39,8 +45,7 @@ _registered = False
 def _register_once():
     global _registered
     if not _registered:
-        from . import attention
-        attention.register("kvq")
+        _sub("attention").register("kvq")
         _registered = True
 
 

@@ -45,6 +45,9 @@ class KVQLayer(CacheLayerMixin):
     def lazy_initialization(self, key_states, *args, **kwargs):
         o = self.owner
         B, Hkv, _, D = key_states.shape
+        if key_states.device.type != "cuda":
+            raise ValueError(f"KVQCache layer {self.layer_idx}: keys on {key_states.device}; kvq's pages live on a "
+                             "CUDA device (load the model with device_map=\"cuda\" or move it there)")
         self.dtype, self.device = key_states.dtype, key_states.device
         with torch.cuda.device(key_states.device):
             self.dc = DeviceCache(n_kv_heads=Hkv, head_dim=D, max_tokens=o.kvq_max_len, max_seqs=B,

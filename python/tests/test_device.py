@@ -182,11 +182,11 @@ def test_ops_trace_and_compile():
     def fused(h, a, k, v, q):  # what the attention function calls
         return torch.ops.kvq.decode_step(h, k, v, q, D ** -0.5, a) * 1.0
 
-    import torch._dynamo
+    import torch._dynamo as dynamo  # a plain `import torch._dynamo` here would make torch local to the function
     he, ae = make()
     eager = [step(he, ae, *s) for s in steps]
     hc, ac = make()
-    torch._dynamo.reset()
+    dynamo.reset()
     cstep = torch.compile(fused, fullgraph=True)
     comp = [cstep(hc, ac, *s) for s in steps]
     torch.cuda.synchronize()
@@ -214,6 +214,15 @@ def _load(path, dtype):
 def _tokenizer():
     from tokenizers import Tokenizer
     return Tokenizer.from_file(os.path.join(TINY, "tokenizer.json"))
+
+
+def _encode(tok, text):
+    """The prompt as kvq and the fixtures tokenize it: BOS, then the text.
+    The bundled tokenizer.json has no post-processor, so tokenizers adds no
+    BOS itself (and the model answers nothing sensible without it)."""
+    bos = tok.token_to_id("<s>")
+    assert bos is not None, "the bundled tokenizer has no <s>"
+    return [bos] + tok.encode(text, add_special_tokens=False).ids
 
 
 def _generate(model, ids, n, cache=None, mask=None, impl="sdpa"):
@@ -250,7 +259,7 @@ def test_tiny_greedy_f16_pages_equal_dynamic():
         model = _load(TINY, dtype)
         same, fixture_same, first_diff = 0, 0, {}
         for case in ref["cases"]:
-            ids = torch.tensor([tok.encode(case["text"]).ids], device="cuda")
+            ids = torch.tensor([_encode(tok, case["text"])], device="cuda")
             assert ids.shape[1] == case["n_tokens"], f"{case['name']}: {ids.shape[1]} tokens, fixture says {case['n_tokens']}"
             a = _generate(model, ids, n_new)
             b = _generate(model, ids, n_new, KVQCache(model.config, k="f16", v="f16"), impl="kvq")
@@ -262,8 +271,8 @@ def test_tiny_greedy_f16_pages_equal_dynamic():
             fx = case["greedy_ids"][:n_new]
             fixture_same += a[0, :len(fx)].tolist() == fx
         # a batch of two prompts of different lengths, left-padded
-        p1 = tok.encode(ref["cases"][0]["text"]).ids
-        p2 = tok.encode(ref["cases"][1]["text"]).ids
+        p1 = _encode(tok, ref["cases"][0]["text"])
+        p2 = _encode(tok, ref["cases"][1]["text"])
         L = max(len(p1), len(p2))
         ids = torch.tensor([[0] * (L - len(p)) + p for p in (p1, p2)], device="cuda")
         mask = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p in (p1, p2)], device="cuda")
@@ -290,9 +299,10 @@ def test_tiny_passkey_tq3():
     SDPA prefill (default) and with the C decoder's compressed prefill."""
     from kvq_torch import KVQCache
     text = open(PASSKEY).read()
+    text = text[:-1] if text.endswith("\n") else text  # as `kvq run -f` reads it: the editor's newline is no prompt
     key = re.search(r"pass key is (\d+)", text).group(1)  # the key the prompt states
     tok = _tokenizer()
-    ids = torch.tensor([tok.encode(text).ids], device="cuda")
+    ids = torch.tensor([_encode(tok, text)], device="cuda")
     model = _load(TINY, torch.bfloat16)
     got = {}
     for mode in ("sdpa", "kvq"):
@@ -429,17 +439,22 @@ def test_tensor_parallel_world_size_1():
         os.environ.setdefault(k, v)
     if not dist.is_initialized():
         dist.init_process_group("nccl")
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     model = AutoModelForCausalLM.from_pretrained(TINY, dtype=torch.bfloat16, tp_plan="auto",
                                                  attn_implementation="sdpa")
     model.eval()
-    ids = torch.tensor([_tokenizer().encode(open(PASSKEY).read()[:2000]).ids], device="cuda")
+    placed = next(model.parameters()).device
+    if placed.type != "cuda":  # transformers 5.17 leaves a world-size-1 "TP" model where it loaded it
+        model.to("cuda")
+    ids = torch.tensor([_encode(_tokenizer(), open(PASSKEY).read()[:2000])], device="cuda")
     a = _generate(model, ids, 16)
     cache = KVQCache(model.config, k="f16", v="f16")
     b = _generate(model, ids, 16, cache, impl="kvq")
     heads = cache.layers[0].dc.n_kv_heads
     dist.destroy_process_group()
     assert torch.equal(a, b), f"tp world size 1: {a.tolist()} vs {b.tolist()}"
-    return f"tp_plan=auto, world size 1: 16 tokens equal; the cache took {heads} KV heads from the tensors"
+    return (f"tp_plan=auto, world size 1 (loaded on {placed}): 16 tokens equal; the cache took {heads} KV heads "
+            "from the tensors")
 
 
 TESTS = [test_environment, test_ops_decode_matches_cpu, test_ops_prefix_matches_cpu, test_ops_trace_and_compile,

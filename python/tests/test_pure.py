@@ -231,6 +231,28 @@ def test_package_imports_without_torch():
     return "kvq_torch, _lib, plan, host_cache, device_cache import without torch"
 
 
+def test_package_imports_with_an_unusable_torch():
+    # A torch without torch.library (or whose custom ops fail to register) must
+    # leave the pure parts importable; the lazy attributes once recursed
+    # without end here (`from . import ops` asks the package's __getattr__).
+    import os
+    import subprocess
+    import sys
+    import tempfile
+    with tempfile.TemporaryDirectory() as stub:
+        for mod in ("torch", "transformers"):
+            os.makedirs(os.path.join(stub, mod))
+            open(os.path.join(stub, mod, "__init__.py"), "w").close()
+        pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([stub, pkg]))
+        code = ("import kvq_torch, kvq_torch.plan\n"
+                "try:\n    kvq_torch.ops\nexcept AttributeError as e:\n    print('ops:', e)\n")
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, "import with a stub torch failed: " + (r.stderr.strip().splitlines() or ["?"])[-1]
+        assert "library" in r.stdout, "kvq_torch.ops with a stub torch: " + r.stdout.strip()
+    return "kvq_torch imports with a torch lacking torch.library; kvq_torch.ops names what is missing"
+
+
 TESTS = [test_struct_layouts_match_c, test_seed_derive_matches_c, test_cuda_config_default_through_ctypes,
          test_types_and_errors, test_no_device_is_a_clear_error, test_host_cache_round_trip,
-         test_plan_bookkeeping, test_package_imports_without_torch]
+         test_plan_bookkeeping, test_package_imports_without_torch, test_package_imports_with_an_unusable_torch]
