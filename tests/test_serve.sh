@@ -158,6 +158,16 @@ if start_server "$tmp/log2" --ctx 512 --max-body 64KiB --timeout 2 -ctk f16 -ctv
         "$(status POST /v1/completions '{"prompt":"x","kvq":{"cache_type_k":"tq3j","cache_type_v":"tq3"}}')" 400
     check "matching kvq extension: 200" \
         "$(status POST /v1/completions '{"prompt":"x","max_tokens":2,"kvq":{"cache_type_k":"f16","cache_type_v":"f16"}}')" 200
+    # ignore_eos (vLLM's extension): this prompt's answer ends in EOS after ~10 tokens
+    ask='The pass key is 7193825. Remember it. The sky is blue. What is the pass key? The pass key is'
+    check "ignore_eos not a boolean: 400" "$(status POST /v1/completions '{"prompt":"x","ignore_eos":1}')" 400
+    check "an answer that ends in EOS: 200" \
+        "$(status POST /v1/completions "{\"prompt\":\"$ask\",\"max_tokens\":24,\"temperature\":0}")" 200
+    grep -q '"finish_reason":"stop"' "$tmp/body" && ok "it stops at EOS" || bad "no EOS stop: $(cat "$tmp/body")"
+    check "ignore_eos: 200" "$(status POST /v1/completions \
+        "{\"prompt\":\"$ask\",\"max_tokens\":24,\"temperature\":0,\"ignore_eos\":true}")" 200
+    grep -q '"completion_tokens":24' "$tmp/body" && grep -q '"finish_reason":"length"' "$tmp/body" &&
+        ok "ignore_eos decodes all 24 tokens" || bad "ignore_eos: $(cat "$tmp/body")"
     check "chat without a template: 400" \
         "$(status POST /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}]}')" 400
     check "chat with a bad role: 400" \

@@ -45,6 +45,7 @@ struct serve_params {
     char *stop[SERVE_MAX_STOP];
     int n_stop;
     int stream, include_usage;
+    int ignore_eos;         /* vLLM's extension: EOS does not end the answer (benchmarks) */
     int logprobs;           /* top-N alternatives per token; -1 = no logprobs */
     int has_types;          /* the "kvq" extension named cache types */
     int type_k, type_v;     /* enum kvq_type */

@@ -644,7 +644,7 @@ static void take_token(struct serve_engine *e, struct serve_req *r)
     }
     e->gen_tokens++;
     count_rate(e, 1);
-    if (is_eos(c, tok)) {
+    if (!r->p.ignore_eos && is_eos(c, tok)) {
         finish(e, r, "stop");
         return;
     }

@@ -219,6 +219,11 @@ static int parse_stream_logprobs(const cJSON *root, struct serve_params *p, cons
             return bad(e, "stream", "'stream' must be a boolean");
         p->stream = cJSON_IsTrue(v);
     }
+    if ((v = cJSON_GetObjectItemCaseSensitive(root, "ignore_eos")) && !cJSON_IsNull(v)) {
+        if (!cJSON_IsBool(v))
+            return bad(e, "ignore_eos", "'ignore_eos' must be a boolean");
+        p->ignore_eos = cJSON_IsTrue(v);
+    }
     if ((v = cJSON_GetObjectItemCaseSensitive(root, "stream_options")) && !cJSON_IsNull(v)) {
         const cJSON *u = cJSON_GetObjectItemCaseSensitive(v, "include_usage");
         if (!cJSON_IsObject(v) || (u && !cJSON_IsBool(u)))
