@@ -31,7 +31,7 @@ static void usage(FILE *f)
                "  --prefix-cache N     keep up to N finished sequences' prompts for prefix reuse\n"
                "                       (default 0: off; --chunk must be a multiple of 64)\n"
                "  --prefix-share on|off a request shares the pages of the prompt start it has in\n"
-               "                       common with a running sequence (default: on with the CPU)\n"
+               "                       common with a running sequence (default: on)\n"
                "  --api-key KEY        require 'Authorization: Bearer KEY' on /v1/ (default: env\n"
                "                       KVQ_API_KEY, else none)\n"
                "  --model-name NAME    the model id clients send and see (default: the directory name)\n"
@@ -48,7 +48,7 @@ struct opts {
     struct kv_cmd c;
     const char *host, *api_key, *model_name, *chat_template;
     long port, max_seqs, ctx, chunk, max_queue, timeout, prefix_cache;
-    int prefix_share; /* -1: on with the CPU, off with CUDA */
+    int prefix_share;
     size_t max_body;
 };
 
@@ -140,7 +140,7 @@ static int serve(void *user, kvq_model *m, kvq_tokenizer *tok)
     ec.chunk = (int)o->chunk;
     ec.max_queue = (int)o->max_queue;
     ec.prefix_cache = (int)(o->prefix_cache < o->max_seqs ? o->prefix_cache : o->max_seqs);
-    ec.prefix_share = o->prefix_share >= 0 ? o->prefix_share : ec.batch.seq.device == KVQ_DEVICE_CPU;
+    ec.prefix_share = o->prefix_share;
     ec.model_name = o->model_name ? o->model_name : base_name(o->c.model);
     kv_opts_name(&o->c.kv, ec.cache_name, sizeof ec.cache_name);
     kvq_chat_template *chat = NULL;
@@ -201,7 +201,7 @@ int cmd_serve(int argc, char **argv)
     o.port = 8080;
     o.max_seqs = 16;
     o.chunk = 256;
-    o.prefix_share = -1;
+    o.prefix_share = 1;
     o.max_queue = 128;
     o.timeout = 30;
     o.max_body = 1u << 20;

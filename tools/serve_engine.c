@@ -13,7 +13,7 @@
  * greedy or sampled with a seed. A long prompt takes one chunk per step and
  * never stalls the decode rows.
  *
- * Prefix sharing (--prefix-share, on by default on the CPU): a request
+ * Prefix sharing (--prefix-share, on by default): a request
  * whose prompt starts with whole chunks of a running sequence's prompt
  * shares those pages (kvq_batch_share: one copy in the pool, reference
  * counted) instead of prefilling them. They were prefilled in the same
@@ -798,12 +798,6 @@ int serve_engine_start(const kvq_model *m, const kvq_tokenizer *tok, const struc
          * window of the next token starts empty, as in a fresh prefill */
         snprintf(err, cap, "--prefix-cache needs --chunk to be a multiple of the page (%zu tokens)",
                  e->bs.page_tokens);
-        kvq_batch_free(e->b);
-        free(e);
-        return 2;
-    }
-    if (e->cfg.prefix_share && e->cfg.batch.seq.device != KVQ_DEVICE_CPU) {
-        snprintf(err, cap, "--prefix-share needs the CPU page pool: the CUDA pool cannot share pages yet");
         kvq_batch_free(e->b);
         free(e);
         return 2;

@@ -54,8 +54,9 @@ struct kvq_kv_store_ops {
     void (*trim)(kvq_kv_store *s, int seq);
     /* Makes the empty seq dst hold the first n tokens of src in every
      * layer by sharing src's whole pages (kvq_cache_share: reference
-     * counted, copy on write); n a multiple of the page. NULL where the
-     * store cannot share pages (the device store, for now). All or nothing. */
+     * counted, copy on write; kvq_cuda_cache_share on the device); n a
+     * multiple of the page. NULL where the store cannot share pages. All or
+     * nothing. */
     kvq_status (*share)(kvq_kv_store *s, int dst, int src, size_t n);
     /* Bytes and rows of seq, summed over layers. */
     void (*stats)(const kvq_kv_store *s, int seq, struct kvq_cache_stats *sum);

@@ -125,6 +125,19 @@ static void cuda_trim(kvq_kv_store *base, int seq)
     (void)seq;
 }
 
+static kvq_status cuda_share(kvq_kv_store *base, int dst, int src, size_t n)
+{
+    struct cuda_store *s = (struct cuda_store *)base;
+    for (int l = 0; l < base->n_layers; l++) {
+        const kvq_status st = kvq_cuda_cache_share(s->caches[l], dst, src, n);
+        if (st != KVQ_OK) {
+            cuda_reset(base, dst);
+            return st;
+        }
+    }
+    return KVQ_OK;
+}
+
 static void cuda_stats(const kvq_kv_store *base, int seq, struct kvq_cache_stats *sum)
 {
     const struct cuda_store *s = (const struct cuda_store *)base;
@@ -168,6 +181,7 @@ static const struct kvq_kv_store_ops cuda_store_ops = {
     .truncate = cuda_truncate,
     .reset = cuda_reset,
     .trim = cuda_trim,
+    .share = cuda_share,
     .stats = cuda_stats,
     .cache = cuda_cache,
     .free = cuda_free_store,
@@ -215,7 +229,10 @@ kvq_status kvq_kv_store_cuda_create(const struct kvq_kv_store_config *cfg, kvq_k
         if (cfg->cfgs[l].max_bytes) { /* the layer's budget share, in whole pages */
             struct kvq_cache_config one = cfg->cfgs[l];
             size_t pt = one.page_tokens ? one.page_tokens : KVQ_DEFAULT_PAGE_TOKENS;
-            size_t pb = kvq_cache_bytes_for(&one, pt);
+            /* a page alone: without the f16 buffers (window, sinks) that
+             * kvq_cache_bytes_for counts too, which the device holds apart;
+             * with them the pool came out smaller than the batch's count */
+            size_t pb = kvq_cache_bytes_for(&one, pt) - kvq_cache_bytes_for(&one, 0);
             cc.pool_pages = pb ? cfg->cfgs[l].max_bytes / pb : 0;
             if (!cc.pool_pages) {
                 cuda_free_store(&s->base);

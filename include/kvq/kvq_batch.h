@@ -22,8 +22,8 @@
  * copies that page first (copy on write, one more page in the step's
  * check). Sharing is exact: the tokens' bytes are the ones the source
  * encoded, so a sharer computes bit-identical logits to a sequence that
- * prefilled the same tokens in the same chunks (CPU). The CUDA page pool
- * cannot share pages yet (KVQ_ERR_UNSUPPORTED).
+ * prefilled the same tokens in the same chunks, on the CPU and on the GPU
+ * (kvq_cuda_cache_share).
  *
  * Determinism: on the CPU a sequence's logits are bit-identical whether it
  * runs alone or batched with any others, for the same chunk boundaries (its
@@ -95,8 +95,8 @@ KVQ_API size_t kvq_batch_len(const kvq_batch *b, int slot);
  *  releases only its own references.
  *  @return KVQ_OK; KVQ_ERR_INVALID_ARG (a free or out-of-range slot, dst ==
  *  src, dst not empty, n not whole pages or beyond src's length: nothing
- *  changed); KVQ_ERR_UNSUPPORTED (the CUDA store, or a sliding-window
- *  layer: nothing changed). err gets one line. */
+ *  changed); KVQ_ERR_UNSUPPORTED (a sliding-window layer on the CPU:
+ *  nothing changed). err gets one line. */
 KVQ_API kvq_status kvq_batch_share(kvq_batch *b, int dst, int src, size_t n, kvq_error *err);
 
 /** The pool's page counts as kvq_batch_get_stats gives them (pages_used,

@@ -149,9 +149,26 @@ KVQ_API size_t kvq_cuda_cache_len(const kvq_cuda_cache *c, int seq);
 /** Pages of the pool not in use by any sequence. */
 KVQ_API size_t kvq_cuda_cache_free_pages(const kvq_cuda_cache *c);
 
-/** Drops tokens [n, len) of seq; whole pages past n return to the pool.
+/** Drops tokens [n, len) of seq; whole pages past n return to the pool
+ *  (a page another sequence shares stays until its last holder lets go).
  *  @return KVQ_OK or KVQ_ERR_INVALID_ARG (bad seq, n > len). */
 KVQ_API kvq_status kvq_cuda_cache_truncate(kvq_cuda_cache *c, int seq, size_t n);
+
+/** Prefix sharing, as kvq_cache_share on the CPU: the empty sequence dst
+ *  takes the first n_tokens tokens of src, n_tokens a multiple of the page
+ *  size, by pointing its table at src's pages (reference counted; no page
+ *  is copied) and copying src's sink rows. A sequence about to write into a
+ *  page another one holds (after a truncation into it) writes into a
+ *  private copy first, so neither sees the other's later tokens; a sharer
+ *  attends bit-identically to a sequence that encoded the same tokens. The
+ *  recent f16 window of dst starts empty (its last page is whole and read
+ *  packed, as on the CPU).
+ *  @return KVQ_OK; KVQ_ERR_INVALID_ARG (bad seqs, dst not empty, n_tokens
+ *  over src's length or not whole pages). */
+KVQ_API kvq_status kvq_cuda_cache_share(kvq_cuda_cache *c, int dst, int src, size_t n_tokens);
+
+/** Pages of seq that another sequence also holds (0 for an invalid seq). */
+KVQ_API size_t kvq_cuda_cache_pages_shared(const kvq_cuda_cache *c, int seq);
 
 /** Encodes n_tokens tokens on the GPU and appends them to seq.
  *  k_dev, v_dev: [n_tokens][n_kv_heads][head_dim] floats in device memory.

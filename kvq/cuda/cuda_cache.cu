@@ -163,6 +163,7 @@ void kvq_cuda_cache_free(kvq_cuda_cache *c)
     free(c->len);
     free(c->n_pages);
     free(c->free_list);
+    free(c->page_refs);
     free(c->tok_h);
     kvq_cache_free(c->twin);
     free(c);
@@ -218,7 +219,8 @@ static kvq_status cache_init(kvq_cuda_cache *c)
     c->len = (size_t *)calloc((size_t)cfg->max_seqs, sizeof(size_t));
     c->n_pages = (size_t *)calloc((size_t)cfg->max_seqs, sizeof(size_t));
     c->free_list = (int32_t *)malloc(pool * sizeof(int32_t));
-    if (!c->ptab_h || !c->len || !c->n_pages || !c->free_list)
+    c->page_refs = (uint32_t *)calloc(pool, sizeof(uint32_t));
+    if (!c->ptab_h || !c->len || !c->n_pages || !c->free_list || !c->page_refs)
         return KVQ_ERR_NOMEM;
     for (size_t i = 0; i < ntab; i++)
         c->ptab_h[i] = 0;
@@ -351,21 +353,61 @@ static int32_t *table_of(kvq_cuda_cache *c, int seq)
     return c->ptab_h + (size_t)seq * c->max_pages_per_seq;
 }
 
-/* Gives seq enough pages for `tokens` tokens; device table updated. */
+static int32_t page_take(kvq_cuda_cache *c)
+{
+    const int32_t p = c->free_list[--c->n_free];
+    c->page_refs[p] = 1;
+    return p;
+}
+
+static void page_unref(kvq_cuda_cache *c, int32_t p)
+{
+    if (--c->page_refs[p] == 0)
+        c->free_list[c->n_free++] = p;
+}
+
+/* Copy on write: page i of seq becomes its own if another sequence also
+ * holds it (kvq_cuda_cache_share), before anything writes into it. */
+static kvq_status own_page(kvq_cuda_cache *c, int seq, size_t i)
+{
+    int32_t *tab = table_of(c, seq);
+    if (c->page_refs[tab[i]] <= 1)
+        return KVQ_OK;
+    if (c->n_free == 0)
+        return KVQ_ERR_BUDGET;
+    const int32_t p = page_take(c);
+    const size_t pb = c->layout.page_bytes;
+    KVQ_CU_TRY(cudaMemcpyAsync(c->pool + (size_t)p * pb, c->pool + (size_t)tab[i] * pb, pb, cudaMemcpyDeviceToDevice,
+                               c->stream));
+    page_unref(c, tab[i]);
+    tab[i] = p;
+    KVQ_CU_TRY(cudaMemcpyAsync(c->ptab_d + (size_t)seq * c->max_pages_per_seq + i, tab + i, sizeof(int32_t),
+                               cudaMemcpyHostToDevice, c->stream));
+    return KVQ_OK;
+}
+
+/* Gives seq enough pages for `tokens` tokens, from its length on (the
+ * pages they land in made its own first). Device table updated. */
 static kvq_status grow_pages(kvq_cuda_cache *c, int seq, size_t tokens)
 {
     const size_t P = c->layout.page_tokens;
     const size_t want = (tokens + P - 1) / P, have = c->n_pages[seq];
+    int32_t *tab = table_of(c, seq);
+    int32_t *tab_d = c->ptab_d + (size_t)seq * c->max_pages_per_seq;
+    for (size_t i = c->len[seq] / P; tokens > c->len[seq] && i < have && i < want; i++) {
+        const kvq_status st = own_page(c, seq, i);
+        if (st != KVQ_OK)
+            return st;
+    }
     if (want <= have)
         return KVQ_OK;
     if (want - have > c->n_free)
         return KVQ_ERR_BUDGET;
-    int32_t *tab = table_of(c, seq);
     for (size_t i = have; i < want; i++)
-        tab[i] = c->free_list[--c->n_free];
+        tab[i] = page_take(c);
     c->n_pages[seq] = want;
-    KVQ_CU_TRY(cudaMemcpyAsync(c->ptab_d + (size_t)seq * c->max_pages_per_seq + have, tab + have,
-                               (want - have) * sizeof(int32_t), cudaMemcpyHostToDevice, c->stream));
+    KVQ_CU_TRY(cudaMemcpyAsync(tab_d + have, tab + have, (want - have) * sizeof(int32_t), cudaMemcpyHostToDevice,
+                               c->stream));
     return KVQ_OK;
 }
 
@@ -375,7 +417,49 @@ static void shrink_pages(kvq_cuda_cache *c, int seq, size_t tokens)
     const size_t keep = (tokens + P - 1) / P;
     int32_t *tab = table_of(c, seq);
     while (c->n_pages[seq] > keep)
-        c->free_list[c->n_free++] = tab[--c->n_pages[seq]];
+        page_unref(c, tab[--c->n_pages[seq]]);
+}
+
+size_t kvq_cuda_cache_pages_shared(const kvq_cuda_cache *c, int seq)
+{
+    if (!c || seq < 0 || seq >= c->cfg.max_seqs)
+        return 0;
+    const int32_t *tab = c->ptab_h + (size_t)seq * c->max_pages_per_seq;
+    size_t n = 0;
+    for (size_t i = 0; i < c->n_pages[seq]; i++)
+        n += c->page_refs[tab[i]] > 1;
+    return n;
+}
+
+kvq_status kvq_cuda_cache_share(kvq_cuda_cache *c, int dst, int src, size_t n_tokens)
+{
+    if (!c || dst < 0 || src < 0 || dst >= c->cfg.max_seqs || src >= c->cfg.max_seqs || dst == src ||
+        c->len[dst] != 0 || n_tokens > c->len[src] || n_tokens % c->layout.page_tokens)
+        return KVQ_ERR_INVALID_ARG;
+    const size_t k = n_tokens / c->layout.page_tokens;
+    shrink_pages(c, dst, 0);
+    int32_t *td = table_of(c, dst);
+    const int32_t *ts = table_of(c, src);
+    for (size_t i = 0; i < k; i++) {
+        td[i] = ts[i];
+        c->page_refs[td[i]]++;
+    }
+    c->n_pages[dst] = k;
+    if (k)
+        KVQ_CU_TRY(cudaMemcpyAsync(c->ptab_d + (size_t)dst * c->max_pages_per_seq, td, k * sizeof(int32_t),
+                                   cudaMemcpyHostToDevice, c->stream));
+    const size_t sinks = n_tokens < (size_t)c->sink_rows ? n_tokens : (size_t)c->sink_rows;
+    if (sinks) { /* a sequence's sink rows come first in its override rows */
+        const size_t row = (size_t)c->cfg.cache.n_kv_heads * (size_t)c->cfg.cache.head_dim;
+        const size_t per_seq = (size_t)c->ov_rows * row;
+        KVQ_CU_TRY(cudaMemcpyAsync(c->ov_k_d + (size_t)dst * per_seq, c->ov_k_d + (size_t)src * per_seq,
+                                   sinks * row * sizeof(uint16_t), cudaMemcpyDeviceToDevice, c->stream));
+        KVQ_CU_TRY(cudaMemcpyAsync(c->ov_v_d + (size_t)dst * per_seq, c->ov_v_d + (size_t)src * per_seq,
+                                   sinks * row * sizeof(uint16_t), cudaMemcpyDeviceToDevice, c->stream));
+    }
+    c->len[dst] = n_tokens;
+    c->ring_lo[dst] = n_tokens; /* a whole-page view reads no recent copy, as on the CPU */
+    return KVQ_OK;
 }
 
 kvq_status kvq_cuda_cache_truncate(kvq_cuda_cache *c, int seq, size_t n)
@@ -602,11 +686,15 @@ kvq_status kvq_cuda_cache_write_page(kvq_cuda_cache *c, int seq, size_t i, const
     int32_t page;
     if (!c || !host || page_index(c, seq, i, &page) != KVQ_OK)
         return KVQ_ERR_INVALID_ARG;
+    kvq_status st = own_page(c, seq, i);
+    if (st != KVQ_OK)
+        return st;
+    page = table_of(c, seq)[i];
     uint8_t *staging = (uint8_t *)malloc(c->layout.page_bytes);
     if (!staging)
         return KVQ_ERR_NOMEM;
     page_convert(c, (const uint8_t *)host, staging, 1);
-    const kvq_status st = write_page_dev(c, page, staging);
+    st = write_page_dev(c, page, staging);
     free(staging);
     return st;
 }

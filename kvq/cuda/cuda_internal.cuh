@@ -92,6 +92,7 @@ struct kvq_cuda_cache {
     size_t *n_pages;   /* pages held per sequence */
     int32_t *free_list;
     size_t n_free;
+    uint32_t *page_refs; /* [pool_pages] sequences whose table holds the page (kvq_cuda_cache_share) */
 
     /* codec tables on the device: signs and mix of R and S for K and V,
      * dense rotations for queries (R_k, S_k) and outputs (R_v). */

@@ -156,6 +156,18 @@ size_t kvq_cuda_cache_free_pages(const kvq_cuda_cache *c)
     return 0;
 }
 
+kvq_status kvq_cuda_cache_share(kvq_cuda_cache *c, int dst, int src, size_t n_tokens)
+{
+    (void)c, (void)dst, (void)src, (void)n_tokens;
+    return KVQ_ERR_NO_DEVICE;
+}
+
+size_t kvq_cuda_cache_pages_shared(const kvq_cuda_cache *c, int seq)
+{
+    (void)c, (void)seq;
+    return 0;
+}
+
 kvq_status kvq_cuda_cache_truncate(kvq_cuda_cache *c, int seq, size_t n)
 {
     (void)c, (void)seq, (void)n;
