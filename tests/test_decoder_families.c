@@ -6,8 +6,10 @@
  * Per family: logits at every prompt position within 1e-4 x max|logit| of
  * transformers' float32 logits over the same bf16 weights with an f32 cache
  * (5e-3 with an f16 cache, which rounds what the reference keeps in f32);
- * the greedy continuation identical with both; tq3j/tq3 runs and stays
- * finite.
+ * the greedy continuation identical with both; tq3j/tq3 without the
+ * recent f16 window (so every token is read packed) runs and stays finite,
+ * its error printed (random heads of 32 dims are far from what the
+ * codebooks were made for: no bound is claimed there).
  * A family whose fixture directory is not committed yet is skipped, with one
  * line naming the command that makes it.
  */
@@ -40,7 +42,7 @@ static int have_dir(const char *d)
 /* Runs the prompt (all logits) and the greedy continuation of one family
  * with cache types tk/tv; compares with the reference when tol > 0 (logits
  * within tol x max|logit|, greedy ids identical). */
-static void run_family(const char *name, enum kvq_type tk, enum kvq_type tv, double tol)
+static void run_family(const char *name, enum kvq_type tk, enum kvq_type tv, double tol, int recent_f16)
 {
     char dir[256], path[300];
     snprintf(dir, sizeof dir, FIXTURES "/%s", name);
@@ -71,6 +73,7 @@ static void run_family(const char *name, enum kvq_type tk, enum kvq_type tv, dou
     kvq_seq_config_default(&sc);
     sc.type_k = tk;
     sc.type_v = tv;
+    sc.recent_f16 = recent_f16;
     sc.max_ctx = T + N; /* the prompt and every generated token but the last */
     CHECKF(kvq_seq_create(m, &sc, &s, &err) == KVQ_OK, "%s: %s", name, err.msg);
     if (!s)
@@ -127,12 +130,13 @@ static void test_families(void)
             continue;
         }
         ran++;
-        run_family(families[i], KVQ_TYPE_F32, KVQ_TYPE_F32, 1e-4);
+        run_family(families[i], KVQ_TYPE_F32, KVQ_TYPE_F32, 1e-4, 0);
         /* f16 rounds every cached key and value (relative 2^-11) where the
          * reference keeps f32: on the bundled model that alone moves logits
          * by 1.3e-3 x max|logit| at 40 tokens, so 1e-4 cannot hold; 5e-3 */
-        run_family(families[i], KVQ_TYPE_F16, KVQ_TYPE_F16, 5e-3);
-        run_family(families[i], KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, 0);
+        run_family(families[i], KVQ_TYPE_F16, KVQ_TYPE_F16, 5e-3, 0);
+        /* no window: with it every fixture token (<= 64) would sit in f16 */
+        run_family(families[i], KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, 0, 0);
     }
     if (missing[0])
         printf("  fixtures not committed:%s (python3 tests/models/make_refs.py --out " FIXTURES ")\n", missing);
