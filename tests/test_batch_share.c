@@ -306,9 +306,6 @@ static void test_budget(void)
 /* A sharer truncated into a shared page copies it before writing: its
  * logits are those of a slot that held the same bytes alone, the source's
  * next logits are unchanged, and the copy is one more page. */
-/* Shares two pages, truncates the sharer and a reference into the second,
- * appends: that page is copied, the first stays shared, and neither the
- * sharer's nor the source's logits differ from unshared references'. */
 static void copy_on_write(struct kvq_batch_config bc)
 {
     kvq_batch *b = NULL;
