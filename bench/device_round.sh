@@ -17,7 +17,9 @@
 #                 (5) the server on the GPU (bench/bench_serve.sh, FULL) if
 #                 time is left (a skip line if the machine has no curl)
 #       CPU lane: (2) tokenizer references (tests/tokenizer/make_refs.py
-#                 --compare tests/tokenizer/expected, make_chat_refs.py, its
+#                 --compare tests/tokenizer/expected: skipped unless
+#                 prepared with KVQ_TOKREF_FULL=1, the tokenizers being too
+#                 big to travel with the rest; make_chat_refs.py, its
 #                 renders compared with the committed ones), (1) test_batch and
 #                 test_batch_share (mostly the CPU decoder; their CUDA cases
 #                 come last), (3) model references (tests/models/make_refs.py)
@@ -94,8 +96,20 @@ prepare() {
     done
     tokparent=$(dirname "$tokdata")
     [ "$(basename "$tokdata")" = tokenizer-data ] || die "KVQ_TOKDATA must end in /tokenizer-data"
-    # shellcheck disable=SC2086
-    [ -n "$fams" ] && tar czf "$round/tokref.tgz" -C "$tokparent" $fams
+    # The working tree travels with every call (tracked files, ~60 MB of the
+    # 64 MiB a call may carry), so by default only the chat templates go
+    # (tokenizer_config.json: what chatrefs needs); KVQ_TOKREF_FULL=1 packs
+    # the tokenizers too, for the tokrefs step, in a call of its own
+    # (KVQ_DEVICE_STEPS=tokrefs, carrying tokref.tgz and MANIFEST only).
+    if [ "${KVQ_TOKREF_FULL:-0}" = 1 ]; then
+        # shellcheck disable=SC2086
+        [ -n "$fams" ] && tar czf "$round/tokref.tgz" -C "$tokparent" $fams
+    else
+        cfgs=""
+        for f in $fams; do cfgs="$cfgs $f/tokenizer_config.json"; done
+        # shellcheck disable=SC2086
+        [ -n "$fams" ] && tar czf "$round/tokref.tgz" -C "$tokparent" $cfgs
+    fi
     [ -n "$fams" ] || tar czf "$round/tokref.tgz" -T /dev/null
     {
         echo "commit $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (+ uncommitted changes)')"
@@ -104,9 +118,12 @@ prepare() {
         (cd "$round" && for f in dev.tar.xz pydev.tar.xz tokref.tgz; do echo "$f $(wc -c <"$f") $(sha256sum "$f" | cut -c1-16)"; done)
     } >"$round/MANIFEST"
     cat "$round/MANIFEST"
-    s1=$(($(wc -c <"$round/dev.tar.xz") + $(wc -c <"$round/tokref.tgz")))
-    s2=$(wc -c <"$round/pydev.tar.xz")
-    say "carry sizes: run1 $((s1 / 1048576)).$((s1 % 1048576 * 10 / 1048576)) MiB, run2 $((s2 / 1048576)).$((s2 % 1048576 * 10 / 1048576)) MiB (limit 64 MiB a call)"
+    tracked=$(git ls-files -z | xargs -0 cat 2>/dev/null | wc -c)
+    s1=$((tracked + $(wc -c <"$round/dev.tar.xz") + $(wc -c <"$round/tokref.tgz")))
+    s2=$((tracked + $(wc -c <"$round/pydev.tar.xz")))
+    [ $s1 -le 67108864 ] && [ $s2 -le 67108864 ] ||
+        say "WARNING: a call would carry more than 64 MiB (tracked files $((tracked / 1048576)) MiB): the device tool will refuse it"
+    say "what travels, tracked files included: run1 $((s1 / 1048576)).$((s1 % 1048576 * 10 / 1048576)) MiB, run2 $((s2 / 1048576)).$((s2 % 1048576 * 10 / 1048576)) MiB (limit 64 MiB a call)"
     cat <<EOF
 
 The two device calls (run tool), each with timeout_s=540:
@@ -250,6 +267,8 @@ s_serve() {
 }
 s_tokrefs() {
     [ -d "$W/tokenizer-data" ] || { note "no tokenizer data in tokref.tgz"; return 77; }
+    ls "$W"/tokenizer-data/*/tokenizer.json >/dev/null 2>&1 ||
+        { note "tokref.tgz has the chat templates only (prepare with KVQ_TOKREF_FULL=1)"; return 77; }
     # shellcheck disable=SC2086
     $cpu python3 tests/tokenizer/make_refs.py --data "$W/tokenizer-data" --out "$W/refs/tok" --compare tests/tokenizer/expected || return 1
     note "$(grep -c 'cases agree' "$W/logs/tokrefs.log") files compared, $(grep -c 'differ:' "$W/logs/tokrefs.log") differ"
@@ -373,7 +392,7 @@ print("no python module %s; " % ", ".join(m) if m else "", end="")' 2>/dev/null
         fi
         if [ -f "$round/tokref.tgz" ]; then
             if [ "$dry" = 1 ]; then
-                say "tokref.tgz: $(tar tzf "$round/tokref.tgz" | grep -c 'tokenizer.json$') families"
+                say "tokref.tgz: $(tar tzf "$round/tokref.tgz" | grep -c 'tokenizer_config.json$') families"
                 mkdir -p "$W/tokenizer-data"
             else
                 tar xzf "$round/tokref.tgz" -C "$W"
