@@ -179,7 +179,7 @@ char *cli_read_file(const char *path, size_t *len)
 static const char *const value_less[] = {
     "--help", "-h", "--json", "--quiet", "--plan", "--force", "--no-eos", "--v-norm-correct", "--kv-recent-f16",
     "--no-kv-recent-f16", "--kv-auto", "--sweep", "--per-layer", "--synthetic", "--compute", "--emit-c",
-    "--mse-table", "--version", "--no-bos", "--skip-special", "--kl-divergence",
+    "--mse-table", "--version", "--no-bos", "--skip-special", "--kl-divergence", "--no-key-outlier-f16",
 };
 
 int cli_value_less(const char *arg)

@@ -15,6 +15,7 @@ void kv_opts_default(struct kv_opts *o)
     o->tk = KVQ_DEFAULT_TYPE_K;
     o->tv = KVQ_DEFAULT_TYPE_V;
     o->recent_f16 = KVQ_WINDOW_AUTO;
+    o->key_outlier_f16 = 1;
 }
 
 int kv_parse_type(const char *cmd, const char *s, enum kvq_type *t)
@@ -141,6 +142,10 @@ int kv_opts_flag(const char *a, struct kv_opts *o)
         o->kv_auto = 1;
         return 1;
     }
+    if (strcmp(a, "--no-key-outlier-f16") == 0) {
+        o->key_outlier_f16 = 0;
+        return 1;
+    }
     return 0;
 }
 
@@ -193,6 +198,20 @@ int kv_opts_check(const char *cmd, const struct kv_opts *o, const kvq_model *m)
         return cli_error(cmd, "--kv-auto chooses the per-layer types itself: drop --layer-types");
     if (o->n_layer_types && o->n_layer_types != n)
         return cli_error(cmd, "--layer-types gives %d K/V pairs, the model has %d layers", o->n_layer_types, n);
+    const struct kvq_model_config *c = kvq_model_config_of(m);
+    char layers[256] = "";
+    size_t used = 0;
+    for (int l = 0; l < n && o->key_outlier_f16 && used < sizeof layers - 16; l++)
+        if (c->arch.key_outlier_layers[l / 8] >> (l % 8) & 1) {
+            int w = snprintf(layers + used, sizeof layers - used, "%s%d", used ? ", " : "", l);
+            used += w > 0 ? (size_t)w : 0;
+        }
+    if (used)
+        fprintf(stderr,
+                "kvq %s: layer%s %s keep%s keys in f16: the k_proj bias there is >= %.0fx the median norm, "
+                "which a few bits per coordinate cannot carry (--no-key-outlier-f16: quantize them too)\n",
+                cmd, strchr(layers, ',') ? "s" : "", layers, strchr(layers, ',') ? "" : "s",
+                (double)KVQ_KEY_OUTLIER_RATIO);
     return 0;
 }
 
@@ -255,6 +274,8 @@ void kv_opts_usage(FILE *f)
                "                       compressed types (everything but f32 and f16)\n"
                "  --no-kv-recent-f16   no such window: every token is read from the packed pages\n"
                "  --kv-sink N          also keep the first N tokens (0..%d) in f16 for good\n"
+               "  --no-key-outlier-f16 quantize the keys of layers whose k_proj bias is >= 8x the\n"
+               "                       median norm too (default: such layers keep keys in f16)\n"
                "  --threads N, -t N    CPU threads for products and attention (default: the cores\n"
                "                       available)\n"
                "  --seed S             cache-rotation (and sampler) seed (default 0)\n"
@@ -275,6 +296,7 @@ void kv_opts_seq_config(const struct kv_opts *o, struct kvq_seq_config *sc)
     sc->v_norm_correct = o->v_norm_correct;
     sc->recent_f16 = o->recent_f16;
     sc->sink_tokens = o->sink_tokens;
+    sc->key_outlier_f16 = o->key_outlier_f16;
     sc->device = o->device;
 }
 

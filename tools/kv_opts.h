@@ -21,6 +21,8 @@ struct kv_opts {
                              as the library decides (kvq_seq_window_for: on when some layer's K
                              or V type is compressed); 1 --kv-recent-f16, 0 --no-kv-recent-f16 */
     int sink_tokens;      /* --kv-sink N: the first N tokens also in f16 (0 = off) */
+    int key_outlier_f16;  /* 1 (default): keys of k_proj-bias outlier layers in f16
+                             (kvq_seq_config.key_outlier_f16); 0 --no-key-outlier-f16 */
     enum kvq_device device; /* --device cpu|cuda (default cpu) */
     /* --kv-auto (kv_auto.h): per-layer types chosen for budget at a context */
     int kv_auto;
@@ -58,7 +60,8 @@ struct kv_cmd {
 int kv_cmd_parse(const char *cmd, int argc, char **argv, struct kv_cmd *c, void (*usage)(FILE *),
                  int (*own)(void *user, const char *a, const char *v), void *user);
 
-/* After the model is loaded: --layer-types must name every layer.
+/* After the model is loaded: --layer-types must name every layer. Says on
+ * stderr which layers keep their keys in f16 as k_proj-bias outliers.
  * @return 0 or 2 (printed). */
 int kv_opts_check(const char *cmd, const struct kv_opts *o, const kvq_model *m);
 

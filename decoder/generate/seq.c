@@ -27,17 +27,23 @@ void kvq_seq_config_default(struct kvq_seq_config *cfg)
     cfg->type_k = KVQ_DEFAULT_TYPE_K;
     cfg->type_v = KVQ_DEFAULT_TYPE_V;
     cfg->recent_f16 = KVQ_WINDOW_AUTO;
-}
-
-static void types_of(const struct kvq_seq_config *sc, int l, enum kvq_type *tk, enum kvq_type *tv)
-{
-    *tk = sc->layer_types ? sc->layer_types[2 * l] : sc->type_k;
-    *tv = sc->layer_types ? sc->layer_types[2 * l + 1] : sc->type_v;
+    cfg->key_outlier_f16 = 1;
 }
 
 static int compressed(enum kvq_type t)
 {
     return t != KVQ_TYPE_F32 && t != KVQ_TYPE_F16;
+}
+
+/* Layer l's K and V types: the configured ones, f16 keys on a key-outlier
+ * layer (c NULL: as configured). */
+static void types_of(const struct kvq_model_config *c, const struct kvq_seq_config *sc, int l, enum kvq_type *tk,
+                     enum kvq_type *tv)
+{
+    *tk = sc->layer_types ? sc->layer_types[2 * l] : sc->type_k;
+    *tv = sc->layer_types ? sc->layer_types[2 * l + 1] : sc->type_v;
+    if (c && sc->key_outlier_f16 && compressed(*tk) && (c->arch.key_outlier_layers[l / 8] >> (l % 8) & 1))
+        *tk = KVQ_TYPE_F16;
 }
 
 int kvq_seq_window_for(const struct kvq_seq_config *cfg, int n_layers)
@@ -46,7 +52,7 @@ int kvq_seq_window_for(const struct kvq_seq_config *cfg, int n_layers)
         return cfg ? cfg->recent_f16 : 0;
     for (int l = 0; l < (cfg->layer_types ? n_layers : 1); l++) {
         enum kvq_type tk, tv;
-        types_of(cfg, l, &tk, &tv);
+        types_of(NULL, cfg, l, &tk, &tv);
         if (compressed(tk) || compressed(tv))
             return 1;
     }
@@ -57,7 +63,7 @@ int kvq_seq_window_for(const struct kvq_seq_config *cfg, int n_layers)
 static size_t layer_row_bytes(const struct kvq_model_config *c, const struct kvq_seq_config *sc, int l)
 {
     enum kvq_type tk, tv;
-    types_of(sc, l, &tk, &tv);
+    types_of(c, sc, l, &tk, &tv);
     size_t rk = kvq_type_row_bytes(tk, c->head_dim), rv = kvq_type_row_bytes(tv, c->head_dim);
     return rk && rv ? (rk + rv) * (size_t)c->n_kv_heads : 0;
 }
@@ -71,7 +77,7 @@ void kvq_layer_cache_config(const struct kvq_model_config *c, const struct kvq_s
                             size_t max_ctx, struct kvq_cache_config *cc)
 {
     kvq_cache_config_default(cc, c->n_kv_heads, c->head_dim, max_ctx);
-    types_of(sc, l, &cc->type_k, &cc->type_v);
+    types_of(c, sc, l, &cc->type_k, &cc->type_v);
     cc->recent_f16 = sc->recent_f16;
     cc->sink_tokens = sc->sink_tokens;
 }
@@ -126,7 +132,7 @@ kvq_status kvq_seq_plan_of(const kvq_model *m, const struct kvq_seq_config *cfg,
     for (int pass = 0; pass < 2; pass++) {
         for (int l = 0; l < c->n_layers; l++) {
             enum kvq_type tk, tv;
-            types_of(cfg, l, &tk, &tv);
+            types_of(NULL, cfg, l, &tk, &tv);
             if (!kvq_type_traits(tk) || !kvq_type_traits(tv))
                 return KVQ_ERR_INVALID_ARG;
             struct kvq_cache_config cc;

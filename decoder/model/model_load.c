@@ -305,6 +305,39 @@ static kvq_status load_lm_head(struct loader *L, int slice_rows)
     return st;
 }
 
+static int cmp_float(const void *a, const void *b)
+{
+    const float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* kvq_model_arch.key_outlier_layers: the layers whose k_proj bias norm is
+ * at least KVQ_KEY_OUTLIER_RATIO x the median over layers. */
+static kvq_status mark_key_outliers(kvq_model *m)
+{
+    struct kvq_model_config *c = &m->cfg;
+    memset(c->arch.key_outlier_layers, 0, sizeof c->arch.key_outlier_layers);
+    if (!c->arch.qkv_bias || c->n_layers < 3)
+        return KVQ_OK; /* a median of fewer layers says nothing */
+    float *norm = malloc(2 * (size_t)c->n_layers * sizeof *norm);
+    if (!norm)
+        return KVQ_ERR_NOMEM;
+    for (int l = 0; l < c->n_layers; l++) {
+        const float *b = m->layers[l].bqkv + m->q_dim;
+        double s = 0;
+        for (int i = 0; i < m->kv_dim; i++)
+            s += (double)b[i] * b[i];
+        norm[l] = norm[c->n_layers + l] = (float)sqrt(s);
+    }
+    qsort(norm + c->n_layers, (size_t)c->n_layers, sizeof *norm, cmp_float);
+    const float median = norm[c->n_layers + (c->n_layers - 1) / 2]; /* the lower one: 2 outliers of 4 stay outliers */
+    for (int l = 0; l < c->n_layers; l++)
+        if (median > 0 && norm[l] >= KVQ_KEY_OUTLIER_RATIO * median)
+            c->arch.key_outlier_layers[l / 8] |= (uint8_t)(1u << (l % 8));
+    free(norm);
+    return KVQ_OK;
+}
+
 static kvq_status load(struct loader *L, const struct kvq_model_load_opts *o)
 {
     kvq_model *m = L->m;
@@ -355,6 +388,8 @@ static kvq_status load(struct loader *L, const struct kvq_model_load_opts *o)
     for (int l = 0; l < c->n_layers; l++)
         if ((st = load_layer(L, l)) != KVQ_OK)
             return st;
+    if ((st = mark_key_outliers(m)) != KVQ_OK)
+        return kvq_error_set(L->err, st, "out of memory");
     float *fn = take(L, (size_t)c->hidden);
     m->final_norm = fn;
     if ((st = load_into(L, L->norm_file, "model.norm.weight", 1, c->hidden, 0, fn)) != KVQ_OK)

@@ -120,7 +120,17 @@ struct kvq_model_arch {
                                 with rope_scaling */
     int sliding_window;  /* tokens a query sees in a windowed layer (itself included), 0 = all */
     uint8_t window_layers[KVQ_MODEL_MAX_LAYERS / 8]; /* bit l: layer l is windowed */
+    uint8_t key_outlier_layers[KVQ_MODEL_MAX_LAYERS / 8]; /* bit l: layer l's k_proj bias has at
+                            least KVQ_KEY_OUTLIER_RATIO x the median norm over layers (set by
+                            kvq_model_load from the weights; config.json says nothing of it).
+                            Such a bias is a large component every key of the layer shares,
+                            and a few bits per coordinate spent on it leave little for what
+                            tells the keys apart (Qwen2/2.5: norms ~600-900 at the first and
+                            last layers against a median ~22; kvq_seq_config.key_outlier_f16) */
 };
+
+/* How far above the median a layer's k_proj bias norm must be to count as an outlier. */
+#define KVQ_KEY_OUTLIER_RATIO 8.0f
 
 #define KVQ_MODEL_MAX_EOS 4
 
@@ -253,6 +263,11 @@ struct kvq_seq_config {
                              * KVQ_WINDOW_AUTO (-1, the default, as in the kvq command):
                              * on when some layer's K or V type is compressed (not f32
                              * or f16), off otherwise (kvq_seq_window_for). */
+    int key_outlier_f16;    /* 1 (default): the keys of the layers marked in
+                             * kvq_model_arch.key_outlier_layers are cached in f16 whatever
+                             * their K type says (when that type is compressed), so a shared
+                             * large bias costs those layers' key bytes, not the attention's
+                             * accuracy; 0: every layer takes its K type */
     int sink_tokens;        /* 0..KVQ_CACHE_MAX_SINK_TOKENS: the first sink_tokens tokens
                              * are also kept in f16 and always read from there
                              * (kvq_cache_config.sink_tokens). The f16 buffers of both
