@@ -8,9 +8,12 @@
 # outlier bias, where the guard marks nothing) for comparison. The fixtures carry no
 # tokenizer: a copy of each gets a byte-level one (vocabulary 256 = bytes),
 # and the text is the bundled model's valid.txt (ctx 128, 4096 tokens).
+# KVQ_DEVICE=cuda runs the same on the GPU; BUILD may also be the kvq binary.
 build=${1:-build}
 kvq=$build/bin/kvq
+[ -f "$build" ] && kvq=$build
 [ -x "$kvq" ] || { echo "key_outliers: no $kvq"; exit 1; }
+device=${KVQ_DEVICE:-cpu}
 tmp=$(mktemp -d) || exit 1
 trap 'rm -rf "$tmp"' EXIT
 python3 - "$tmp/tokenizer.json" <<'PY' || exit 1
@@ -39,7 +42,8 @@ for m in qwen2_yarn qwen2_kbias; do
         [ "$m" = qwen2_yarn ] && [ -n "$extra" ] && continue
         # shellcheck disable=SC2086
         line=$("$kvq" ppl --model "$tmp/$m" --file models/kvq-tiny-llama/reference/valid.txt --ctx 128 \
-            --max-tokens 4096 --kl-divergence --no-kv-recent-f16 --quiet -ctk "${t%/*}" -ctv "${t#*/}" $extra 2>/dev/null |
+            --max-tokens 4096 --kl-divergence --no-kv-recent-f16 --quiet --device "$device" \
+            -ctk "${t%/*}" -ctv "${t#*/}" $extra 2>/dev/null |
             grep 'KL vs')
         echo "$line" | awk -v m=$m -v c="$t${extra:+ (no guard)}" '{for (i = 1; i <= NF; i++) {
             if ($i == "mean") mean = $(i + 1); if ($i == "p99") p99 = $(i + 1); if ($i == "agreement") top = $(i + 1) }
