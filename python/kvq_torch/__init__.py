@@ -13,7 +13,7 @@ import importlib
 
 from . import _lib, plan  # noqa: F401
 
-__all__ = ["KVQCache", "DeviceCache", "register", "use_kvq", "kvq_attention_forward"]
+__all__ = ["KVQCache", "DeviceCache", "register", "use_kvq", "kvq_attention_forward", "key_outlier_layers"]
 
 
 def __getattr__(name):
@@ -22,10 +22,10 @@ def __getattr__(name):
     # x before importing it, which recursed without end for "ops".
     if name == "DeviceCache":
         return _sub("device_cache").DeviceCache
-    if name == "KVQCache":
+    if name in ("KVQCache", "key_outlier_layers"):
         cache = _sub("cache")
         _register_once()
-        return cache.KVQCache
+        return getattr(cache, name)
     if name in ("register", "use_kvq", "kvq_attention_forward"):
         attention = _sub("attention")
         _register_once()

@@ -49,9 +49,11 @@ class KVQLayer(CacheLayerMixin):
             raise ValueError(f"KVQCache layer {self.layer_idx}: keys on {key_states.device}; kvq's pages live on a "
                              "CUDA device (load the model with device_map=\"cuda\" or move it there)")
         self.dtype, self.device = key_states.dtype, key_states.device
+        # a key-outlier layer (key_outlier_layers) keeps its keys in f16, as the C decoder does
+        type_k = "f16" if self.layer_idx in o.f16_key_layers and o.k not in ("f16", "f32") else o.k
         with torch.cuda.device(key_states.device):
             self.dc = DeviceCache(n_kv_heads=Hkv, head_dim=D, max_tokens=o.kvq_max_len, max_seqs=B,
-                                  type_k=o.k, type_v=o.v, seed=layer_seed(o.seed, self.layer_idx),
+                                  type_k=type_k, type_v=o.v, seed=layer_seed(o.seed, self.layer_idx),
                                   recent_f16=o.recent_f16, sink_tokens=o.sink_tokens, check_input=o.check_input,
                                   max_q_per_kv=o.max_q_per_kv)
         self.handle = ops.register(self.dc)
@@ -155,10 +157,14 @@ class KVQCache(Cache):
                    encoded pages causally (kvq_cuda_cache_attend_prefix), exactly what
                    the C decoder computes (used to compare perplexities)
     check_input:   validate appended rows (NaN/Inf; one host sync per layer and step)
+    f16_key_layers: layers whose keys are cached in f16 whatever k says; pass
+                   key_outlier_layers(model) for checkpoints like Qwen2/2.5, whose
+                   first and last layers' k_proj bias dwarfs the others' (what
+                   `kvq` does by default, docs/models.md)
     """
 
     def __init__(self, config, k="tq3j", v="tq3", max_cache_len=None, seed=0, recent_f16=None, sink_tokens=0,
-                 prefill="sdpa", check_input=False):
+                 prefill="sdpa", check_input=False, f16_key_layers=()):
         text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
         n_layers = int(text.num_hidden_layers)
         if prefill not in ("sdpa", "kvq"):
@@ -172,6 +178,7 @@ class KVQCache(Cache):
         self.sink_tokens = int(sink_tokens)
         self.prefill = prefill
         self.check_input = bool(check_input)
+        self.f16_key_layers = frozenset(int(l) for l in f16_key_layers)
         hq = getattr(text, "num_attention_heads", None)
         hkv = getattr(text, "num_key_value_heads", None) or hq
         # the ratio survives tensor parallelism (both counts are split alike)
@@ -265,3 +272,22 @@ for _name, _prop in (("is_compileable", property(lambda self: False)),
                                                  all(l.is_initialized for l in self.layers)))):
     if not hasattr(Cache, _name):
         setattr(KVQCache, _name, _prop)
+
+
+def key_outlier_layers(model, ratio=8.0):
+    """The layers whose self_attn.k_proj bias norm is at least `ratio` x the
+    median over layers (kvq's KVQ_KEY_OUTLIER_RATIO, 8): the C decoder keeps
+    their keys in f16 (kvq_model_arch.key_outlier_layers). [] for a model
+    without k_proj biases or with fewer than 3 layers."""
+    inner = getattr(model, "model", model)
+    layers = getattr(inner, "layers", None) or []
+    norms = []
+    for layer in layers:
+        b = getattr(getattr(getattr(layer, "self_attn", None), "k_proj", None), "bias", None)
+        if b is None:
+            return []
+        norms.append(float(b.detach().float().norm()))
+    if len(norms) < 3:
+        return []
+    median = sorted(norms)[(len(norms) - 1) // 2]  # the lower median, as the C side
+    return [i for i, n in enumerate(norms) if median > 0 and n >= ratio * median]

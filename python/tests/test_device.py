@@ -428,6 +428,43 @@ def test_llama31_shape_greedy_equal():
                       f"{n if agree is None else agree}/{n} tokens", "tq3_agree": n if agree is None else agree}
 
 
+def test_key_outlier_layers_f16():
+    """tests/models/qwen2_kbias (first and last layers' k_proj bias 30x the
+    median norm): key_outlier_layers finds exactly those layers, KVQCache
+    keeps their keys in f16, and that lowers tq3j/tq3's KL against the
+    float32 DynamicCache over the fixture's prompt (as the C decoder's guard
+    does, docs/models.md)."""
+    from kvq_torch import KVQCache, key_outlier_layers
+    from safetensors.torch import load_file
+    d = os.path.join(REPO, "tests", "models", "qwen2_kbias")
+    model = _load(d, torch.float32)
+    n = model.config.num_hidden_layers
+    marked = key_outlier_layers(model)
+    assert marked == [0, n - 1], f"key_outlier_layers: {marked}"
+    ids = load_file(os.path.join(d, "reference.safetensors"))["ids"].to(torch.int64).cuda()[None]
+    import kvq_torch
+    with torch.no_grad():
+        kvq_torch.use_kvq(model, "sdpa")
+        ref = model(ids).logits.float().log_softmax(-1)
+        kl = {}
+        for name, layers in (("guard", marked), ("none", [])):
+            kvq_torch.use_kvq(model, "kvq")
+            cache = KVQCache(model.config, k="tq3j", v="tq3", recent_f16=False, prefill="kvq",
+                             max_cache_len=ids.shape[1] + 8, f16_key_layers=layers)
+            lp = model(ids, past_key_values=cache).logits.float().log_softmax(-1)
+            kvq_torch.use_kvq(model, "sdpa")
+            types = [l.dc.type_k for l in cache.layers]
+            cache.close()
+            kl[name] = float((ref.exp() * (ref - lp)).sum(-1).mean())
+            if name == "guard":
+                assert types == ["f16" if i in marked else "tq3j" for i in range(n)], f"K types: {types}"
+    del model
+    torch.cuda.empty_cache()
+    assert kl["guard"] < 0.75 * kl["none"], f"mean KL with f16 keys on {marked}: {kl['guard']:.4g}, without: {kl['none']:.4g}"
+    return {"detail": f"layers {marked} marked; tq3j/tq3 mean KL vs DynamicCache f32 {kl['guard']:.4g} with their "
+                      f"keys in f16, {kl['none']:.4g} without", "kl": kl}
+
+
 def test_tensor_parallel_world_size_1():
     """tp_plan="auto" under a one-process NCCL group: KVQCache (sized from the
     heads each rank receives) gives the same greedy ids as DynamicCache."""
@@ -459,4 +496,4 @@ def test_tensor_parallel_world_size_1():
 
 TESTS = [test_environment, test_ops_decode_matches_cpu, test_ops_prefix_matches_cpu, test_ops_trace_and_compile,
          test_tiny_greedy_f16_pages_equal_dynamic, test_tiny_passkey_tq3, test_tiny_ppl_matches_c_decoder,
-         test_llama31_shape_greedy_equal, test_tensor_parallel_world_size_1]
+         test_llama31_shape_greedy_equal, test_key_outlier_layers_f16, test_tensor_parallel_world_size_1]
