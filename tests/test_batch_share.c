@@ -262,17 +262,32 @@ static struct kvq_batch_config q8_batch(int max_seqs, int max_rows)
 }
 
 /* A pool that holds the prompts only with sharing. */
-static void test_budget(void)
+/* A batch of config bc whose budget holds exactly `pages` pages past the
+ * slots' f16 buffers; NULL (a check failed) when it cannot be made. */
+static kvq_batch *batch_of_pages(struct kvq_batch_config bc, size_t pages, struct kvq_batch_stats *st)
 {
-    struct kvq_batch_config bc = q8_batch(3, 600);
     kvq_batch *b = NULL;
     CHECK_OK(kvq_batch_create(model, &bc, &b, NULL));
-    struct kvq_batch_stats st;
-    kvq_batch_get_stats(b, &st);
-    const size_t P = st.page_tokens;
+    if (!b)
+        return NULL;
+    kvq_batch_get_stats(b, st);
     kvq_batch_free(b);
-    bc.seq.kv_budget = 6 * st.page_bytes; /* 4 prefix pages + 1 each for two more */
+    bc.seq.kv_budget = st->fixed_bytes + pages * st->page_bytes + st->page_bytes / 2;
+    b = NULL;
     CHECK_OK(kvq_batch_create(model, &bc, &b, NULL));
+    if (b)
+        kvq_batch_get_stats(b, st);
+    CHECKF(!b || st->pages_total == pages, "a budget of %zu pages holds %zu", pages, st->pages_total);
+    return b;
+}
+
+static void test_budget(void)
+{
+    struct kvq_batch_stats st;
+    kvq_batch *b = batch_of_pages(q8_batch(3, 600), 6, &st); /* 4 prefix pages + 1 each for two more */
+    if (!b)
+        return;
+    const size_t P = st.page_tokens;
     int s[3];
     for (int i = 0; i < 3; i++)
         CHECK_OK(kvq_batch_add(b, &s[i]));
@@ -452,21 +467,11 @@ static void test_cuda_budget_window(void)
     bc.seq.device = KVQ_DEVICE_CUDA;
     bc.max_seqs = 3;
     bc.max_rows = 512;
-    kvq_batch *b = NULL;
-    CHECK_OK(kvq_batch_create(model, &bc, &b, NULL));
-    if (!b)
-        return;
     struct kvq_batch_stats st;
-    kvq_batch_get_stats(b, &st);
-    kvq_batch_free(b);
-    const size_t P = st.page_tokens;
-    bc.seq.kv_budget = st.fixed_bytes + 5 * st.page_bytes + st.page_bytes / 2;
-    b = NULL;
-    CHECK_OK(kvq_batch_create(model, &bc, &b, NULL));
+    kvq_batch *b = batch_of_pages(bc, 5, &st);
     if (!b)
         return;
-    kvq_batch_get_stats(b, &st);
-    CHECK(st.pages_total == 5);
+    const size_t P = st.page_tokens;
     int s0, s1;
     CHECK_OK(kvq_batch_add(b, &s0));
     CHECK_OK(kvq_batch_add(b, &s1));
