@@ -167,9 +167,6 @@ KVQ_API kvq_status kvq_cuda_cache_truncate(kvq_cuda_cache *c, int seq, size_t n)
  *  over src's length or not whole pages). */
 KVQ_API kvq_status kvq_cuda_cache_share(kvq_cuda_cache *c, int dst, int src, size_t n_tokens);
 
-/** Pages of seq that another sequence also holds (0 for an invalid seq). */
-KVQ_API size_t kvq_cuda_cache_pages_shared(const kvq_cuda_cache *c, int seq);
-
 /** Encodes n_tokens tokens on the GPU and appends them to seq.
  *  k_dev, v_dev: [n_tokens][n_kv_heads][head_dim] floats in device memory.
  *  GPU encoding supports f32, f16 and the tq types with HADAMARD or

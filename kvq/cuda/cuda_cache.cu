@@ -420,17 +420,6 @@ static void shrink_pages(kvq_cuda_cache *c, int seq, size_t tokens)
         page_unref(c, tab[--c->n_pages[seq]]);
 }
 
-size_t kvq_cuda_cache_pages_shared(const kvq_cuda_cache *c, int seq)
-{
-    if (!c || seq < 0 || seq >= c->cfg.max_seqs)
-        return 0;
-    const int32_t *tab = c->ptab_h + (size_t)seq * c->max_pages_per_seq;
-    size_t n = 0;
-    for (size_t i = 0; i < c->n_pages[seq]; i++)
-        n += c->page_refs[tab[i]] > 1;
-    return n;
-}
-
 kvq_status kvq_cuda_cache_share(kvq_cuda_cache *c, int dst, int src, size_t n_tokens)
 {
     if (!c || dst < 0 || src < 0 || dst >= c->cfg.max_seqs || src >= c->cfg.max_seqs || dst == src ||

@@ -162,12 +162,6 @@ kvq_status kvq_cuda_cache_share(kvq_cuda_cache *c, int dst, int src, size_t n_to
     return KVQ_ERR_NO_DEVICE;
 }
 
-size_t kvq_cuda_cache_pages_shared(const kvq_cuda_cache *c, int seq)
-{
-    (void)c, (void)seq;
-    return 0;
-}
-
 kvq_status kvq_cuda_cache_truncate(kvq_cuda_cache *c, int seq, size_t n)
 {
     (void)c, (void)seq, (void)n;
