@@ -154,35 +154,35 @@ KVQ_HD static inline int kvq_layout_cpu_only(int t)
     return t >= 0 && t < KVQ_TYPE_COUNT && !kvq_layout_on_device(t);
 }
 
+/* Bytes of one KVQ_QK-value block of a llama.cpp block layout; 0 for any
+ * other type. */
+KVQ_HD static inline uint32_t kvq_layout_block_bytes(int t)
+{
+    switch (t) {
+    case KVQ_TYPE_Q8_0: return (uint32_t)sizeof(kvq_block_q8_0);
+    case KVQ_TYPE_Q4_0: return (uint32_t)sizeof(kvq_block_q4_0);
+    case KVQ_TYPE_Q4_1: return (uint32_t)sizeof(kvq_block_q4_1);
+    case KVQ_TYPE_Q5_0: return (uint32_t)sizeof(kvq_block_q5_0);
+    case KVQ_TYPE_Q5_1: return (uint32_t)sizeof(kvq_block_q5_1);
+    default: return 0;
+    }
+}
+
 KVQ_HD static inline struct kvq_row_fields kvq_layout_row_fields(int t, int d)
 {
     struct kvq_row_fields f = {0, 0, 0, 0};
     if (d < 8 || d > KVQ_MAX_DIM)
         return f;
-    switch (kvq_layout_base_type(t)) {
-    case KVQ_TYPE_F32: f.codes = 4u * (uint32_t)d; return f;
-    case KVQ_TYPE_F16: f.codes = 2u * (uint32_t)d; return f;
-    case KVQ_TYPE_Q8_0:
-        if (d % KVQ_QK == 0)
-            f.codes = (uint32_t)(d / KVQ_QK) * (uint32_t)sizeof(kvq_block_q8_0);
+    const int base = kvq_layout_base_type(t);
+    if (base == KVQ_TYPE_F32 || base == KVQ_TYPE_F16) {
+        f.codes = (base == KVQ_TYPE_F32 ? 4u : 2u) * (uint32_t)d;
         return f;
-    case KVQ_TYPE_Q4_0:
+    }
+    const uint32_t block = kvq_layout_block_bytes(base);
+    if (block) {
         if (d % KVQ_QK == 0)
-            f.codes = (uint32_t)(d / KVQ_QK) * (uint32_t)sizeof(kvq_block_q4_0);
+            f.codes = (uint32_t)(d / KVQ_QK) * block;
         return f;
-    case KVQ_TYPE_Q4_1:
-        if (d % KVQ_QK == 0)
-            f.codes = (uint32_t)(d / KVQ_QK) * (uint32_t)sizeof(kvq_block_q4_1);
-        return f;
-    case KVQ_TYPE_Q5_0:
-        if (d % KVQ_QK == 0)
-            f.codes = (uint32_t)(d / KVQ_QK) * (uint32_t)sizeof(kvq_block_q5_0);
-        return f;
-    case KVQ_TYPE_Q5_1:
-        if (d % KVQ_QK == 0)
-            f.codes = (uint32_t)(d / KVQ_QK) * (uint32_t)sizeof(kvq_block_q5_1);
-        return f;
-    default: break;
     }
     int b = kvq_layout_tq_bits(t);
     if (b == 0 || d % 8 != 0)
