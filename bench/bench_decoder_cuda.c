@@ -254,8 +254,10 @@ int main(int argc, char **argv)
             for (int pi = 0; pi < n_prefill; pi++) {
                 const size_t N = (size_t)prefills[pi], chunk = 2048;
                 b = NULL;
-                if (make_batch(m, tk, tv, 1, N + 8, chunk, &b, why, sizeof why) != KVQ_OK)
+                if (make_batch(m, tk, tv, 1, N + 8, chunk, &b, why, sizeof why) != KVQ_OK) {
+                    printf("%-9s prefill %zu tokens: skipped (%s)\n", tp, N, why);
                     continue;
+                }
                 int slot;
                 kvq_batch_add(b, &slot);
                 int32_t *ids = malloc(chunk * sizeof *ids), am;

@@ -57,7 +57,7 @@
 
 /* ---- ops, backends, type classes ---------------------------------------- */
 
-enum op { OP_ENCODE, OP_DECODE, OP_SCORE, OP_ROT, OP_ROT_T, OP_CACHE, OP_ATTN, OP_CAUSAL, OP_ATTEND, OP_ATTEND_WIN, OP_COUNT };
+enum op { OP_ENCODE, OP_DECODE, OP_SCORE, OP_ROT, OP_ROT_T, OP_CACHE, OP_ATTN, OP_CAUSAL, OP_ATTEND, OP_ATTEND_WIN, OP_PREFILL, OP_COUNT };
 
 enum backend { BE_SCALAR, BE_AVX2, BE_AVX512, BE_LIB, BE_CUDA, BE_CUDA_FUSED, BE_CUDA_REF, BE_COUNT, BE_REF = BE_COUNT };
 static const char *const BE_NAME[BE_COUNT + 1] = {"scalar", "avx2",       "avx512",   "lib",
@@ -67,6 +67,11 @@ static const char *const BE_NAME[BE_COUNT + 1] = {"scalar", "avx2",       "avx51
  * (for an op on a K/V pair, the family of K), or the rotation's kind. */
 enum tclass { CL_BASE, CL_TQ, CL_TQJ, CL_HADAMARD, CL_DCT, CL_GAUSS, CL_COUNT };
 static const char *const CL_NAME[CL_COUNT] = {"f32/f16/q8_0/q4_0", "tqB", "tqBj", "hadamard", "dct", "gauss"};
+
+/* The prefill kernel: f16 operands (q as hi + lo, the levels alpha c ~exact,
+ * the softmax weights and the window's rotated rows rounded once): measured
+ * worst 1.2e-3 on these cases, 1.8e-3 with KVQ_CUDA_TEST_SMALL (H200). */
+#define PF_TOL 2.5e-3
 
 /* The one tolerance table: the largest error a backend may show against the
  * reference, in the op's measure (OPS[].measure). None is looser than the
@@ -93,6 +98,10 @@ static const double TOL[OP_COUNT][CL_COUNT] = {
     /* The fused GPU kernel multiplies in f16 on tensor cores (test_cuda TOL). */
     [OP_ATTEND] = {[CL_BASE] = 1e-3, [CL_TQ] = 1e-3, [CL_TQJ] = 1e-3},
     [OP_ATTEND_WIN] = {[CL_BASE] = 1e-3, [CL_TQ] = 1e-3, [CL_TQJ] = 1e-3}, /* the same kernels, + f16 rows in fp32 */
+    /* The chunk kernel rounds q, the decoded keys and values and the softmax
+     * weights to f16 (FlashAttention's f16 operands, f32 sums); the bound is
+     * PF_TOL below. */
+    [OP_PREFILL] = {[CL_BASE] = PF_TOL, [CL_TQ] = PF_TOL, [CL_TQJ] = PF_TOL},
 };
 
 /* ---- shapes and cases ---------------------------------------------------- */
@@ -109,6 +118,7 @@ struct shape {
     size_t pos0;            /* causal: position of the chunk's first query */
     int G;                  /* attend: query heads per KV head */
     enum kvq_rot_kind rot;  /* attend: the caches' rotation; row ops: the codec's (R and S) */
+    int window, sinks;      /* prefill: the recent f16 window on, sink tokens */
     const struct probe *probes;
     int n_probes;
 };
@@ -223,6 +233,24 @@ static const struct {
     ATT(F16, F16, 128, 4, 64, HADAMARD), ATT(T3, F16, 128, 8, 64, IDENTITY), ATT(T3J, T3, 96, 4, 64, HADAMARD),
     ATT(T4J, T2, 128, 4, 48, HADAMARD), ATT(F32, F16, 64, 2, 16, HADAMARD),
 #undef ATT
+};
+
+/* GPU prefill chunks (kvq_cuda_cache_prefill): the types, dims, GQA groups
+ * and page sizes the chunk kernel takes (the types the GPU encoder appends,
+ * f32 and QJL values aside), with and without the recent window and sinks. */
+static const struct {
+    int tk, tv;
+    struct shape sh;
+} PREFILL[] = {
+#define PF(k, v, d, g, p, r, w, s) {k, v, {.dim = d, .G = g, .page_tokens = p, .rot = KVQ_ROT_##r, .window = w, .sinks = s}}
+    PF(T3J, T3, 128, 4, 64, HADAMARD, 1, 4), PF(T3J, T3, 128, 4, 64, HADAMARD, 0, 0),
+    PF(T3J, T3, 128, 8, 16, HADAMARD, 1, 0), PF(T3, T3, 128, 3, 32, HADAMARD, 1, 4),
+    PF(F16, F16, 128, 4, 64, HADAMARD, 1, 0), PF(F16, F16, 64, 2, 64, HADAMARD, 0, 4),
+    PF(T2J, T4, 128, 4, 64, HADAMARD, 1, 4),  PF(T4J, T2, 128, 4, 48, HADAMARD, 1, 0),
+    PF(T3J, T3, 96, 4, 64, HADAMARD, 1, 4),  PF(T3, F16, 128, 8, 64, IDENTITY, 1, 0),
+    PF(T3J, T3, 256, 2, 64, HADAMARD, 1, 4), PF(T3J, T3, 32, 4, 16, HADAMARD, 1, 0),
+    PF(T4, T1, 64, 1, 32, HADAMARD, 0, 0),   PF(T3J, T3, 128, 16, 64, HADAMARD, 1, 4),
+#undef PF
 };
 
 /* Pairs that put every type once as K and once as V, the common ones first. */
@@ -1288,6 +1316,155 @@ static double win_error(void *p, const struct tcase *c, enum backend b)
     return worst;
 }
 
+/* ---- GPU prefill chunks ------------------------------------------------------ */
+
+/* Two sequences: seq 0 takes one chunk from position 0 (its sinks and first
+ * pages inside it), seq 1 a past of two pages and 5 tokens (appended, so
+ * the chunk starts off a page boundary) and then a chunk. Every position of
+ * both chunks is checked against token-by-token generation on a CPU cache
+ * with the same config (appended one token at a time, attended by
+ * kvq_attn_decode_ref after each). */
+enum { PF_HEADS = 2 };
+
+struct pf_fx {
+    int d, Hq, G;
+    size_t n0, past, n1;    /* seq 0's chunk; seq 1's past and chunk */
+    struct kvq_cache_config cfg;
+    float *k, *v;           /* host rows [past + n1][PF_HEADS][d] (seq 0 uses the first n0) */
+    float *q;               /* [n0 + n1][Hq][d]: the views' queries, seq 0's first */
+    float *ref, *out;       /* [n0 + n1][Hq][d] */
+    kvq_cuda_cache *g;
+    float *kd, *vd, *qd, *od;
+};
+
+static void pf_free(void *p)
+{
+    struct pf_fx *f = p;
+    free(f->k);
+    free(f->v);
+    free(f->q);
+    free(f->ref);
+    free(f->out);
+    kvq_cuda_cache_free(f->g);
+    kvq_cuda_free(f->kd);
+    kvq_cuda_free(f->vd);
+    kvq_cuda_free(f->qd);
+    kvq_cuda_free(f->od);
+    free(f);
+}
+
+static void *pf_setup(const struct tcase *c)
+{
+    const char *sm = getenv("KVQ_CUDA_TEST_SMALL");
+    const int small = sm && sm[0] == '1';
+    struct pf_fx *f = calloc(1, sizeof *f);
+    f->d = c->sh->dim;
+    f->G = c->sh->G;
+    f->Hq = PF_HEADS * f->G;
+    f->n0 = small ? 90 : 200;
+    f->past = 2 * (size_t)c->sh->page_tokens + 5;
+    f->n1 = small ? 150 : 420;
+    const size_t n = f->past + f->n1 > f->n0 ? f->past + f->n1 : f->n0, nq = f->n0 + f->n1;
+    kvq_cache_config_default(&f->cfg, PF_HEADS, f->d, n);
+    f->cfg.type_k = (enum kvq_type)c->tk;
+    f->cfg.type_v = (enum kvq_type)c->tv;
+    f->cfg.seed = case_seed(c);
+    f->cfg.rot = c->sh->rot;
+    f->cfg.page_tokens = c->sh->page_tokens;
+    f->cfg.recent_f16 = c->sh->window;
+    f->cfg.sink_tokens = c->sh->sinks;
+    f->k = test_outlier_rows(n * PF_HEADS, f->d, case_seed(c) * 3 + 1, 8.0);
+    f->v = test_outlier_rows(n * PF_HEADS, f->d, case_seed(c) * 3 + 2, 3.0);
+    f->q = test_outlier_rows(nq * (size_t)f->Hq, f->d, case_seed(c) + 3, 1.0);
+    for (size_t i = 0; i < nq * (size_t)f->Hq * (size_t)f->d; i++)
+        f->q[i] *= 2.0f; /* a peaky softmax */
+    f->ref = calloc(nq * (size_t)f->Hq * (size_t)f->d, sizeof(float));
+    f->out = calloc(nq * (size_t)f->Hq * (size_t)f->d, sizeof(float));
+    return f;
+}
+
+static int pf_supports(const struct tcase *c, enum backend b)
+{
+    (void)c;
+    return b == BE_CUDA;
+}
+
+/* Token-by-token on a CPU cache: n tokens appended one at a time; after
+ * token t >= from, query row q_row + t - from of every head attends. */
+static void pf_ref_seq(struct pf_fx *f, size_t from, size_t n, size_t q_row, kvq_attn_workspace *ws)
+{
+    const size_t row = (size_t)PF_HEADS * (size_t)f->d, per = (size_t)f->Hq * (size_t)f->d;
+    kvq_cache *kc = NULL;
+    CHECK_OK(kvq_cache_create(&f->cfg, &kc));
+    for (size_t t = 0; t < n && kc; t++) {
+        CHECK_OK(kvq_cache_append(kc, 1, f->k + t * row, f->v + t * row));
+        if (t < from)
+            continue;
+        const size_t e = q_row + t - from;
+        for (int h = 0; h < PF_HEADS; h++) {
+            const size_t o = e * per + (size_t)h * (size_t)f->G * (size_t)f->d;
+            CHECK_OK(kvq_attn_decode_ref(kc, h, t + 1, f->q + o, f->G, 1.0f / sqrtf((float)f->d), f->ref + o, ws));
+        }
+    }
+    kvq_cache_free(kc);
+}
+
+static void pf_exec(void *p, const struct tcase *c, enum backend b)
+{
+    struct pf_fx *f = p;
+    (void)c;
+    const size_t row = (size_t)PF_HEADS * (size_t)f->d, per = (size_t)f->Hq * (size_t)f->d, nq = f->n0 + f->n1;
+    const size_t n = f->past + f->n1 > f->n0 ? f->past + f->n1 : f->n0;
+    if (b == BE_REF) {
+        kvq_attn_workspace *ws = NULL;
+        CHECK_OK(kvq_attn_workspace_create(f->d, f->G, n, &ws));
+        if (ws) {
+            pf_ref_seq(f, 0, f->n0, 0, ws);
+            pf_ref_seq(f, f->past, f->past + f->n1, f->n0, ws);
+        }
+        kvq_attn_workspace_free(ws);
+        return;
+    }
+    if (!f->g) {
+        struct kvq_cuda_cache_config cfg;
+        kvq_cuda_cache_config_default(&cfg, PF_HEADS, f->d, n, 2);
+        cfg.cache = f->cfg;
+        cfg.max_q_per_kv = f->G;
+        CHECK_OK(kvq_cuda_cache_create(&cfg, &f->g));
+        f->kd = test_to_dev(f->k, n * row);
+        f->vd = test_to_dev(f->v, n * row);
+        f->qd = test_to_dev(f->q, nq * per);
+        CHECK_OK(kvq_cuda_malloc((void **)&f->od, nq * per * sizeof(float)));
+    }
+    if (!f->g || !f->kd || !f->vd || !f->qd || !f->od)
+        return;
+    CHECKF(kvq_cuda_prefill_supported(f->g, f->Hq), "the chunk kernel takes this config");
+    const float scale = 1.0f / sqrtf((float)f->d);
+    for (int s = 0; s < 2; s++)
+        CHECK_OK(kvq_cuda_cache_truncate(f->g, s, 0));
+    CHECK_OK(kvq_cuda_memset(f->od, 0xff, nq * per * sizeof(float)));
+    CHECK_OK(kvq_cuda_cache_prefill(f->g, 0, f->n0, f->kd, f->vd, f->qd, f->Hq, scale, f->od));
+    CHECK_OK(kvq_cuda_cache_append(f->g, 1, f->past, f->kd, f->vd));
+    CHECK_OK(kvq_cuda_cache_prefill(f->g, 1, f->n1, f->kd + f->past * row, f->vd + f->past * row,
+                                    f->qd + f->n0 * per, f->Hq, scale, f->od + f->n0 * per));
+    CHECK_OK(kvq_cuda_synchronize());
+}
+
+static double pf_error(void *p, const struct tcase *c, enum backend b)
+{
+    struct pf_fx *f = p;
+    (void)c;
+    (void)b;
+    if (!f->g || !f->od)
+        return INFINITY;
+    const size_t group = (size_t)f->G * (size_t)f->d, n = (f->n0 + f->n1) * PF_HEADS;
+    CHECK_OK(kvq_cuda_memcpy_d2h(f->out, f->od, n * group * sizeof(float)));
+    double worst = 0;
+    for (size_t i = 0; i < n; i++)
+        worst = fmax(worst, test_rel_err(f->out + i * group, f->ref + i * group, group));
+    return worst;
+}
+
 /* ---- the op table --------------------------------------------------------- */
 
 struct op_impl {
@@ -1326,6 +1503,9 @@ static const struct op_impl OPS[OP_COUNT] = {
     [OP_ATTEND_WIN] = {"attend-window", 6, "kvq_cuda_cache_attend + _prefix over f16 sinks and the recent window",
                        "max relative L2 error of a (view, KV head) group against a CPU cache of that view",
                        win_setup, win_free, attend_supports, win_exec, win_error},
+    [OP_PREFILL] = {"prefill", 7, "kvq_cuda_cache_prefill: chunks from position 0 and after a past, every position",
+                    "max relative L2 error of a (position, KV head) group against token-by-token on a CPU cache",
+                    pf_setup, pf_free, pf_supports, pf_exec, pf_error},
 };
 
 /* ---- the case list and its filter ------------------------------------------ */
@@ -1380,6 +1560,8 @@ static void build_cases(void)
         add_case(OP_ATTEND, ATTEND[i].tk, ATTEND[i].tv, &ATTEND[i].sh);
     for (int i = 0; i < COUNT(ATTEND_WIN); i++)
         add_case(OP_ATTEND_WIN, ATTEND_WIN[i].tk, ATTEND_WIN[i].tv, &ATTEND_WIN[i].sh);
+    for (int i = 0; i < COUNT(PREFILL); i++)
+        add_case(OP_PREFILL, PREFILL[i].tk, PREFILL[i].tv, &PREFILL[i].sh);
 }
 
 static const char *opt_ops, *opt_types, *opt_backends;
@@ -1430,6 +1612,9 @@ static const char *shape_label(const struct tcase *c, char *buf, size_t n)
                        s->n_tokens);
     if (c->op == OP_ATTEND || c->op == OP_ATTEND_WIN)
         snprintf(buf + at, n - (size_t)at, " G=%d P=%d %s", s->G, s->page_tokens, kvq_rot_kind_name(s->rot));
+    if (c->op == OP_PREFILL)
+        snprintf(buf + at, n - (size_t)at, " G=%d P=%d %s%s sinks=%d", s->G, s->page_tokens, kvq_rot_kind_name(s->rot),
+                 s->window ? " window" : "", s->sinks);
     return buf;
 }
 

@@ -5,13 +5,15 @@
  * encoder) and attended by the fused kernel where it applies, the reference
  * kernel elsewhere. A decode step of several sequences is one batched append
  * and one batched attend per layer. A prefill chunk is appended in one call
- * and attended by the decode kernel with one entry per position over the
- * growing prefixes (kvq_cuda_cache_attend_prefix): causal, and exactly what
- * position-by-position generation computes; a prefill kernel that runs the
- * chunk's queries together on tensor cores is the next step (issue 18).
- * With the recent-token f16 window a chunk goes in pieces of at most one
- * page: the device ring holds a page being filled plus one such piece, so
- * every position of the chunk sees its page's rows in f16, as on the CPU.
+ * and attended causally by the chunk kernel (kvq_cuda_cache_prefill: the
+ * chunk's queries together on tensor cores, every key tile read once per 64
+ * query rows). Where that does not apply (f32 caches, V with QJL signs, head
+ * dims other than 32/64/96/128/256, short chunks) the decode kernel attends
+ * with one entry per position over the growing prefixes
+ * (kvq_cuda_cache_attend_prefix); with the recent-token f16 window such a
+ * chunk goes in pieces of at most one page: the device ring holds a page
+ * being filled plus one such piece, so every position of the chunk sees its
+ * page's rows in f16, as on the CPU.
  *
  * Not on the device yet, refused at create with one line: the value-norm
  * correction.
@@ -23,6 +25,10 @@
 #include "kv_store.h"
 #include "kvq_cuda.h"
 #include "kvq_layout.h"
+
+/* Chunks from this many rows on take the chunk kernel (kvq_cuda_cache_prefill):
+ * its blocks hold 64 query rows, so a shorter chunk would leave most idle. */
+enum { PREFILL_MIN_ROWS = 64 };
 
 struct cuda_store {
     struct kvq_kv_store base;
@@ -52,15 +58,20 @@ static kvq_status cuda_append_attend(kvq_kv_store *base, int layer, int n_seqs, 
                 kvq_cuda_cache_truncate(c, seqs[i], kvq_cuda_cache_len(c, seqs[i]) - 1);
         return st;
     }
-    /* a chunk: appended at once, then attended causally by T entries of
-     * the sequence over growing prefixes */
+    /* a chunk: appended and attended causally, by the chunk kernel where it
+     * applies, else at once and then by T entries of the sequence over
+     * growing prefixes */
     if (T > s->max_rows)
         return KVQ_ERR_INVALID_ARG;
+    const int chunk_kernel = T >= PREFILL_MIN_ROWS && kvq_cuda_prefill_supported(c, s->n_heads);
     for (int i = 0; i < n_seqs; i++) {
         const int seq = seqs[i];
         const size_t pos0 = kvq_cuda_cache_len(c, seq);
         kvq_status st = KVQ_OK;
-        for (size_t t0 = 0; t0 < T && st == KVQ_OK; t0 += s->piece) {
+        if (chunk_kernel)
+            st = kvq_cuda_cache_prefill(c, seq, T, k + (size_t)i * T * kvd, v + (size_t)i * T * kvd,
+                                        q + (size_t)i * T * qd, s->n_heads, scale, out + (size_t)i * T * qd);
+        for (size_t t0 = 0; t0 < T && st == KVQ_OK && !chunk_kernel; t0 += s->piece) {
             const size_t n = T - t0 < s->piece ? T - t0 : s->piece, r = (size_t)i * T + t0;
             st = kvq_cuda_cache_append(c, seq, n, k + r * kvd, v + r * kvd);
             for (size_t t = 0; t < n; t++) {

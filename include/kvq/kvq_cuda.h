@@ -259,6 +259,29 @@ KVQ_API kvq_status kvq_cuda_cache_attend_prefix(kvq_cuda_cache *c, int n, const 
                                                 const float *q_dev, int n_q_heads, float scale, float *out_dev,
                                                 const struct kvq_cuda_attn_opts *opts);
 
+/** @return 1 when kvq_cuda_cache_prefill's chunk kernel takes c's config
+ *  and n_q_heads: head_dim 32, 64, 96, 128 or 256; any GPU type but f32
+ *  (whose exact path f16 operands would round) and values with QJL signs. */
+KVQ_API int kvq_cuda_prefill_supported(const kvq_cuda_cache *c, int n_q_heads);
+
+/** Appends a prefill chunk and attends it causally in one call: the n rows
+ *  k_dev, v_dev ([n][n_kv_heads][head_dim] device floats) go to seq at
+ *  pos0 = its length, and out_dev[i] = attention of q_dev[i] over the first
+ *  pos0 + i + 1 tokens, read as kvq_cuda_cache_attend_prefix reads them
+ *  (sinks and the recent window from f16 rows, the rest packed), so the
+ *  result is what appending and attending one token at a time computes, up
+ *  to f16 rounding of the operands: a block takes 64 query rows of one KV
+ *  head and reads every key tile once for all of them, on f16 tensor cores
+ *  (docs/attention-cuda.md). With the recent window, the positions before
+ *  the chunk's first page boundary go through the decode kernels.
+ *  q_dev/out_dev: [n][n_q_heads][head_dim]. Queued on the cache's stream.
+ *  @return KVQ_OK; KVQ_ERR_UNSUPPORTED where kvq_cuda_prefill_supported()
+ *  says no; the errors of kvq_cuda_cache_append (nothing appended);
+ *  KVQ_ERR_DEVICE (nothing appended). */
+KVQ_API kvq_status kvq_cuda_cache_prefill(kvq_cuda_cache *c, int seq, size_t n, const float *k_dev,
+                                          const float *v_dev, const float *q_dev, int n_q_heads, float scale,
+                                          float *out_dev);
+
 #ifdef __cplusplus
 }
 #endif

@@ -587,6 +587,10 @@ kvq_status kvq_cu_attn_init(kvq_cuda_cache *c)
     KVQ_CU_TRY(cudaMalloc(&c->qprep_d, nb * H * G * 2 * (size_t)d * sizeof(float)));
     if (c->ov_rows)
         KVQ_CU_TRY(cudaMalloc(&c->xtra_d, nb * H * G * ((size_t)d + 2) * sizeof(float)));
+    /* f16 tables of the levels (the fused kernel: tq3; the prefill kernel:
+     * any tq type) */
+    c->alpha_k = c->dk.rotated ? codebook_alpha(c->dk.centroids, c->dk.levels) : 1.0f;
+    c->alpha_v = c->dv.rotated ? codebook_alpha(c->dv.centroids, c->dv.levels) : 1.0f;
     if (d != 128)
         return KVQ_OK; /* the fused kernel's buffers are for d = 128 only */
     KVQ_CU_TRY(cudaMalloc(&c->qfrag_d, nb * H * KVQ_CU_QFRAG_BYTES));
@@ -596,8 +600,6 @@ kvq_status kvq_cu_attn_init(kvq_cuda_cache *c)
     const size_t waves = (size_t)32 * (size_t)c->n_sm + nb * H;
     c->part_entries = nb * H * 4 > waves ? nb * H * 4 : waves;
     KVQ_CU_TRY(cudaMalloc(&c->part_d, c->part_entries * G * (size_t)(d + 2) * sizeof(float)));
-    c->alpha_k = c->dk.type == KVQ_TYPE_TQ3 || c->dk.type == KVQ_TYPE_TQ3J ? codebook_alpha(c->dk.centroids, 8) : 1.0f;
-    c->alpha_v = c->dv.type == KVQ_TYPE_TQ3 || c->dv.type == KVQ_TYPE_TQ3J ? codebook_alpha(c->dv.centroids, 8) : 1.0f;
     c->int_scale_k = c->dk.type == KVQ_TYPE_TQ3 || c->dk.type == KVQ_TYPE_TQ3J ? codebook_int_scale(c->dk.centroids, 8)
                                                                                 : 1.0f;
     return KVQ_OK;

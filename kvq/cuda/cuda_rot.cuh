@@ -30,7 +30,7 @@ __host__ __device__ static inline bool rot128_ok(const kvq_dev_rot &r)
 }
 
 /* Unnormalised FWHT of the m rows of length p held in v (d = m p floats). */
-static __device__ void warp_fwht_rows(float *v, int d, int p, int lane)
+static __device__ __forceinline__ void warp_fwht_rows(float *v, int d, int p, int lane)
 {
     const int half = p / 2;
     for (int h = 1; h < p; h <<= 1) {
@@ -47,7 +47,7 @@ static __device__ void warp_fwht_rows(float *v, int d, int p, int lane)
 
 /* y = R x in place for HADAMARD / IDENTITY (v holds x; tmp is scratch of d
  * floats). @return the buffer holding y. */
-static __device__ float *warp_rotate(const kvq_dev_rot &R, float *v, float *tmp, int lane)
+static __device__ __forceinline__ float *warp_rotate(const kvq_dev_rot &R, float *v, float *tmp, int lane)
 {
     const int d = R.dim;
     if (R.kind == KVQ_ROT_IDENTITY)

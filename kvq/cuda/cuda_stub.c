@@ -222,6 +222,19 @@ kvq_status kvq_cuda_cache_attend_prefix(kvq_cuda_cache *c, int n, const int *seq
     return KVQ_ERR_NO_DEVICE;
 }
 
+int kvq_cuda_prefill_supported(const kvq_cuda_cache *c, int n_q_heads)
+{
+    (void)c, (void)n_q_heads;
+    return 0;
+}
+
+kvq_status kvq_cuda_cache_prefill(kvq_cuda_cache *c, int seq, size_t n, const float *k_dev, const float *v_dev,
+                                  const float *q_dev, int n_q_heads, float scale, float *out_dev)
+{
+    (void)c, (void)seq, (void)n, (void)k_dev, (void)v_dev, (void)q_dev, (void)n_q_heads, (void)scale, (void)out_dev;
+    return KVQ_ERR_NO_DEVICE;
+}
+
 #else
 /* Built with CUDA: the real definitions are in the .cu files. ISO C wants
  * at least one declaration in a translation unit. */
