@@ -187,8 +187,9 @@ $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(LIB_A)
 	@mkdir -p $(@D)
 	$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(LIB_A) $(LDLIBS)
 # The benchmarks' GPU helpers (timer, fill, plain read) are bench-only code,
-# linked into bench_cuda when nvcc builds them; without nvcc its header stubs.
-$(BUILD)/bench/bench_cuda: $(BENCH_CUDA_OBJ)
+# linked into bench_cuda and bench_prefill_cuda when nvcc builds them; without
+# nvcc their header stubs.
+$(BUILD)/bench/bench_cuda $(BUILD)/bench/bench_prefill_cuda: $(BENCH_CUDA_OBJ)
 
 tests: $(TEST_BIN) $(KVQ) $(LIB_SO)
 test: tests

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Packs the GPU tests (test_cuda, test_decoder_cuda, test_backend_ops,
 # test_batch, test_batch_share), the
-# kvq command and bench_cuda for a GPU machine that has no Debian -dev
+# kvq command, bench_cuda and bench_prefill_cuda for a GPU machine that has no Debian -dev
 # packages and a small transfer budget: FFTW linked statically, the few
 # shared libraries left copied next to the binaries, and BLAS replaced by a
 # plain-loop shim (OpenBLAS's static archive alone is ~28 MB; only the CPU
@@ -67,8 +67,11 @@ for t in test_cuda test_decoder_cuda test_backend_ops test_batch test_batch_shar
     [ -f "$build/obj/tests/$t.o" ] && cc -o "$dev/tests/$t" "$build/obj/tests/$t.o" $tool_objs $libs
 done
 cc -o "$dev/kvq" "$build/obj/tools/kvq.o" $tool_objs $libs
-# bench_cuda: make's objects, with the bench-only GPU helpers (bench_cuda_util.cu)
-cc -o "$dev/bench/bench_cuda" "$build/obj/bench/bench_cuda.o" "$build/obj/bench/bench_cuda_util.o" $libs
+# bench_cuda, bench_prefill_cuda: make's objects, with the bench-only GPU
+# helpers (bench_cuda_util.cu)
+for b in bench_cuda bench_prefill_cuda; do
+    cc -o "$dev/bench/$b" "$build/obj/bench/$b.o" "$build/obj/bench/bench_cuda_util.o" $libs
+done
 cc -o "$dev/bench/bench_decoder_cuda" "$build/obj/bench/bench_decoder_cuda.o" $libs
 strip "$dev"/tests/* "$dev"/bench/* "$dev/kvq"
 for so in $(ldd "$dev/kvq" | awk '/=>/ {print $3}'); do

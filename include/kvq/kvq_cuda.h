@@ -270,9 +270,9 @@ KVQ_API int kvq_cuda_prefill_supported(const kvq_cuda_cache *c, int n_q_heads);
  *  pos0 + i + 1 tokens, read as kvq_cuda_cache_attend_prefix reads them
  *  (sinks and the recent window from f16 rows, the rest packed), so the
  *  result is what appending and attending one token at a time computes, up
- *  to f16 rounding of the operands: a block takes 64 query rows of one KV
- *  head and reads every key tile once for all of them, on f16 tensor cores
- *  (docs/attention-cuda.md). With the recent window, the positions before
+ *  to f16 rounding of the operands: a block takes 128 query rows of one KV
+ *  head (64 at head_dim 256) and reads every key tile once for all of them,
+ *  on f16 tensor cores (docs/attention-cuda.md). With the recent window, the positions before
  *  the chunk's first page boundary go through the decode kernels.
  *  q_dev/out_dev: [n][n_q_heads][head_dim]. Queued on the cache's stream.
  *  @return KVQ_OK; KVQ_ERR_UNSUPPORTED where kvq_cuda_prefill_supported()

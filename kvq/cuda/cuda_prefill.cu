@@ -3,12 +3,15 @@
  *
  * The decode kernels attend one query position per entry, so a chunk of T
  * positions read the packed past T times (issue 18: 32K tokens took 32-40 s
- * on an H100). Here a block takes 64 query rows of one KV head (64 / G
- * positions times its G query heads) and walks the keys once, 64 at a time:
- * the block decodes the tile into f16 rows in shared memory, then each warp
- * runs S = Q K'^T and O += P V' for its 16 rows with mma.m16n8k16 and keeps
- * an online softmax per row (FlashAttention-2's loop, with the cache's
- * decode in place of a load). No dense copy of the past exists anywhere.
+ * on an H100). Here a block takes 128 query rows of one KV head (64 at
+ * d = 256; rows / G positions times its G query heads) and walks the keys
+ * once, 64 at a time: the block decodes the tile into f16 rows in shared
+ * memory, then each warp runs S = Q K'^T and O += P V' for its 16 rows with
+ * mma.m16n8k16 and keeps an online softmax per row (FlashAttention-2's loop,
+ * with the cache's decode in place of a load). For 3-bit tq and f16 rows at
+ * d <= 128 the tiles are double-buffered: the next tile's bytes are loaded
+ * into registers before the current tile's MMAs and expanded after them.
+ * No dense copy of the past exists anywhere.
  *
  * Everything is in the rotated domain of the codecs:
  *  - queries: Q' = c [R_k q, S_k R_k q] (c = scale log2(e); the second half
@@ -43,9 +46,8 @@ namespace {
 
 using namespace kvq_cu;
 
-constexpr int kRows = 64; /* query rows per block: 16 per warp */
+constexpr int kMinRows = 64; /* query rows per block (16 per warp): at least */
 constexpr int kKeys = 64; /* keys per tile */
-constexpr int kWarps = 4;
 constexpr float kLog2e = 1.4426950408889634f;
 
 struct prefill_params {
@@ -67,19 +69,6 @@ __device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi)
 {
     const __half2 h = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<const uint32_t *>(&h);
-}
-
-/* Element c of a row of 32 codes from 3 device-order words (kvq_layout.h:
- * codes 8k+i, k < 3, in nibble i of word k; codes 24+i spread over bit 3 of
- * nibble i of the three words). */
-__device__ __forceinline__ unsigned code3_of(uint32_t w0, uint32_t w1, uint32_t w2, int c)
-{
-    if (c < 24) {
-        const uint32_t w = c < 8 ? w0 : c < 16 ? w1 : w2;
-        return (w >> (4 * (c & 7))) & 7u;
-    }
-    const int s = 4 * (c - 24) + 3;
-    return ((w0 >> s) & 1u) | (((w1 >> s) & 1u) << 1) | (((w2 >> s) & 1u) << 2);
 }
 
 /* Elements [j0, j0 + 32) of a packed row into dst (f16): for tq types the
@@ -179,37 +168,62 @@ __device__ __forceinline__ float *warp_rotate_t(const kvq_dev_rot &R, float *v, 
     return cur;
 }
 
-template <int D, bool QJL>
+/* One thread's share of a key tile in flight (PIPE): the raw bytes of
+ * 32 coordinates of one key's K and V row (3-bit codes: 3 words; f16: 16),
+ * loaded one tile ahead and expanded into shared memory a tile later. */
+struct raw_unit {
+    uint32_t k[16], v[16];
+    uint32_t ks;              /* QJL sign bits */
+    uint16_t kn, kr, vn;      /* f16 norms: K, K residual, V */
+    bool ok;
+};
+
+template <int D, bool QJL, bool PIPE = false>
 struct tile_layout {
+    /* 8 warps (128 query rows: each key tile's decode serves twice the rows
+     * of 4: 1.2x the rate at 32K on an H200), 4 where 8 would not fit the
+     * shared memory */
+    static constexpr int warps = D >= 256 ? 4 : 8;
+    static constexpr int rows = 16 * warps;
     static constexpr int KD = QJL ? 2 * D : D;
     static constexpr int ks = KD + 8; /* row strides in halves: 16-byte rows, conflict-free fragments */
     static constexpr int ls = D + 8;
     static constexpr int vs = D + 8;
-    static constexpr size_t q_bytes = (size_t)kRows * ks * 2;
-    static constexpr size_t qlo_bytes = (size_t)kRows * ls * 2;
+    static constexpr size_t q_bytes = (size_t)rows * ks * 2;
+    static constexpr size_t qlo_bytes = (size_t)rows * ls * 2;
     static constexpr size_t k_bytes = (size_t)kKeys * ks * 2;
     static constexpr size_t v_bytes = (size_t)kKeys * vs * 2;
-    static constexpr size_t scratch_bytes = (size_t)kWarps * 2 * D * 4;
+    static constexpr size_t scratch_bytes = (size_t)warps * 2 * D * 4;
     /* + per key: page, slot, K and V scales; two codebooks */
-    static constexpr size_t bytes = q_bytes + qlo_bytes + k_bytes + v_bytes + scratch_bytes + kKeys * 24 + 2 * 16 * 4;
-    static_assert((size_t)kRows * D * 4 <= k_bytes + v_bytes, "the output staging fits the key and value tiles");
+    static constexpr int bufs = PIPE ? 2 : 1; /* key/value tile buffers */
+    static constexpr size_t bytes =
+        q_bytes + qlo_bytes + bufs * (k_bytes + v_bytes) + scratch_bytes + kKeys * (16 + 8 * bufs) + 2 * 16 * 4;
+    static_assert((size_t)rows * D * 4 <= q_bytes + qlo_bytes, "the output staging fits the query rows");
 };
 
-template <int D, bool QJL>
-__global__ void __launch_bounds__(kWarps * 32, 1) prefill_kernel(const __grid_constant__ prefill_params p)
+/* PIPE: K and V are each 3-bit tq or f16 and D <= 128 (one 32-coordinate
+ * unit per thread); the packed tiles then run double-buffered, the next
+ * tile's bytes in registers while the current one is multiplied. */
+template <int D, bool QJL, bool PIPE>
+__global__ void __launch_bounds__(tile_layout<D, QJL, PIPE>::warps * 32, 1)
+    prefill_kernel(const __grid_constant__ prefill_params p)
 {
-    using L = tile_layout<D, QJL>;
-    constexpr int KD = L::KD, KS = L::ks, LS = L::ls, VS = L::vs;
+    using L = tile_layout<D, QJL, PIPE>;
+    constexpr int KD = L::KD, KS = L::ks, LS = L::ls, VS = L::vs, kWarps = L::warps, kRows = L::rows;
     extern __shared__ __align__(16) uint8_t smem[];
     __half *Qs = reinterpret_cast<__half *>(smem);
     __half *Ql = reinterpret_cast<__half *>(smem + L::q_bytes);
-    __half *Ks = reinterpret_cast<__half *>(smem + L::q_bytes + L::qlo_bytes);
-    __half *Vs = reinterpret_cast<__half *>(smem + L::q_bytes + L::qlo_bytes + L::k_bytes);
-    float *scratch = reinterpret_cast<float *>(smem + L::q_bytes + L::qlo_bytes + L::k_bytes + L::v_bytes);
+    /* tile buffer b: keys, values, their scales */
+    uint8_t *const tiles = smem + L::q_bytes + L::qlo_bytes;
+    float *scratch = reinterpret_cast<float *>(tiles + L::bufs * (L::k_bytes + L::v_bytes));
     uint8_t **kpage = reinterpret_cast<uint8_t **>(scratch + kWarps * 2 * D);
     uint32_t *kslot = reinterpret_cast<uint32_t *>(kpage + kKeys);
-    float *ksc = reinterpret_cast<float *>(kslot + kKeys), *vsc = ksc + kKeys;
-    float *cent_k = vsc + kKeys, *cent_v = cent_k + 16;
+    float *const scales = reinterpret_cast<float *>(kslot + kKeys); /* [bufs][K, V][kKeys] */
+    auto kbuf = [&](int b) { return reinterpret_cast<__half *>(tiles + b * (L::k_bytes + L::v_bytes)); };
+    auto vbuf = [&](int b) { return reinterpret_cast<__half *>(tiles + b * (L::k_bytes + L::v_bytes) + L::k_bytes); };
+    __half *Ks = kbuf(0), *Vs = vbuf(0);
+    float *ksc = scales, *vsc = scales + kKeys;
+    float *cent_k = scales + 2 * L::bufs * kKeys, *cent_v = cent_k + 16;
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int h = blockIdx.y, G = p.G, ppt = kRows / G; /* positions per block */
@@ -279,9 +293,11 @@ __global__ void __launch_bounds__(kWarps * 32, 1) prefill_kernel(const __grid_co
         o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
 
-    /* one tile of keys [t0, t0 + 64) already in Ks/Vs/ksc/vsc; kind 0
-     * packed, 1 sink rows, 2 window rows */
-    auto attend_tile = [&](int t0, int kind) {
+    /* one tile of keys [t0, t0 + 64) already in buffer b; kind 0 packed,
+     * 1 sink rows, 2 window rows */
+    auto attend_tile = [&](int t0, int kind, int b) {
+        const __half *Kt = kbuf(b), *Vt = vbuf(b);
+        const float *kst = scales + 2 * b * kKeys, *vst = kst + kKeys;
         float s[kKeys / 8][4];
 #pragma unroll
         for (int nt = 0; nt < kKeys / 8; nt++)
@@ -304,7 +320,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) prefill_kernel(const __grid_co
             }
 #pragma unroll
             for (int nt = 0; nt < kKeys / 8; nt++) {
-                const __half *kb = Ks + (nt * 8 + g) * KS + 16 * kk + 2 * t4;
+                const __half *kb = Kt + (nt * 8 + g) * KS + 16 * kk + 2 * t4;
                 const uint32_t b0 = *reinterpret_cast<const uint32_t *>(kb), b1 = *reinterpret_cast<const uint32_t *>(kb + 8);
                 mma16816(s[nt], a, b0, b1);
                 if (kk < D / 16)
@@ -320,7 +336,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) prefill_kernel(const __grid_co
             for (int e = 0; e < 4; e++) {
                 const int k = e >> 1, c = nt * 8 + 2 * t4 + (e & 1), t = t0 + c;
                 const bool ok = kind == 0 ? t >= rse[k] && t < rtl[k] : kind == 1 ? t < rse[k] : t >= rtl[k] && t < rn[k];
-                s[nt][e] = ok ? s[nt][e] * ksc[c] : -INFINITY;
+                s[nt][e] = ok ? s[nt][e] * kst[c] : -INFINITY;
                 mx[k] = fmaxf(mx[k], s[nt][e]);
             }
         float alpha[2], mu[2];
@@ -348,7 +364,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) prefill_kernel(const __grid_co
             for (int e = 0; e < 4; e++) {
                 const float w = exp2f(s[nt][e] - mu[e >> 1]);
                 l_run[e >> 1] += w;
-                s[nt][e] = w * vsc[nt * 8 + 2 * t4 + (e & 1)];
+                s[nt][e] = w * vst[nt * 8 + 2 * t4 + (e & 1)];
             }
         /* O += P V': P from the score registers, V' through ldmatrix.trans */
         const int lr = (lane & 7) + ((lane >> 3) & 1) * 8, lc = (lane >> 4) * 8;
@@ -359,7 +375,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) prefill_kernel(const __grid_co
             a.y = pack_f16x2(s[2 * kk][2], s[2 * kk][3]);
             a.z = pack_f16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
             a.w = pack_f16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-            const uint32_t vrow = smem_u32(Vs + (16 * kk + lr) * VS + lc);
+            const uint32_t vrow = smem_u32(Vt + (16 * kk + lr) * VS + lc);
 #pragma unroll
             for (int dn = 0; dn < D / 16; dn++) {
                 uint32_t b[4];
@@ -371,6 +387,103 @@ __global__ void __launch_bounds__(kWarps * 32, 1) prefill_kernel(const __grid_co
     };
 
     /* 2. the packed tokens [a_lo, a_hi) */
+    if constexpr (PIPE) {
+        constexpr int U = kKeys * (D / 32); /* 32-coordinate units per tile, <= threads */
+        const int ui = tid / (D / 32), j0 = 32 * (tid % (D / 32));
+        const bool kt = p.ck.rotated, vt = p.cv.rotated;
+        raw_unit ru;
+        auto load = [&](int t0) {
+            const int t = t0 + ui;
+            ru.ok = tid < U && t < a_hi;
+            if (!ru.ok)
+                return;
+            const int32_t page = p.pg.ptab[(size_t)p.seq * p.pg.max_pages_per_seq + (uint32_t)t / p.pg.page_tokens];
+            uint8_t *pg = p.pg.pool + (uint64_t)page * p.pg.page_bytes;
+            const uint32_t slot = (uint32_t)t % p.pg.page_tokens;
+            const kvq_row kr = kvq_dev_row(&p.pg.dl, pg, 0, (uint32_t)h, slot);
+            const kvq_row vr = kvq_dev_row(&p.pg.dl, pg, 1, (uint32_t)h, slot);
+            if (kt) {
+                const uint32_t *w = reinterpret_cast<const uint32_t *>(kr.codes + 12 * (j0 >> 5));
+                ru.k[0] = w[0], ru.k[1] = w[1], ru.k[2] = w[2];
+                ru.kn = *kr.norm;
+                if (QJL) {
+                    ru.ks = *reinterpret_cast<const uint32_t *>(kr.signs + (j0 >> 3));
+                    ru.kr = *kr.rnorm;
+                }
+            } else {
+                const uint4 *w = reinterpret_cast<const uint4 *>(kr.codes + 2 * j0);
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    *reinterpret_cast<uint4 *>(&ru.k[4 * i]) = w[i];
+            }
+            if (vt) {
+                const uint32_t *w = reinterpret_cast<const uint32_t *>(vr.codes + 12 * (j0 >> 5));
+                ru.v[0] = w[0], ru.v[1] = w[1], ru.v[2] = w[2];
+                ru.vn = *vr.norm;
+            } else {
+                const uint4 *w = reinterpret_cast<const uint4 *>(vr.codes + 2 * j0);
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    *reinterpret_cast<uint4 *>(&ru.v[4 * i]) = w[i];
+            }
+        };
+        auto expand = [&](int b) {
+            if (tid >= U)
+                return;
+            uint4 *kd = reinterpret_cast<uint4 *>(kbuf(b) + ui * KS + j0);
+            uint4 *vd = reinterpret_cast<uint4 *>(vbuf(b) + ui * VS + j0);
+            float *kst = scales + 2 * b * kKeys, *vst = kst + kKeys;
+            uint32_t pk[16], pv[16], ps[16];
+            if (!ru.ok) {
+#pragma unroll
+                for (int i = 0; i < 16; i++)
+                    pk[i] = pv[i] = ps[i] = 0u;
+            } else {
+                if (kt)
+                    tq3_decode32(ru.k[0], ru.k[1], ru.k[2], lut_k, pk);
+                else
+#pragma unroll
+                    for (int i = 0; i < 16; i++)
+                        pk[i] = ru.k[i];
+                if (vt)
+                    tq3_decode32(ru.v[0], ru.v[1], ru.v[2], lut_v, pv);
+                else
+#pragma unroll
+                    for (int i = 0; i < 16; i++)
+                        pv[i] = ru.v[i];
+                if (QJL) { /* a clear sign bit flips the f16 sign bit of its half */
+                    const float gam = p.alpha_k * kvq_f16_to_f32(ru.kr) * p.ck.kappa;
+                    const uint32_t pos = pack_f16x2(gam, gam), neg = ~ru.ks;
+#pragma unroll
+                    for (int c = 0; c < 32; c += 2)
+                        ps[c / 2] = pos ^ (((neg >> c) & 1u) << 15) ^ (((neg >> (c + 1)) & 1u) << 31);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                kd[i] = make_uint4(pk[4 * i], pk[4 * i + 1], pk[4 * i + 2], pk[4 * i + 3]);
+                vd[i] = make_uint4(pv[4 * i], pv[4 * i + 1], pv[4 * i + 2], pv[4 * i + 3]);
+                if (QJL)
+                    kd[D / 8 + i] = make_uint4(ps[4 * i], ps[4 * i + 1], ps[4 * i + 2], ps[4 * i + 3]);
+            }
+            if (j0 == 0) {
+                kst[ui] = !ru.ok ? 0.0f : kt ? kvq_f16_to_f32(ru.kn) / p.alpha_k : 1.0f;
+                vst[ui] = !ru.ok ? 0.0f : vt ? kvq_f16_to_f32(ru.vn) / p.alpha_v : 1.0f;
+            }
+        };
+        if (a_lo < a_hi)
+            load(a_lo);
+        for (int t0 = a_lo, b = 0; t0 < a_hi; t0 += kKeys, b ^= 1) {
+            expand(b);
+            /* buffer b is complete, and every warp is past the tile that
+             * last read it (two iterations ago) */
+            __syncthreads();
+            if (t0 + kKeys < a_hi)
+                load(t0 + kKeys); /* in flight during the MMAs below */
+            attend_tile(t0, 0, b);
+        }
+        __syncthreads(); /* the f16 rows below reuse buffer 0 */
+    } else
     for (int t0 = a_lo; t0 < a_hi; t0 += kKeys) {
         if (tid < kKeys) {
             const int t = t0 + tid;
@@ -404,7 +517,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) prefill_kernel(const __grid_co
             decode32<D>(p.cv, cent_v, lut_v, p.alpha_v, vr, j0, vd, nullptr, &vsc[i]);
         }
         __syncthreads();
-        attend_tile(t0, 0);
+        attend_tile(t0, 0, 0);
         __syncthreads();
     }
 
@@ -446,19 +559,20 @@ __global__ void __launch_bounds__(kWarps * 32, 1) prefill_kernel(const __grid_co
                     ksc[i] = vsc[i] = 1.0f;
             }
             __syncthreads();
-            attend_tile(t0, kind);
+            attend_tile(t0, kind, 0);
             __syncthreads();
         }
     }
 
-    /* 4. normalise, stage the rows in f32 over the key and value tiles,
-     * rotate back (R_v^T, a warp per row) and store */
+    /* 4. normalise, stage the rows in f32 over the query rows (no longer
+     * read), rotate back (R_v^T, a warp per row) and store */
 #pragma unroll
     for (int k = 0; k < 2; k++) {
         l_run[k] += __shfl_xor_sync(0xffffffffu, l_run[k], 1);
         l_run[k] += __shfl_xor_sync(0xffffffffu, l_run[k], 2);
     }
-    float *os = reinterpret_cast<float *>(Ks);
+    __syncthreads(); /* every warp is past its last read of the query rows */
+    float *os = reinterpret_cast<float *>(smem);
     const int r0 = warp * 16 + g;
 #pragma unroll
     for (int nt = 0; nt < D / 8; nt++) {
@@ -481,22 +595,32 @@ __global__ void __launch_bounds__(kWarps * 32, 1) prefill_kernel(const __grid_co
     }
 }
 
-template <int D, bool QJL>
+template <int D, bool QJL, bool PIPE>
 kvq_status launch(const prefill_params &p, cudaStream_t stream)
 {
-    const size_t smem = tile_layout<D, QJL>::bytes;
-    KVQ_CU_TRY(cudaFuncSetAttribute(prefill_kernel<D, QJL>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    const int ppt = kRows / p.G;
+    using L = tile_layout<D, QJL, PIPE>;
+    KVQ_CU_TRY(cudaFuncSetAttribute(prefill_kernel<D, QJL, PIPE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)L::bytes));
+    const int ppt = L::rows / p.G;
     const dim3 grid((unsigned)((p.n + ppt - 1) / ppt), (unsigned)p.H);
-    prefill_kernel<D, QJL><<<grid, kWarps * 32, smem, stream>>>(p);
+    prefill_kernel<D, QJL, PIPE><<<grid, L::warps * 32, L::bytes, stream>>>(p);
     KVQ_CU_TRY(cudaGetLastError());
     return KVQ_OK;
+}
+
+/* K and V each 3-bit tq or f16: the pipelined loop (D <= 128) */
+bool pipelined(const kvq_dev_codec &c)
+{
+    return (c.rotated && c.bits == 3) || c.type == KVQ_TYPE_F16;
 }
 
 template <int D>
 kvq_status launch_d(const prefill_params &p, cudaStream_t stream)
 {
-    return p.ck.qjl ? launch<D, true>(p, stream) : launch<D, false>(p, stream);
+    if constexpr (D <= 128)
+        if (pipelined(p.ck) && pipelined(p.cv))
+            return p.ck.qjl ? launch<D, true, true>(p, stream) : launch<D, false, true>(p, stream);
+    return p.ck.qjl ? launch<D, true, false>(p, stream) : launch<D, false, false>(p, stream);
 }
 
 } /* namespace */
@@ -508,7 +632,7 @@ int kvq_cuda_prefill_supported(const kvq_cuda_cache *c, int n_q_heads)
     const int d = c->cfg.cache.head_dim, H = c->cfg.cache.n_kv_heads;
     if (d != 32 && d != 64 && d != 96 && d != 128 && d != 256)
         return 0;
-    if (n_q_heads < H || n_q_heads % H != 0 || n_q_heads / H > c->cfg.max_q_per_kv || n_q_heads / H > kRows)
+    if (n_q_heads < H || n_q_heads % H != 0 || n_q_heads / H > c->cfg.max_q_per_kv || n_q_heads / H > kMinRows)
         return 0;
     /* f32 keeps its exact path (f16 operands would round it); V with QJL
      * signs needs an S-domain accumulator this kernel does not keep */
