@@ -1155,6 +1155,41 @@ static int attend_supports(const struct tcase *c, enum backend b)
     return b == BE_CUDA || b == BE_CUDA_REF;
 }
 
+/* Host rows, the reference outputs and their device copies: what the
+ * fixtures of the GPU ops below hold. */
+struct gpu_rows {
+    float *k, *v, *q, *ref, *out;
+    kvq_cuda_cache *g;
+    float *kd, *vd, *qd, *od;
+};
+
+/* n_kv KV rows of d (keys with outliers of 8, values of 3), nq query rows
+ * doubled for a peaky softmax, and room for nq outputs. */
+static void gpu_rows_alloc(struct gpu_rows *r, const struct tcase *c, size_t n_kv, size_t nq, int d)
+{
+    r->k = test_outlier_rows(n_kv, d, case_seed(c) * 3 + 1, 8.0);
+    r->v = test_outlier_rows(n_kv, d, case_seed(c) * 3 + 2, 3.0);
+    r->q = test_outlier_rows(nq, d, case_seed(c) + 3, 1.0);
+    for (size_t i = 0; i < nq * (size_t)d; i++)
+        r->q[i] *= 2.0f;
+    r->ref = calloc(nq * (size_t)d, sizeof(float));
+    r->out = calloc(nq * (size_t)d, sizeof(float));
+}
+
+static void gpu_rows_free(struct gpu_rows *r)
+{
+    free(r->k);
+    free(r->v);
+    free(r->q);
+    free(r->ref);
+    free(r->out);
+    kvq_cuda_cache_free(r->g);
+    kvq_cuda_free(r->kd);
+    kvq_cuda_free(r->vd);
+    kvq_cuda_free(r->qd);
+    kvq_cuda_free(r->od);
+}
+
 /* ---- GPU attention with f16 override rows ---------------------------------- */
 
 /* Sequences of WIN_LENS lengths (one shorter than the sinks), appended to the
@@ -1170,27 +1205,15 @@ struct win_fx {
     int d, Hq, G, P;
     size_t lens[WIN_LENS];
     struct kvq_cache_config cfg;
-    float *k, *v;          /* host rows [max len][WIN_HEADS][d], shared by every sequence */
-    float *q;              /* [max len][Hq][d]: entry i's query is row i */
-    float *ref, *out;      /* [max len][Hq][d] */
-    kvq_cuda_cache *g;
-    float *kd, *vd, *qd, *od;
+    struct gpu_rows r;     /* k, v [max len][WIN_HEADS][d], shared by every sequence;
+                              q, ref, out [max len][Hq][d]: entry i's query is row i */
     int n_entries;         /* of the last call */
 };
 
 static void win_free(void *p)
 {
     struct win_fx *f = p;
-    free(f->k);
-    free(f->v);
-    free(f->q);
-    free(f->ref);
-    free(f->out);
-    kvq_cuda_cache_free(f->g);
-    kvq_cuda_free(f->kd);
-    kvq_cuda_free(f->vd);
-    kvq_cuda_free(f->qd);
-    kvq_cuda_free(f->od);
+    gpu_rows_free(&f->r);
     free(f);
 }
 
@@ -1213,13 +1236,7 @@ static void *win_setup(const struct tcase *c)
     f->cfg.page_tokens = c->sh->page_tokens;
     f->cfg.recent_f16 = 1;
     f->cfg.sink_tokens = WIN_SINKS;
-    f->k = test_outlier_rows(n * WIN_HEADS, f->d, case_seed(c) * 3 + 1, 8.0);
-    f->v = test_outlier_rows(n * WIN_HEADS, f->d, case_seed(c) * 3 + 2, 3.0);
-    f->q = test_outlier_rows(n * (size_t)f->Hq, f->d, case_seed(c) + 3, 1.0);
-    for (size_t i = 0; i < n * (size_t)f->Hq * (size_t)f->d; i++)
-        f->q[i] *= 2.0f; /* a peaky softmax */
-    f->ref = calloc(n * (size_t)f->Hq * (size_t)f->d, sizeof(float));
-    f->out = calloc(n * (size_t)f->Hq * (size_t)f->d, sizeof(float));
+    gpu_rows_alloc(&f->r, c, n * WIN_HEADS, n * (size_t)f->Hq, f->d);
     return f;
 }
 
@@ -1263,40 +1280,40 @@ static void win_exec(void *p, const struct tcase *c, enum backend b)
             cc.max_tokens = views[e];
             CHECK_OK(kvq_cache_create(&cc, &kc));
             if (kc)
-                CHECK_OK(kvq_cache_append(kc, views[e], f->k, f->v));
+                CHECK_OK(kvq_cache_append(kc, views[e], f->r.k, f->r.v));
             for (int h = 0; h < WIN_HEADS && kc; h++) {
                 const size_t o = (size_t)e * per + (size_t)h * (size_t)f->G * (size_t)f->d;
-                CHECK_OK(kvq_attn_decode_ref(kc, h, views[e], f->q + o, f->G, 1.0f / sqrtf((float)f->d),
-                                             f->ref + o, ws));
+                CHECK_OK(kvq_attn_decode_ref(kc, h, views[e], f->r.q + o, f->G, 1.0f / sqrtf((float)f->d),
+                                             f->r.ref + o, ws));
             }
             kvq_cache_free(kc);
         }
         kvq_attn_workspace_free(ws);
         return;
     }
-    if (!f->g) {
+    if (!f->r.g) {
         struct kvq_cuda_cache_config cfg;
         kvq_cuda_cache_config_default(&cfg, WIN_HEADS, f->d, f->lens[WIN_LENS - 1], WIN_LENS);
         cfg.cache = f->cfg;
-        CHECK_OK(kvq_cuda_cache_create(&cfg, &f->g));
-        f->kd = test_to_dev(f->k, f->lens[WIN_LENS - 1] * row);
-        f->vd = test_to_dev(f->v, f->lens[WIN_LENS - 1] * row);
-        f->qd = test_to_dev(f->q, (size_t)m * per);
-        CHECK_OK(kvq_cuda_malloc((void **)&f->od, (size_t)m * per * sizeof(float)));
-        for (int i = 0; i < WIN_LENS && f->g && f->kd && f->vd; i++) {
+        CHECK_OK(kvq_cuda_cache_create(&cfg, &f->r.g));
+        f->r.kd = test_to_dev(f->r.k, f->lens[WIN_LENS - 1] * row);
+        f->r.vd = test_to_dev(f->r.v, f->lens[WIN_LENS - 1] * row);
+        f->r.qd = test_to_dev(f->r.q, (size_t)m * per);
+        CHECK_OK(kvq_cuda_malloc((void **)&f->r.od, (size_t)m * per * sizeof(float)));
+        for (int i = 0; i < WIN_LENS && f->r.g && f->r.kd && f->r.vd; i++) {
             const size_t n = f->lens[i], a = n - win_piece(f, n);
-            CHECK_OK(kvq_cuda_cache_append(f->g, i, a, f->kd, f->vd));
-            CHECK_OK(kvq_cuda_cache_append(f->g, i, n - a, f->kd + a * row, f->vd + a * row));
+            CHECK_OK(kvq_cuda_cache_append(f->r.g, i, a, f->r.kd, f->r.vd));
+            CHECK_OK(kvq_cuda_cache_append(f->r.g, i, n - a, f->r.kd + a * row, f->r.vd + a * row));
         }
     }
-    if (!f->g || !f->qd || !f->od)
+    if (!f->r.g || !f->r.qd || !f->r.od)
         return;
     const struct kvq_cuda_attn_opts o = {.kernel = cuda_kernel(b), .n_splits = 0};
     const float scale = 1.0f / sqrtf((float)f->d);
-    CHECK_OK(kvq_cuda_memset(f->od, 0xff, (size_t)m * per * sizeof(float)));
-    CHECK_OK(kvq_cuda_cache_attend(f->g, WIN_LENS, seqs, f->qd, f->Hq, scale, f->od, &o));
-    CHECK_OK(kvq_cuda_cache_attend_prefix(f->g, m - WIN_LENS, seqs + WIN_LENS, views + WIN_LENS,
-                                          f->qd + WIN_LENS * per, f->Hq, scale, f->od + WIN_LENS * per, &o));
+    CHECK_OK(kvq_cuda_memset(f->r.od, 0xff, (size_t)m * per * sizeof(float)));
+    CHECK_OK(kvq_cuda_cache_attend(f->r.g, WIN_LENS, seqs, f->r.qd, f->Hq, scale, f->r.od, &o));
+    CHECK_OK(kvq_cuda_cache_attend_prefix(f->r.g, m - WIN_LENS, seqs + WIN_LENS, views + WIN_LENS,
+                                          f->r.qd + WIN_LENS * per, f->Hq, scale, f->r.od + WIN_LENS * per, &o));
     CHECK_OK(kvq_cuda_synchronize());
 }
 
@@ -1304,15 +1321,15 @@ static double win_error(void *p, const struct tcase *c, enum backend b)
 {
     struct win_fx *f = p;
     (void)c;
-    if (!f->g || !f->od)
+    if (!f->r.g || !f->r.od)
         return INFINITY;
     if (b == BE_CUDA_FUSED)
-        CHECKF(kvq_cuda_fast_supported(f->g, f->Hq), "the fused kernel does not apply");
+        CHECKF(kvq_cuda_fast_supported(f->r.g, f->Hq), "the fused kernel does not apply");
     const size_t group = (size_t)f->G * (size_t)f->d, n = (size_t)f->n_entries * WIN_HEADS;
-    CHECK_OK(kvq_cuda_memcpy_d2h(f->out, f->od, n * group * sizeof(float)));
+    CHECK_OK(kvq_cuda_memcpy_d2h(f->r.out, f->r.od, n * group * sizeof(float)));
     double worst = 0;
     for (size_t i = 0; i < n; i++)
-        worst = fmax(worst, test_rel_err(f->out + i * group, f->ref + i * group, group));
+        worst = fmax(worst, test_rel_err(f->r.out + i * group, f->r.ref + i * group, group));
     return worst;
 }
 
@@ -1330,26 +1347,14 @@ struct pf_fx {
     int d, Hq, G;
     size_t n0, past, n1;    /* seq 0's chunk; seq 1's past and chunk */
     struct kvq_cache_config cfg;
-    float *k, *v;           /* host rows [past + n1][PF_HEADS][d] (seq 0 uses the first n0) */
-    float *q;               /* [n0 + n1][Hq][d]: the views' queries, seq 0's first */
-    float *ref, *out;       /* [n0 + n1][Hq][d] */
-    kvq_cuda_cache *g;
-    float *kd, *vd, *qd, *od;
+    struct gpu_rows r;      /* k, v [past + n1][PF_HEADS][d] (seq 0 uses the first n0);
+                               q, ref, out [n0 + n1][Hq][d]: the views', seq 0's first */
 };
 
 static void pf_free(void *p)
 {
     struct pf_fx *f = p;
-    free(f->k);
-    free(f->v);
-    free(f->q);
-    free(f->ref);
-    free(f->out);
-    kvq_cuda_cache_free(f->g);
-    kvq_cuda_free(f->kd);
-    kvq_cuda_free(f->vd);
-    kvq_cuda_free(f->qd);
-    kvq_cuda_free(f->od);
+    gpu_rows_free(&f->r);
     free(f);
 }
 
@@ -1373,13 +1378,7 @@ static void *pf_setup(const struct tcase *c)
     f->cfg.page_tokens = c->sh->page_tokens;
     f->cfg.recent_f16 = c->sh->window;
     f->cfg.sink_tokens = c->sh->sinks;
-    f->k = test_outlier_rows(n * PF_HEADS, f->d, case_seed(c) * 3 + 1, 8.0);
-    f->v = test_outlier_rows(n * PF_HEADS, f->d, case_seed(c) * 3 + 2, 3.0);
-    f->q = test_outlier_rows(nq * (size_t)f->Hq, f->d, case_seed(c) + 3, 1.0);
-    for (size_t i = 0; i < nq * (size_t)f->Hq * (size_t)f->d; i++)
-        f->q[i] *= 2.0f; /* a peaky softmax */
-    f->ref = calloc(nq * (size_t)f->Hq * (size_t)f->d, sizeof(float));
-    f->out = calloc(nq * (size_t)f->Hq * (size_t)f->d, sizeof(float));
+    gpu_rows_alloc(&f->r, c, n * PF_HEADS, nq * (size_t)f->Hq, f->d);
     return f;
 }
 
@@ -1397,13 +1396,13 @@ static void pf_ref_seq(struct pf_fx *f, size_t from, size_t n, size_t q_row, kvq
     kvq_cache *kc = NULL;
     CHECK_OK(kvq_cache_create(&f->cfg, &kc));
     for (size_t t = 0; t < n && kc; t++) {
-        CHECK_OK(kvq_cache_append(kc, 1, f->k + t * row, f->v + t * row));
+        CHECK_OK(kvq_cache_append(kc, 1, f->r.k + t * row, f->r.v + t * row));
         if (t < from)
             continue;
         const size_t e = q_row + t - from;
         for (int h = 0; h < PF_HEADS; h++) {
             const size_t o = e * per + (size_t)h * (size_t)f->G * (size_t)f->d;
-            CHECK_OK(kvq_attn_decode_ref(kc, h, t + 1, f->q + o, f->G, 1.0f / sqrtf((float)f->d), f->ref + o, ws));
+            CHECK_OK(kvq_attn_decode_ref(kc, h, t + 1, f->r.q + o, f->G, 1.0f / sqrtf((float)f->d), f->r.ref + o, ws));
         }
     }
     kvq_cache_free(kc);
@@ -1425,28 +1424,28 @@ static void pf_exec(void *p, const struct tcase *c, enum backend b)
         kvq_attn_workspace_free(ws);
         return;
     }
-    if (!f->g) {
+    if (!f->r.g) {
         struct kvq_cuda_cache_config cfg;
         kvq_cuda_cache_config_default(&cfg, PF_HEADS, f->d, n, 2);
         cfg.cache = f->cfg;
         cfg.max_q_per_kv = f->G;
-        CHECK_OK(kvq_cuda_cache_create(&cfg, &f->g));
-        f->kd = test_to_dev(f->k, n * row);
-        f->vd = test_to_dev(f->v, n * row);
-        f->qd = test_to_dev(f->q, nq * per);
-        CHECK_OK(kvq_cuda_malloc((void **)&f->od, nq * per * sizeof(float)));
+        CHECK_OK(kvq_cuda_cache_create(&cfg, &f->r.g));
+        f->r.kd = test_to_dev(f->r.k, n * row);
+        f->r.vd = test_to_dev(f->r.v, n * row);
+        f->r.qd = test_to_dev(f->r.q, nq * per);
+        CHECK_OK(kvq_cuda_malloc((void **)&f->r.od, nq * per * sizeof(float)));
     }
-    if (!f->g || !f->kd || !f->vd || !f->qd || !f->od)
+    if (!f->r.g || !f->r.kd || !f->r.vd || !f->r.qd || !f->r.od)
         return;
-    CHECKF(kvq_cuda_prefill_supported(f->g, f->Hq), "the chunk kernel takes this config");
+    CHECKF(kvq_cuda_prefill_supported(f->r.g, f->Hq), "the chunk kernel takes this config");
     const float scale = 1.0f / sqrtf((float)f->d);
     for (int s = 0; s < 2; s++)
-        CHECK_OK(kvq_cuda_cache_truncate(f->g, s, 0));
-    CHECK_OK(kvq_cuda_memset(f->od, 0xff, nq * per * sizeof(float)));
-    CHECK_OK(kvq_cuda_cache_prefill(f->g, 0, f->n0, f->kd, f->vd, f->qd, f->Hq, scale, f->od));
-    CHECK_OK(kvq_cuda_cache_append(f->g, 1, f->past, f->kd, f->vd));
-    CHECK_OK(kvq_cuda_cache_prefill(f->g, 1, f->n1, f->kd + f->past * row, f->vd + f->past * row,
-                                    f->qd + f->n0 * per, f->Hq, scale, f->od + f->n0 * per));
+        CHECK_OK(kvq_cuda_cache_truncate(f->r.g, s, 0));
+    CHECK_OK(kvq_cuda_memset(f->r.od, 0xff, nq * per * sizeof(float)));
+    CHECK_OK(kvq_cuda_cache_prefill(f->r.g, 0, f->n0, f->r.kd, f->r.vd, f->r.qd, f->Hq, scale, f->r.od));
+    CHECK_OK(kvq_cuda_cache_append(f->r.g, 1, f->past, f->r.kd, f->r.vd));
+    CHECK_OK(kvq_cuda_cache_prefill(f->r.g, 1, f->n1, f->r.kd + f->past * row, f->r.vd + f->past * row,
+                                    f->r.qd + f->n0 * per, f->Hq, scale, f->r.od + f->n0 * per));
     CHECK_OK(kvq_cuda_synchronize());
 }
 
@@ -1455,13 +1454,13 @@ static double pf_error(void *p, const struct tcase *c, enum backend b)
     struct pf_fx *f = p;
     (void)c;
     (void)b;
-    if (!f->g || !f->od)
+    if (!f->r.g || !f->r.od)
         return INFINITY;
     const size_t group = (size_t)f->G * (size_t)f->d, n = (f->n0 + f->n1) * PF_HEADS;
-    CHECK_OK(kvq_cuda_memcpy_d2h(f->out, f->od, n * group * sizeof(float)));
+    CHECK_OK(kvq_cuda_memcpy_d2h(f->r.out, f->r.od, n * group * sizeof(float)));
     double worst = 0;
     for (size_t i = 0; i < n; i++)
-        worst = fmax(worst, test_rel_err(f->out + i * group, f->ref + i * group, group));
+        worst = fmax(worst, test_rel_err(f->r.out + i * group, f->r.ref + i * group, group));
     return worst;
 }
 

@@ -71,6 +71,42 @@ __device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi)
     return *reinterpret_cast<const uint32_t *>(&h);
 }
 
+/* The QJL half of 32 coordinates: +-gam as f16 pairs, a clear sign bit
+ * flipping the f16 sign bit of its half. */
+__device__ __forceinline__ void qjl_pairs(float gam, uint32_t bits, uint32_t out[16])
+{
+    const uint32_t pos = pack_f16x2(gam, gam), neg = ~bits;
+#pragma unroll
+    for (int c = 0; c < 32; c += 2)
+        out[c / 2] = pos ^ (((neg >> c) & 1u) << 15) ^ (((neg >> (c + 1)) & 1u) << 31);
+}
+
+/* The raw bytes of coordinates [j0, j0 + 32) of a row (PIPE): 3 words of
+ * 3-bit codes (tq) or 16 words of f16 values; then their f16 pairs. */
+__device__ __forceinline__ void raw_load(const kvq_row &r, bool tq, int j0, uint32_t w[16])
+{
+    if (tq) {
+        const uint32_t *c = reinterpret_cast<const uint32_t *>(r.codes + 12 * (j0 >> 5));
+        w[0] = c[0], w[1] = c[1], w[2] = c[2];
+        return;
+    }
+    const uint4 *c = reinterpret_cast<const uint4 *>(r.codes + 2 * j0);
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        *reinterpret_cast<uint4 *>(&w[4 * i]) = c[i];
+}
+
+__device__ __forceinline__ void raw_expand(bool tq, const uint32_t w[16], const tq3_lut &lut, uint32_t out[16])
+{
+    if (tq) {
+        tq3_decode32(w[0], w[1], w[2], lut, out);
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < 16; i++)
+        out[i] = w[i];
+}
+
 /* Elements [j0, j0 + 32) of a packed row into dst (f16): for tq types the
  * scaled levels cent[idx] (alpha c, ~exact in f16: the row's norm / alpha
  * is applied in f32 outside, *scale), and for QJL keys alpha |r| kappa
@@ -104,12 +140,8 @@ __device__ __forceinline__ void decode32(const kvq_dev_codec &cd, const float *c
             const uint8_t *sg = r.signs + (j0 >> 3);
             const uint32_t bits = (uint32_t)sg[0] | ((uint32_t)sg[1] << 8) | ((uint32_t)sg[2] << 16) |
                                   ((uint32_t)sg[3] << 24);
-            /* a clear sign bit flips the f16 sign bit of its half */
-            const uint32_t pos = pack_f16x2(gam, gam), neg = ~bits;
             uint32_t pr[16];
-#pragma unroll
-            for (int c = 0; c < 32; c += 2)
-                pr[c / 2] = pos ^ (((neg >> c) & 1u) << 15) ^ (((neg >> (c + 1)) & 1u) << 31);
+            qjl_pairs(gam, bits, pr);
             uint4 *o = reinterpret_cast<uint4 *>(dst_s);
 #pragma unroll
             for (int i = 0; i < 4; i++)
@@ -402,29 +434,15 @@ __global__ void __launch_bounds__(tile_layout<D, QJL, PIPE>::warps * 32, 1)
             const uint32_t slot = (uint32_t)t % p.pg.page_tokens;
             const kvq_row kr = kvq_dev_row(&p.pg.dl, pg, 0, (uint32_t)h, slot);
             const kvq_row vr = kvq_dev_row(&p.pg.dl, pg, 1, (uint32_t)h, slot);
-            if (kt) {
-                const uint32_t *w = reinterpret_cast<const uint32_t *>(kr.codes + 12 * (j0 >> 5));
-                ru.k[0] = w[0], ru.k[1] = w[1], ru.k[2] = w[2];
+            raw_load(kr, kt, j0, ru.k);
+            raw_load(vr, vt, j0, ru.v);
+            if (kt)
                 ru.kn = *kr.norm;
-                if (QJL) {
-                    ru.ks = *reinterpret_cast<const uint32_t *>(kr.signs + (j0 >> 3));
-                    ru.kr = *kr.rnorm;
-                }
-            } else {
-                const uint4 *w = reinterpret_cast<const uint4 *>(kr.codes + 2 * j0);
-#pragma unroll
-                for (int i = 0; i < 4; i++)
-                    *reinterpret_cast<uint4 *>(&ru.k[4 * i]) = w[i];
-            }
-            if (vt) {
-                const uint32_t *w = reinterpret_cast<const uint32_t *>(vr.codes + 12 * (j0 >> 5));
-                ru.v[0] = w[0], ru.v[1] = w[1], ru.v[2] = w[2];
+            if (vt)
                 ru.vn = *vr.norm;
-            } else {
-                const uint4 *w = reinterpret_cast<const uint4 *>(vr.codes + 2 * j0);
-#pragma unroll
-                for (int i = 0; i < 4; i++)
-                    *reinterpret_cast<uint4 *>(&ru.v[4 * i]) = w[i];
+            if (QJL) {
+                ru.ks = *reinterpret_cast<const uint32_t *>(kr.signs + (j0 >> 3));
+                ru.kr = *kr.rnorm;
             }
         };
         auto expand = [&](int b) {
@@ -439,25 +457,10 @@ __global__ void __launch_bounds__(tile_layout<D, QJL, PIPE>::warps * 32, 1)
                 for (int i = 0; i < 16; i++)
                     pk[i] = pv[i] = ps[i] = 0u;
             } else {
-                if (kt)
-                    tq3_decode32(ru.k[0], ru.k[1], ru.k[2], lut_k, pk);
-                else
-#pragma unroll
-                    for (int i = 0; i < 16; i++)
-                        pk[i] = ru.k[i];
-                if (vt)
-                    tq3_decode32(ru.v[0], ru.v[1], ru.v[2], lut_v, pv);
-                else
-#pragma unroll
-                    for (int i = 0; i < 16; i++)
-                        pv[i] = ru.v[i];
-                if (QJL) { /* a clear sign bit flips the f16 sign bit of its half */
-                    const float gam = p.alpha_k * kvq_f16_to_f32(ru.kr) * p.ck.kappa;
-                    const uint32_t pos = pack_f16x2(gam, gam), neg = ~ru.ks;
-#pragma unroll
-                    for (int c = 0; c < 32; c += 2)
-                        ps[c / 2] = pos ^ (((neg >> c) & 1u) << 15) ^ (((neg >> (c + 1)) & 1u) << 31);
-                }
+                raw_expand(kt, ru.k, lut_k, pk);
+                raw_expand(vt, ru.v, lut_v, pv);
+                if (QJL)
+                    qjl_pairs(p.alpha_k * kvq_f16_to_f32(ru.kr) * p.ck.kappa, ru.ks, ps);
             }
 #pragma unroll
             for (int i = 0; i < 4; i++) {
