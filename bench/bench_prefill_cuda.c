@@ -1,19 +1,20 @@
 /* bench_prefill_cuda.c - the prefill kernel alone (kvq_cuda_cache_prefill):
  * one chunk of a prompt's causal attention over the packed past.
  *
- * Llama-3-8B's attention shape (32 query heads, 8 KV heads, d = 128), a
- * chunk of 2048 positions after a past of 0 .. 126K tokens (seeded random
- * K/V appended first), for f16/f16, tq3j/tq3 and tq3j/tq3 with the recent
- * f16 window. Each timing is host wall time of the call (append + attend)
+ * Llama-3-8B's attention shape (32 query heads, 8 KV heads, d = 128, or the
+ * head dims of --dims), a chunk of 2048 positions after a past of 0 .. 126K
+ * tokens (seeded random K/V appended first), for f16/f16, tq3j/tq3 and
+ * tq3j/tq3 with the recent f16 window. Each timing is host wall time of the call (append + attend)
  * until the device is idle, the sequence truncated back before each; 2
  * warm-ups, median of KVQ_BENCH_REPS (7). "TFLOP/s" counts 4 d flops per
  * (query head, attended key) pair, FlashAttention's convention (QK^T and PV),
  * so it compares with the f16 peak of the GPU and with bench/cuda_sdpa.py
  * --prefill (PyTorch's SDPA on the same chunk).
  *
- *   bench_prefill_cuda [--json FILE]
+ *   bench_prefill_cuda [--dims 64,96,128,256] [--json FILE]
  * Without a GPU it prints one line and exits 0.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,7 +25,7 @@
 
 #define H 8
 #define G 4
-#define D 128
+#define MAX_D 256
 #define CHUNK 2048
 
 #define TRY(x)                                                                                     \
@@ -46,10 +47,24 @@ struct config {
 
 int main(int argc, char **argv)
 {
-    const char *json = NULL;
-    for (int i = 1; i + 1 < argc; i += 2)
+    const char *json = NULL, *dims_arg = "128";
+    for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--json"))
             json = argv[i + 1];
+        else if (!strcmp(argv[i], "--dims"))
+            dims_arg = argv[i + 1];
+    }
+    int dims[8], n_dims = 0;
+    for (const char *p = dims_arg; *p && n_dims < 8;) {
+        char *end;
+        const long d = strtol(p, &end, 10);
+        if (end == p || (d != 32 && d != 64 && d != 96 && d != 128 && d != 256)) {
+            fprintf(stderr, "bench_prefill_cuda: --dims %s: head dims are 32, 64, 96, 128 or 256\n", dims_arg);
+            return 2;
+        }
+        dims[n_dims++] = (int)d;
+        p = *end == ',' ? end + 1 : end;
+    }
     if (kvq_cuda_device_count() < 1) {
         printf("bench_prefill_cuda: no CUDA device, nothing measured\n");
         return 0;
@@ -61,7 +76,7 @@ int main(int argc, char **argv)
                                   {"tq3j/tq3", KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, 0},
                                   {"tq3j/tq3+window", KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, 1}};
     const long max_ctx = PAST[sizeof PAST / sizeof PAST[0] - 1] + CHUNK;
-    const size_t kvn = (size_t)8192 * H * D, qn = (size_t)CHUNK * H * G * D;
+    const size_t kvn = (size_t)8192 * H * MAX_D, qn = (size_t)CHUNK * H * G * MAX_D;
     float *k = NULL, *v = NULL, *q = NULL, *o = NULL;
     TRY(kvq_cuda_malloc((void **)&k, kvn * sizeof(float)));
     TRY(kvq_cuda_malloc((void **)&v, kvn * sizeof(float)));
@@ -74,11 +89,13 @@ int main(int argc, char **argv)
         return 1;
     }
     if (js)
-        fprintf(js, "{\"bench\": \"bench_prefill_cuda\", \"chunk\": %d, \"heads\": [%d, %d], \"d\": %d, \"results\": [\n",
-                CHUNK, H * G, H, D);
-    printf("%-16s %8s %10s %10s\n", "types", "context", "ms/chunk", "TFLOP/s");
+        fprintf(js, "{\"bench\": \"bench_prefill_cuda\", \"chunk\": %d, \"heads\": [%d, %d], \"results\": [\n", CHUNK,
+                H * G, H);
+    printf("%-16s %4s %8s %10s %10s\n", "types", "d", "context", "ms/chunk", "TFLOP/s");
     int first = 1;
+    for (int di = 0; di < n_dims; di++)
     for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ci++) {
+        const int D = dims[di];
         struct kvq_cuda_cache_config cc;
         kvq_cuda_cache_config_default(&cc, H, D, (size_t)max_ctx, 1);
         cc.cache.type_k = cfgs[ci].tk;
@@ -106,7 +123,7 @@ int main(int argc, char **argv)
                 TRY(kvq_cuda_cache_truncate(c, 0, past));
                 TRY(kvq_cuda_synchronize());
                 const double t0 = bench_clock_s(CLOCK_MONOTONIC);
-                TRY(kvq_cuda_cache_prefill(c, 0, CHUNK, k, v, q, H * G, 0.0883883f, o));
+                TRY(kvq_cuda_cache_prefill(c, 0, CHUNK, k, v, q, H * G, 1.0f / sqrtf((float)D), o));
                 TRY(kvq_cuda_synchronize());
                 if (i >= 2)
                     t[i - 2] = (bench_clock_s(CLOCK_MONOTONIC) - t0) * 1e3;
@@ -116,10 +133,10 @@ int main(int argc, char **argv)
             /* pairs: sum over the chunk's positions of the keys each sees */
             const double pairs = (double)CHUNK * (double)past + (double)CHUNK * (CHUNK + 1) / 2.0;
             const double tflops = 4.0 * D * H * G * pairs / (ms * 1e-3) / 1e12;
-            printf("%-16s %8zu %10.2f %10.1f\n", cfgs[ci].name, past + CHUNK, ms, tflops);
+            printf("%-16s %4d %8zu %10.2f %10.1f\n", cfgs[ci].name, D, past + CHUNK, ms, tflops);
             if (js)
-                fprintf(js, "%s {\"types\": \"%s\", \"context\": %zu, \"ms_per_chunk\": %.3f, \"tflops\": %.1f}\n",
-                        first ? "" : ",", cfgs[ci].name, past + CHUNK, ms, tflops);
+                fprintf(js, "%s {\"types\": \"%s\", \"d\": %d, \"context\": %zu, \"ms_per_chunk\": %.3f, \"tflops\": %.1f}\n",
+                        first ? "" : ",", cfgs[ci].name, D, past + CHUNK, ms, tflops);
             first = 0;
         }
         kvq_cuda_cache_free(c);

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """PyTorch's SDPA on bench_prefill_cuda's chunk: the baseline of the prefill kernel.
 
-One chunk of 2048 query positions (32 query heads, 8 KV heads, d = 128)
+One chunk of 2048 query positions (32 query heads, 8 KV heads, d = 128 or
+--dims)
 attending causally to the past and to itself (the causal mask aligned at the
 lower right: position i of the chunk sees past + i + 1 keys), bf16, contexts
 2K .. 128K as bench_prefill_cuda. Timed with CUDA events, 2 warm-ups, median
@@ -21,7 +22,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
-HQ, HKV, D, CHUNK = 32, 8, 128, 2048
+HQ, HKV, CHUNK = 32, 8, 2048
 CTX = [2048, 8192, 32768, 129024]
 
 
@@ -41,11 +42,12 @@ def time_fn(fn, reps):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--dims", default="128", help="head dims, comma-separated")
     ap.add_argument("--out")
     a = ap.parse_args()
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "results": []}
-    print(f"{'mode':6} {'context':>8} {'ms/chunk':>9} {'TFLOP/s':>8}")
-    for L in CTX:
+    print(f"{'mode':6} {'d':>4} {'context':>8} {'ms/chunk':>9} {'TFLOP/s':>8}")
+    for D, L in [(int(d), L) for d in a.dims.split(",") for L in CTX]:
         q = torch.randn(1, HQ, CHUNK, D, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(1, HKV, L, D, device="cuda", dtype=torch.bfloat16)
         v = torch.randn(1, HKV, L, D, device="cuda", dtype=torch.bfloat16)
@@ -62,12 +64,12 @@ def main():
             try:
                 ms = time_fn(fn, a.reps)
             except RuntimeError as e:
-                print(f"{name:6} {L:8d} failed: {str(e).splitlines()[0]}")
-                res["results"].append({"mode": name, "context": L, "error": str(e).splitlines()[0]})
+                print(f"{name:6} {D:4d} {L:8d} failed: {str(e).splitlines()[0]}")
+                res["results"].append({"mode": name, "d": D, "context": L, "error": str(e).splitlines()[0]})
                 continue
             tf = 4.0 * D * HQ * pr / (ms * 1e-3) / 1e12
-            print(f"{name:6} {L:8d} {ms:9.2f} {tf:8.1f}")
-            res["results"].append({"mode": name, "context": L, "ms_per_chunk": ms, "tflops": tf})
+            print(f"{name:6} {D:4d} {L:8d} {ms:9.2f} {tf:8.1f}")
+            res["results"].append({"mode": name, "d": D, "context": L, "ms_per_chunk": ms, "tflops": tf})
         del q, k, v
     if a.out:
         with open(a.out, "w") as f:
