@@ -63,10 +63,18 @@ struct cuda_backend {
     float *logits;            /* [max_rows][vocab] */
     int32_t *ids;             /* [max_rows] */
     int32_t *best;            /* [max_rows] argmax ids; -1 marks a NaN row */
+    float *arg_v;             /* [max_rows][kArgmaxBlocks] the argmax's first pass: values */
+    int *arg_i;               /* likewise: ids (-2: the block saw a NaN) */
     int sticky;               /* a CUDA call failed: every later lm_head reports it */
 };
 
 constexpr int kThreads = 256;
+/* A norm is one block per row: at batch 1 its latency is the step's, so
+ * the row goes to 1024 threads (256 took 15 us per norm of the 8B shape). */
+constexpr int kNormThreads = 1024;
+/* The LM head's argmax: blocks per row of the first pass (one block over a
+ * 128K vocabulary took 215 us). */
+constexpr int kArgmaxBlocks = 64;
 /* Rows up to which a 16-bit product runs as one GEMM of 2T columns. */
 constexpr size_t kSplitRows = 64;
 /* Rows up to which it runs as the few-row kernel (gemv16_kernel): one; at
@@ -309,11 +317,14 @@ __global__ void qkv_rope_kernel(const float *qkv, rope_args a, float *q, float *
         dst[i] = val(i);
 }
 
+/* grid (column blocks, rows): a decode step's one row of ffn elements
+ * spread over the GPU (one block per row took 51 us of the 8B shape's step,
+ * ncu on an H200, against ~3 us) */
 __global__ void glu_kernel(const float *gu, float *h, int f, int gelu)
 {
-    const float *g = gu + (size_t)blockIdx.x * 2 * f;
-    float *o = h + (size_t)blockIdx.x * f;
-    for (int i = threadIdx.x; i < f; i += blockDim.x) {
+    const float *g = gu + (size_t)blockIdx.y * 2 * f;
+    float *o = h + (size_t)blockIdx.y * f;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < f; i += gridDim.x * blockDim.x) {
         const float x = g[i];
         const float act = gelu ? 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)))
                                : x / (1.0f + expf(-x));
@@ -328,38 +339,78 @@ __global__ void softcap_kernel(float *y, int n, float c)
         yr[i] = c * tanhf(yr[i] / c);
 }
 
-/* best[row] = argmax (lowest id on ties), or -1 when the row holds a NaN. */
-__global__ void argmax_kernel(const float *logits, int n, int32_t *best)
+/* The better of two (value, id) candidates: the larger value, the lower id
+ * on ties; id < 0 is no candidate. */
+__device__ __forceinline__ void arg_better(float *v, int *id, float ov, int oi)
+{
+    if (oi >= 0 && (*id < 0 || ov > *v || (ov == *v && oi < *id)))
+        *v = ov, *id = oi;
+}
+
+/* Block argmax of (bv, bi) into slot 0; blockDim.x = kThreads. */
+__device__ void block_argmax(float *bv, int *bi)
+{
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s)
+            arg_better(&bv[threadIdx.x], &bi[threadIdx.x], bv[threadIdx.x + s], bi[threadIdx.x + s]);
+        __syncthreads();
+    }
+}
+
+/* First pass, grid (kArgmaxBlocks, rows): block j of a row takes every
+ * kArgmaxBlocks-th chunk of kThreads logits; its best goes to pv/pi, and -2
+ * when it saw a NaN. */
+__global__ void argmax_part_kernel(const float *logits, int n, float *pv, int *pi)
 {
     __shared__ float bv[kThreads];
     __shared__ int bi[kThreads];
     __shared__ int nan_seen;
-    const float *row = logits + (size_t)blockIdx.x * n;
+    const float *row = logits + (size_t)blockIdx.y * n;
     if (threadIdx.x == 0)
         nan_seen = 0;
     __syncthreads();
     float v = -INFINITY;
     int id = -1;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
         const float x = row[i];
         if (isnan(x))
             nan_seen = 1;
-        else if (id < 0 || x > v)
-            v = x, id = i;
+        else
+            arg_better(&v, &id, x, i);
     }
     bv[threadIdx.x] = v;
     bi[threadIdx.x] = id;
-    __syncthreads();
-    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s) {
-            const float ov = bv[threadIdx.x + s];
-            const int oi = bi[threadIdx.x + s];
-            if (oi >= 0 && (bi[threadIdx.x] < 0 || ov > bv[threadIdx.x] ||
-                            (ov == bv[threadIdx.x] && oi < bi[threadIdx.x])))
-                bv[threadIdx.x] = ov, bi[threadIdx.x] = oi;
-        }
-        __syncthreads();
+    block_argmax(bv, bi);
+    if (threadIdx.x == 0) {
+        const size_t o = (size_t)blockIdx.y * gridDim.x + blockIdx.x;
+        pv[o] = bv[0];
+        pi[o] = nan_seen ? -2 : bi[0];
     }
+}
+
+/* best[row] = argmax (lowest id on ties), or -1 when the row holds a NaN:
+ * the second pass over a row's kArgmaxBlocks candidates. */
+__global__ void argmax_kernel(const float *pv, const int *pi, int32_t *best)
+{
+    __shared__ float bv[kThreads];
+    __shared__ int bi[kThreads];
+    __shared__ int nan_seen;
+    if (threadIdx.x == 0)
+        nan_seen = 0;
+    __syncthreads();
+    float v = -INFINITY;
+    int id = -1;
+    for (int j = threadIdx.x; j < kArgmaxBlocks; j += blockDim.x) {
+        const size_t o = (size_t)blockIdx.x * kArgmaxBlocks + j;
+        if (pi[o] == -2)
+            nan_seen = 1;
+        else
+            arg_better(&v, &id, pv[o], pi[o]);
+    }
+    bv[threadIdx.x] = v;
+    bi[threadIdx.x] = id;
+    block_argmax(bv, bi);
     if (threadIdx.x == 0)
         best[blockIdx.x] = nan_seen ? -1 : bi[0];
 }
@@ -444,7 +495,8 @@ void cuda_norm(kvq_backend *b, enum kvq_norm_site site, int layer, const float *
     const float *w = site == KVQ_NORM_FINAL ? (const float *)cb->final_norm
                      : site == KVQ_NORM_ATTN ? cb->layers[layer].attn_norm
                                              : cb->layers[layer].ffn_norm;
-    norm_kernel<<<(unsigned)T, kThreads>>>(x, w, y, c->hidden, c->rms_eps, c->arch.norm == KVQ_NORM_RMS_UNIT_OFFSET);
+    norm_kernel<<<(unsigned)T, kNormThreads>>>(x, w, y, c->hidden, c->rms_eps,
+                                               c->arch.norm == KVQ_NORM_RMS_UNIT_OFFSET);
     launched(cb);
 }
 
@@ -487,7 +539,9 @@ void cuda_qkv_rope(kvq_backend *b, int layer, const float *qkv, size_t T, const 
 void cuda_glu(kvq_backend *b, const float *gu, float *h, size_t T)
 {
     cuda_backend *cb = cb_of(b);
-    glu_kernel<<<(unsigned)T, kThreads>>>(gu, h, b->m->cfg.ffn, b->m->cfg.arch.act == KVQ_ACT_GELU_TANH);
+    const int f = b->m->cfg.ffn;
+    glu_kernel<<<dim3((unsigned)((f + kThreads - 1) / kThreads), (unsigned)T), kThreads>>>(
+        gu, h, f, b->m->cfg.arch.act == KVQ_ACT_GELU_TANH);
     launched(cb);
 }
 
@@ -504,7 +558,10 @@ kvq_status cuda_lm_head(kvq_backend *b, const float *x, size_t R, float *logits,
         launched(cb);
     }
     if (argmax) {
-        argmax_kernel<<<(unsigned)R, kThreads>>>(cb->logits, c->vocab, cb->best);
+        argmax_part_kernel<<<dim3(kArgmaxBlocks, (unsigned)R), kThreads>>>(cb->logits, c->vocab, cb->arg_v,
+                                                                             cb->arg_i);
+        launched(cb);
+        argmax_kernel<<<(unsigned)R, kThreads>>>(cb->arg_v, cb->arg_i, cb->best);
         launched(cb);
         note(cb, cudaMemcpy(argmax, cb->best, R * sizeof *argmax, cudaMemcpyDeviceToHost));
     }
@@ -539,7 +596,8 @@ void cuda_free(kvq_backend *b)
     free(cb->layers);
     free(cb->mats);
     void *p[] = {cb->embed.w, cb->lm.w,  cb->final_norm, cb->rope_cos, cb->rope_sin, cb->lm_x,
-                 cb->logits,  cb->ids,   cb->best,       b->pos,       cb->xh,       cb->y2};
+                 cb->logits,  cb->ids,   cb->best,       b->pos,       cb->xh,       cb->y2,
+                 cb->arg_v,   cb->arg_i};
     for (void *q : p)
         cudaFree(q);
     float **slot[KVQ_N_ACTS];
@@ -752,6 +810,8 @@ extern "C" kvq_status kvq_backend_cuda_create(const kvq_model *m, size_t max_row
     const size_t mr = max_rows;
     if (st == KVQ_OK && (cudaMalloc(&cb->ids, mr * sizeof(int32_t)) != cudaSuccess ||
                          cudaMalloc(&cb->best, mr * sizeof(int32_t)) != cudaSuccess ||
+                         cudaMalloc(&cb->arg_v, mr * kArgmaxBlocks * sizeof(float)) != cudaSuccess ||
+                         cudaMalloc(&cb->arg_i, mr * kArgmaxBlocks * sizeof(int)) != cudaSuccess ||
                          cudaMalloc(&b->pos, mr * sizeof(int32_t)) != cudaSuccess))
         st = KVQ_ERR_NOMEM;
     if (st != KVQ_OK) {
