@@ -40,14 +40,13 @@
 #include <string.h>
 
 #include "cuda_internal.cuh"
+#include "cuda_prefill_tile.cuh"
 #include "cuda_rot.cuh"
 
 namespace {
 
 using namespace kvq_cu;
 
-constexpr int kMinRows = 64; /* query rows per block (16 per warp): at least */
-constexpr int kKeys = 64; /* keys per tile */
 constexpr float kLog2e = 1.4426950408889634f;
 
 struct prefill_params {
@@ -63,174 +62,6 @@ struct prefill_params {
     float qscale;
     float alpha_k, alpha_v; /* codebook scales that make the levels ~exact in f16 (codebook_alpha) */
     tq3_lut lut_k, lut_v;   /* 3-bit codecs: alpha c as f16 bytes */
-};
-
-__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi)
-{
-    const __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t *>(&h);
-}
-
-/* The QJL half of 32 coordinates: +-gam as f16 pairs, a clear sign bit
- * flipping the f16 sign bit of its half. */
-__device__ __forceinline__ void qjl_pairs(float gam, uint32_t bits, uint32_t out[16])
-{
-    const uint32_t pos = pack_f16x2(gam, gam), neg = ~bits;
-#pragma unroll
-    for (int c = 0; c < 32; c += 2)
-        out[c / 2] = pos ^ (((neg >> c) & 1u) << 15) ^ (((neg >> (c + 1)) & 1u) << 31);
-}
-
-/* The raw bytes of coordinates [j0, j0 + 32) of a row (PIPE): 3 words of
- * 3-bit codes (tq) or 16 words of f16 values; then their f16 pairs. */
-__device__ __forceinline__ void raw_load(const kvq_row &r, bool tq, int j0, uint32_t w[16])
-{
-    if (tq) {
-        const uint32_t *c = reinterpret_cast<const uint32_t *>(r.codes + 12 * (j0 >> 5));
-        w[0] = c[0], w[1] = c[1], w[2] = c[2];
-        return;
-    }
-    const uint4 *c = reinterpret_cast<const uint4 *>(r.codes + 2 * j0);
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-        *reinterpret_cast<uint4 *>(&w[4 * i]) = c[i];
-}
-
-__device__ __forceinline__ void raw_expand(bool tq, const uint32_t w[16], const tq3_lut &lut, uint32_t out[16])
-{
-    if (tq) {
-        tq3_decode32(w[0], w[1], w[2], lut, out);
-        return;
-    }
-#pragma unroll
-    for (int i = 0; i < 16; i++)
-        out[i] = w[i];
-}
-
-/* Elements [j0, j0 + 32) of a packed row into dst (f16): for tq types the
- * scaled levels cent[idx] (alpha c, ~exact in f16: the row's norm / alpha
- * is applied in f32 outside, *scale), and for QJL keys alpha |r| kappa
- * sign into dst_s; other types their elements (*scale = 1). 3-bit codes
- * go through lut (the same levels as f16 bytes), others through cent, in
- * shared memory: a kernel parameter indexed by code would serialise the
- * warp. */
-template <int D>
-__device__ __forceinline__ void decode32(const kvq_dev_codec &cd, const float *cent, const tq3_lut &lut, float alpha,
-                                         const kvq_row &r, int j0, __half *dst, __half *dst_s, float *scale)
-{
-    if (cd.rotated) {
-        if (j0 == 0)
-            *scale = kvq_f16_to_f32(*r.norm) / alpha;
-        if (cd.bits == 3) { /* the fused kernel's PRMT lookup: one per code */
-            const uint32_t *w = reinterpret_cast<const uint32_t *>(r.codes + 12 * (j0 >> 5));
-            uint32_t pr[16];
-            tq3_decode32(w[0], w[1], w[2], lut, pr);
-            uint4 *o = reinterpret_cast<uint4 *>(dst);
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-                o[i] = make_uint4(pr[4 * i], pr[4 * i + 1], pr[4 * i + 2], pr[4 * i + 3]);
-        } else {
-#pragma unroll 4
-            for (int c = 0; c < 32; c += 2)
-                *reinterpret_cast<uint32_t *>(dst + c) =
-                    pack_f16x2(cent[code_get(r.codes, cd.bits, D, j0 + c)], cent[code_get(r.codes, cd.bits, D, j0 + c + 1)]);
-        }
-        if (dst_s) {
-            const float gam = alpha * kvq_f16_to_f32(*r.rnorm) * cd.kappa;
-            const uint8_t *sg = r.signs + (j0 >> 3);
-            const uint32_t bits = (uint32_t)sg[0] | ((uint32_t)sg[1] << 8) | ((uint32_t)sg[2] << 16) |
-                                  ((uint32_t)sg[3] << 24);
-            uint32_t pr[16];
-            qjl_pairs(gam, bits, pr);
-            uint4 *o = reinterpret_cast<uint4 *>(dst_s);
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-                o[i] = make_uint4(pr[4 * i], pr[4 * i + 1], pr[4 * i + 2], pr[4 * i + 3]);
-        }
-        return;
-    }
-    if (j0 == 0)
-        *scale = 1.0f;
-    if (cd.type == KVQ_TYPE_F16) {
-        const uint4 *src = reinterpret_cast<const uint4 *>(r.codes + 2 * j0);
-        uint4 *o = reinterpret_cast<uint4 *>(dst);
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-            o[i] = src[i];
-        return;
-    }
-#pragma unroll 4
-    for (int c = 0; c < 32; c += 2)
-        *reinterpret_cast<uint32_t *>(dst + c) =
-            pack_f16x2(baseline_elem(cd.type, r.codes, j0 + c), baseline_elem(cd.type, r.codes, j0 + c + 1));
-}
-
-/* x = R^T y in place for HADAMARD / IDENTITY, one warp (warp_rotate's
- * rounds undone in reverse: each is (mix or scale) o FWHT o signs, and the
- * FWHT is symmetric); tmp: d floats. @return the buffer holding x. */
-__device__ __forceinline__ float *warp_rotate_t(const kvq_dev_rot &R, float *v, float *tmp, int lane)
-{
-    const int d = R.dim;
-    if (R.kind == KVQ_ROT_IDENTITY)
-        return v;
-    float *cur = v, *other = tmp;
-    for (int k = R.rounds - 1; k >= 0; k--) {
-        if (R.m == 1) {
-            for (int j = lane; j < d; j += 32)
-                cur[j] *= R.scale;
-        } else {
-            for (int o = lane; o < d; o += 32) {
-                const int l = o / R.p, c = o % R.p;
-                float acc = 0.0f;
-                for (int i = 0; i < R.m; i++)
-                    acc = fmaf(R.mix[i * R.m + l], cur[i * R.p + c], acc);
-                other[o] = acc;
-            }
-            float *t = cur;
-            cur = other;
-            other = t;
-        }
-        __syncwarp();
-        warp_fwht_rows(cur, d, R.m == 1 ? d : R.p, lane);
-        const float *sg = R.signs + (size_t)k * d;
-        for (int j = lane; j < d; j += 32)
-            cur[j] *= sg[j];
-        __syncwarp();
-    }
-    return cur;
-}
-
-/* One thread's share of a key tile in flight (PIPE): the raw bytes of
- * 32 coordinates of one key's K and V row (3-bit codes: 3 words; f16: 16),
- * loaded one tile ahead and expanded into shared memory a tile later. */
-struct raw_unit {
-    uint32_t k[16], v[16];
-    uint32_t ks;              /* QJL sign bits */
-    uint16_t kn, kr, vn;      /* f16 norms: K, K residual, V */
-    bool ok;
-};
-
-template <int D, bool QJL, bool PIPE = false>
-struct tile_layout {
-    /* 8 warps (128 query rows: each key tile's decode serves twice the rows
-     * of 4: 1.2x the rate at 32K on an H200), 4 where 8 would not fit the
-     * shared memory */
-    static constexpr int warps = D >= 256 ? 4 : 8;
-    static constexpr int rows = 16 * warps;
-    static constexpr int KD = QJL ? 2 * D : D;
-    static constexpr int ks = KD + 8; /* row strides in halves: 16-byte rows, conflict-free fragments */
-    static constexpr int ls = D + 8;
-    static constexpr int vs = D + 8;
-    static constexpr size_t q_bytes = (size_t)rows * ks * 2;
-    static constexpr size_t qlo_bytes = (size_t)rows * ls * 2;
-    static constexpr size_t k_bytes = (size_t)kKeys * ks * 2;
-    static constexpr size_t v_bytes = (size_t)kKeys * vs * 2;
-    static constexpr size_t scratch_bytes = (size_t)warps * 2 * D * 4;
-    /* + per key: page, slot, K and V scales; two codebooks */
-    static constexpr int bufs = PIPE ? 2 : 1; /* key/value tile buffers */
-    static constexpr size_t bytes =
-        q_bytes + qlo_bytes + bufs * (k_bytes + v_bytes) + scratch_bytes + kKeys * (16 + 8 * bufs) + 2 * 16 * 4;
-    static_assert((size_t)rows * D * 4 <= q_bytes + qlo_bytes, "the output staging fits the query rows");
 };
 
 /* PIPE: K and V are each 3-bit tq or f16 and D <= 128 (one 32-coordinate
