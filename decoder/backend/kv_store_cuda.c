@@ -5,8 +5,8 @@
  * encoder) and attended by the fused kernel where it applies, the reference
  * kernel elsewhere. A decode step of several sequences is one batched append
  * and one batched attend per layer. A prefill chunk is appended in one call
- * and attended causally by the chunk kernel (kvq_cuda_cache_prefill: the
- * chunk's queries together on tensor cores, every key tile read once per 64
+ * and attended causally by the prefill kernel (kvq_cuda_cache_prefill: the
+ * chunk's queries together on tensor cores, every key tile read once per 128
  * query rows). Where that does not apply (f32 caches, V with QJL signs, head
  * dims other than 32/64/96/128/256, short chunks) the decode kernel attends
  * with one entry per position over the growing prefixes
@@ -26,8 +26,8 @@
 #include "kvq_cuda.h"
 #include "kvq_layout.h"
 
-/* Chunks from this many rows on take the chunk kernel (kvq_cuda_cache_prefill):
- * its blocks hold 64 query rows, so a shorter chunk would leave most idle. */
+/* Chunks from this many rows on take the prefill kernel (kvq_cuda_cache_prefill):
+ * its blocks hold 64-128 query rows, so a shorter chunk would leave most idle. */
 enum { PREFILL_MIN_ROWS = 64 };
 
 struct cuda_store {
@@ -58,7 +58,7 @@ static kvq_status cuda_append_attend(kvq_kv_store *base, int layer, int n_seqs, 
                 kvq_cuda_cache_truncate(c, seqs[i], kvq_cuda_cache_len(c, seqs[i]) - 1);
         return st;
     }
-    /* a chunk: appended and attended causally, by the chunk kernel where it
+    /* a chunk: appended and attended causally, by the prefill kernel where it
      * applies, else at once and then by T entries of the sequence over
      * growing prefixes */
     if (T > s->max_rows)

@@ -259,7 +259,7 @@ KVQ_API kvq_status kvq_cuda_cache_attend_prefix(kvq_cuda_cache *c, int n, const 
                                                 const float *q_dev, int n_q_heads, float scale, float *out_dev,
                                                 const struct kvq_cuda_attn_opts *opts);
 
-/** @return 1 when kvq_cuda_cache_prefill's chunk kernel takes c's config
+/** @return 1 when kvq_cuda_cache_prefill's kernel takes c's config
  *  and n_q_heads: head_dim 32, 64, 96, 128 or 256; any GPU type but f32
  *  (whose exact path f16 operands would round) and values with QJL signs. */
 KVQ_API int kvq_cuda_prefill_supported(const kvq_cuda_cache *c, int n_q_heads);
