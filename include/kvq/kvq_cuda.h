@@ -260,8 +260,9 @@ KVQ_API kvq_status kvq_cuda_cache_attend_prefix(kvq_cuda_cache *c, int n, const 
                                                 const struct kvq_cuda_attn_opts *opts);
 
 /** @return 1 when kvq_cuda_cache_prefill's kernel takes c's config
- *  and n_q_heads: head_dim 32, 64, 96, 128 or 256; any GPU type but f32
- *  (whose exact path f16 operands would round) and values with QJL signs. */
+ *  and n_q_heads: head_dim 32, 64, 96, 128 or 256; up to 64 query heads per
+ *  KV head; any type the GPU encoder appends but f32 (whose exact path f16
+ *  operands would round) and values with QJL signs. */
 KVQ_API int kvq_cuda_prefill_supported(const kvq_cuda_cache *c, int n_q_heads);
 
 /** Appends a prefill chunk and attends it causally in one call: the n rows
@@ -272,12 +273,14 @@ KVQ_API int kvq_cuda_prefill_supported(const kvq_cuda_cache *c, int n_q_heads);
  *  result is what appending and attending one token at a time computes, up
  *  to f16 rounding of the operands: a block takes 128 query rows of one KV
  *  head (64 at head_dim 256) and reads every key tile once for all of them,
- *  on f16 tensor cores (docs/attention-cuda.md). With the recent window, the positions before
- *  the chunk's first page boundary go through the decode kernels.
- *  q_dev/out_dev: [n][n_q_heads][head_dim]. Queued on the cache's stream.
- *  @return KVQ_OK; KVQ_ERR_UNSUPPORTED where kvq_cuda_prefill_supported()
- *  says no; the errors of kvq_cuda_cache_append (nothing appended);
- *  KVQ_ERR_DEVICE (nothing appended). */
+ *  on f16 tensor cores (docs/attention-cuda.md). With the recent window,
+ *  the positions before the chunk's first page boundary go through the
+ *  decode kernels. q_dev/out_dev: [n][n_q_heads][head_dim]. Queued on the
+ *  cache's stream; no allocation.
+ *  @return KVQ_OK; KVQ_ERR_INVALID_ARG (bad seq, n = 0, a NULL pointer, a
+ *  non-finite scale, a graph capture open); KVQ_ERR_UNSUPPORTED where
+ *  kvq_cuda_prefill_supported() says no; the errors of
+ *  kvq_cuda_cache_append; KVQ_ERR_DEVICE. Nothing is appended on an error. */
 KVQ_API kvq_status kvq_cuda_cache_prefill(kvq_cuda_cache *c, int seq, size_t n, const float *k_dev,
                                           const float *v_dev, const float *q_dev, int n_q_heads, float scale,
                                           float *out_dev);
