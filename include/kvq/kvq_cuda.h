@@ -276,7 +276,7 @@ KVQ_API int kvq_cuda_prefill_supported(const kvq_cuda_cache *c, int n_q_heads);
  *  on f16 tensor cores (docs/attention-cuda.md). With the recent window,
  *  the positions before the chunk's first page boundary go through the
  *  decode kernels. q_dev/out_dev: [n][n_q_heads][head_dim]. Queued on the
- *  cache's stream; no allocation.
+ *  cache's stream.
  *  @return KVQ_OK; KVQ_ERR_INVALID_ARG (bad seq, n = 0, a NULL pointer, a
  *  non-finite scale, a graph capture open); KVQ_ERR_UNSUPPORTED where
  *  kvq_cuda_prefill_supported() says no; the errors of
