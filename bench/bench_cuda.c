@@ -105,14 +105,7 @@ static int cmp_desc(const void *a, const void *b)
     return (x < y) - (x > y);
 }
 
-#define TRY(expr)                                                                     \
-    do {                                                                              \
-        kvq_status st_ = (expr);                                                      \
-        if (st_ != KVQ_OK) {                                                          \
-            fprintf(stderr, "bench_cuda: %s: %s\n", #expr, kvq_status_str(st_));      \
-            exit(1);                                                                  \
-        }                                                                             \
-    } while (0)
+#define TRY(expr) BENCH_TRY("bench_cuda", expr)
 
 static void *flush_buf;
 static size_t flush_bytes = (size_t)256 << 20;

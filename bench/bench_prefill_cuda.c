@@ -28,14 +28,7 @@
 #define MAX_D 256
 #define CHUNK 2048
 
-#define TRY(x)                                                                                     \
-    do {                                                                                           \
-        kvq_status st_ = (x);                                                                      \
-        if (st_ != KVQ_OK) {                                                                       \
-            fprintf(stderr, "bench_prefill_cuda: %s: %s\n", #x, kvq_status_str(st_));              \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
+#define TRY(expr) BENCH_TRY("bench_prefill_cuda", expr)
 
 static const long PAST[] = {0, 6144, 30720, 129024 - CHUNK};
 

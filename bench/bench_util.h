@@ -31,4 +31,15 @@ static inline double bench_median(double *v, int n)
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+/* Ends benchmark `prog` on a failed kvq call (kvq_status_str: include
+ * kvq_status.h), naming the call: a benchmark has nothing to report after one. */
+#define BENCH_TRY(prog, expr)                                                                      \
+    do {                                                                                           \
+        kvq_status bench_st_ = (expr);                                                             \
+        if (bench_st_ != KVQ_OK) {                                                                 \
+            fprintf(stderr, "%s: %s: %s\n", prog, #expr, kvq_status_str(bench_st_));               \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
 #endif /* KVQ_BENCH_UTIL_H */
