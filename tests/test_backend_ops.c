@@ -350,16 +350,23 @@ static int rows_differ(const struct kvq_row *a, const struct kvq_row *b, int t, 
            (f.rnorm && memcmp(a->rnorm, b->rnorm, f.rnorm)) || (f.signs && memcmp(a->signs, b->signs, f.signs));
 }
 
+/* The cache config of kv_heads heads for the case's pair and shape. */
+static void case_cache_config(const struct tcase *c, int kv_heads, size_t max_tokens, uint64_t seed,
+                              struct kvq_cache_config *cfg)
+{
+    kvq_cache_config_default(cfg, kv_heads, c->sh->dim, max_tokens);
+    cfg->type_k = (enum kvq_type)c->tk;
+    cfg->type_v = (enum kvq_type)c->tv;
+    cfg->seed = seed;
+    cfg->rot = c->sh->rot;
+    cfg->page_tokens = c->sh->page_tokens;
+}
+
 /* An empty CPU cache of kv_heads heads for the case's pair and shape. */
 static kvq_cache *make_cache(const struct tcase *c, int kv_heads, size_t max_tokens, uint64_t seed)
 {
     struct kvq_cache_config cfg;
-    kvq_cache_config_default(&cfg, kv_heads, c->sh->dim, max_tokens);
-    cfg.type_k = (enum kvq_type)c->tk;
-    cfg.type_v = (enum kvq_type)c->tv;
-    cfg.seed = seed;
-    cfg.rot = c->sh->rot;
-    cfg.page_tokens = c->sh->page_tokens;
+    case_cache_config(c, kv_heads, max_tokens, seed, &cfg);
     kvq_cache *kc = NULL;
     kvq_status st = kvq_cache_create(&cfg, &kc);
     CHECKF(st == KVQ_OK, "cache create: %s", kvq_status_str(st));
@@ -1228,12 +1235,7 @@ static void *win_setup(const struct tcase *c)
     f->P = c->sh->page_tokens;
     memcpy(f->lens, sm && sm[0] == '1' ? small : full, sizeof f->lens);
     const size_t n = f->lens[WIN_LENS - 1];
-    kvq_cache_config_default(&f->cfg, WIN_HEADS, f->d, n);
-    f->cfg.type_k = (enum kvq_type)c->tk;
-    f->cfg.type_v = (enum kvq_type)c->tv;
-    f->cfg.seed = case_seed(c);
-    f->cfg.rot = c->sh->rot;
-    f->cfg.page_tokens = c->sh->page_tokens;
+    case_cache_config(c, WIN_HEADS, n, case_seed(c), &f->cfg);
     f->cfg.recent_f16 = 1;
     f->cfg.sink_tokens = WIN_SINKS;
     gpu_rows_alloc(&f->r, c, n * WIN_HEADS, n * (size_t)f->Hq, f->d);
@@ -1370,12 +1372,7 @@ static void *pf_setup(const struct tcase *c)
     f->past = 2 * (size_t)c->sh->page_tokens + 5;
     f->n1 = small ? 150 : 420;
     const size_t n = f->past + f->n1 > f->n0 ? f->past + f->n1 : f->n0, nq = f->n0 + f->n1;
-    kvq_cache_config_default(&f->cfg, PF_HEADS, f->d, n);
-    f->cfg.type_k = (enum kvq_type)c->tk;
-    f->cfg.type_v = (enum kvq_type)c->tv;
-    f->cfg.seed = case_seed(c);
-    f->cfg.rot = c->sh->rot;
-    f->cfg.page_tokens = c->sh->page_tokens;
+    case_cache_config(c, PF_HEADS, n, case_seed(c), &f->cfg);
     f->cfg.recent_f16 = c->sh->window;
     f->cfg.sink_tokens = c->sh->sinks;
     gpu_rows_alloc(&f->r, c, n * PF_HEADS, nq * (size_t)f->Hq, f->d);
