@@ -5,14 +5,18 @@
  *
  *   bench_decoder_cuda --model DIR [--ctx 4096,32768,131072] [--batch 1,8]
  *                      [--types f16/f16,tq3j/tq3] [--steps 32]
- *                      [--prefill 4096,32768] [--json FILE]
+ *                      [--prefill 4096,32768] [--sample T,K,P] [--json FILE]
  *
  * Decode: a kvq_batch of B slots, each given a context of N tokens without
  * its prefill (kvq_batch_fill: seeded random K/V in every layer; what a step
  * costs does not depend on the values), then 3 warm-up and `steps` timed
  * steps of one greedy token per slot (host wall time, the argmax read back
  * each step: what generation pays). Compressed types run with the
- * recent-token f16 window, as the kvq command does.
+ * recent-token f16 window, as the kvq command does. --sample T,K,P adds
+ * two rows per shape with temperature T, top-k K, top-p P: the token drawn
+ * by the step on the GPU (kvq_batch_item.sampler: only the id comes back),
+ * and drawn on the host from the step's logits (kvq_sampler_sample, what
+ * every sampled step did before the GPU sampler).
  * Bandwidth floor of a step: the bytes it must read (every weight matrix
  * once, and K/V of B x N tokens in the cache type) over the measured
  * device-to-device copy bandwidth; "% floor" is floor time / step time.
@@ -105,11 +109,60 @@ static kvq_status make_batch(const kvq_model *m, enum kvq_type tk, enum kvq_type
     return st;
 }
 
+/* How a decode step's token is chosen. */
+enum { GREEDY, ON_DEVICE, ON_HOST };
+static const char *const choose_name[] = {"greedy", "device", "host"};
+#define MAX_B 256
+
+/* Median wall time of `steps` steps (after 3 warm-up ones) of one token per
+ * slot, chosen as `choose` says with settings sp (sampled modes). */
+static kvq_status time_steps(kvq_batch *b, const struct kvq_model_config *c, const int *slots, int B, int choose,
+                             const kvq_sampler_params *sp, int steps, double *ms, kvq_error *err)
+{
+    static struct kvq_batch_item it[MAX_B];
+    static int32_t tok[MAX_B], next[MAX_B];
+    static kvq_sampler *smp[MAX_B];
+    static double times[512];
+    const size_t V = (size_t)c->vocab;
+    float *logits = choose == ON_HOST ? malloc((size_t)B * V * sizeof *logits) : NULL;
+    kvq_status st = choose == ON_HOST && !logits ? KVQ_ERR_NOMEM : KVQ_OK;
+    steps = steps < 512 ? steps : 512;
+    memset(smp, 0, sizeof smp);
+    for (int i = 0; i < B && st == KVQ_OK; i++) {
+        if (choose != GREEDY)
+            st = kvq_sampler_create(c->vocab, sp, &smp[i]);
+        tok[i] = (int32_t)(i % c->vocab);
+        it[i] = (struct kvq_batch_item){.slot = slots[i], .ids = &tok[i], .n = 1};
+        if (choose == GREEDY)
+            it[i].argmax = &next[i];
+        else if (choose == ON_DEVICE)
+            it[i].sampler = smp[i], it[i].token = &next[i];
+        else
+            it[i].logits = logits + (size_t)i * V;
+    }
+    for (int s = 0; s < 3 + steps && st == KVQ_OK; s++) {
+        double ts = now_s();
+        st = kvq_batch_step(b, it, B, err);
+        for (int i = 0; i < B && st == KVQ_OK && choose == ON_HOST; i++)
+            st = kvq_sampler_sample(smp[i], logits + (size_t)i * V, &next[i]);
+        if (s >= 3)
+            times[s - 3] = now_s() - ts;
+        for (int i = 0; i < B; i++)
+            tok[i] = next[i];
+    }
+    *ms = st == KVQ_OK ? 1e3 * bench_median(times, steps) : NAN;
+    for (int i = 0; i < B; i++)
+        kvq_sampler_free(smp[i]);
+    free(logits);
+    return st;
+}
+
 int main(int argc, char **argv)
 {
     const char *model_dir = NULL, *json_path = NULL, *types = "f16/f16,tq3j/tq3";
     long ctxs[MAX_LIST] = {4096, 32768, 131072}, batches[MAX_LIST] = {1, 8}, prefills[MAX_LIST] = {4096, 32768};
-    int n_ctx = 3, n_batch = 2, n_prefill = 2, steps = 32;
+    int n_ctx = 3, n_batch = 2, n_prefill = 2, steps = 32, n_choose = 1;
+    kvq_sampler_params sp = kvq_sampler_params_default();
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--model"))
             model_dir = argv[i + 1];
@@ -125,6 +178,15 @@ int main(int argc, char **argv)
             steps = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--json"))
             json_path = argv[i + 1];
+        else if (!strcmp(argv[i], "--sample")) {
+            if (sscanf(argv[i + 1], "%f,%d,%f", &sp.temperature, &sp.top_k, &sp.top_p) != 3 ||
+                kvq_sampler_params_check(&sp) != KVQ_OK || sp.temperature == 0.0f) {
+                fprintf(stderr, "bench_decoder_cuda: --sample wants T,K,P (T > 0, K >= 0, P in (0, 1]), not '%s'\n",
+                        argv[i + 1]);
+                return 2;
+            }
+            n_choose = 3;
+        }
     }
     if (kvq_cuda_device_count() == 0 || !model_dir) {
         printf("bench_decoder_cuda: skipped (%s)\n", model_dir ? "no CUDA device" : "no --model: see bench/decoder_cuda.sh");
@@ -156,8 +218,8 @@ int main(int argc, char **argv)
         fprintf(js, "{\"device\": \"%s\", \"copy_bw_gbs\": %.1f, \"weight_bytes\": %zu, \"results\": [\n", dev_name,
                 bw / 1e9, wbytes);
     int first = 1;
-    printf("\n%-9s %5s %7s %10s %9s %9s %8s %8s  %s\n", "types", "batch", "ctx", "ms/step", "tok/s", "floor ms",
-           "% floor", "mem GiB", "note");
+    printf("\n%-9s %5s %7s %-7s %10s %9s %9s %8s %8s  %s\n", "types", "batch", "ctx", "choose", "ms/step", "tok/s",
+           "floor ms", "% floor", "mem GiB", "note");
     char list[256];
     snprintf(list, sizeof list, "%s", types);
     for (char *tp = strtok(list, ","); tp; tp = strtok(NULL, ",")) {
@@ -176,57 +238,47 @@ int main(int argc, char **argv)
                 const size_t N = (size_t)ctxs[ci];
                 kvq_batch *b = NULL;
                 char why[300] = "";
-                double ms = NAN, floor_ms = NAN;
-                size_t free1 = 0, tot1 = 0;
-                /* a context at the model's limit: filled to the limit less the steps */
-                const size_t lim = (size_t)c->max_ctx, room = (size_t)steps + 8;
+                /* a context at the model's limit: filled to the limit less the steps of every mode */
+                const size_t lim = (size_t)c->max_ctx, room = (size_t)n_choose * ((size_t)steps + 3) + 8;
                 const size_t mc = N + room <= lim ? N + room : lim, fill = mc - room;
-                kvq_status st = make_batch(m, tk, tv, B, mc, (size_t)B, &b, why, sizeof why);
-                int slots[256];
+                kvq_status st = B <= MAX_B ? make_batch(m, tk, tv, B, mc, (size_t)B, &b, why, sizeof why)
+                                           : KVQ_ERR_INVALID_ARG;
+                int slots[MAX_B];
                 for (int i = 0; st == KVQ_OK && i < B; i++)
                     if ((st = kvq_batch_add(b, &slots[i])) == KVQ_OK)
                         st = kvq_batch_fill(b, slots[i], fill, 1234 + (uint64_t)i);
                 if (st != KVQ_OK && !why[0])
                     snprintf(why, sizeof why, "%s", kvq_status_str(st));
-                if (st == KVQ_OK) {
-                    struct kvq_batch_item it[256];
-                    int32_t tok[256], am[256];
-                    for (int i = 0; i < B; i++) {
-                        tok[i] = (int32_t)(i % c->vocab);
-                        it[i] = (struct kvq_batch_item){.slot = slots[i], .ids = &tok[i], .n = 1, .argmax = &am[i]};
-                    }
-                    double times[512];
-                    for (int s = 0; s < 3 + steps && st == KVQ_OK; s++) {
-                        double ts = now_s();
-                        st = kvq_batch_step(b, it, B, &err);
-                        if (s >= 3)
-                            times[s - 3] = now_s() - ts;
-                        for (int i = 0; i < B; i++)
-                            tok[i] = am[i];
-                    }
+                for (int choose = 0; choose < n_choose; choose++) {
+                    double ms = NAN, floor_ms = NAN;
+                    size_t free1 = 0, tot1 = 0;
+                    if (st == KVQ_OK && (st = time_steps(b, c, slots, B, choose, &sp, steps, &ms, &err)) != KVQ_OK)
+                        snprintf(why, sizeof why, "step: %s", err.msg[0] ? err.msg : kvq_status_str(st));
                     if (st == KVQ_OK) {
-                        ms = 1e3 * bench_median(times, steps);
                         struct kvq_batch_stats bs;
                         kvq_batch_get_stats(b, &bs);
                         const double read = (double)wbytes + (double)B * (double)fill * (double)bs.bytes_per_token;
                         floor_ms = 1e3 * read / bw;
-                    } else {
-                        snprintf(why, sizeof why, "step: %s", err.msg[0] ? err.msg : kvq_status_str(st));
+                        kvq_cuda_mem_info(&free1, &tot1);
                     }
-                    kvq_cuda_mem_info(&free1, &tot1);
-                }
-                const double mem = st == KVQ_OK ? (double)(total - free1) / (1 << 30) : NAN;
-                printf("%-9s %5d %7zu %10.2f %9.1f %9.2f %7.1f%% %8.2f  %s\n", tp, B, N, ms, B * 1e3 / ms, floor_ms,
-                       100.0 * floor_ms / ms, mem, why);
-                if (js) {
-                    fprintf(js, "%s {\"kind\": \"decode\", \"types\": \"%s\", \"batch\": %d, \"ctx\": %zu, ", first ? "" : ",",
-                            tp, B, N);
-                    if (st == KVQ_OK)
-                        fprintf(js, "\"ms_per_step\": %.4f, \"tok_s\": %.2f, \"floor_ms\": %.4f, \"device_gib\": %.3f}\n",
-                                ms, B * 1e3 / ms, floor_ms, mem);
-                    else
-                        fprintf(js, "\"error\": \"%s\"}\n", why);
-                    first = 0;
+                    const double mem = st == KVQ_OK ? (double)(total - free1) / (1 << 30) : NAN;
+                    printf("%-9s %5d %7zu %-7s %10.2f %9.1f %9.2f %7.1f%% %8.2f  %s\n", tp, B, N, choose_name[choose],
+                           ms, B * 1e3 / ms, floor_ms, 100.0 * floor_ms / ms, mem, why);
+                    if (js) {
+                        fprintf(js, "%s {\"kind\": \"decode\", \"types\": \"%s\", \"batch\": %d, \"ctx\": %zu, "
+                                    "\"choose\": \"%s\", ",
+                                first ? "" : ",", tp, B, N, choose_name[choose]);
+                        if (choose != GREEDY)
+                            fprintf(js, "\"temperature\": %g, \"top_k\": %d, \"top_p\": %g, ", sp.temperature,
+                                    sp.top_k, sp.top_p);
+                        if (st == KVQ_OK)
+                            fprintf(js,
+                                    "\"ms_per_step\": %.4f, \"tok_s\": %.2f, \"floor_ms\": %.4f, \"device_gib\": %.3f}\n",
+                                    ms, B * 1e3 / ms, floor_ms, mem);
+                        else
+                            fprintf(js, "\"error\": \"%s\"}\n", why);
+                        first = 0;
+                    }
                 }
                 kvq_batch_free(b);
             }

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Packs the GPU tests (test_cuda, test_decoder_cuda, test_backend_ops,
-# test_batch, test_batch_share), the
+# test_batch, test_batch_share, test_sample_cuda), the
 # kvq command, bench_cuda and bench_prefill_cuda for a GPU machine that has no Debian -dev
 # packages and a small transfer budget: FFTW linked statically, the few
 # shared libraries left copied next to the binaries, and BLAS replaced by a
@@ -63,7 +63,7 @@ tool_objs=$(ls "$build"/obj/tools/*.o | grep -v '/kvq\.o$')
 libs="$build/lib/libkvq.a $dev/obj/blas_shim.o -fopenmp -Wl,-Bstatic -lfftw3f -Wl,-Bdynamic -lcjson -lpcre2-8 -lutf8proc"
 libs="$libs -lmicrohttpd -lm -lpthread"
 libs="$libs -L/usr/local/cuda/lib64 -lcudart_static -lcublas -Wl,-rpath,/usr/local/cuda/lib64 -ldl -lrt -lstdc++"
-for t in test_cuda test_decoder_cuda test_backend_ops test_batch test_batch_share; do
+for t in test_cuda test_decoder_cuda test_backend_ops test_batch test_batch_share test_sample_cuda; do
     [ -f "$build/obj/tests/$t.o" ] && cc -o "$dev/tests/$t" "$build/obj/tests/$t.o" $tool_objs $libs
 done
 cc -o "$dev/kvq" "$build/obj/tools/kvq.o" $tool_objs $libs

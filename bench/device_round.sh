@@ -56,7 +56,7 @@ round=.devbundle/round
 build=${KVQ_DEVICE_BUILD:-build-gpu}
 tokdata=${KVQ_TOKDATA:-build/tokenizer-data}
 FAMILIES="llama2 llama3 qwen3 gemma3 deepseek_v3 gptoss"
-DEV_BINS="kvq tests/test_cuda tests/test_decoder_cuda tests/test_backend_ops tests/test_batch tests/test_batch_share bench/bench_cuda bench/bench_prefill_cuda bench/bench_decoder_cuda"
+DEV_BINS="kvq tests/test_cuda tests/test_decoder_cuda tests/test_backend_ops tests/test_batch tests/test_batch_share tests/test_sample_cuda bench/bench_cuda bench/bench_prefill_cuda bench/bench_decoder_cuda"
 dry=${KVQ_DEVICE_DRY:-0}
 t0=$(date +%s)
 

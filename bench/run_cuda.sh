@@ -5,8 +5,8 @@
 #
 #   sh bench/run_cuda.sh BUILD OUTDIR [STAGES]
 #
-# BUILD holds tests/test_cuda, test_backend_ops, test_decoder_cuda and
-# bench/bench_cuda (built with nvcc present);
+# BUILD holds tests/test_cuda, test_backend_ops, test_decoder_cuda,
+# test_sample_cuda and bench/bench_cuda (built with nvcc present);
 # STAGES is a comma list of test,bench,sdpa,ncu,ncu4,sass,sanitize (default:
 # test,bench,sdpa,sanitize; ncu profiles one fused-kernel launch, ncu4 one of
 # its integer-key-score kernel, sass dumps that kernel's machine code).
@@ -28,9 +28,10 @@ status=0
 
 # The GPU tests: the CUDA cache and kernels, the GPU cases of the backend
 # table (encode bytes and attention against the CPU references), the
-# decoder on the GPU against HF and the CPU decoder.
+# decoder on the GPU against HF and the CPU decoder, the GPU sampler against
+# the CPU's.
 if has test; then
-    for t in test_cuda test_backend_ops test_decoder_cuda; do
+    for t in test_cuda test_backend_ops test_decoder_cuda test_sample_cuda; do
         [ -x "$build/tests/$t" ] || continue
         say "== $t"
         args=""
@@ -127,7 +128,7 @@ if has sanitize; then
     # test_decoder_cuda is not here yet: under memcheck its first f32 fixture
     # case did not finish in 420 s (docs/decoder.md)
     for tool in memcheck racecheck; do
-        for t in test_cuda test_backend_ops; do
+        for t in test_cuda test_backend_ops test_sample_cuda; do
             [ -x "$build/tests/$t" ] || continue
             args=""
             [ $t = test_backend_ops ] && args="-o encode,attend,attend-window -b cuda*"

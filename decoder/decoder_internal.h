@@ -175,7 +175,6 @@ struct kvq_seq {
     int32_t *ngram_pos;
     size_t ngram_mask;
     size_t ngram_indexed;        /* history positions already in the table */
-    float *logits;               /* [KVQ_MAX_DRAFT + 1][vocab] rows for sampling (host) */
     int32_t *draft;              /* [KVQ_MAX_DRAFT + 1] pending token + draft */
     int32_t *verify;             /* [KVQ_MAX_DRAFT + 1] the model's tokens for them */
     int decoding;                /* forward time counts as decode (else prefill) */
@@ -226,6 +225,31 @@ void kvq_ngram_clear(kvq_seq *s);
 void kvq_ngram_update(kvq_seq *s, size_t len);
 /* Drafts up to max tokens continuing tokens[0..len) into out. @return count. */
 int kvq_ngram_draft(const kvq_seq *s, size_t len, int32_t *out, int max);
+
+/* seq.c: what kvq_seq_forward_out returns for rows first_out..n-1: host
+ * logits and/or argmax as kvq_seq_forward, or (tok set; at most
+ * KVQ_MAX_DRAFT + 1 rows) the tokens the sequence's sampler draws at the
+ * uniforms u[], with each row's status in row_st[] (backend lm_sample: the
+ * RNG does not advance). */
+struct kvq_seq_out {
+    float *logits;
+    int32_t *argmax;
+    const double *u;
+    int32_t *tok;
+    kvq_status *row_st;
+};
+kvq_status kvq_seq_forward_out(kvq_seq *s, const int32_t *ids, size_t n, size_t first_out,
+                               const struct kvq_seq_out *out);
+
+/* sampler.c: kvq_sampler_sample split in two, so that a device can draw
+ * where the logits are. pick() draws at the uniform u in [0, 1) (the
+ * sampler's scratch and settings; its RNG untouched; greedy ignores u);
+ * errors as kvq_sampler_sample. peek() gives the next n uniforms of the
+ * RNG without advancing it (zeros when greedy: greedy draws nothing);
+ * skip() advances it past n of them. sample() = peek 1, pick, skip 1. */
+kvq_status kvq_sampler_pick(kvq_sampler *s, const float *logits, double u, int32_t *token);
+void kvq_sampler_peek(const kvq_sampler *s, double *u, int n);
+void kvq_sampler_skip(kvq_sampler *s, int n);
 
 double kvq_now(void);
 

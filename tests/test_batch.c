@@ -12,6 +12,9 @@
 #include "test.h"
 
 #define N_SEQS 4
+/* How tokens are chosen: greedy, sampled on the host from the logits, or
+ * drawn by the step where the logits are (kvq_batch_item.sampler). */
+enum { GREEDY = 0, SAMPLED = 1, DRAWN = 2 };
 #define GEN 10
 #define CHUNK 256
 
@@ -106,7 +109,10 @@ static void run_batched(const struct kvq_seq_config *sc, int sampled, struct run
         for (int i = 0; i < joined; i++)
             if (done[i] == prompt_len[i] && gen[i] > 0 && gen[i] < GEN) {
                 items[n] = (struct kvq_batch_item){slot[i], &o->tok[i][gen[i] - 1], 1, o->logits[i] + gen[i] * V,
-                                                   &argmax[i]};
+                                                   &argmax[i], NULL, NULL};
+                if (sampled == DRAWN)
+                    items[n] = (struct kvq_batch_item){slot[i], &o->tok[i][gen[i] - 1], 1, NULL, NULL, smp[i],
+                                                       &o->tok[i][gen[i]]};
                 rows++, n++;
             }
         for (int i = 0; i < joined; i++)
@@ -115,8 +121,12 @@ static void run_batched(const struct kvq_seq_config *sc, int sampled, struct run
                 if (c > bc.max_rows - rows)
                     continue;
                 int last = done[i] + c == prompt_len[i];
-                items[n++] = (struct kvq_batch_item){slot[i], prompts[i] + done[i], c, last ? o->logits[i] : NULL,
-                                                     NULL};
+                items[n] = (struct kvq_batch_item){slot[i], prompts[i] + done[i], c, last ? o->logits[i] : NULL,
+                                                   NULL, NULL, NULL};
+                if (sampled == DRAWN)
+                    items[n] = (struct kvq_batch_item){slot[i], prompts[i] + done[i], c, NULL, NULL,
+                                                       last ? smp[i] : NULL, last ? &o->tok[i][0] : NULL};
+                n++;
                 rows += c;
             }
         if (n == 0) {
@@ -131,7 +141,9 @@ static void run_batched(const struct kvq_seq_config *sc, int sampled, struct run
                 i++;
             if (done[i] < prompt_len[i])
                 done[i] += items[k].n;
-            if (done[i] == prompt_len[i] && (items[k].logits || items[k].argmax)) {
+            if (done[i] == prompt_len[i] && items[k].sampler) {
+                gen[i]++; /* the step drew the token */
+            } else if (done[i] == prompt_len[i] && (items[k].logits || items[k].argmax)) {
                 CHECK_OK(kvq_sampler_sample(smp[i], o->logits[i] + gen[i] * V, &o->tok[i][gen[i]]));
                 if (!sampled) /* the step's own greedy token agrees */
                     CHECK(items[k].argmax == NULL || *items[k].argmax == o->tok[i][gen[i]]);
@@ -160,6 +172,8 @@ static void compare(const struct kvq_seq_config *sc, int sampled)
     run_batched(sc, sampled, &batched);
     for (int i = 0; i < N_SEQS; i++) {
         CHECKF(memcmp(solo.tok[i], batched.tok[i], sizeof solo.tok[i]) == 0, "sequence %d: tokens differ", i);
+        if (sampled == DRAWN) /* no logits came back */
+            continue;
         if (sc->device == KVQ_DEVICE_CPU) {
             CHECKF(memcmp(solo.logits[i], batched.logits[i], GEN * V * sizeof(float)) == 0,
                    "sequence %d: logits differ bitwise", i);
@@ -183,7 +197,7 @@ static void test_greedy_identical_compressed(void)
 {
     struct kvq_seq_config sc;
     kvq_seq_config_default(&sc);
-    compare(&sc, 0);
+    compare(&sc, GREEDY);
 }
 
 /* f32 cache (no window), greedy: the same with sgemm chunks and the plain append. */
@@ -192,19 +206,22 @@ static void test_greedy_identical_f32(void)
     struct kvq_seq_config sc;
     kvq_seq_config_default(&sc);
     sc.type_k = sc.type_v = KVQ_TYPE_F32;
-    compare(&sc, 0);
+    compare(&sc, GREEDY);
 }
 
-/* Seeded sampling: the same draws alone and batched. */
+/* Seeded sampling: the same draws alone and batched, from host logits and
+ * drawn by the step. */
 static void test_sampled_identical(void)
 {
     struct kvq_seq_config sc;
     kvq_seq_config_default(&sc);
-    compare(&sc, 1);
+    compare(&sc, SAMPLED);
+    compare(&sc, DRAWN);
 }
 
-/* The same on the GPU: types k/v, the window as the kvq command sets it. */
-static void greedy_cuda(enum kvq_type k, enum kvq_type v)
+/* The same on the GPU: types k/v, the window as the kvq command sets it;
+ * chosen as compare() takes it. */
+static void on_cuda(enum kvq_type k, enum kvq_type v, int sampled)
 {
     struct kvq_batch_config bc;
     kvq_batch_config_default(&bc);
@@ -218,18 +235,25 @@ static void greedy_cuda(enum kvq_type k, enum kvq_type v)
     if (st == KVQ_ERR_NO_DEVICE || st == KVQ_ERR_UNSUPPORTED)
         SKIP("no CUDA device or build: %s", err.msg);
     CHECK_OK(st);
-    compare(&bc.seq, 0);
+    compare(&bc.seq, sampled);
 }
 
 static void test_greedy_cuda(void)
 {
-    greedy_cuda(KVQ_TYPE_F16, KVQ_TYPE_F16);
+    on_cuda(KVQ_TYPE_F16, KVQ_TYPE_F16, GREEDY);
 }
 
 /* tq3j/tq3 with the recent f16 window: the device's f16 rows, batched. */
 static void test_greedy_cuda_compressed(void)
 {
-    greedy_cuda(KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3);
+    on_cuda(KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, GREEDY);
+}
+
+/* Tokens drawn on the device in the step against host draws from each
+ * sequence's own logits (which differ from the batch's by ~1e-6). */
+static void test_sampled_cuda(void)
+{
+    on_cuda(KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, DRAWN);
 }
 
 /* The pool: pages counted per slot, a step that does not fit changes
@@ -262,7 +286,7 @@ static void test_page_pool(void)
     CHECK(kvq_batch_pages_for(b, 0) == 0 && kvq_batch_pages_for(b, 1) == 1 && kvq_batch_pages_for(b, P + 1) == 2);
     CHECK(s0 >= 0 && s1 >= 0 && s2 >= 0 && s0 < 3 && s1 < 3 && s2 < 3);
     int32_t *ids = prompts[0];
-    struct kvq_batch_item a[2] = {{s0, ids, 3 * P, NULL, NULL}, {s1, ids, 2 * P + 1, NULL, NULL}};
+    struct kvq_batch_item a[2] = {{s0, ids, 3 * P, NULL, NULL, NULL, NULL}, {s1, ids, 2 * P + 1, NULL, NULL, NULL, NULL}};
     kvq_error err = {0};
     CHECK_STATUS(kvq_batch_step(b, a, 2, &err), KVQ_ERR_BUDGET); /* 3 + 3 pages: no */
     CHECK(kvq_batch_len(b, s0) == 0 && kvq_batch_len(b, s1) == 0);
@@ -270,7 +294,7 @@ static void test_page_pool(void)
     CHECK_OK(kvq_batch_step(b, a, 2, &err));
     kvq_batch_get_stats(b, &st);
     CHECK(st.pages_used == 4 && st.bytes_allocated == 4 * st.page_bytes);
-    struct kvq_batch_item c = {s2, ids, P + 1, NULL, NULL};
+    struct kvq_batch_item c = {s2, ids, P + 1, NULL, NULL, NULL, NULL};
     CHECK_STATUS(kvq_batch_step(b, &c, 1, &err), KVQ_ERR_BUDGET);
     kvq_batch_get_stats(b, &st);
     CHECK(st.pages_used == 4 && kvq_batch_len(b, s2) == 0 && st.bytes_allocated == 4 * st.page_bytes);
@@ -299,17 +323,23 @@ static void test_bad_steps(void)
     int s0;
     CHECK_OK(kvq_batch_add(b, &s0));
     int32_t ids[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9}, bad = 1 << 20, out;
-    struct kvq_batch_item it = {s0, ids, 9, NULL, &out};
+    struct kvq_batch_item it = {s0, ids, 9, NULL, &out, NULL, NULL};
     CHECK_STATUS(kvq_batch_step(b, &it, 1, NULL), KVQ_ERR_INVALID_ARG); /* rows over max_rows */
-    struct kvq_batch_item two[2] = {{s0, ids, 1, NULL, NULL}, {s0, ids, 1, NULL, NULL}};
+    struct kvq_batch_item two[2] = {{s0, ids, 1, NULL, NULL, NULL, NULL}, {s0, ids, 1, NULL, NULL, NULL, NULL}};
     CHECK_STATUS(kvq_batch_step(b, two, 2, NULL), KVQ_ERR_INVALID_ARG); /* repeated slot */
     two[1].slot = 1;
     CHECK_STATUS(kvq_batch_step(b, two, 2, NULL), KVQ_ERR_INVALID_ARG); /* free slot */
-    it = (struct kvq_batch_item){s0, &bad, 1, NULL, &out};
+    it = (struct kvq_batch_item){s0, &bad, 1, NULL, &out, NULL, NULL};
     CHECK_STATUS(kvq_batch_step(b, &it, 1, NULL), KVQ_ERR_RANGE);
+    kvq_sampler *smp = make_sampler(0, 1);
+    it = (struct kvq_batch_item){s0, ids, 1, NULL, NULL, smp, NULL};
+    CHECK_STATUS(kvq_batch_step(b, &it, 1, NULL), KVQ_ERR_INVALID_ARG); /* a draw with nowhere to go */
+    it = (struct kvq_batch_item){s0, ids, 1, NULL, NULL, NULL, &out};
+    CHECK_STATUS(kvq_batch_step(b, &it, 1, NULL), KVQ_ERR_INVALID_ARG);
+    kvq_sampler_free(smp);
     CHECK(kvq_batch_len(b, s0) == 0);
     for (int i = 0; i < 8; i++) {
-        it = (struct kvq_batch_item){s0, ids, 8, NULL, &out};
+        it = (struct kvq_batch_item){s0, ids, 8, NULL, &out, NULL, NULL};
         CHECK_OK(kvq_batch_step(b, &it, 1, NULL));
     }
     it.n = 1;
@@ -346,6 +376,7 @@ int main(void)
     RUN(test_sampled_identical);
     RUN(test_greedy_cuda);
     RUN(test_greedy_cuda_compressed);
+    RUN(test_sampled_cuda);
     RUN(test_page_pool);
     RUN(test_bad_steps);
     for (int i = 0; i < N_SEQS; i++)

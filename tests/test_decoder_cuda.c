@@ -287,6 +287,48 @@ static void test_hf_llama31_shape(void)
 }
 
 /* What the device store refuses, in one clear status; no GPU: NO_DEVICE. */
+/* Sampling on the GPU (lm_sample: the draw where the logits are) against
+ * the CPU decoder with the same seed: the same tokens, with and without
+ * speculative drafts (whose verify rows each draw at the uniform plain
+ * decoding would use). Logits differ by ~1e-6 relative, so a token could
+ * differ only if a draw fell that close to a boundary of the CDF. */
+static void test_sampled_generation(void)
+{
+    NEED_GPU();
+    kvq_seq *gpu = new_seq(KVQ_DEVICE_CUDA, KVQ_TYPE_F32, KVQ_TYPE_F32, 0);
+    kvq_seq *cpu = new_seq(KVQ_DEVICE_CPU, KVQ_TYPE_F32, KVQ_TYPE_F32, 0);
+    kvq_tokenizer *tok = NULL;
+    CHECK_OK(kvq_tokenizer_create(TEST_MODEL_DIR "/tokenizer.json", &tok, NULL));
+    enum { N = 48 };
+    int32_t ids[256], want[N], got[N];
+    size_t n_ids = 0, n = 0;
+    if (!gpu || !cpu || !tok)
+        goto out;
+    const char *text = "Once upon a time, in a quiet village by the sea,";
+    CHECK_OK(kvq_tokenizer_encode(tok, text, strlen(text), 1, ids, 256, &n_ids));
+    struct kvq_gen_params gp;
+    kvq_gen_params_default(&gp);
+    gp.max_tokens = N;
+    gp.stop_at_eos = 0;
+    gp.temperature = 0.8f;
+    gp.top_k = 40;
+    gp.top_p = 0.95f;
+    CHECK_OK(kvq_seq_generate(cpu, ids, n_ids, &gp, want, N, &n, NULL, NULL));
+    CHECK(n == N);
+    for (int spec = 0; spec <= 4; spec += 4) {
+        gp.speculative = spec;
+        kvq_seq_reset(gpu);
+        CHECK_OK(kvq_seq_generate(gpu, ids, n_ids, &gp, got, N, &n, NULL, NULL));
+        CHECKF(n == N && memcmp(got, want, sizeof got) == 0, "speculative %d: GPU sampled tokens differ from the CPU's",
+               spec);
+    }
+    printf("  T 0.8, top-k 40, top-p 0.95: %d sampled tokens equal to the CPU decoder's (plain and speculative)\n", N);
+out:
+    kvq_tokenizer_free(tok);
+    kvq_seq_free(gpu);
+    kvq_seq_free(cpu);
+}
+
 static void test_refusals(void)
 {
     struct kvq_seq_config sc;
@@ -315,6 +357,7 @@ int main(void)
     model = fx.model;
     RUN(test_refusals);
     RUN(test_fixture_cases_f32);
+    RUN(test_sampled_generation);
     RUN(test_passkey_compressed);
     RUN(test_ppl_matches_cpu);
     RUN(test_hf_llama31_shape);

@@ -97,8 +97,8 @@ struct serve_req {
     int32_t *out;              /* [max_tokens] generated ids */
     size_t n_out;
     struct serve_logprob *lps; /* [max_tokens] when logprobs >= 0 */
-    float *logits;             /* [vocab] when sampling or logprobs need them */
-    int32_t argmax;
+    float *logits;             /* [vocab] when logprobs need them (the draw is then made from them) */
+    int32_t next_tok;          /* the step's token: its argmax, or drawn where the logits are */
     kvq_sampler *smp;
     kvq_detok *detok;
     char *text;                /* generated text so far (after stop truncation) */

@@ -284,7 +284,7 @@ struct serve_req *serve_req_create(struct serve_engine *e, struct serve_params *
     e->n_live++;
     serve_unlock(e);
     r->created = (long)time(NULL);
-    int need_logits = r->p.temperature > 0 || r->p.logprobs >= 0;
+    int need_logits = r->p.logprobs >= 0;
     if (kvq_sampler_create(c->vocab, &sp, &r->smp) != KVQ_OK ||
         kvq_detok_create(e->tok, KVQ_DETOK_SKIP_CONTROL, &r->detok) != KVQ_OK ||
         !(r->out = malloc((size_t)r->max_tokens * sizeof *r->out)) ||
@@ -624,8 +624,8 @@ static void logprobs_of(const float *logits, int V, int32_t id, int n, struct se
 static void take_token(struct serve_engine *e, struct serve_req *r)
 {
     const struct kvq_model_config *c = kvq_model_config_of(e->m);
-    int32_t tok = r->argmax;
-    if (r->p.temperature > 0 && kvq_sampler_sample(r->smp, r->logits, &tok) != KVQ_OK)
+    int32_t tok = r->next_tok;
+    if (r->p.temperature > 0 && r->logits && kvq_sampler_sample(r->smp, r->logits, &tok) != KVQ_OK)
         tok = -1;
     if (tok < 0) {
         r->status = 500;
@@ -673,6 +673,24 @@ static void take_token(struct serve_engine *e, struct serve_req *r)
         pthread_cond_broadcast(&r->cond);
 }
 
+/* r's rows ids[0..n) as a step's item; with last, it asks for the next
+ * token: drawn where the logits are, unless logprobs bring them to the host
+ * (the draw is then made there, from the same logits). */
+static struct kvq_batch_item item_of(struct serve_req *r, const int32_t *ids, size_t n, int last)
+{
+    struct kvq_batch_item it = {r->slot, ids, n, NULL, NULL, NULL, NULL};
+    if (!last)
+        return it;
+    it.logits = r->logits;
+    if (r->p.temperature > 0 && !r->logits) {
+        it.sampler = r->smp;
+        it.token = &r->next_tok;
+    } else {
+        it.argmax = &r->next_tok;
+    }
+    return it;
+}
+
 /* One step's items (mu held): decode rows, then whole prompt chunks. */
 static int build_step(struct serve_engine *e, size_t *rows_out)
 {
@@ -683,7 +701,7 @@ static int build_step(struct serve_engine *e, size_t *rows_out)
         struct serve_req *r = e->run[s];
         if (!r || r->state != SERVE_DECODE)
             continue;
-        e->items[n] = (struct kvq_batch_item){s, &r->out[r->n_out - 1], 1, r->logits, &r->argmax};
+        e->items[n] = item_of(r, &r->out[r->n_out - 1], 1, 1);
         e->item_req[n++] = r;
         rows++;
     }
@@ -704,9 +722,7 @@ static int build_step(struct serve_engine *e, size_t *rows_out)
         c = c < (size_t)e->cfg.chunk ? c : (size_t)e->cfg.chunk;
         if (c > e->bs.max_rows - rows)
             break;
-        int last = best->done + c == best->n_prompt;
-        e->items[n] = (struct kvq_batch_item){best->slot, best->ids + best->done, c, last ? best->logits : NULL,
-                                              last ? &best->argmax : NULL};
+        e->items[n] = item_of(best, best->ids + best->done, c, best->done + c == best->n_prompt);
         e->item_req[n++] = best;
         rows += c;
     }

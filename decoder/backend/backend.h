@@ -96,8 +96,14 @@ struct kvq_backend_ops {
      * NULL; arch.final_softcap applied) and/or argmax [R] (host, if not NULL;
      * lowest id on ties). @return KVQ_OK or KVQ_ERR_NONFINITE. */
     kvq_status (*lm_head)(kvq_backend *b, const float *x, size_t R, float *logits, int32_t *argmax);
-    /* one token from host logits[vocab] with the sampler's settings and RNG */
-    kvq_status (*sample)(kvq_backend *b, kvq_sampler *smp, const float *logits, int32_t *tok);
+    /* final norm, LM head and one token per row of x[0..R), chosen where
+     * the logits are: row r drawn with smp[r]'s settings at the uniform u[r]
+     * (kvq_sampler_pick; no RNG advances: the caller skips the draws it
+     * keeps). tok[R] and row_st[R] on the host: row_st[r] is the row's
+     * kvq_sampler_pick status (tok[r] -1 unless KVQ_OK).
+     * @return KVQ_OK, or KVQ_ERR_DEVICE (the rows are then undefined). */
+    kvq_status (*lm_sample)(kvq_backend *b, const float *x, size_t R, kvq_sampler *const *smp, const double *u,
+                            int32_t *tok, kvq_status *row_st);
     void (*free)(kvq_backend *b);
     /* copies the host positions pos[0..T) of a forward's rows into b->pos
      * (once per forward, not per layer: a device backend uploads them) */

@@ -33,6 +33,8 @@ struct cpu_backend {
     float *lm_x;       /* [max_rows][hidden] final-normed rows */
     float *lm_out;     /* [max_rows][max_lm_rows] one slice's logits */
     kvq_best *lm_best; /* [max_rows] best token so far per row (greedy) */
+    float *logits;     /* [sample_rows][vocab] rows being sampled */
+    size_t sample_rows;
     float *wtile;      /* [WTILE_ROWS][widest input] weight rows widened to f32 for sgemm */
     /* RoPE rows of the current forward's positions, computed by its first
      * layer and reused by the others (rope.c): set 0 for the model's RoPE,
@@ -333,10 +335,20 @@ static kvq_status cpu_lm_head(kvq_backend *b, const float *x, size_t R, float *l
     return st;
 }
 
-static kvq_status cpu_sample(kvq_backend *b, kvq_sampler *smp, const float *logits, int32_t *tok)
+/* The rows' logits, at most KVQ_MATVEC_MAX_M at a time (the few-row kernel:
+ * each row gets what it gets alone), through the host sampler. */
+static kvq_status cpu_lm_sample(kvq_backend *b, const float *x, size_t R, kvq_sampler *const *smp, const double *u,
+                                int32_t *tok, kvq_status *row_st)
 {
-    (void)b;
-    return kvq_sampler_sample(smp, logits, tok);
+    struct cpu_backend *cb = (struct cpu_backend *)b;
+    const size_t V = (size_t)b->m->cfg.vocab, h = (size_t)b->m->cfg.hidden;
+    for (size_t r0 = 0; r0 < R; r0 += cb->sample_rows) {
+        const size_t n = R - r0 < cb->sample_rows ? R - r0 : cb->sample_rows;
+        cpu_lm_head(b, x + r0 * h, n, cb->logits, NULL); /* no argmax: cannot fail */
+        for (size_t r = 0; r < n; r++)
+            row_st[r0 + r] = kvq_sampler_pick(smp[r0 + r], cb->logits + r * V, u[r0 + r], &tok[r0 + r]);
+    }
+    return KVQ_OK;
 }
 
 static void cpu_free(kvq_backend *b)
@@ -350,6 +362,7 @@ static void cpu_free(kvq_backend *b)
     free(cb->lm_x);
     free(cb->lm_out);
     free(cb->lm_best);
+    free(cb->logits);
     free(cb->wtile);
     for (int r = 0; r < 2; r++) {
         free(cb->rope[r].cs);
@@ -367,7 +380,7 @@ static const struct kvq_backend_ops cpu_ops = {
     .qkv_rope = cpu_qkv_rope,
     .glu = cpu_glu,
     .lm_head = cpu_lm_head,
-    .sample = cpu_sample,
+    .lm_sample = cpu_lm_sample,
     .free = cpu_free,
     .set_pos = cpu_set_pos,
 };
@@ -396,6 +409,8 @@ kvq_status kvq_backend_cpu_create(const kvq_model *m, size_t max_rows, kvq_backe
     cb->lm_x = alloc_f(max_rows * (size_t)m->cfg.hidden);
     cb->lm_out = alloc_f(max_rows * (size_t)m->max_lm_rows);
     cb->lm_best = malloc(max_rows * sizeof *cb->lm_best);
+    cb->sample_rows = max_rows < KVQ_MATVEC_MAX_M ? max_rows : KVQ_MATVEC_MAX_M;
+    cb->logits = alloc_f(cb->sample_rows * (size_t)m->cfg.vocab);
     size_t widest = (size_t)m->cfg.hidden;
     widest = (size_t)m->cfg.ffn > widest ? (size_t)m->cfg.ffn : widest;
     widest = (size_t)m->q_dim > widest ? (size_t)m->q_dim : widest;
@@ -411,7 +426,7 @@ kvq_status kvq_backend_cpu_create(const kvq_model *m, size_t max_rows, kvq_backe
     kvq_rope_freqs(&m->cfg, 0, cb->rope[0].inv, &cb->rope[0].scale);
     if (m->cfg.arch.rope_local_theta > 0)
         kvq_rope_freqs_local(&m->cfg, cb->rope[1].inv, &cb->rope[1].scale);
-    if (!ok || !cb->lm_x || !cb->lm_out || !cb->lm_best || !cb->wtile || !b->pos) {
+    if (!ok || !cb->lm_x || !cb->lm_out || !cb->lm_best || !cb->logits || !cb->wtile || !b->pos) {
         cpu_free(b);
         return KVQ_ERR_NOMEM;
     }

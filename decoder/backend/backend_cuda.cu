@@ -13,11 +13,12 @@
  * ~2^-16 of f32 activations (16 bits of mantissa, not bf16's 8) while the
  * weights are read once, at 16 bits: the decoder agrees with the CPU and
  * with transformers' float32 forward as with f32 weights (test_decoder_cuda).
- * The norms, RoPE, activations, soft-cap
- * and greedy argmax are the kernels below, one thread block per row. All
- * work is queued on the legacy default stream, the stream the device KV
- * cache (kvq_cuda.h) uses, so no op needs an explicit synchronisation: only
- * lm_head waits, for the logits or ids it returns in host memory.
+ * The norms, RoPE, activations and soft-cap are the kernels below, one
+ * thread block per row; the argmax and sampling over the logits are
+ * sample_cuda.cu's, so a step returns ids, not logits. All work is queued
+ * on the legacy default stream, the stream the device KV cache
+ * (kvq_cuda.h) uses, so no op needs an explicit synchronisation: only
+ * lm_head and lm_sample wait, for what they return in host memory.
  *
  * Numerics follow backend_cpu.c: sums of squares in float with a tree
  * reduction (the CPU accumulates in double), expf/tanhf as on the CPU;
@@ -36,6 +37,7 @@
 extern "C" {
 #include "backend.h"
 #include "decoder_internal.h"
+#include "sample_cuda.h"
 }
 
 namespace {
@@ -62,9 +64,7 @@ struct cuda_backend {
     float *lm_x;              /* [max_rows][hidden] */
     float *logits;            /* [max_rows][vocab] */
     int32_t *ids;             /* [max_rows] */
-    int32_t *best;            /* [max_rows] argmax ids; -1 marks a NaN row */
-    float *arg_v;             /* [max_rows][kArgmaxBlocks] the argmax's first pass: values */
-    int *arg_i;               /* likewise: ids (-2: the block saw a NaN) */
+    kvq_gpu_sampler *smp;     /* argmax and sampling over logits */
     int sticky;               /* a CUDA call failed: every later lm_head reports it */
 };
 
@@ -72,15 +72,14 @@ constexpr int kThreads = 256;
 /* A norm is one block per row: at batch 1 its latency is the step's, so
  * the row goes to 1024 threads (256 took 15 us per norm of the 8B shape). */
 constexpr int kNormThreads = 1024;
-/* The LM head's argmax: blocks per row of the first pass (one block over a
- * 128K vocabulary took 215 us). */
-constexpr int kArgmaxBlocks = 64;
 /* Rows up to which a 16-bit product runs as one GEMM of 2T columns. */
 constexpr size_t kSplitRows = 64;
 /* Rows up to which it runs as the few-row kernel (gemv16_kernel): one; at
  * 8 rows it took 27 ms per step against 11 ms for the split GEMM (H100,
  * 8B shape, batch 8): its activation reads per weight grow with the rows. */
 constexpr size_t kGemvRows = 1;
+/* Rows whose settings one lm_sample pass gathers (any R works, in passes). */
+constexpr size_t kSampleRows = 64;
 
 __device__ float block_sum(float v, float *red)
 {
@@ -341,80 +340,6 @@ __global__ void softcap_kernel(float *y, int n, float c)
 
 /* The better of two (value, id) candidates: the larger value, the lower id
  * on ties; id < 0 is no candidate. */
-__device__ __forceinline__ void arg_better(float *v, int *id, float ov, int oi)
-{
-    if (oi >= 0 && (*id < 0 || ov > *v || (ov == *v && oi < *id)))
-        *v = ov, *id = oi;
-}
-
-/* Block argmax of (bv, bi) into slot 0; blockDim.x = kThreads. */
-__device__ void block_argmax(float *bv, int *bi)
-{
-    __syncthreads();
-    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s)
-            arg_better(&bv[threadIdx.x], &bi[threadIdx.x], bv[threadIdx.x + s], bi[threadIdx.x + s]);
-        __syncthreads();
-    }
-}
-
-/* First pass, grid (kArgmaxBlocks, rows): block j of a row takes every
- * kArgmaxBlocks-th chunk of kThreads logits; its best goes to pv/pi, and -2
- * when it saw a NaN. */
-__global__ void argmax_part_kernel(const float *logits, int n, float *pv, int *pi)
-{
-    __shared__ float bv[kThreads];
-    __shared__ int bi[kThreads];
-    __shared__ int nan_seen;
-    const float *row = logits + (size_t)blockIdx.y * n;
-    if (threadIdx.x == 0)
-        nan_seen = 0;
-    __syncthreads();
-    float v = -INFINITY;
-    int id = -1;
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-        const float x = row[i];
-        if (isnan(x))
-            nan_seen = 1;
-        else
-            arg_better(&v, &id, x, i);
-    }
-    bv[threadIdx.x] = v;
-    bi[threadIdx.x] = id;
-    block_argmax(bv, bi);
-    if (threadIdx.x == 0) {
-        const size_t o = (size_t)blockIdx.y * gridDim.x + blockIdx.x;
-        pv[o] = bv[0];
-        pi[o] = nan_seen ? -2 : bi[0];
-    }
-}
-
-/* best[row] = argmax (lowest id on ties), or -1 when the row holds a NaN:
- * the second pass over a row's kArgmaxBlocks candidates. */
-__global__ void argmax_kernel(const float *pv, const int *pi, int32_t *best)
-{
-    __shared__ float bv[kThreads];
-    __shared__ int bi[kThreads];
-    __shared__ int nan_seen;
-    if (threadIdx.x == 0)
-        nan_seen = 0;
-    __syncthreads();
-    float v = -INFINITY;
-    int id = -1;
-    for (int j = threadIdx.x; j < kArgmaxBlocks; j += blockDim.x) {
-        const size_t o = (size_t)blockIdx.x * kArgmaxBlocks + j;
-        if (pi[o] == -2)
-            nan_seen = 1;
-        else
-            arg_better(&v, &id, pv[o], pi[o]);
-    }
-    bv[threadIdx.x] = v;
-    bi[threadIdx.x] = id;
-    block_argmax(bv, bi);
-    if (threadIdx.x == 0)
-        best[blockIdx.x] = nan_seen ? -1 : bi[0];
-}
-
 cuda_backend *cb_of(kvq_backend *b)
 {
     return reinterpret_cast<cuda_backend *>(b);
@@ -545,40 +470,51 @@ void cuda_glu(kvq_backend *b, const float *gu, float *h, size_t T)
     launched(cb);
 }
 
-kvq_status cuda_lm_head(kvq_backend *b, const float *x, size_t R, float *logits, int32_t *argmax)
+/* cb->logits[R] = the LM head of rows x[0..R) (final norm, soft-cap). */
+void logits_of(kvq_backend *b, const float *x, size_t R)
 {
     cuda_backend *cb = cb_of(b);
     const struct kvq_model_config *c = &b->m->cfg;
-    if (R == 0 || (!logits && !argmax))
-        return cb->sticky ? KVQ_ERR_DEVICE : KVQ_OK;
     cuda_norm(b, KVQ_NORM_FINAL, 0, x, cb->lm_x, R);
     gemm(cb, cb->lm_x, cb->lm, cb->logits, R, c->hidden, c->vocab, 0);
     if (c->arch.final_softcap > 0) {
         softcap_kernel<<<(unsigned)R, kThreads>>>(cb->logits, c->vocab, c->arch.final_softcap);
         launched(cb);
     }
-    if (argmax) {
-        argmax_part_kernel<<<dim3(kArgmaxBlocks, (unsigned)R), kThreads>>>(cb->logits, c->vocab, cb->arg_v,
-                                                                             cb->arg_i);
-        launched(cb);
-        argmax_kernel<<<(unsigned)R, kThreads>>>(cb->arg_v, cb->arg_i, cb->best);
-        launched(cb);
-        note(cb, cudaMemcpy(argmax, cb->best, R * sizeof *argmax, cudaMemcpyDeviceToHost));
-    }
-    if (logits)
-        note(cb, cudaMemcpy(logits, cb->logits, R * (size_t)c->vocab * sizeof *logits, cudaMemcpyDeviceToHost));
-    if (cb->sticky)
-        return KVQ_ERR_DEVICE;
-    for (size_t r = 0; argmax && r < R; r++)
-        if (argmax[r] < 0)
-            return KVQ_ERR_NONFINITE;
-    return KVQ_OK;
 }
 
-kvq_status cuda_sample(kvq_backend *b, kvq_sampler *smp, const float *logits, int32_t *tok)
+kvq_status cuda_lm_head(kvq_backend *b, const float *x, size_t R, float *logits, int32_t *argmax)
 {
-    (void)b; /* the logits are on the host already: the CPU sampler's semantics exactly */
-    return kvq_sampler_sample(smp, logits, tok);
+    cuda_backend *cb = cb_of(b);
+    const struct kvq_model_config *c = &b->m->cfg;
+    if (R == 0 || (!logits && !argmax))
+        return cb->sticky ? KVQ_ERR_DEVICE : KVQ_OK;
+    logits_of(b, x, R);
+    kvq_status st = KVQ_OK;
+    if (argmax)
+        st = kvq_gpu_argmax(cb->smp, cb->logits, R, argmax);
+    if (logits)
+        note(cb, cudaMemcpy(logits, cb->logits, R * (size_t)c->vocab * sizeof *logits, cudaMemcpyDeviceToHost));
+    if (cb->sticky || st == KVQ_ERR_DEVICE)
+        return KVQ_ERR_DEVICE;
+    return st;
+}
+
+kvq_status cuda_lm_sample(kvq_backend *b, const float *x, size_t R, kvq_sampler *const *smp, const double *u,
+                          int32_t *tok, kvq_status *row_st)
+{
+    cuda_backend *cb = cb_of(b);
+    kvq_sampler_params p[kSampleRows];
+    const size_t step = kSampleRows < b->max_rows ? kSampleRows : b->max_rows;
+    for (size_t r0 = 0; r0 < R; r0 += step) {
+        const size_t n = R - r0 < step ? R - r0 : step;
+        logits_of(b, x + r0 * (size_t)b->m->cfg.hidden, n);
+        for (size_t r = 0; r < n; r++)
+            p[r] = kvq_sampler_get_params(smp[r0 + r]);
+        if (kvq_gpu_sample(cb->smp, cb->logits, n, p, u + r0, tok + r0, row_st + r0) != KVQ_OK)
+            cb->sticky = 1;
+    }
+    return cb->sticky ? KVQ_ERR_DEVICE : KVQ_OK;
 }
 
 void cuda_free(kvq_backend *b)
@@ -596,8 +532,7 @@ void cuda_free(kvq_backend *b)
     free(cb->layers);
     free(cb->mats);
     void *p[] = {cb->embed.w, cb->lm.w,  cb->final_norm, cb->rope_cos, cb->rope_sin, cb->lm_x,
-                 cb->logits,  cb->ids,   cb->best,       b->pos,       cb->xh,       cb->y2,
-                 cb->arg_v,   cb->arg_i};
+                 cb->logits,  cb->ids,   b->pos,         cb->xh,       cb->y2};
     for (void *q : p)
         cudaFree(q);
     float **slot[KVQ_N_ACTS];
@@ -605,13 +540,14 @@ void cuda_free(kvq_backend *b)
     kvq_acts_table(&b->acts, b->m, 0, slot, floats);
     for (int i = 0; i < KVQ_N_ACTS; i++)
         cudaFree(*slot[i]);
+    kvq_gpu_sampler_free(cb->smp);
     if (cb->blas)
         cublasDestroy(cb->blas);
     delete cb;
 }
 
 const struct kvq_backend_ops cuda_ops = {
-    cuda_embed, cuda_norm, cuda_linear, cuda_qkv_rope, cuda_glu, cuda_lm_head, cuda_sample, cuda_free,
+    cuda_embed, cuda_norm, cuda_linear, cuda_qkv_rope, cuda_glu, cuda_lm_head, cuda_lm_sample, cuda_free,
     cuda_set_pos,
 };
 
@@ -809,11 +745,10 @@ extern "C" kvq_status kvq_backend_cuda_create(const kvq_model *m, size_t max_row
         st = alloc(&cb->logits, max_rows * (size_t)m->cfg.vocab);
     const size_t mr = max_rows;
     if (st == KVQ_OK && (cudaMalloc(&cb->ids, mr * sizeof(int32_t)) != cudaSuccess ||
-                         cudaMalloc(&cb->best, mr * sizeof(int32_t)) != cudaSuccess ||
-                         cudaMalloc(&cb->arg_v, mr * kArgmaxBlocks * sizeof(float)) != cudaSuccess ||
-                         cudaMalloc(&cb->arg_i, mr * kArgmaxBlocks * sizeof(int)) != cudaSuccess ||
                          cudaMalloc(&b->pos, mr * sizeof(int32_t)) != cudaSuccess))
         st = KVQ_ERR_NOMEM;
+    if (st == KVQ_OK)
+        st = kvq_gpu_sampler_create(m->cfg.vocab, mr, &cb->smp);
     if (st != KVQ_OK) {
         cuda_free(b);
         return st;

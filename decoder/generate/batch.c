@@ -52,6 +52,11 @@ struct kvq_batch {
     float *logits;             /* [max_seqs][vocab] */
     int32_t *argmax;           /* [max_seqs] */
     size_t *out_rows;          /* [max_seqs] rows whose LM head a step runs */
+    size_t *draw_rows;         /* [max_seqs] rows a step draws a token for (items with a sampler) */
+    kvq_sampler **draw_smp;    /* [max_seqs] their samplers */
+    double *draw_u;            /* [max_seqs] the uniforms they draw at */
+    int32_t *draw_tok;         /* [max_seqs] */
+    kvq_status *draw_st;       /* [max_seqs] */
     struct kvq_seq_timers tm;
     size_t steps, rows;
     double t_total;
@@ -237,9 +242,14 @@ kvq_status kvq_batch_create(const kvq_model *m, const struct kvq_batch_config *c
     b->logits = malloc(S * (size_t)c->vocab * sizeof *b->logits);
     b->argmax = malloc(S * sizeof *b->argmax);
     b->out_rows = malloc(S * sizeof *b->out_rows);
+    b->draw_rows = malloc(S * sizeof *b->draw_rows);
+    b->draw_smp = malloc(S * sizeof *b->draw_smp);
+    b->draw_u = malloc(S * sizeof *b->draw_u);
+    b->draw_tok = malloc(S * sizeof *b->draw_tok);
+    b->draw_st = malloc(S * sizeof *b->draw_st);
     int32_t *pos = malloc(b->max_rows * sizeof *pos);
     b->fwd = (struct kvq_fwd){m, b->be, b->kv, &b->tm, NULL, NULL, pos, b->seq_ids};
-    if (!b->pid || !b->refs || !b->free_ids || b->n_ids > UINT32_MAX || !b->taken || !b->len || !b->mark || !b->ids || !b->segs || !b->seq_ids || !b->logits || !b->argmax || !b->out_rows || !pos) {
+    if (!b->pid || !b->refs || !b->free_ids || b->n_ids > UINT32_MAX || !b->taken || !b->len || !b->mark || !b->ids || !b->segs || !b->seq_ids || !b->logits || !b->argmax || !b->out_rows || !b->draw_rows || !b->draw_smp || !b->draw_u || !b->draw_tok || !b->draw_st || !pos) {
         kvq_batch_free(b);
         return kvq_error_set(err, KVQ_ERR_NOMEM, "out of memory for the batch");
     }
@@ -265,6 +275,11 @@ void kvq_batch_free(kvq_batch *b)
     free(b->logits);
     free(b->argmax);
     free(b->out_rows);
+    free(b->draw_rows);
+    free(b->draw_smp);
+    free(b->draw_u);
+    free(b->draw_tok);
+    free(b->draw_st);
     free(b->fwd.pos);
     free(b);
 }
@@ -331,6 +346,9 @@ static kvq_status check_items(kvq_batch *b, const struct kvq_batch_item *items, 
             return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "item %d: free or repeated slot %d, or no tokens", i,
                                  it->slot);
         b->mark[it->slot] = b->stamp;
+        if (!it->sampler != !it->token)
+            return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "item %d: a sampler needs a token to write, and back",
+                                 i);
         if (it->n > b->max_rows - *rows)
             return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "a step of more than %zu rows", b->max_rows);
         *rows += it->n;
@@ -350,6 +368,15 @@ static kvq_status check_items(kvq_batch *b, const struct kvq_batch_item *items, 
     return KVQ_OK;
 }
 
+/* The end of the run of consecutive rows starting at rows[j], at most cap long. */
+static int run_end(const size_t *rows, int n, int j, size_t cap)
+{
+    int k = j + 1;
+    while (k < n && rows[k] == rows[k - 1] + 1 && (size_t)(k - j) < cap)
+        k++;
+    return k;
+}
+
 /* LM head over the wanted rows: runs of consecutive rows, at most
  * KVQ_MATVEC_MAX_M at a time on the CPU so that each row meets the kernel
  * it meets alone. outs[j] is the row of output j. */
@@ -359,13 +386,35 @@ static kvq_status head(kvq_batch *b, const size_t *outs, int n_out, int with_log
     const size_t cap = b->be->device ? b->max_rows : KVQ_MATVEC_MAX_M;
     kvq_status res = KVQ_OK;
     for (int j = 0; j < n_out;) {
-        int k = j + 1;
-        while (k < n_out && outs[k] == outs[k - 1] + 1 && (size_t)(k - j) < cap)
-            k++;
+        int k = run_end(outs, n_out, j, cap);
         kvq_status st = b->be->ops->lm_head(b->be, b->be->acts.x + outs[j] * h, (size_t)(k - j),
                                             with_logits ? b->logits + (size_t)j * V : NULL, b->argmax + j);
         if (st != KVQ_OK && res == KVQ_OK)
             res = st;
+        j = k;
+    }
+    return res;
+}
+
+/* A token drawn where the logits are for each of the n rows b->draw_rows,
+ * row j by b->draw_smp[j] at b->draw_u[j], in runs as head(). */
+static kvq_status draw(kvq_batch *b, int n)
+{
+    const size_t h = (size_t)b->m->cfg.hidden;
+    const size_t cap = b->be->device ? b->max_rows : KVQ_MATVEC_MAX_M;
+    kvq_status res = KVQ_OK;
+    for (int j = 0; j < n;) {
+        int k = run_end(b->draw_rows, n, j, cap);
+        kvq_status st = b->be->ops->lm_sample(b->be, b->be->acts.x + b->draw_rows[j] * h, (size_t)(k - j),
+                                              b->draw_smp + j, b->draw_u + j, b->draw_tok + j, b->draw_st + j);
+        for (int i = j; i < k && st == KVQ_OK; i++)
+            if (b->draw_st[i] != KVQ_OK && res == KVQ_OK)
+                res = b->draw_st[i];
+        if (st != KVQ_OK) {
+            for (int i = j; i < k; i++)
+                b->draw_tok[i] = -1, b->draw_st[i] = st;
+            res = st;
+        }
         j = k;
     }
     return res;
@@ -392,7 +441,7 @@ kvq_status kvq_batch_step(kvq_batch *b, const struct kvq_batch_item *items, int 
             return kvq_error_set(err, st, "cannot reserve pages: %s", kvq_status_str(st));
         }
     size_t r = 0;
-    int n_out = 0, with_logits = 0;
+    int n_out = 0, with_logits = 0, n_draw = 0;
     size_t *out_rows = b->out_rows;
     for (int i = 0; i < n_items; i++) {
         const struct kvq_batch_item *it = &items[i];
@@ -402,6 +451,11 @@ kvq_status kvq_batch_step(kvq_batch *b, const struct kvq_batch_item *items, int 
         if (it->logits || it->argmax)
             out_rows[n_out++] = r - 1;
         with_logits |= it->logits != NULL;
+        if (it->sampler) {
+            b->draw_rows[n_draw] = r - 1;
+            b->draw_smp[n_draw] = it->sampler;
+            kvq_sampler_peek(it->sampler, &b->draw_u[n_draw++], 1);
+        }
     }
     st = kvq_forward_rows(&b->fwd, b->ids, b->segs, n_items);
     if (st != KVQ_OK) {
@@ -417,6 +471,8 @@ kvq_status kvq_batch_step(kvq_batch *b, const struct kvq_batch_item *items, int 
     }
     double t1 = kvq_now();
     st = head(b, out_rows, n_out, with_logits);
+    kvq_status st_draw = draw(b, n_draw);
+    st = st != KVQ_OK ? st : st_draw;
     b->tm.lm_head += kvq_now() - t1;
     for (int i = 0, j = 0; i < n_items; i++) {
         const struct kvq_batch_item *it = &items[i];
@@ -427,6 +483,16 @@ kvq_status kvq_batch_step(kvq_batch *b, const struct kvq_batch_item *items, int 
                    (size_t)b->m->cfg.vocab * sizeof *it->logits);
         if (it->argmax)
             *it->argmax = b->argmax[j];
+        j++;
+    }
+    for (int i = 0, j = 0; i < n_items; i++) {
+        const struct kvq_batch_item *it = &items[i];
+        if (!it->sampler)
+            continue;
+        if (it->token)
+            *it->token = b->draw_tok[j];
+        if (b->draw_st[j] == KVQ_OK)
+            kvq_sampler_skip(it->sampler, 1);
         j++;
     }
     b->steps++;

@@ -35,13 +35,24 @@ static int is_eos(const struct kvq_model_config *c, int32_t id)
     return 0;
 }
 
-/* Sampling timing counts with the LM head (greedy reduces inside it). */
-static kvq_status pick(kvq_seq *s, const float *logits, int32_t *tok)
+/* The model's tokens after each of rows first..n-1 of ids (at most
+ * KVQ_MAX_DRAFT + 1): the greedy argmax, or draws where the logits are, row
+ * j at the sampler's j-th next uniform; row_st[j] is row j's status. The
+ * caller advances the RNG past the draws it keeps, so the stream is the one
+ * drawing row by row would give. */
+static kvq_status next_tokens(kvq_seq *s, int greedy, const int32_t *ids, size_t n, size_t first, int32_t *tok,
+                              kvq_status *row_st)
 {
-    double t0 = kvq_now();
-    kvq_status st = s->be->ops->sample(s->be, s->sampler, logits, tok);
-    s->tm.lm_head += kvq_now() - t0;
-    return st;
+    if (greedy) {
+        kvq_status st = kvq_seq_forward(s, ids, n, first, NULL, tok);
+        for (size_t j = 0; j < n - first; j++)
+            row_st[j] = st;
+        return st;
+    }
+    double u[KVQ_MAX_DRAFT + 1];
+    kvq_sampler_peek(s->sampler, u, (int)(n - first));
+    struct kvq_seq_out o = {NULL, NULL, u, tok, row_st};
+    return kvq_seq_forward_out(s, ids, n, first, &o);
 }
 
 /* New sampling parameters restart the RNG; unchanged ones keep the stream
@@ -96,21 +107,22 @@ kvq_status kvq_seq_generate(kvq_seq *s, const int32_t *prompt, size_t n_prompt, 
         st = set_sampling(s, p);
     if (st != KVQ_OK)
         return st;
-    const struct kvq_model_config *c = &s->m->cfg;
     int greedy = p->temperature == 0.0f;
     s->decoding = 0;
     int32_t tok;
-    st = kvq_seq_forward(s, prompt, n_prompt, n_prompt - 1, greedy ? NULL : s->logits, greedy ? &tok : NULL);
+    kvq_status row_st[KVQ_MAX_DRAFT + 1];
+    st = next_tokens(s, greedy, prompt, n_prompt, n_prompt - 1, &tok, row_st);
+    if (st == KVQ_OK)
+        st = row_st[0];
     if (st != KVQ_OK)
         return st;
+    kvq_sampler_skip(s->sampler, 1);
     struct emitter e = {s, p, out, 0, (size_t)p->max_tokens < max_out ? (size_t)p->max_tokens : max_out, fn, user};
     if (e.max == 0)
         return KVQ_OK;
 
     s->decoding = 1;
     double t0 = kvq_now();
-    if (!greedy)
-        st = pick(s, s->logits, &tok);
     while (st == KVQ_OK && tok >= 0 && !emit(&e, tok) && s->pos < s->max_ctx) {
         size_t pos0 = s->pos;
         int32_t *buf = s->draft;
@@ -126,7 +138,7 @@ kvq_status kvq_seq_generate(kvq_seq *s, const int32_t *prompt, size_t n_prompt, 
             lim = lim < want ? lim : want;
             k = kvq_ngram_draft(s, pos0 + 1, buf + 1, (int)lim);
         }
-        st = kvq_seq_forward(s, buf, (size_t)k + 1, 0, greedy ? NULL : s->logits, greedy ? s->verify : NULL);
+        st = next_tokens(s, greedy, buf, (size_t)k + 1, 0, s->verify, row_st);
         if (st != KVQ_OK)
             break;
         s->st.decode_forwards++;
@@ -134,8 +146,9 @@ kvq_status kvq_seq_generate(kvq_seq *s, const int32_t *prompt, size_t n_prompt, 
         /* verify[i] is the model's token after buf[0..i]. */
         int a = 0;
         for (;;) {
-            if (!greedy && (st = pick(s, s->logits + (size_t)a * c->vocab, &s->verify[a])) != KVQ_OK)
+            if ((st = row_st[a]) != KVQ_OK)
                 break;
+            kvq_sampler_skip(s->sampler, 1); /* the draw row a made is kept */
             if (a == k || s->verify[a] != buf[a + 1])
                 break;
             a++;

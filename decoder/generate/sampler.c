@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "decoder_internal.h"
 #include "kvq_rng.h"
 
 #define RADIX_BITS 11
@@ -239,7 +240,7 @@ static kvq_status scan(const kvq_sampler *s, const float *logits, kvq_best *best
     return st;
 }
 
-kvq_status kvq_sampler_sample(kvq_sampler *s, const float *logits, int32_t *token)
+kvq_status kvq_sampler_pick(kvq_sampler *s, const float *logits, double u, int32_t *token)
 {
     if (!token)
         return KVQ_ERR_INVALID_ARG;
@@ -257,21 +258,49 @@ kvq_status kvq_sampler_sample(kvq_sampler *s, const float *logits, int32_t *toke
     int32_t n;
     double mass;
     kept_set(s, logits, best.score, &n, &mass);
-    double u = kvq_rng_uniform(&s->rng) * mass, acc = 0.0;
+    double target = u * mass, acc = 0.0;
     for (int32_t i = 0; i < n; i++) {
         acc += s->w[i];
-        if (acc > u) {
+        if (acc > target) {
             *token = s->idx[i];
             return KVQ_OK;
         }
     }
-    /* Rounding left u at the very top: the last token of positive weight. */
+    /* Rounding left the target at the very top: the last token of positive weight. */
     for (int32_t i = n - 1; i >= 0; i--)
         if (s->w[i] > 0.0) {
             *token = s->idx[i];
             break;
         }
     return KVQ_OK;
+}
+
+void kvq_sampler_peek(const kvq_sampler *s, double *u, int n)
+{
+    kvq_rng r = s->rng;
+    for (int i = 0; i < n; i++)
+        u[i] = s->p.temperature == 0.0f ? 0.0 : kvq_rng_uniform(&r);
+}
+
+void kvq_sampler_skip(kvq_sampler *s, int n)
+{
+    for (int i = 0; i < n && s->p.temperature != 0.0f; i++)
+        (void)kvq_rng_uniform(&s->rng);
+}
+
+kvq_status kvq_sampler_sample(kvq_sampler *s, const float *logits, int32_t *token)
+{
+    double u;
+    if (!s) {
+        if (token)
+            *token = -1;
+        return KVQ_ERR_INVALID_ARG;
+    }
+    kvq_sampler_peek(s, &u, 1);
+    kvq_status st = kvq_sampler_pick(s, logits, u, token);
+    if (st == KVQ_OK)
+        kvq_sampler_skip(s, 1);
+    return st;
 }
 
 kvq_status kvq_sampler_probs(kvq_sampler *s, const float *logits, double *probs)

@@ -248,7 +248,6 @@ kvq_status kvq_seq_create(const kvq_model *m, const struct kvq_seq_config *cfg, 
     sp.seed = sc.seed;
     if (kvq_sampler_create(c->vocab, &sp, &s->sampler) != KVQ_OK)
         goto nomem;
-    s->logits = malloc((KVQ_MAX_DRAFT + 1) * (size_t)c->vocab * sizeof *s->logits);
     s->draft = malloc((KVQ_MAX_DRAFT + 1) * sizeof *s->draft);
     s->verify = malloc((KVQ_MAX_DRAFT + 1) * sizeof *s->verify);
     s->tokens = malloc((s->max_ctx + 1) * sizeof *s->tokens);
@@ -261,7 +260,7 @@ kvq_status kvq_seq_create(const kvq_model *m, const struct kvq_seq_config *cfg, 
         s->ngram_mask <<= 1;
     s->ngram_pos = malloc((size_t)s->cfg.ngram * s->ngram_mask * sizeof *s->ngram_pos);
     s->ngram_mask--;
-    if (!s->logits || !s->draft || !s->verify || !s->tokens || !s->ngram_pos || !s->row_pos)
+    if (!s->draft || !s->verify || !s->tokens || !s->ngram_pos || !s->row_pos)
         goto nomem;
     kvq_seq_reset(s);
     *out = s;
@@ -278,7 +277,6 @@ void kvq_seq_free(kvq_seq *s)
     kvq_kv_store_free(s->kv);
     kvq_backend_free(s->be);
     kvq_sampler_free(s->sampler);
-    free(s->logits);
     free(s->draft);
     free(s->verify);
     free(s->tokens);
@@ -313,6 +311,22 @@ size_t kvq_seq_max_ctx(const kvq_seq *s)
 kvq_status kvq_seq_forward(kvq_seq *s, const int32_t *ids, size_t n, size_t first_out, float *logits,
                            int32_t *argmax)
 {
+    struct kvq_seq_out o = {logits, argmax, NULL, NULL, NULL};
+    return kvq_seq_forward_out(s, ids, n, first_out, &o);
+}
+
+kvq_status kvq_seq_forward_out(kvq_seq *s, const int32_t *ids, size_t n, size_t first_out,
+                               const struct kvq_seq_out *out)
+{
+    float *logits = out->logits;
+    int32_t *argmax = out->argmax;
+    kvq_sampler *smp[KVQ_MAX_DRAFT + 1];
+    if (out->tok) {
+        if (!s || n - first_out > KVQ_MAX_DRAFT + 1)
+            return KVQ_ERR_INVALID_ARG;
+        for (int i = 0; i <= KVQ_MAX_DRAFT; i++)
+            smp[i] = s->sampler;
+    }
     if (!s || (!ids && n) || first_out > n)
         return KVQ_ERR_INVALID_ARG;
     const struct kvq_model_config *c = &s->m->cfg;
@@ -340,12 +354,16 @@ kvq_status kvq_seq_forward(kvq_seq *s, const int32_t *ids, size_t n, size_t firs
         }
         memcpy(s->tokens + s->pos, ids + i, T * sizeof *ids);
         s->pos += T;
-        if (i + T > first_out && (logits || argmax)) {
+        if (i + T > first_out && (logits || argmax || out->tok)) {
             size_t r0 = first_out > i ? first_out - i : 0;
             size_t o = i + r0 - first_out;
+            const float *x = s->be->acts.x + r0 * (size_t)c->hidden;
             double t1 = kvq_now();
-            st = s->be->ops->lm_head(s->be, s->be->acts.x + r0 * (size_t)c->hidden, T - r0,
-                                     logits ? logits + o * (size_t)c->vocab : NULL, argmax ? argmax + o : NULL);
+            if (out->tok)
+                st = s->be->ops->lm_sample(s->be, x, T - r0, smp, out->u + o, out->tok + o, out->row_st + o);
+            else
+                st = s->be->ops->lm_head(s->be, x, T - r0, logits ? logits + o * (size_t)c->vocab : NULL,
+                                         argmax ? argmax + o : NULL);
             s->tm.lm_head += kvq_now() - t1;
             if (st != KVQ_OK)
                 return st; /* the tokens stay: only the head's output was bad */

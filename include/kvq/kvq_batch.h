@@ -43,6 +43,7 @@
 #include <stdint.h>
 
 #include "kvq_model.h"
+#include "kvq_sampler.h"
 #include "kvq_status.h"
 
 #ifdef __cplusplus
@@ -114,17 +115,25 @@ struct kvq_batch_item {
     size_t n;           /* >= 1 */
     float *logits;      /* [vocab] logits after the item's last token, or NULL */
     int32_t *argmax;    /* greedy token after the last token (lowest id on ties), or NULL */
+    /* The token after the last token drawn by sampler (its settings; one
+     * draw of its RNG, made only when the row's logits are finite) into
+     * *token, computed where the logits are: on a GPU only the id comes
+     * back. Both NULL: no draw; -1 in *token for a row whose logits are
+     * not finite. */
+    kvq_sampler *sampler;
+    int32_t *token;
 };
 
 /** Runs every item in one forward (items in order: put decode rows first;
  *  at most one item per slot; the sum of n at most max_rows). Items with
- *  logits or argmax get the LM head of their last row only.
+ *  logits, argmax or a sampler get the LM head of their last row only.
  *  @return KVQ_OK; KVQ_ERR_INVALID_ARG (free or repeated slot, n = 0, rows
  *  over max_rows: nothing run); KVQ_ERR_RANGE (an id out of range: nothing
  *  run); KVQ_ERR_CONTEXT_FULL (an item past max_ctx: nothing run);
  *  KVQ_ERR_BUDGET (not enough free pages: nothing run); another error from
  *  the forward (every item rolled back); KVQ_ERR_NONFINITE (NaN/Inf logits:
- *  the tokens stay appended). */
+ *  the tokens stay appended) or KVQ_ERR_INVALID_ARG (a sampled row whose
+ *  every logit is -Inf), the other items' outputs written. */
 KVQ_API kvq_status kvq_batch_step(kvq_batch *b, const struct kvq_batch_item *items, int n_items, kvq_error *err);
 
 struct kvq_batch_stats {
