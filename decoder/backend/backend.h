@@ -72,6 +72,9 @@ static inline void kvq_acts_table(struct kvq_acts *a, const struct kvq_model *m,
     }
 }
 
+/* What a device backend's queued work is counted as (kvq_seq_stats gpu_*). */
+enum kvq_part { KVQ_PART_OTHER, KVQ_PART_MATMUL, KVQ_PART_ATTN, KVQ_PART_LM_HEAD, KVQ_N_PARTS };
+
 typedef struct kvq_backend kvq_backend;
 
 struct kvq_backend_ops {
@@ -108,6 +111,14 @@ struct kvq_backend_ops {
     /* copies the host positions pos[0..T) of a forward's rows into b->pos
      * (once per forward, not per layer: a device backend uploads them) */
     void (*set_pos)(kvq_backend *b, const int32_t *pos, size_t T);
+    /* device backends (NULL on the CPU): the work queued from here on counts
+     * as part; rows > 0 opens a forward of that many rows. Never waits: the
+     * device times are read from events once the work is done. */
+    void (*mark)(kvq_backend *b, enum kvq_part part, size_t rows);
+    /* device backends: seconds of device time per part since the last
+     * reset (an estimate: backend_cuda.cu times a sample of the forwards),
+     * waiting for the queued work; reset zeroes the totals */
+    void (*part_times)(kvq_backend *b, double t[KVQ_N_PARTS], int reset);
 };
 
 struct kvq_backend {

@@ -65,6 +65,21 @@ struct cuda_backend {
     float *logits;            /* [max_rows][vocab] */
     int32_t *ids;             /* [max_rows] */
     kvq_gpu_sampler *smp;     /* argmax and sampling over logits */
+    /* Device time per part: the events of the forward being queued (cur)
+     * and of the one before (done), folded into part_s while the device
+     * works on the next, so timing costs the step no wait. An event between
+     * two kernels costs ~1.7 us of device time (they no longer overlap), 9%
+     * of an 8B-shape decode step, so only every kTimeEvery-th forward of at
+     * most kChunkRows rows is timed and scaled; every longer one (prefill
+     * chunks, where it costs nothing visible) is timed. */
+    struct mark_set {
+        cudaEvent_t *ev; /* [max_marks] */
+        uint8_t *tag;    /* [max_marks] the part the work after event i counts as */
+        int n, chunk;    /* chunk: a forward of more than kChunkRows rows */
+    } sets[2];
+    int cur, max_marks, timing;
+    size_t forwards[2], timed[2]; /* [chunk] */
+    double part_s[2][KVQ_N_PARTS];
     int sticky;               /* a CUDA call failed: every later lm_head reports it */
 };
 
@@ -78,6 +93,10 @@ constexpr size_t kSplitRows = 64;
  * 8 rows it took 27 ms per step against 11 ms for the split GEMM (H100,
  * 8B shape, batch 8): its activation reads per weight grow with the rows. */
 constexpr size_t kGemvRows = 1;
+/* GPU part times (struct mark_set): forwards of up to kChunkRows rows are
+ * timed one in kTimeEvery. */
+constexpr size_t kChunkRows = 16;
+constexpr size_t kTimeEvery = 16;
 /* Rows whose settings one lm_sample pass gathers (any R works, in passes). */
 constexpr size_t kSampleRows = 64;
 
@@ -470,6 +489,81 @@ void cuda_glu(kvq_backend *b, const float *gu, float *h, size_t T)
     launched(cb);
 }
 
+/* Adds the intervals between a finished set's events to their parts. */
+void fold(cuda_backend *cb, cuda_backend::mark_set *m)
+{
+    if (m->n > 1 && cudaEventSynchronize(m->ev[m->n - 1]) == cudaSuccess)
+        for (int i = 0; i + 1 < m->n; i++) {
+            float ms = 0.0f;
+            if (cudaEventElapsedTime(&ms, m->ev[i], m->ev[i + 1]) == cudaSuccess)
+                cb->part_s[m->chunk][m->tag[i]] += 1e-3 * ms;
+        }
+    m->n = 0;
+}
+
+void record(cuda_backend *cb, enum kvq_part part)
+{
+    cuda_backend::mark_set *m = &cb->sets[cb->cur];
+    if (cb->timing && m->n < cb->max_marks && cudaEventRecord(m->ev[m->n], 0) == cudaSuccess)
+        m->tag[m->n++] = (uint8_t)part;
+}
+
+void cuda_mark(kvq_backend *b, enum kvq_part part, size_t rows)
+{
+    cuda_backend *cb = cb_of(b);
+    if (rows) {
+        if (cb->sets[cb->cur].n) { /* the last forward had no LM head: it becomes the done one */
+            fold(cb, &cb->sets[!cb->cur]);
+            cb->cur = !cb->cur;
+        }
+        const int chunk = rows > kChunkRows;
+        /* not the first short forward: its kernels' first launches load
+         * their code (lazy module loading), and one step is scaled by all */
+        cb->timing = chunk || cb->forwards[0] % kTimeEvery == 1;
+        cb->forwards[chunk]++;
+        cb->timed[chunk] += (size_t)cb->timing;
+        cb->sets[cb->cur].chunk = chunk;
+    }
+    record(cb, part);
+}
+
+/* The LM head's work is queued: the forward before (long finished) is
+ * folded while the device runs this one. */
+void fold_done(cuda_backend *cb)
+{
+    fold(cb, &cb->sets[!cb->cur]);
+}
+
+/* After the LM head's wait: this forward's set is complete; the next
+ * forward records into the other (folded) one. */
+void close_forward(cuda_backend *cb)
+{
+    record(cb, KVQ_PART_OTHER);
+    cb->cur = !cb->cur;
+}
+
+void cuda_part_times(kvq_backend *b, double t[KVQ_N_PARTS], int reset)
+{
+    cuda_backend *cb = cb_of(b);
+    fold(cb, &cb->sets[!cb->cur]);
+    if (cb->sets[cb->cur].n) {
+        record(cb, KVQ_PART_OTHER);
+        fold(cb, &cb->sets[cb->cur]);
+    }
+    for (int i = 0; i < KVQ_N_PARTS; i++) {
+        t[i] = 0.0;
+        for (int c = 0; c < 2; c++) {
+            if (cb->timed[c])
+                t[i] += cb->part_s[c][i] * (double)cb->forwards[c] / (double)cb->timed[c];
+            if (reset)
+                cb->part_s[c][i] = 0.0;
+        }
+    }
+    if (reset)
+        for (int c = 0; c < 2; c++)
+            cb->forwards[c] = cb->timed[c] = 0;
+}
+
 /* cb->logits[R] = the LM head of rows x[0..R) (final norm, soft-cap). */
 void logits_of(kvq_backend *b, const float *x, size_t R)
 {
@@ -489,12 +583,15 @@ kvq_status cuda_lm_head(kvq_backend *b, const float *x, size_t R, float *logits,
     const struct kvq_model_config *c = &b->m->cfg;
     if (R == 0 || (!logits && !argmax))
         return cb->sticky ? KVQ_ERR_DEVICE : KVQ_OK;
+    cuda_mark(b, KVQ_PART_LM_HEAD, 0);
     logits_of(b, x, R);
+    fold_done(cb);
     kvq_status st = KVQ_OK;
     if (argmax)
         st = kvq_gpu_argmax(cb->smp, cb->logits, R, argmax);
     if (logits)
         note(cb, cudaMemcpy(logits, cb->logits, R * (size_t)c->vocab * sizeof *logits, cudaMemcpyDeviceToHost));
+    close_forward(cb);
     if (cb->sticky || st == KVQ_ERR_DEVICE)
         return KVQ_ERR_DEVICE;
     return st;
@@ -506,14 +603,18 @@ kvq_status cuda_lm_sample(kvq_backend *b, const float *x, size_t R, kvq_sampler 
     cuda_backend *cb = cb_of(b);
     kvq_sampler_params p[kSampleRows];
     const size_t step = kSampleRows < b->max_rows ? kSampleRows : b->max_rows;
+    cuda_mark(b, KVQ_PART_LM_HEAD, 0);
     for (size_t r0 = 0; r0 < R; r0 += step) {
         const size_t n = R - r0 < step ? R - r0 : step;
         logits_of(b, x + r0 * (size_t)b->m->cfg.hidden, n);
         for (size_t r = 0; r < n; r++)
             p[r] = kvq_sampler_get_params(smp[r0 + r]);
+        if (r0 == 0)
+            fold_done(cb);
         if (kvq_gpu_sample(cb->smp, cb->logits, n, p, u + r0, tok + r0, row_st + r0) != KVQ_OK)
             cb->sticky = 1;
     }
+    close_forward(cb);
     return cb->sticky ? KVQ_ERR_DEVICE : KVQ_OK;
 }
 
@@ -541,6 +642,13 @@ void cuda_free(kvq_backend *b)
     for (int i = 0; i < KVQ_N_ACTS; i++)
         cudaFree(*slot[i]);
     kvq_gpu_sampler_free(cb->smp);
+    for (cuda_backend::mark_set &m : cb->sets) {
+        for (int i = 0; m.ev && i < cb->max_marks; i++)
+            if (m.ev[i])
+                cudaEventDestroy(m.ev[i]);
+        free(m.ev);
+        free(m.tag);
+    }
     if (cb->blas)
         cublasDestroy(cb->blas);
     delete cb;
@@ -548,7 +656,7 @@ void cuda_free(kvq_backend *b)
 
 const struct kvq_backend_ops cuda_ops = {
     cuda_embed, cuda_norm, cuda_linear, cuda_qkv_rope, cuda_glu, cuda_lm_head, cuda_lm_sample, cuda_free,
-    cuda_set_pos,
+    cuda_set_pos, cuda_mark, cuda_part_times,
 };
 
 /* Uploads n floats of host memory (NULL gives NULL). */
@@ -749,6 +857,19 @@ extern "C" kvq_status kvq_backend_cuda_create(const kvq_model *m, size_t max_row
         st = KVQ_ERR_NOMEM;
     if (st == KVQ_OK)
         st = kvq_gpu_sampler_create(m->cfg.vocab, mr, &cb->smp);
+    /* a forward marks 9 part changes per layer, then the LM head's */
+    cb->max_marks = 9 * m->cfg.n_layers + 8;
+    for (cuda_backend::mark_set &ms : cb->sets) {
+        if (st != KVQ_OK)
+            break;
+        ms.ev = static_cast<cudaEvent_t *>(calloc((size_t)cb->max_marks, sizeof *ms.ev));
+        ms.tag = static_cast<uint8_t *>(malloc((size_t)cb->max_marks));
+        if (!ms.ev || !ms.tag)
+            st = KVQ_ERR_NOMEM;
+        for (int i = 0; st == KVQ_OK && i < cb->max_marks; i++)
+            if (cudaEventCreate(&ms.ev[i]) != cudaSuccess)
+                st = KVQ_ERR_DEVICE;
+    }
     if (st != KVQ_OK) {
         cuda_free(b);
         return st;

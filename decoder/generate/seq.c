@@ -295,6 +295,10 @@ void kvq_seq_reset(kvq_seq *s)
     kvq_sampler_reset(s->sampler);
     memset(&s->tm, 0, sizeof s->tm);
     memset(&s->st, 0, sizeof s->st);
+    if (s->be->ops->part_times) {
+        double t[KVQ_N_PARTS];
+        s->be->ops->part_times(s->be, t, 1);
+    }
     s->decoding = 0;
 }
 
@@ -420,4 +424,12 @@ void kvq_seq_get_stats(const kvq_seq *s, struct kvq_seq_stats *st)
     st->t_lm_head = s->tm.lm_head;
     double host = st->t_prefill + st->t_decode - st->t_matmul - st->t_attn - st->t_lm_head;
     st->t_host = host > 0 ? host : 0;
+    if (s->be->ops->part_times) {
+        double t[KVQ_N_PARTS];
+        s->be->ops->part_times(s->be, t, 0);
+        st->gpu_matmul = t[KVQ_PART_MATMUL];
+        st->gpu_attn = t[KVQ_PART_ATTN];
+        st->gpu_lm_head = t[KVQ_PART_LM_HEAD];
+        st->gpu_other = t[KVQ_PART_OTHER];
+    }
 }

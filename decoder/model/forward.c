@@ -21,6 +21,13 @@
 #include "kv_store.h"
 #include "matvec_internal.h"
 
+/* Device backends time their queued work per part with events. */
+static void mark(const struct kvq_fwd *f, enum kvq_part part)
+{
+    if (f->be->ops->mark)
+        f->be->ops->mark(f->be, part, 0);
+}
+
 /* The CPU backend picks its kernel by row count: the batch-invariant few-row
  * kernel up to KVQ_MATVEC_MAX_M rows, sgemm above. A segment longer than
  * that goes alone (sgemm of exactly the rows it would have alone); shorter
@@ -32,6 +39,7 @@ static void linear_rows(const struct kvq_fwd *f, const struct kvq_fwd_seg *segs,
 {
     kvq_backend *be = f->be;
     double t0 = kvq_now();
+    mark(f, KVQ_PART_MATMUL);
     if (be->device || n_segs == 1) {
         be->ops->linear(be, w, layer, x, y, rows, acc);
     } else {
@@ -52,6 +60,7 @@ static void linear_rows(const struct kvq_fwd *f, const struct kvq_fwd_seg *segs,
             i = j;
         }
     }
+    mark(f, KVQ_PART_OTHER);
     f->tm->matmul += kvq_now() - t0;
 }
 
@@ -95,6 +104,8 @@ kvq_status kvq_forward_rows(const struct kvq_fwd *f, const int32_t *ids, const s
             f->pos[T++] = (int32_t)(segs[i].pos0 + t);
     if (T == 0 || T > be->max_rows)
         return KVQ_ERR_INVALID_ARG;
+    if (op->mark)
+        op->mark(be, KVQ_PART_OTHER, T);
     op->set_pos(be, f->pos, T);
     op->embed(be, ids, T, a->x);
     for (int l = 0; l < n_layers; l++) {
@@ -107,7 +118,9 @@ kvq_status kvq_forward_rows(const struct kvq_fwd *f, const int32_t *ids, const s
                         a->k + (size_t)r * f->m->kv_dim, a->v + (size_t)r * f->m->kv_dim);
 
         double t0 = kvq_now();
+        mark(f, KVQ_PART_ATTN);
         kvq_status st = attend_rows(f, segs, n_segs, l);
+        mark(f, KVQ_PART_OTHER);
         if (st != KVQ_OK) { /* layers [0, l] back at each segment's pos0 */
             for (int i = 0; i < n_segs; i++)
                 f->kv->ops->truncate(f->kv, segs[i].seq, l + 1, segs[i].pos0);

@@ -417,7 +417,12 @@ struct kvq_seq_stats {
     double t_host;            /* the rest: embeddings, norms, RoPE, copies, drafts */
     size_t kv_budget;         /* the configured budget (0 = none) */
     size_t kv_bytes_f16_buffers; /* f16 window/sink buffers, all layers (also in kv_bytes_alloc) */
+    /* KVQ_DEVICE_CUDA: seconds of GPU time per part, from events around
+     * each part's queued work (the host times above are then mostly
+     * queuing); 0 on the CPU. gpu_other: embedding, norms, RoPE, GLU. */
+    double gpu_matmul, gpu_attn, gpu_lm_head, gpu_other;
 };
+/** Fills st. With a CUDA sequence this waits for its queued GPU work. */
 KVQ_API void kvq_seq_get_stats(const kvq_seq *s, struct kvq_seq_stats *st);
 
 #ifdef __cplusplus

@@ -504,9 +504,8 @@ static kvq_status encode_mapped(kvq_cuda_cache *c, size_t n, const float *k, con
      * seventh pass) */
     const size_t words = c->ov_rows ? 4 * n : 2 * n;
     KVQ_CU_TRY(cudaMemcpyAsync(c->tok_d, c->tok_h, words * sizeof(int32_t), cudaMemcpyHostToDevice, c->stream));
-    kvq_status st = kvq_cu_encode_rows(c, n, k, v, c->tok_d, c->tok_d + n, check ? c->flag_d : NULL);
-    if (st == KVQ_OK && c->ov_rows)
-        st = kvq_cu_store_overrides(c, n, k, v, c->tok_d + 2 * n, c->tok_d + 3 * n, check ? c->flag_d : NULL);
+    kvq_status st = kvq_cu_encode_rows(c, n, k, v, c->tok_d, c->tok_d + n, c->tok_d + 2 * n, c->tok_d + 3 * n,
+                                       check ? c->flag_d : NULL);
     if (st != KVQ_OK || !check)
         return st;
     int flag = 0;

@@ -102,8 +102,17 @@ __device__ void store_u16(uint8_t *p, uint16_t v)
     *reinterpret_cast<uint16_t *>(p) = v; /* norm sections are 2-byte aligned */
 }
 
+/* Where f16 copies of the override rows (sinks, recent window) go: token
+ * i's rows of every head to row row[i] of sequence seq[i] (-1: none). */
+struct ov_dst {
+    const int32_t *seq, *row; /* NULL: the cache keeps no override rows */
+    int rows_per_seq;
+    uint16_t *k, *v;
+};
+
 __global__ void encode_kernel(int64_t n_rows, const float *k, const float *v, kvq_dev_codec ck, kvq_dev_codec cv,
-                              kvq_dev_pages pg, const int32_t *tok_page, const int32_t *tok_slot, const int *flag)
+                              kvq_dev_pages pg, const int32_t *tok_page, const int32_t *tok_slot, ov_dst ov,
+                              const int *flag)
 {
     if (flag && *flag) /* the input check refused a row: write nothing */
         return;
@@ -120,6 +129,17 @@ __global__ void encode_kernel(int64_t n_rows, const float *k, const float *v, kv
         const kvq_dev_codec &cd = *rr.cd;
         const int d = cd.dim;
         uint8_t *codes = rr.row.codes;
+        if (ov.row) { /* in the same launch: one kernel less per layer and step */
+            const int64_t th = r >> 1, tok = th / pg.n_kv_heads;
+            const int32_t orow = ov.row[tok];
+            if (orow >= 0) {
+                const size_t hd = (size_t)pg.n_kv_heads * d;
+                uint16_t *dst = ((r & 1) ? ov.v : ov.k) + ((size_t)ov.seq[tok] * ov.rows_per_seq + orow) * hd +
+                                (size_t)(th % pg.n_kv_heads) * d;
+                for (int j = lane; j < d; j += 32)
+                    dst[j] = __half_as_ushort(__float2half_rn(rr.x[j]));
+            }
+        }
 
         if (cd.type == KVQ_TYPE_F32) {
             for (int j = lane; j < d; j += 32)
@@ -131,9 +151,20 @@ __global__ void encode_kernel(int64_t n_rows, const float *k, const float *v, kv
                 reinterpret_cast<uint16_t *>(codes)[j] = kvq_f32_to_f16(rr.x[j]);
             continue;
         }
-        /* tq types */
-        for (int j = lane; j < d; j += 32)
-            buf0[j] = rr.x[j];
+        /* tq types: the codes into idx, the QJL signs into sgn, then packed */
+        const bool fast = d == 128 && rot128_ok(cd.R) && (!cd.qjl || rot128_ok(cd.S));
+        float sg_r[kRot128Pre][4], sg_s[kRot128Pre][4], v[4];
+        if (fast) { /* the tables' loads issued with the row's: one memory latency, not one per round */
+            rot128_load_signs(cd.R, sg_r, lane);
+            if (cd.qjl)
+                rot128_load_signs(cd.S, sg_s, lane);
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                buf0[lane + 32 * k] = v[k] = rr.x[lane + 32 * k];
+        } else {
+            for (int j = lane; j < d; j += 32)
+                buf0[j] = rr.x[j];
+        }
         __syncwarp();
         const float n = warp_norm(buf0, d, lane);
         uint8_t *norm_p = reinterpret_cast<uint8_t *>(rr.row.norm);
@@ -155,27 +186,56 @@ __global__ void encode_kernel(int64_t n_rows, const float *k, const float *v, kv
             continue;
         }
         const float inv = __frcp_rn(n);
-        for (int j = lane; j < d; j += 32)
-            buf0[j] = __fmul_rn(buf0[j], inv);
-        __syncwarp();
-        float *y = warp_rotate(cd.R, buf0, buf1, lane);
-        for (int j = lane; j < d; j += 32) {
-            int c = 0;
-            for (int i = 0; i + 1 < cd.levels; i++)
-                c += y[j] > cd.boundaries[i];
-            idx[j] = (uint8_t)c;
-        }
-        __syncwarp();
         float gamma = 0.0f;
-        if (cd.qjl) {
-            for (int j = lane; j < d; j += 32)
-                y[j] = __fsub_rn(y[j], cd.centroids[idx[j]]);
+        if (fast) {
+            /* the same operations as below in registers (rot128_apply is
+             * warp_rotate's butterflies in its order): the same bytes */
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                v[k] = __fmul_rn(v[k], inv);
+            rot128_apply(cd.R, sg_r, v, lane);
+            int c[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                c[k] = 0;
+                for (int i = 0; i + 1 < cd.levels; i++)
+                    c[k] += v[k] > cd.boundaries[i];
+                idx[lane + 32 * k] = (uint8_t)c[k];
+            }
+            if (cd.qjl) {
+#pragma unroll
+                for (int k = 0; k < 4; k++)
+                    buf1[lane + 32 * k] = v[k] = __fsub_rn(v[k], cd.centroids[c[k]]);
+                __syncwarp();
+                gamma = warp_norm(buf1, d, lane);
+                rot128_apply(cd.S, sg_s, v, lane);
+#pragma unroll
+                for (int k = 0; k < 4; k++)
+                    sgn[lane + 32 * k] = !(v[k] < 0.0f);
+            }
             __syncwarp();
-            gamma = warp_norm(y, d, lane);
-            float *z = warp_rotate(cd.S, y, y == buf0 ? buf1 : buf0, lane);
+        } else {
             for (int j = lane; j < d; j += 32)
-                sgn[j] = !(z[j] < 0.0f);
+                buf0[j] = __fmul_rn(buf0[j], inv);
             __syncwarp();
+            float *y = warp_rotate(cd.R, buf0, buf1, lane);
+            for (int j = lane; j < d; j += 32) {
+                int c = 0;
+                for (int i = 0; i + 1 < cd.levels; i++)
+                    c += y[j] > cd.boundaries[i];
+                idx[j] = (uint8_t)c;
+            }
+            __syncwarp();
+            if (cd.qjl) {
+                for (int j = lane; j < d; j += 32)
+                    y[j] = __fsub_rn(y[j], cd.centroids[idx[j]]);
+                __syncwarp();
+                gamma = warp_norm(y, d, lane);
+                float *z = warp_rotate(cd.S, y, y == buf0 ? buf1 : buf0, lane);
+                for (int j = lane; j < d; j += 32)
+                    sgn[j] = !(z[j] < 0.0f);
+                __syncwarp();
+            }
         }
         const bool dev_order = kvq_dev_order(cd.type); /* 3-bit codes: kvq_layout.h's device order */
         for (int b = lane; b < code_bytes; b += 32) {
@@ -204,27 +264,6 @@ __global__ void encode_kernel(int64_t n_rows, const float *k, const float *v, kv
     }
 }
 
-/* f16 copies of the override rows (sinks, recent window): token i's rows
- * of every head go to row tok_row[i] of sequence tok_seq[i] (-1: none).
- * Writes nothing when flag is set and *flag != 0, like the encoder. */
-__global__ void override_store_kernel(int n, int hd, const float *k, const float *v, const int32_t *tok_seq,
-                                      const int32_t *tok_row, int rows_per_seq, uint16_t *ok, uint16_t *ov,
-                                      const int *flag)
-{
-    if (flag && *flag)
-        return;
-    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < (int64_t)n * hd;
-         e += (int64_t)gridDim.x * blockDim.x) {
-        const int i = (int)(e / hd), j = (int)(e % hd);
-        const int32_t row = tok_row[i];
-        if (row < 0)
-            continue;
-        const size_t dst = ((size_t)tok_seq[i] * rows_per_seq + row) * hd + j;
-        ok[dst] = __half_as_ushort(__float2half_rn(k[e]));
-        ov[dst] = __half_as_ushort(__float2half_rn(v[e]));
-    }
-}
-
 int grid_for(int64_t n_rows)
 {
     int64_t blocks = (n_rows + kWarps - 1) / kWarps;
@@ -246,28 +285,17 @@ kvq_status kvq_cu_check_rows(const kvq_cuda_cache *c, size_t n_tokens, const flo
 }
 
 kvq_status kvq_cu_encode_rows(const kvq_cuda_cache *c, size_t n_tokens, const float *k, const float *v,
-                              const int32_t *tok_page_d, const int32_t *tok_slot_d, const int *flag_d)
+                              const int32_t *tok_page_d, const int32_t *tok_slot_d, const int32_t *tok_seq_d,
+                              const int32_t *tok_row_d, const int *flag_d)
 {
     const int64_t n_rows = (int64_t)n_tokens * c->cfg.cache.n_kv_heads * 2;
     if (n_rows == 0)
         return KVQ_OK;
     const size_t smem = (size_t)kWarps * c->dk.dim * (2 * sizeof(float) + 2);
+    const ov_dst ov = {c->ov_rows ? tok_seq_d : NULL, c->ov_rows ? tok_row_d : NULL, c->ov_rows, c->ov_k_d, c->ov_v_d};
     encode_kernel<<<grid_for(n_rows), kWarps * 32, smem, c->stream>>>(n_rows, k, v, c->dk, c->dv, kvq_cu_pages_of(c),
-                                                                        tok_page_d, tok_slot_d, flag_d);
+                                                                        tok_page_d, tok_slot_d, ov, flag_d);
     KVQ_CU_TRY(cudaGetLastError());
     return KVQ_OK;
 }
 
-kvq_status kvq_cu_store_overrides(const kvq_cuda_cache *c, size_t n_tokens, const float *k, const float *v,
-                                  const int32_t *tok_seq_d, const int32_t *tok_row_d, const int *flag_d)
-{
-    const int hd = c->cfg.cache.n_kv_heads * c->cfg.cache.head_dim;
-    const int64_t n = (int64_t)n_tokens * hd;
-    if (n == 0)
-        return KVQ_OK;
-    const int64_t blocks = (n + 255) / 256;
-    override_store_kernel<<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, 0, c->stream>>>(
-        (int)n_tokens, hd, k, v, tok_seq_d, tok_row_d, c->ov_rows, c->ov_k_d, c->ov_v_d, flag_d);
-    KVQ_CU_TRY(cudaGetLastError());
-    return KVQ_OK;
-}

@@ -136,18 +136,16 @@ kvq_status kvq_cu_codec_upload(const kvq_codec *c, float *tables, struct kvq_dev
 
 /* Encode kernels (cuda_encode.cu). Rows are (token, head, K|V):
  * x rows [n_tokens][n_kv_heads][dim]; token i goes to page tok_page[i],
- * slot tok_slot[i]. check: ORs 1 (non-finite) / 2 (range) into *flag; the
+ * slot tok_slot[i], and where the cache keeps f16 override rows (sinks,
+ * recent window) also to row tok_row[i] (-1: none) of sequence tok_seq[i]
+ * in f16. check: ORs 1 (non-finite) / 2 (range) into *flag; the
  * encoder writes nothing when flag is set and *flag != 0 (the same stream
  * orders the two, so the input check costs no host round trip before it). */
 kvq_status kvq_cu_check_rows(const kvq_cuda_cache *c, size_t n_tokens, const float *k, const float *v,
                              int *flag_d);
 kvq_status kvq_cu_encode_rows(const kvq_cuda_cache *c, size_t n_tokens, const float *k, const float *v,
-                              const int32_t *tok_page_d, const int32_t *tok_slot_d, const int *flag_d);
-
-/* Writes the f16 override rows of n tokens (cuda_encode.cu): token i of
- * k, v goes to row tok_row[i] (-1: none) of sequence tok_seq[i]. */
-kvq_status kvq_cu_store_overrides(const kvq_cuda_cache *c, size_t n_tokens, const float *k, const float *v,
-                                  const int32_t *tok_seq_d, const int32_t *tok_row_d, const int *flag_d);
+                              const int32_t *tok_page_d, const int32_t *tok_slot_d, const int32_t *tok_seq_d,
+                              const int32_t *tok_row_d, const int *flag_d);
 
 /* Ends c's open capture (cuda_graph.cu): c issues on its own stream again;
  * *graph is the captured graph or NULL. */
