@@ -7,7 +7,8 @@
  * bench/cuda_sdpa.py; bench/run_cuda.sh runs both and prints the ratios.
  *
  * Every call is the default (KVQ_CUDA_KERNEL_AUTO: the fused kernel on
- * these shapes). The earlier versions of the fused kernel, which the runs up
+ * these shapes; KVQ_BENCH_DIM=64|96|256 sets the head dim, where AUTO takes
+ * the reference kernel). The earlier versions of the fused kernel, which the runs up
  * to the tenth pass timed next to it ("v3o us", "v2 us", "v3 us"), have left
  * the library; their numbers are in docs/history/attention-cuda.md.
  *
@@ -60,7 +61,7 @@
 
 #define H 8
 #define G 4
-#define D 128
+static int D = 128; /* KVQ_BENCH_DIM: 64, 96 and 256 time the reference kernel (AUTO's choice there) */
 #define MAXB 32
 #define APPEND_PREFILL 8192                      /* tokens of the timed prefill */
 static const int append_batches[3] = {1, 8, 32}; /* sequences of a timed decode step */
@@ -339,6 +340,11 @@ int main(void)
     }
     char dev[256];
     TRY(kvq_cuda_device_describe(dev, sizeof dev));
+    D = env_int("KVQ_BENCH_DIM", 128);
+    if (D != 64 && D != 96 && D != 128 && D != 256) {
+        fprintf(stderr, "bench_cuda: KVQ_BENCH_DIM: 64, 96, 128 or 256\n");
+        return 1;
+    }
     const int profile = env_int("KVQ_BENCH_PROFILE", 0);
     const int quick = env_int("KVQ_BENCH_QUICK", 0) || profile;
     const int maxctx = env_int("KVQ_BENCH_MAXCTX", 131072);

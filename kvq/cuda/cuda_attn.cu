@@ -428,7 +428,8 @@ struct ref_params {
     const float *sv; /* row-major S_v, NULL unless V carries QJL signs (tqBj values) */
     float *out;
     const float *xtra; /* f16 override partials (ov_kernel, natural units), NULL: none */
-    int Hq, G, d;
+    float *part;       /* n_splits > 1: [entry][Hq][n_splits][2d + 2] partials (o, o_S, m, l) */
+    int Hq, G, d, n_splits;
     batch_ids ids;
 };
 
@@ -439,8 +440,41 @@ __device__ float warp_sum(float v)
     return v;
 }
 
-/* One block per (query head, entry), 4 warps striding over the tokens, fp32
- * throughout, one token at a time: slow and simple on purpose. */
+/* The output of (query head hq, entry b) from its normalised rotated-domain
+ * output qv[0, d) and sign residual qv[d, 2d) (tqBj values), the packed
+ * part's softmax L and M: S_v and R_v applied, merged with the override
+ * rows. tmp: d floats. Block-wide. */
+__device__ void ref_finish(const ref_params &p, float *qv, float *tmp, float L, float M, int b, int hq)
+{
+    const int d = p.d;
+    if (p.sv) {
+        for (int i = threadIdx.x; i < d; i += blockDim.x) {
+            float y = 0.0f;
+            for (int j = 0; j < d; j++)
+                y = fmaf(p.sv[(size_t)j * d + i], qv[d + j], y);
+            tmp[i] = qv[i] + y;
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < d; i += blockDim.x)
+            qv[i] = tmp[i];
+        __syncthreads();
+    }
+    float *dst = p.out + ((size_t)b * p.Hq + hq) * d;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        float y = qv[i];
+        if (p.rv) {
+            y = 0.0f;
+            for (int j = 0; j < d; j++)
+                y = fmaf(p.rv[(size_t)j * d + i], qv[j], y);
+        }
+        dst[i] = p.xtra ? merge_override(y, L, M, p.xtra + ((size_t)b * p.Hq + hq) * (d + 2), i, d, false) : y;
+    }
+}
+
+/* One block per (query head, entry, split), 4 warps striding over the
+ * split's tokens, fp32 throughout, one token at a time: simple on purpose.
+ * One split writes the output; several write partials for ref_merge_kernel
+ * (at batch 1 a block per query head alone left most of the GPU idle). */
 __global__ void ref_kernel(const __grid_constant__ ref_params p)
 {
     extern __shared__ float sh[];
@@ -461,7 +495,9 @@ __global__ void ref_kernel(const __grid_constant__ ref_params p)
     __syncthreads();
     const kvq_dev_pages &pg = p.pg;
     float m = -INFINITY, l = 0.0f;
-    for (int tok = p.ids.lo[b] + warp; tok < len; tok += 4) {
+    const int lo = p.ids.lo[b], per = (len - lo + p.n_splits - 1) / p.n_splits;
+    const int t0 = lo + (int)blockIdx.z * per, t1 = t0 + per < len ? t0 + per : len;
+    for (int tok = t0 + warp; tok < t1; tok += 4) {
         const int32_t page = pg.ptab[(size_t)seq * pg.max_pages_per_seq + (uint32_t)tok / pg.page_tokens];
         const uint32_t slot = (uint32_t)tok % pg.page_tokens;
         uint8_t *base = pg.pool + (uint64_t)page * pg.page_bytes;
@@ -523,6 +559,24 @@ __global__ void ref_kernel(const __grid_constant__ ref_params p)
         wgt[w] = ml[w] == -INFINITY ? 0.0f : expf(ml[w] - M);
         L += ml[4 + w] * wgt[w];
     }
+    if (p.n_splits > 1) { /* an unnormalised partial */
+        float *dst = p.part + (((size_t)b * p.Hq + hq) * p.n_splits + blockIdx.z) * (2 * (size_t)d + 2);
+        for (int j = threadIdx.x; j < d; j += blockDim.x) {
+            float o = 0.0f, os = 0.0f;
+            for (int w = 0; w < 4; w++) {
+                o += acc[w * d + j] * wgt[w];
+                if (p.sv)
+                    os += accs[w * d + j] * wgt[w];
+            }
+            dst[j] = o;
+            dst[d + j] = os;
+        }
+        if (threadIdx.x == 0) {
+            dst[2 * d] = M;
+            dst[2 * d + 1] = L;
+        }
+        return;
+    }
     for (int j = threadIdx.x; j < d; j += blockDim.x) {
         float o = 0.0f, os = 0.0f;
         for (int w = 0; w < 4; w++)
@@ -533,28 +587,36 @@ __global__ void ref_kernel(const __grid_constant__ ref_params p)
         qv[d + j] = os / L; /* its sign residual, S domain */
     }
     __syncthreads();
-    if (p.sv) {
-        for (int i = threadIdx.x; i < d; i += blockDim.x) {
-            float y = 0.0f;
-            for (int j = 0; j < d; j++)
-                y = fmaf(p.sv[(size_t)j * d + i], qv[d + j], y);
-            acc[i] = qv[i] + y; /* acc is free again */
-        }
-        __syncthreads();
-        for (int i = threadIdx.x; i < d; i += blockDim.x)
-            qv[i] = acc[i];
-        __syncthreads();
+    ref_finish(p, qv, acc, L, M, b, hq);
+}
+
+/* One block per (query head, entry): the splits' partials as one softmax,
+ * then ref_finish. */
+__global__ void ref_merge_kernel(const __grid_constant__ ref_params p)
+{
+    extern __shared__ float sh[];
+    const int d = p.d, hq = blockIdx.x, b = blockIdx.y, S = p.n_splits;
+    float *qv = sh, *tmp = sh + 2 * d;
+    const float *part = p.part + ((size_t)b * p.Hq + hq) * S * (2 * (size_t)d + 2);
+    const size_t stride = 2 * (size_t)d + 2;
+    float M = -INFINITY, L = 0.0f;
+    for (int s = 0; s < S; s++)
+        M = fmaxf(M, part[s * stride + 2 * d]);
+    for (int s = 0; s < S; s++) {
+        const float m = part[s * stride + 2 * d];
+        L += m == -INFINITY ? 0.0f : part[s * stride + 2 * d + 1] * expf(m - M);
     }
-    float *dst = p.out + ((size_t)b * p.Hq + hq) * d;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) {
-        float y = qv[i];
-        if (p.rv) {
-            y = 0.0f;
-            for (int j = 0; j < d; j++)
-                y = fmaf(p.rv[(size_t)j * d + i], qv[j], y);
+    for (int j = threadIdx.x; j < 2 * d; j += blockDim.x) {
+        float o = 0.0f;
+        for (int s = 0; s < S; s++) {
+            const float m = part[s * stride + 2 * d];
+            if (m != -INFINITY)
+                o += part[s * stride + j] * expf(m - M);
         }
-        dst[i] = p.xtra ? merge_override(y, L, M, p.xtra + ((size_t)b * p.Hq + hq) * (d + 2), i, d, false) : y;
+        qv[j] = o / L; /* no packed token: 0/0, see merge_override */
     }
+    __syncthreads();
+    ref_finish(p, qv, tmp, L, M, b, hq);
 }
 
 int fast_ktype(int t)
@@ -566,6 +628,11 @@ int fast_vtype(int t)
 {
     return t == KVQ_TYPE_TQ3 ? KVQ_CU_VT_TQ3 : t == KVQ_TYPE_F16 ? KVQ_CU_VT_F16 : -1;
 }
+
+/* The reference kernel's splits (ref_splits): blocks per SM aimed at, and
+ * the fewest tokens worth a split of their own. */
+constexpr int kRefBlocksPerSm = 8;
+constexpr int kRefMinTokens = 256;
 
 int batch_cap(const kvq_cuda_cache *c)
 {
@@ -591,6 +658,13 @@ kvq_status kvq_cu_attn_init(kvq_cuda_cache *c)
      * any tq type) */
     c->alpha_k = c->dk.rotated ? codebook_alpha(c->dk.centroids, c->dk.levels) : 1.0f;
     c->alpha_v = c->dv.rotated ? codebook_alpha(c->dv.centroids, c->dv.levels) : 1.0f;
+    /* the reference kernel's splits, where AUTO takes it (any type the
+     * fused kernel does not read): enough for kRefBlocksPerSm blocks per SM
+     * at small batches (larger ones fill the GPU without splits) */
+    const bool fused = d == 128 && fast_ktype(c->dk.type) >= 0 && fast_vtype(c->dv.type) >= 0 && G <= 8;
+    c->ref_part_entries = fused ? 0 : (size_t)kRefBlocksPerSm * (size_t)c->n_sm;
+    if (c->ref_part_entries)
+        KVQ_CU_TRY(cudaMalloc(&c->ref_part_d, c->ref_part_entries * (2 * (size_t)d + 2) * sizeof(float)));
     if (d != 128)
         return KVQ_OK; /* the fused kernel's buffers are for d = 128 only */
     KVQ_CU_TRY(cudaMalloc(&c->qfrag_d, nb * H * KVQ_CU_QFRAG_BYTES));
@@ -611,6 +685,7 @@ void kvq_cu_attn_free(kvq_cuda_cache *c)
     cudaFree(c->xtra_d);
     cudaFree(c->qfrag_d);
     cudaFree(c->part_d);
+    cudaFree(c->ref_part_d);
 }
 
 int kvq_cuda_fast_supported(const kvq_cuda_cache *c, int n_q_heads)
@@ -674,6 +749,25 @@ static kvq_status attend_overrides(kvq_cuda_cache *c, int nb, const int *seqs, c
         ov_kernel<false><<<dim3((unsigned)Hq, (unsigned)nb), 128, smem, c->stream>>>(op);
     KVQ_CU_TRY(cudaGetLastError());
     return KVQ_OK;
+}
+
+/* Splits of the reference kernel's token ranges [lo, hi): requested (> 0),
+ * or enough blocks for kRefBlocksPerSm per SM with at least kRefMinTokens
+ * tokens a split; at most what ref_part_d holds. */
+static int ref_splits(const kvq_cuda_cache *c, int nb, int Hq, const int *lo, const int *hi, int requested)
+{
+    int longest = 0;
+    for (int i = 0; i < nb; i++)
+        longest = hi[i] - lo[i] > longest ? hi[i] - lo[i] : longest;
+    const int blocks = nb * Hq, room = (int)(c->ref_part_entries / (size_t)blocks); /* 0: no buffer */
+    int s = requested;
+    if (s <= 0) {
+        s = (kRefBlocksPerSm * c->n_sm + blocks - 1) / blocks;
+        const int by_len = (longest + kRefMinTokens - 1) / kRefMinTokens;
+        s = s < by_len ? s : by_len;
+    }
+    s = s < room ? s : room;
+    return s > 1 ? s : 1;
 }
 
 /* Entry i attends to the first lens[i] tokens of seqs[i] (lens NULL: all). */
@@ -787,11 +881,17 @@ static kvq_status attend_chunk(kvq_cuda_cache *c, int nb, const int *seqs, const
         rp.ids.lo[i] = lo[i];
         rp.ids.len[i] = hi[i];
     }
+    rp.part = c->ref_part_d;
+    rp.n_splits = ref_splits(c, nb, Hq, lo, hi, n_splits);
     const size_t smem = (10 * (size_t)d + 8) * sizeof(float);
     if (smem > 48 * 1024)
         KVQ_CU_TRY(cudaFuncSetAttribute(ref_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    ref_kernel<<<dim3((unsigned)Hq, (unsigned)nb), 128, smem, c->stream>>>(rp);
+    ref_kernel<<<dim3((unsigned)Hq, (unsigned)nb, (unsigned)rp.n_splits), 128, smem, c->stream>>>(rp);
     KVQ_CU_TRY(cudaGetLastError());
+    if (rp.n_splits > 1) {
+        ref_merge_kernel<<<dim3((unsigned)Hq, (unsigned)nb), 128, 3 * (size_t)d * sizeof(float), c->stream>>>(rp);
+        KVQ_CU_TRY(cudaGetLastError());
+    }
     return KVQ_OK;
 }
 

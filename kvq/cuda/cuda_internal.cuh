@@ -120,6 +120,8 @@ struct kvq_cuda_cache {
     uint8_t *qfrag_d;        /* fast kernel: per (batch entry, kv head) fragment block */
     float *part_d;           /* split partials: [entries][G][d + 2] */
     size_t part_entries;
+    float *ref_part_d;       /* the reference kernel's split partials: [ref_part_entries][2d + 2] */
+    size_t ref_part_entries;
     float alpha_k, alpha_v;  /* codebook scales of the fused kernel's f16 tables */
     float int_scale_k;       /* fixed-point scale of the integer key scores' K table (1 for f16 K) */
     int n_sm;
