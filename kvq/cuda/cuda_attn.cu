@@ -631,8 +631,8 @@ int fast_vtype(int t)
 
 /* The reference kernel's splits (ref_splits): blocks per SM aimed at, and
  * the fewest tokens worth a split of their own. */
-constexpr int kRefBlocksPerSm = 8;
-constexpr int kRefMinTokens = 256;
+constexpr int kRefBlocksPerSm = 16;
+constexpr int kRefMinTokens = 128;
 
 int batch_cap(const kvq_cuda_cache *c)
 {
