@@ -205,7 +205,8 @@ enum { F32 = KVQ_TYPE_F32, F16 = KVQ_TYPE_F16, Q8 = KVQ_TYPE_Q8_0, Q4 = KVQ_TYPE
 /* GPU attention: a batch of sequences of 1, 77, 600 and 3001 tokens plus the
  * longest again; query heads per KV head, page sizes (32- and 16-token
  * stages) and rotations as the fused kernel sees them. From the eleventh
- * entry on only the reference kernel applies (other types, other dims). */
+ * entry on only the reference kernel applies (other types, other dims),
+ * and the last five are the group kernel's (AUTO at d = 64, 96, 256). */
 static const struct attend_case {
     int tk, tv;
     struct shape sh;
@@ -219,6 +220,9 @@ static const struct attend_case {
     ATT(T2J, T4, 96, 2, 48, HADAMARD),  ATT(Q4, Q8, 64, 4, 32, HADAMARD),   ATT(T2, T1J, 80, 4, 64, HADAMARD),
     ATT(T4, F32, 128, 4, 64, HADAMARD), ATT(T1, T4J, 64, 4, 64, HADAMARD),  ATT(F16, T2J, 128, 4, 64, HADAMARD),
     ATT(T3, T3J, 128, 4, 64, HADAMARD),
+    /* the group kernel (AUTO at d = 64, 96, 256 for the fused kernel's types) */
+    ATT(T3J, T3, 64, 4, 64, HADAMARD),  ATT(T3, F16, 64, 8, 32, IDENTITY),  ATT(F16, T3, 256, 2, 64, HADAMARD),
+    ATT(T3J, F16, 256, 8, 16, HADAMARD), ATT(F16, F16, 96, 3, 48, HADAMARD),
 #undef ATT
 };
 
@@ -231,7 +235,8 @@ static const struct {
 #define ATT(k, v, d, g, p, r) {k, v, {.dim = d, .G = g, .page_tokens = p, .rot = KVQ_ROT_##r}}
     ATT(T3J, T3, 128, 4, 64, HADAMARD), ATT(T3J, T3, 128, 8, 16, HADAMARD), ATT(T3, T3, 128, 3, 32, HADAMARD),
     ATT(F16, F16, 128, 4, 64, HADAMARD), ATT(T3, F16, 128, 8, 64, IDENTITY), ATT(T3J, T3, 96, 4, 64, HADAMARD),
-    ATT(T4J, T2, 128, 4, 48, HADAMARD), ATT(F32, F16, 64, 2, 16, HADAMARD),
+    ATT(T4J, T2, 128, 4, 48, HADAMARD), ATT(F32, F16, 64, 2, 16, HADAMARD), ATT(T3J, T3, 64, 4, 64, HADAMARD),
+    ATT(T3J, T3, 256, 2, 64, HADAMARD),
 #undef ATT
 };
 
@@ -1138,7 +1143,9 @@ static double attend_error(void *p, const struct tcase *c, enum backend b)
     const size_t group = (size_t)c->sh->G * (size_t)f->d, n = (size_t)f->nb * ATTEND_HEADS;
     if (b == BE_CUDA_FUSED)
         CHECKF(kvq_cuda_fast_supported(f->g, f->Hq), "the fused kernel does not apply");
-    static const int splits[] = {0, 1, 4, 7, 128}; /* 0: the call attend_exec made (the kernel's own count) */
+    /* 0: the call attend_exec made (the kernel's own count); every kernel
+     * splits (the reference and group kernels as the fused one) */
+    static const int splits[] = {0, 1, 4, 7, 128};
     double worst = 0;
     for (int k = 0; k < COUNT(splits) - f->small; k++) {
         if (splits[k])
@@ -1146,8 +1153,6 @@ static double attend_error(void *p, const struct tcase *c, enum backend b)
         CHECK_OK(kvq_cuda_memcpy_d2h(f->out, f->od, n * group * sizeof(float)));
         for (size_t i = 0; i < n; i++)
             worst = fmax(worst, test_rel_err(f->out + i * group, f->ref + i * group, group));
-        if (b != BE_CUDA_FUSED)
-            break;
     }
     return worst;
 }

@@ -31,19 +31,12 @@
 #include "kvq_tokenizer.h"
 #include "test.h"
 #include "test_fixture.h"
+#include "test_gpu.h"
 #include "test_util.h"
 
 static struct test_fixture fx;
 static kvq_model *model; /* fx.model */
 static int small;        /* KVQ_CUDA_TEST_SMALL=1 */
-
-#define NEED_GPU()                                                                   \
-    do {                                                                             \
-        if (kvq_cuda_device_count() == 0) {                                          \
-            SKIP("no CUDA device (kvq_cuda_device_count() == 0): GPU test not run"); \
-            return;                                                                  \
-        }                                                                            \
-    } while (0)
 
 static double now_s(void)
 {
@@ -399,8 +392,7 @@ int main(void)
     if (test_fixture_open(&fx, "test_decoder_cuda") != 0)
         return 1;
     model = fx.model;
-    const char *sm = getenv("KVQ_CUDA_TEST_SMALL");
-    small = sm && sm[0] == '1';
+    small = test_gpu_small();
     RUN(test_refusals);
     RUN(test_fixture_cases_f32);
     RUN(test_sampled_generation);

@@ -18,6 +18,7 @@
 #include "kvq_rng.h"
 #include "kvq_sampler.h"
 #include "test.h"
+#include "test_gpu.h"
 
 #ifdef KVQ_HAVE_CUBLAS
 #include "decoder_internal.h"
@@ -25,14 +26,6 @@
 
 enum { V = 50021, R = 11, TRIALS = 150 }; /* R > the sampler's 8-row pass */
 static int trials = TRIALS; /* KVQ_CUDA_TEST_SMALL=1 (the sanitizer runs): 4 */
-
-#define NEED_GPU()                                                                   \
-    do {                                                                             \
-        if (kvq_cuda_device_count() == 0) {                                          \
-            SKIP("no CUDA device (kvq_cuda_device_count() == 0): GPU test not run"); \
-            return;                                                                  \
-        }                                                                            \
-    } while (0)
 
 /* Row r's logits: a different shape per row. */
 static void fill_row(float *x, int r, kvq_rng *g)
@@ -182,8 +175,7 @@ static void test_bad_rows(void)
 int main(void)
 {
 #ifdef KVQ_HAVE_CUBLAS
-    const char *sm = getenv("KVQ_CUDA_TEST_SMALL");
-    if (sm && sm[0] == '1')
+    if (test_gpu_small())
         trials = 4;
 #endif
     RUN(test_matches_cpu);

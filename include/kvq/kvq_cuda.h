@@ -212,14 +212,17 @@ KVQ_API kvq_status kvq_cuda_cache_write_page(kvq_cuda_cache *c, int seq, size_t 
 /* Which kernel kvq_cuda_cache_attend runs. The values are pinned. */
 enum kvq_cuda_kernel {
     KVQ_CUDA_KERNEL_AUTO = 0,  /* the fused tensor-core kernel where it applies
-                                  (kvq_cuda_fast_supported), else the reference */
+                                  (kvq_cuda_fast_supported); at head_dim 64, 96
+                                  and 256 the group kernel for the same types
+                                  (CUDA cores, a block per KV head); else the
+                                  reference */
     KVQ_CUDA_KERNEL_FUSED = 1, /* the fused kernel only: KVQ_ERR_UNSUPPORTED where it does not apply */
     KVQ_CUDA_KERNEL_REF = 2    /* the scalar fp32 reference kernel (any type, any head dim, any group) */
 };
 
 struct kvq_cuda_attn_opts {
     enum kvq_cuda_kernel kernel;
-    int n_splits; /* sequence splits per (sequence, KV head); 0 = chosen to fill the GPU */
+    int n_splits; /* sequence splits per (sequence, KV head) for every kernel; 0 = chosen to fill the GPU */
 };
 
 /** The fused kernel covers head_dim 128, n_q_heads / n_kv_heads <= 8, K in
@@ -229,8 +232,9 @@ struct kvq_cuda_attn_opts {
  *  Gaussian S). For tq keys and n_q_heads / n_kv_heads <= 4 its key scores
  *  run on integer tensor cores, elsewhere on f16 ones. On sm_90 or newer the
  *  call's kernels (query prep, fused, split merge) are launched to overlap
- *  (programmatic dependent launch). Everything else runs on the reference
- *  kernel. @return 1 when it applies to c's config and n_q_heads. */
+ *  (programmatic dependent launch). Everything else runs on the group or the
+ *  reference kernel (AUTO). @return 1 when it applies to c's config and
+ *  n_q_heads. */
 KVQ_API int kvq_cuda_fast_supported(const kvq_cuda_cache *c, int n_q_heads);
 
 /** out_dev[i] = softmax(scale * q_i K^T) V over all tokens of seqs[i], for

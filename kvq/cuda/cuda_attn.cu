@@ -619,6 +619,44 @@ __global__ void ref_merge_kernel(const __grid_constant__ ref_params p)
     ref_finish(p, qv, tmp, L, M, b, hq);
 }
 
+} /* namespace */
+
+#include "cuda_group.cuh"
+
+namespace {
+
+/* The group kernel's instantiation for d, K type kt, V type vt; NULL where
+ * it does not apply. */
+using group_fn = void (*)(ref_params);
+template <int D>
+group_fn group_pick(int kt, int vt)
+{
+    static const group_fn t[3][2] = {
+        {group::group_kernel<D, group::K_TQ3, group::V_TQ3>, group::group_kernel<D, group::K_TQ3, group::V_F16>},
+        {group::group_kernel<D, group::K_TQ3J, group::V_TQ3>, group::group_kernel<D, group::K_TQ3J, group::V_F16>},
+        {group::group_kernel<D, group::K_F16, group::V_TQ3>, group::group_kernel<D, group::K_F16, group::V_F16>}};
+    return kt >= 0 && vt >= 0 ? t[kt][vt] : NULL;
+}
+
+group_fn group_of(const kvq_cuda_cache *c, int G)
+{
+    const int kt = c->dk.type == KVQ_TYPE_TQ3 ? group::K_TQ3 : c->dk.type == KVQ_TYPE_TQ3J ? group::K_TQ3J
+                 : c->dk.type == KVQ_TYPE_F16 ? group::K_F16 : -1;
+    const int vt = c->dv.type == KVQ_TYPE_TQ3 ? group::V_TQ3 : c->dv.type == KVQ_TYPE_F16 ? group::V_F16 : -1;
+    if (G > group::kMaxG || !c->ref_part_d)
+        return NULL;
+    switch (c->cfg.cache.head_dim) {
+    case 64:
+        return group_pick<64>(kt, vt);
+    case 96:
+        return group_pick<96>(kt, vt);
+    case 256:
+        return group_pick<256>(kt, vt);
+    default:
+        return NULL;
+    }
+}
+
 int fast_ktype(int t)
 {
     return t == KVQ_TYPE_TQ3J ? KVQ_CU_KT_TQ3J : t == KVQ_TYPE_TQ3 ? KVQ_CU_KT_TQ3 : t == KVQ_TYPE_F16 ? KVQ_CU_KT_F16 : -1;
@@ -772,7 +810,7 @@ static int ref_splits(const kvq_cuda_cache *c, int nb, int Hq, const int *lo, co
 
 /* Entry i attends to the first lens[i] tokens of seqs[i] (lens NULL: all). */
 static kvq_status attend_chunk(kvq_cuda_cache *c, int nb, const int *seqs, const size_t *lens, const float *q,
-                               int Hq, float scale, float *out, int use_fast, int n_splits)
+                               int Hq, float scale, float *out, int use_fast, int use_ref, int n_splits)
 {
     const int H = c->cfg.cache.n_kv_heads, G = Hq / H, d = c->cfg.cache.head_dim;
     /* the packed range [lo, hi) of each entry; the rest from f16 rows first */
@@ -882,6 +920,22 @@ static kvq_status attend_chunk(kvq_cuda_cache *c, int nb, const int *seqs, const
         rp.ids.len[i] = hi[i];
     }
     rp.part = c->ref_part_d;
+    /* the group kernel writes a partial per query head and split: the
+     * buffer holds at least one split of every head of the batch */
+    const int group_room = (int)(c->ref_part_entries / ((size_t)nb * Hq));
+    const group_fn gk = use_ref || group_room < 1 ? NULL : group_of(c, G);
+    if (gk) { /* a block per KV head and split */
+        const int S = ref_splits(c, nb, H, lo, hi, n_splits);
+        rp.n_splits = S < group_room ? S : group_room;
+        const size_t gsmem = ((size_t)G * 2 * d + 4 * (size_t)G * (d + 2) + 16) * sizeof(float);
+        if (gsmem > 48 * 1024)
+            KVQ_CU_TRY(cudaFuncSetAttribute(gk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gsmem));
+        gk<<<dim3((unsigned)H, (unsigned)nb, (unsigned)rp.n_splits), 128, gsmem, c->stream>>>(rp);
+        KVQ_CU_TRY(cudaGetLastError());
+        ref_merge_kernel<<<dim3((unsigned)Hq, (unsigned)nb), 128, 3 * (size_t)d * sizeof(float), c->stream>>>(rp);
+        KVQ_CU_TRY(cudaGetLastError());
+        return KVQ_OK;
+    }
     rp.n_splits = ref_splits(c, nb, Hq, lo, hi, n_splits);
     const size_t smem = (10 * (size_t)d + 8) * sizeof(float);
     if (smem > 48 * 1024)
@@ -925,7 +979,8 @@ static kvq_status attend(kvq_cuda_cache *c, int n_seqs, const int *seqs, const s
     for (int off = 0; off < n_seqs; off += cap) {
         const int nb = n_seqs - off < cap ? n_seqs - off : cap;
         kvq_status st = attend_chunk(c, nb, seqs + off, lens ? lens + off : NULL, q_dev + (size_t)off * row,
-                                     n_q_heads, scale, out_dev + (size_t)off * row, use_fast, n_splits);
+                                     n_q_heads, scale, out_dev + (size_t)off * row, use_fast,
+                                     kern == KVQ_CUDA_KERNEL_REF, n_splits);
         if (st != KVQ_OK)
             return st;
     }
