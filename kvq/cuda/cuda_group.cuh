@@ -108,34 +108,47 @@ __global__ void __launch_bounds__(128) group_kernel(const __grid_constant__ ref_
 #pragma unroll
             for (int g = 0; g < kMaxG; g++)
                 a[g] = z[g] = 0.0f;
+            /* four elements at a time: one 16-byte shared load of each query
+             * (the same address in every lane) per four products */
             if (KT == K_F16) {
-                for (int j = 0; j < D; j++) {
-                    const float kj = f16_at(kr.codes, j);
+                for (int j = 0; j < D; j += 4) {
+                    const float k0 = f16_at(kr.codes, j), k1 = f16_at(kr.codes, j + 1), k2 = f16_at(kr.codes, j + 2),
+                                k3 = f16_at(kr.codes, j + 3);
 #pragma unroll
                     for (int g = 0; g < kMaxG; g++)
-                        if (g < G)
-                            a[g] = fmaf(qs[g * 2 * D + j], kj, a[g]);
+                        if (g < G) {
+                            const float4 q = *reinterpret_cast<const float4 *>(qs + g * 2 * D + j);
+                            a[g] = fmaf(q.w, k3, fmaf(q.z, k2, fmaf(q.y, k1, fmaf(q.x, k0, a[g]))));
+                        }
                 }
             } else {
                 for (int grp = 0; grp < ND; grp++) {
                     uint32_t w[3];
                     load_words(kr.codes + 12 * grp, w);
-                    for (int c = 0; c < 32; c++) {
-                        const float kj = ck[group_code(w, c)];
+#pragma unroll 2
+                    for (int c = 0; c < 32; c += 4) {
+                        const float k0 = ck[group_code(w, c)], k1 = ck[group_code(w, c + 1)],
+                                    k2 = ck[group_code(w, c + 2)], k3 = ck[group_code(w, c + 3)];
                         const int j = 32 * grp + c;
 #pragma unroll
                         for (int g = 0; g < kMaxG; g++)
-                            if (g < G)
-                                a[g] = fmaf(qs[g * 2 * D + j], kj, a[g]);
+                            if (g < G) {
+                                const float4 q = *reinterpret_cast<const float4 *>(qs + g * 2 * D + j);
+                                a[g] = fmaf(q.w, k3, fmaf(q.z, k2, fmaf(q.y, k1, fmaf(q.x, k0, a[g]))));
+                            }
                     }
                 }
                 if (KT == K_TQ3J)
-                    for (int j = 0; j < D; j++) {
-                        const bool pos = (kr.signs[j >> 3] >> (j & 7)) & 1;
+                    for (int j = 0; j < D; j += 4) {
+                        const unsigned bits = kr.signs[j >> 3] >> (j & 7);
+                        const float s0 = bits & 1u ? 1.0f : -1.0f, s1 = bits & 2u ? 1.0f : -1.0f,
+                                    s2 = bits & 4u ? 1.0f : -1.0f, s3 = bits & 8u ? 1.0f : -1.0f;
 #pragma unroll
                         for (int g = 0; g < kMaxG; g++)
-                            if (g < G)
-                                z[g] += pos ? qs[g * 2 * D + D + j] : -qs[g * 2 * D + D + j];
+                            if (g < G) {
+                                const float4 q = *reinterpret_cast<const float4 *>(qs + g * 2 * D + D + j);
+                                z[g] = fmaf(q.w, s3, fmaf(q.z, s2, fmaf(q.y, s1, fmaf(q.x, s0, z[g]))));
+                            }
                     }
             }
             const float nk = KT == K_F16 ? 1.0f : kvq_f16_to_f32(*kr.norm);
