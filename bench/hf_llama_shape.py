@@ -2,12 +2,14 @@
 """Llama-3.1-8B-shaped checkpoints with random bf16 weights, a transformers
 reference for them, and transformers' own decode/prefill speed on them.
 
-    hf_llama_shape.py make  --out DIR [--layers 32] [--seed 0] [--ref]
+    hf_llama_shape.py make  --out DIR [--shape llama31-8b|llama32-1b] [--layers N] [--seed 0] [--ref]
     hf_llama_shape.py bench --model DIR [--ctx 4096,32768,131072] [--batch 1] [--json FILE]
 
 make: Llama-3.1-8B's config (hidden 4096, 32/8 heads, head_dim 128, ffn
-14336, vocab 128256, rope_theta 500000 with llama3 scaling), `--layers`
-layers, weights N(0, 0.02) generated on the GPU in bf16, norm weights
+14336, vocab 128256, rope_theta 500000 with llama3 scaling), or with
+--shape llama32-1b Llama-3.2-1B's (hidden 2048, 16 layers, 32/8 heads,
+head_dim 64, ffn 8192, tied embeddings), `--layers` layers (default: the
+shape's), weights N(0, 0.02) generated on the GPU in bf16, norm weights
 1 + N(0, 0.1) so they are exercised; saved with save_pretrained (bf16
 safetensors). --ref also writes DIR/reference.safetensors: 64 prompt ids
 and the logits at the last 4 positions computed two ways over the same bf16
@@ -26,20 +28,29 @@ import time
 import torch
 
 
-def llama31_config(layers, vocab=128256):
+# The published configs' shapes: (hidden, ffn, layers, heads, KV heads, head
+# dim, llama3 RoPE factor, tied embeddings).
+SHAPES = {
+    "llama31-8b": (4096, 14336, 32, 32, 8, 128, 8.0, False),
+    "llama32-1b": (2048, 8192, 16, 32, 8, 64, 32.0, True),
+}
+
+
+def llama_config(shape, layers=None, vocab=128256):
     from transformers import LlamaConfig
+    hidden, ffn, n_layers, heads, kv, d, factor, tied = SHAPES[shape]
     return LlamaConfig(
-        vocab_size=vocab, hidden_size=4096, intermediate_size=14336, num_hidden_layers=layers,
-        num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=131072,
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers or n_layers,
+        num_attention_heads=heads, num_key_value_heads=kv, head_dim=d, max_position_embeddings=131072,
         rms_norm_eps=1e-5, rope_theta=500000.0,
-        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        rope_scaling={"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                       "original_max_position_embeddings": 8192},
-        tie_word_embeddings=False, bos_token_id=128000, eos_token_id=128001, torch_dtype="bfloat16")
+        tie_word_embeddings=tied, bos_token_id=128000, eos_token_id=128001, torch_dtype="bfloat16")
 
 
-def random_model(layers, seed):
+def random_model(shape, layers, seed):
     from transformers import LlamaForCausalLM
-    cfg = llama31_config(layers)
+    cfg = llama_config(shape, layers)
     torch.manual_seed(seed)
     torch.set_default_dtype(torch.bfloat16)
     with torch.device("cuda"):
@@ -57,7 +68,7 @@ def random_model(layers, seed):
 
 
 def cmd_make(a):
-    model = random_model(a.layers, a.seed)
+    model = random_model(a.shape, a.layers, a.seed)
     model.save_pretrained(a.out, safe_serialization=True, max_shard_size="5GB")
     if not a.ref:
         return
@@ -129,7 +140,8 @@ def main():
     sub = p.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("make")
     m.add_argument("--out", required=True)
-    m.add_argument("--layers", type=int, default=32)
+    m.add_argument("--shape", choices=sorted(SHAPES), default="llama31-8b")
+    m.add_argument("--layers", type=int, help="default: the shape's")
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--ref", action="store_true")
     b = sub.add_parser("bench")

@@ -211,7 +211,7 @@ def main():
     a = p.parse_args()
     import hf_llama_shape
     import transformers
-    model = hf_llama_shape.random_model(a.layers, seed=0)
+    model = hf_llama_shape.random_model("llama31-8b", a.layers, seed=0)
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "transformers": transformers.__version__, "layers": a.layers, "steps": a.steps, "results": []}
     print(f"bench_hf: model of {a.layers} layers ready after {elapsed():.0f} s", flush=True)

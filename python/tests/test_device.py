@@ -400,7 +400,7 @@ def test_tiny_ppl_matches_c_decoder():
 def _llama31(layers):
     sys.path.insert(0, os.path.join(REPO, "bench"))
     import hf_llama_shape
-    return hf_llama_shape.random_model(layers, seed=0)
+    return hf_llama_shape.random_model("llama31-8b", layers, seed=0)
 
 
 def test_llama31_shape_greedy_equal():
