@@ -24,13 +24,21 @@ constexpr int kMaxG = 8;
 enum { K_TQ3 = 0, K_TQ3J = 1, K_F16 = 2 };
 enum { V_TQ3 = 0, V_F16 = 1 };
 
-/* The 12 bytes of 32 3-bit codes (device order) as three words. */
+/* The 12 bytes of 32 3-bit codes (device order) as three words: a row's
+ * codes start 4-byte aligned (the code section follows the 2-byte norms of
+ * 16 or 32 tokens; rows are 3d/8 bytes, d a multiple of 32). */
 __device__ __forceinline__ void load_words(const uint8_t *p, uint32_t w[3])
 {
+    const uint32_t *q = reinterpret_cast<const uint32_t *>(p);
 #pragma unroll
     for (int k = 0; k < 3; k++)
-        w[k] = (uint32_t)p[4 * k] | ((uint32_t)p[4 * k + 1] << 8) | ((uint32_t)p[4 * k + 2] << 16) |
-               ((uint32_t)p[4 * k + 3] << 24);
+        w[k] = q[k];
+}
+
+/* Element j of an f16 row (2-byte aligned). */
+__device__ __forceinline__ float f16_elem(const uint8_t *row, int j)
+{
+    return kvq_f16_to_f32(reinterpret_cast<const uint16_t *>(row)[j]);
 }
 
 /* Code c (0..31) of a 32-code group: codes c < 24 are the low 3 bits of
@@ -112,8 +120,8 @@ __global__ void __launch_bounds__(128) group_kernel(const __grid_constant__ ref_
              * (the same address in every lane) per four products */
             if (KT == K_F16) {
                 for (int j = 0; j < D; j += 4) {
-                    const float k0 = f16_at(kr.codes, j), k1 = f16_at(kr.codes, j + 1), k2 = f16_at(kr.codes, j + 2),
-                                k3 = f16_at(kr.codes, j + 3);
+                    const float k0 = f16_elem(kr.codes, j), k1 = f16_elem(kr.codes, j + 1),
+                                k2 = f16_elem(kr.codes, j + 2), k3 = f16_elem(kr.codes, j + 3);
 #pragma unroll
                     for (int g = 0; g < kMaxG; g++)
                         if (g < G) {
@@ -190,7 +198,7 @@ __global__ void __launch_bounds__(128) group_kernel(const __grid_constant__ ref_
             for (int k = 0; k < ND; k++) {
                 float val;
                 if (VT == V_F16) {
-                    val = f16_at(vr, lane + 32 * k);
+                    val = f16_elem(vr, lane + 32 * k);
                 } else {
                     uint32_t w[3];
                     load_words(vr + 12 * k, w);
