@@ -808,96 +808,92 @@ static int ref_splits(const kvq_cuda_cache *c, int nb, int Hq, const int *lo, co
     return s > 1 ? s : 1;
 }
 
-/* Entry i attends to the first lens[i] tokens of seqs[i] (lens NULL: all). */
-static kvq_status attend_chunk(kvq_cuda_cache *c, int nb, const int *seqs, const size_t *lens, const float *q,
-                               int Hq, float scale, float *out, int use_fast, int use_ref, int n_splits)
+/* The packed range [lo[i], hi[i]) of entry i on the fused kernel, then
+ * its split merge (merged with the override partials xtra, if any). */
+static kvq_status attend_fused(kvq_cuda_cache *c, int nb, const int *seqs, const int *lo, const int *hi,
+                               const float *q, int Hq, float scale, float *out, const float *xtra, int n_splits)
+{
+    const int H = c->cfg.cache.n_kv_heads, G = Hq / H;
+    kvq_cu_fast_params p;
+    memset(&p, 0, sizeof p);
+    p.pg = kvq_cu_pages_of(c);
+    p.qfrag = c->qfrag_d;
+    p.part = c->part_d;
+    p.H = H;
+    p.G = G;
+    /* integer key scores (tq keys, G <= 4); that kernel waits for the prep
+     * kernel itself, so only it is launched to overlap it (programmatic
+     * dependent launch, sm_90 or newer) */
+    const int imma = G <= 4 && c->dk.type != KVQ_TYPE_F16;
+    p.pdl = imma && c->cc_major >= 9;
+    p.kappa = c->dk.kappa;
+    if (c->dk.type != KVQ_TYPE_F16) {
+        p.lut_k = tq3_lut_make(c->dk.centroids, c->alpha_k);
+        p.ilut_k = tq3_ilut_make(c->dk.centroids, c->int_scale_k);
+    }
+    if (c->dv.type != KVQ_TYPE_F16)
+        p.lut_v = tq3_lut_make(c->dv.centroids, c->alpha_v);
+    for (int i = 0; i < nb; i++) {
+        p.seq[i] = seqs[i];
+        p.lo[i] = lo[i];
+        p.len[i] = hi[i];
+    }
+    prep_call pc;
+    pc.q = q;
+    pc.Hq = Hq;
+    pc.H = H;
+    pc.G = G;
+    pc.nb = nb;
+    pc.c = scale * kLog2e;
+    pc.inv_alpha_k = 1.0f / c->alpha_k;
+    pc.rk = rot_arg_of(c->dk.rotated, c->dk.R, c->rk_dense);
+    pc.sk = rot_arg_of(c->dk.qjl, c->dk.S, c->sk_dense);
+    pc.k_f16 = c->dk.type == KVQ_TYPE_F16;
+    pc.imma = imma;
+    pc.inv_sk = 1.0f / c->int_scale_k;
+    pc.qfrag = c->qfrag_d;
+    pc.pdl = p.pdl;
+    pc.stream = c->stream;
+    p.prep = launch_prep;
+    p.prep_ctx = &pc;
+    if (imma && pc.rk.mode != ROT_DENSE && pc.sk.mode != ROT_DENSE) {
+        /* the integer-score kernel may prepare its queries itself
+         * (kvq_cu_fast_launch decides) */
+        p.q = q;
+        p.Hq = Hq;
+        p.qscale = pc.c;
+        p.inv_sk = pc.inv_sk;
+        p.rk = pc.rk;
+        p.sk = pc.sk;
+    }
+    int max_splits = (int)(c->part_entries / ((size_t)nb * H));
+    max_splits = max_splits < KVQ_CU_MAX_SPLITS ? max_splits : KVQ_CU_MAX_SPLITS;
+    kvq_status st = kvq_cu_fast_launch(&p, fast_ktype(c->dk.type), fast_vtype(c->dv.type), nb, n_splits,
+                                       max_splits, c->n_sm, c->stream);
+    if (st != KVQ_OK)
+        return st;
+    const dim3 fgrid((unsigned)G, (unsigned)H, (unsigned)nb);
+    const size_t fsmem = (size_t)p.n_splits * sizeof(float);
+    const rot_arg rv = rot_arg_of(c->dv.rotated, c->dv.R, c->rv_dense);
+    const int v_f16 = c->dv.type == KVQ_TYPE_F16;
+    if (p.pdl_used)
+        KVQ_CU_TRY(kvq_cu_launch(true, finalize_kernel<true>, fgrid, dim3(128), fsmem, c->stream, c->part_d,
+                                 p.n_splits, Hq, H, G, v_f16, rv, 1.0f / c->alpha_v, xtra, out));
+    else
+        finalize_kernel<false><<<fgrid, 128, fsmem, c->stream>>>(c->part_d, p.n_splits, Hq, H, G, v_f16, rv,
+                                                                 1.0f / c->alpha_v, xtra, out);
+    KVQ_CU_TRY(cudaGetLastError());
+    return KVQ_OK;
+}
+
+/* The same on CUDA cores: the group kernel where it applies (and use_ref
+ * is not set), else the reference kernel; both split the range over blocks
+ * and merge the splits. */
+static kvq_status attend_cores(kvq_cuda_cache *c, int nb, const int *seqs, const int *lo, const int *hi,
+                               const float *q, int Hq, float scale, float *out, const float *xtra, int use_ref,
+                               int n_splits)
 {
     const int H = c->cfg.cache.n_kv_heads, G = Hq / H, d = c->cfg.cache.head_dim;
-    /* the packed range [lo, hi) of each entry; the rest from f16 rows first */
-    int n[KVQ_CU_MAX_BATCH], lo[KVQ_CU_MAX_BATCH], hi[KVQ_CU_MAX_BATCH];
-    for (int i = 0; i < nb; i++) {
-        n[i] = (int)(lens ? lens[i] : c->len[seqs[i]]);
-        override_view(c, seqs[i], (size_t)n[i], &lo[i], &hi[i]);
-    }
-    const bool overrides = c->ov_rows > 0;
-    if (overrides) {
-        const kvq_status st = attend_overrides(c, nb, seqs, n, lo, hi, q, Hq, scale, use_fast != 0);
-        if (st != KVQ_OK)
-            return st;
-    }
-    const float *xtra = overrides ? c->xtra_d : NULL;
-    if (use_fast) {
-        kvq_cu_fast_params p;
-        memset(&p, 0, sizeof p);
-        p.pg = kvq_cu_pages_of(c);
-        p.qfrag = c->qfrag_d;
-        p.part = c->part_d;
-        p.H = H;
-        p.G = G;
-        /* integer key scores (tq keys, G <= 4); that kernel waits for the prep
-         * kernel itself, so only it is launched to overlap it (programmatic
-         * dependent launch, sm_90 or newer) */
-        const int imma = G <= 4 && c->dk.type != KVQ_TYPE_F16;
-        p.pdl = imma && c->cc_major >= 9;
-        p.kappa = c->dk.kappa;
-        if (c->dk.type != KVQ_TYPE_F16) {
-            p.lut_k = tq3_lut_make(c->dk.centroids, c->alpha_k);
-            p.ilut_k = tq3_ilut_make(c->dk.centroids, c->int_scale_k);
-        }
-        if (c->dv.type != KVQ_TYPE_F16)
-            p.lut_v = tq3_lut_make(c->dv.centroids, c->alpha_v);
-        for (int i = 0; i < nb; i++) {
-            p.seq[i] = seqs[i];
-            p.lo[i] = lo[i];
-            p.len[i] = hi[i];
-        }
-        prep_call pc;
-        pc.q = q;
-        pc.Hq = Hq;
-        pc.H = H;
-        pc.G = G;
-        pc.nb = nb;
-        pc.c = scale * kLog2e;
-        pc.inv_alpha_k = 1.0f / c->alpha_k;
-        pc.rk = rot_arg_of(c->dk.rotated, c->dk.R, c->rk_dense);
-        pc.sk = rot_arg_of(c->dk.qjl, c->dk.S, c->sk_dense);
-        pc.k_f16 = c->dk.type == KVQ_TYPE_F16;
-        pc.imma = imma;
-        pc.inv_sk = 1.0f / c->int_scale_k;
-        pc.qfrag = c->qfrag_d;
-        pc.pdl = p.pdl;
-        pc.stream = c->stream;
-        p.prep = launch_prep;
-        p.prep_ctx = &pc;
-        if (imma && pc.rk.mode != ROT_DENSE && pc.sk.mode != ROT_DENSE) {
-            /* the integer-score kernel may prepare its queries itself
-             * (kvq_cu_fast_launch decides) */
-            p.q = q;
-            p.Hq = Hq;
-            p.qscale = pc.c;
-            p.inv_sk = pc.inv_sk;
-            p.rk = pc.rk;
-            p.sk = pc.sk;
-        }
-        int max_splits = (int)(c->part_entries / ((size_t)nb * H));
-        max_splits = max_splits < KVQ_CU_MAX_SPLITS ? max_splits : KVQ_CU_MAX_SPLITS;
-        kvq_status st = kvq_cu_fast_launch(&p, fast_ktype(c->dk.type), fast_vtype(c->dv.type), nb, n_splits,
-                                           max_splits, c->n_sm, c->stream);
-        if (st != KVQ_OK)
-            return st;
-        const dim3 fgrid((unsigned)G, (unsigned)H, (unsigned)nb);
-        const size_t fsmem = (size_t)p.n_splits * sizeof(float);
-        const rot_arg rv = rot_arg_of(c->dv.rotated, c->dv.R, c->rv_dense);
-        const int v_f16 = c->dv.type == KVQ_TYPE_F16;
-        if (p.pdl_used)
-            KVQ_CU_TRY(kvq_cu_launch(true, finalize_kernel<true>, fgrid, dim3(128), fsmem, c->stream, c->part_d,
-                                     p.n_splits, Hq, H, G, v_f16, rv, 1.0f / c->alpha_v, xtra, out));
-        else
-            finalize_kernel<false><<<fgrid, 128, fsmem, c->stream>>>(c->part_d, p.n_splits, Hq, H, G, v_f16, rv,
-                                                                     1.0f / c->alpha_v, xtra, out);
-        KVQ_CU_TRY(cudaGetLastError());
-        return KVQ_OK;
-    }
     prep_ref_kernel<<<dim3((unsigned)Hq, (unsigned)nb), 128, 2 * (size_t)d * sizeof(float), c->stream>>>(
         q, Hq, d, scale, c->dk.rotated ? c->rk_dense : NULL, c->dk.qjl ? c->sk_dense : NULL, c->qprep_d);
     KVQ_CU_TRY(cudaGetLastError());
@@ -947,6 +943,27 @@ static kvq_status attend_chunk(kvq_cuda_cache *c, int nb, const int *seqs, const
         KVQ_CU_TRY(cudaGetLastError());
     }
     return KVQ_OK;
+}
+
+/* Entry i attends to the first lens[i] tokens of seqs[i] (lens NULL: all). */
+static kvq_status attend_chunk(kvq_cuda_cache *c, int nb, const int *seqs, const size_t *lens, const float *q,
+                               int Hq, float scale, float *out, int use_fast, int use_ref, int n_splits)
+{
+    /* the packed range [lo, hi) of each entry; the rest from f16 rows first */
+    int n[KVQ_CU_MAX_BATCH], lo[KVQ_CU_MAX_BATCH], hi[KVQ_CU_MAX_BATCH];
+    for (int i = 0; i < nb; i++) {
+        n[i] = (int)(lens ? lens[i] : c->len[seqs[i]]);
+        override_view(c, seqs[i], (size_t)n[i], &lo[i], &hi[i]);
+    }
+    const bool overrides = c->ov_rows > 0;
+    if (overrides) {
+        const kvq_status st = attend_overrides(c, nb, seqs, n, lo, hi, q, Hq, scale, use_fast != 0);
+        if (st != KVQ_OK)
+            return st;
+    }
+    const float *xtra = overrides ? c->xtra_d : NULL;
+    return use_fast ? attend_fused(c, nb, seqs, lo, hi, q, Hq, scale, out, xtra, n_splits)
+                    : attend_cores(c, nb, seqs, lo, hi, q, Hq, scale, out, xtra, use_ref, n_splits);
 }
 
 /* Both entry points: lens NULL attends to whole sequences (at most max_seqs
