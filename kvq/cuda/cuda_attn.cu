@@ -1,5 +1,7 @@
-/* cuda_attn.cu - decode attention entry point: query preparation, the split
- * merge / output rotation, and the scalar fp32 reference kernel.
+/* cuda_attn.cu - decode attention entry point: query preparation, the f16
+ * override rows, the split merge / output rotation, and the choice of
+ * kernel: the fused one (cuda_attn_fast.cu), the group kernel for other head
+ * dims (cuda_group.cuh) or the scalar fp32 reference (cuda_ref.cuh).
  *
  * Queries are rotated once per (sequence, head) with dense d x d matrices
  * read off the host rotations (so every rotation kind works), and outputs
@@ -399,27 +401,6 @@ finalize_kernel(const float *part, int n_splits, int Hq, int H, int G, int v_f16
     out[row * D + i] = xtra ? merge_override(y, L, M, xtra + row * (D + 2), i, D, true) : y;
 }
 
-/* Reference query prep: qprep[entry][hq] = (scale * R q, S (scale * R q)). */
-__global__ void prep_ref_kernel(const float *q, int Hq, int d, float scale, const float *rk, const float *sk,
-                                float *qprep)
-{
-    extern __shared__ float sh[];
-    float *xs = sh, *qr = sh + d;
-    const int hq = blockIdx.x, b = blockIdx.y;
-    const float *x = q + ((size_t)b * Hq + hq) * d;
-    float *dst = qprep + ((size_t)b * Hq + hq) * 2 * d;
-    for (int i = threadIdx.x; i < d; i += blockDim.x)
-        xs[i] = x[i];
-    __syncthreads();
-    for (int i = threadIdx.x; i < d; i += blockDim.x) {
-        qr[i] = scale * (rk ? dense_row(rk, xs, d, i) : xs[i]);
-        dst[i] = qr[i];
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < d; i += blockDim.x)
-        dst[d + i] = sk ? dense_row(sk, qr, d, i) : 0.0f;
-}
-
 struct ref_params {
     kvq_dev_pages pg;
     kvq_dev_codec ck, cv;
@@ -433,195 +414,10 @@ struct ref_params {
     batch_ids ids;
 };
 
-__device__ float warp_sum(float v)
-{
-    for (int o = 16; o; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-/* The output of (query head hq, entry b) from its normalised rotated-domain
- * output qv[0, d) and sign residual qv[d, 2d) (tqBj values), the packed
- * part's softmax L and M: S_v and R_v applied, merged with the override
- * rows. tmp: d floats. Block-wide. */
-__device__ void ref_finish(const ref_params &p, float *qv, float *tmp, float L, float M, int b, int hq)
-{
-    const int d = p.d;
-    if (p.sv) {
-        for (int i = threadIdx.x; i < d; i += blockDim.x) {
-            float y = 0.0f;
-            for (int j = 0; j < d; j++)
-                y = fmaf(p.sv[(size_t)j * d + i], qv[d + j], y);
-            tmp[i] = qv[i] + y;
-        }
-        __syncthreads();
-        for (int i = threadIdx.x; i < d; i += blockDim.x)
-            qv[i] = tmp[i];
-        __syncthreads();
-    }
-    float *dst = p.out + ((size_t)b * p.Hq + hq) * d;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) {
-        float y = qv[i];
-        if (p.rv) {
-            y = 0.0f;
-            for (int j = 0; j < d; j++)
-                y = fmaf(p.rv[(size_t)j * d + i], qv[j], y);
-        }
-        dst[i] = p.xtra ? merge_override(y, L, M, p.xtra + ((size_t)b * p.Hq + hq) * (d + 2), i, d, false) : y;
-    }
-}
-
-/* One block per (query head, entry, split), 4 warps striding over the
- * split's tokens, fp32 throughout, one token at a time: simple on purpose.
- * One split writes the output; several write partials for ref_merge_kernel
- * (at batch 1 a block per query head alone left most of the GPU idle). */
-__global__ void ref_kernel(const __grid_constant__ ref_params p)
-{
-    extern __shared__ float sh[];
-    const int d = p.d, hq = blockIdx.x, b = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int h = hq / p.G, seq = p.ids.seq[b], len = p.ids.len[b];
-    float *qv = sh;            /* 2d */
-    float *acc = sh + 2 * d;   /* 4 x d */
-    float *ml = acc + 4 * d;   /* m[4], l[4] */
-    float *accs = ml + 8;      /* 4 x d: tqBj values' sign residual, S domain */
-    const float *src = p.qprep + ((size_t)b * p.Hq + hq) * 2 * d;
-    for (int i = threadIdx.x; i < 2 * d; i += blockDim.x)
-        qv[i] = src[i];
-    float *my = acc + warp * d, *mys = accs + warp * d;
-    for (int j = lane; j < d; j += 32)
-        my[j] = 0.0f;
-    for (int j = lane; p.sv && j < d; j += 32)
-        mys[j] = 0.0f;
-    __syncthreads();
-    const kvq_dev_pages &pg = p.pg;
-    float m = -INFINITY, l = 0.0f;
-    const int lo = p.ids.lo[b], per = (len - lo + p.n_splits - 1) / p.n_splits;
-    const int t0 = lo + (int)blockIdx.z * per, t1 = t0 + per < len ? t0 + per : len;
-    for (int tok = t0 + warp; tok < t1; tok += 4) {
-        const int32_t page = pg.ptab[(size_t)seq * pg.max_pages_per_seq + (uint32_t)tok / pg.page_tokens];
-        const uint32_t slot = (uint32_t)tok % pg.page_tokens;
-        uint8_t *base = pg.pool + (uint64_t)page * pg.page_bytes;
-        const kvq_row kr = kvq_dev_row(&pg.dl, base, 0, (uint32_t)h, slot);
-        const kvq_row vr = kvq_dev_row(&pg.dl, base, 1, (uint32_t)h, slot);
-        const uint8_t *kcodes = kr.codes;
-        float s;
-        if (p.ck.rotated) {
-            float a = 0.0f, z = 0.0f;
-            for (int j = lane; j < d; j += 32)
-                a = fmaf(qv[j], p.ck.centroids[code_get(kcodes, p.ck.bits, d, j)], a);
-            if (p.ck.qjl) {
-                const uint8_t *sg = kr.signs;
-                for (int j = lane; j < d; j += 32)
-                    z += ((sg[j >> 3] >> (j & 7)) & 1) ? qv[d + j] : -qv[d + j];
-            }
-            a = warp_sum(a);
-            z = warp_sum(z);
-            const float n = kvq_f16_to_f32(*kr.norm);
-            const float gam = p.ck.qjl ? kvq_f16_to_f32(*kr.rnorm) * p.ck.kappa : 0.0f;
-            s = n * fmaf(gam, z, a);
-        } else {
-            float a = 0.0f;
-            for (int j = lane; j < d; j += 32)
-                a = fmaf(qv[j], baseline_elem(p.ck.type, kcodes, j), a);
-            s = warp_sum(a);
-        }
-        const float m_new = fmaxf(m, s);
-        const float alpha = m == -INFINITY ? 0.0f : expf(m - m_new);
-        const float pw = expf(s - m_new);
-        l = l * alpha + pw;
-        m = m_new;
-        const uint8_t *vcodes = vr.codes;
-        const float nv = p.cv.rotated ? kvq_f16_to_f32(*vr.norm) : 1.0f;
-        for (int j = lane; j < d; j += 32) {
-            const float val = p.cv.rotated ? nv * p.cv.centroids[code_get(vcodes, p.cv.bits, d, j)]
-                                           : baseline_elem(p.cv.type, vcodes, j);
-            my[j] = fmaf(pw, val, my[j] * alpha);
-        }
-        if (p.sv) { /* value = n R^T (c[idx] + g S^T signs), g = rnorm * kappa */
-            const float gv = nv * kvq_f16_to_f32(*vr.rnorm) * p.cv.kappa;
-            const uint8_t *sg = vr.signs;
-            for (int j = lane; j < d; j += 32) {
-                const float t = ((sg[j >> 3] >> (j & 7)) & 1) ? gv : -gv;
-                mys[j] = fmaf(pw, t, mys[j] * alpha);
-            }
-        }
-    }
-    if (lane == 0) {
-        ml[warp] = m;
-        ml[4 + warp] = l;
-    }
-    __syncthreads();
-    float M = -INFINITY;
-    for (int w = 0; w < 4; w++)
-        M = fmaxf(M, ml[w]);
-    float L = 0.0f, wgt[4];
-    for (int w = 0; w < 4; w++) {
-        wgt[w] = ml[w] == -INFINITY ? 0.0f : expf(ml[w] - M);
-        L += ml[4 + w] * wgt[w];
-    }
-    if (p.n_splits > 1) { /* an unnormalised partial */
-        float *dst = p.part + (((size_t)b * p.Hq + hq) * p.n_splits + blockIdx.z) * (2 * (size_t)d + 2);
-        for (int j = threadIdx.x; j < d; j += blockDim.x) {
-            float o = 0.0f, os = 0.0f;
-            for (int w = 0; w < 4; w++) {
-                o += acc[w * d + j] * wgt[w];
-                if (p.sv)
-                    os += accs[w * d + j] * wgt[w];
-            }
-            dst[j] = o;
-            dst[d + j] = os;
-        }
-        if (threadIdx.x == 0) {
-            dst[2 * d] = M;
-            dst[2 * d + 1] = L;
-        }
-        return;
-    }
-    for (int j = threadIdx.x; j < d; j += blockDim.x) {
-        float o = 0.0f, os = 0.0f;
-        for (int w = 0; w < 4; w++)
-            o += acc[w * d + j] * wgt[w];
-        for (int w = 0; p.sv && w < 4; w++)
-            os += accs[w * d + j] * wgt[w];
-        qv[j] = o / L;      /* reuse: the rotated-domain output (no packed token: 0/0, see merge_override) */
-        qv[d + j] = os / L; /* its sign residual, S domain */
-    }
-    __syncthreads();
-    ref_finish(p, qv, acc, L, M, b, hq);
-}
-
-/* One block per (query head, entry): the splits' partials as one softmax,
- * then ref_finish. */
-__global__ void ref_merge_kernel(const __grid_constant__ ref_params p)
-{
-    extern __shared__ float sh[];
-    const int d = p.d, hq = blockIdx.x, b = blockIdx.y, S = p.n_splits;
-    float *qv = sh, *tmp = sh + 2 * d;
-    const float *part = p.part + ((size_t)b * p.Hq + hq) * S * (2 * (size_t)d + 2);
-    const size_t stride = 2 * (size_t)d + 2;
-    float M = -INFINITY, L = 0.0f;
-    for (int s = 0; s < S; s++)
-        M = fmaxf(M, part[s * stride + 2 * d]);
-    for (int s = 0; s < S; s++) {
-        const float m = part[s * stride + 2 * d];
-        L += m == -INFINITY ? 0.0f : part[s * stride + 2 * d + 1] * expf(m - M);
-    }
-    for (int j = threadIdx.x; j < 2 * d; j += blockDim.x) {
-        float o = 0.0f;
-        for (int s = 0; s < S; s++) {
-            const float m = part[s * stride + 2 * d];
-            if (m != -INFINITY)
-                o += part[s * stride + j] * expf(m - M);
-        }
-        qv[j] = o / L; /* no packed token: 0/0, see merge_override */
-    }
-    __syncthreads();
-    ref_finish(p, qv, tmp, L, M, b, hq);
-}
-
 } /* namespace */
 
 #include "cuda_group.cuh"
+#include "cuda_ref.cuh"
 
 namespace {
 
@@ -894,7 +690,7 @@ static kvq_status attend_cores(kvq_cuda_cache *c, int nb, const int *seqs, const
                                int n_splits)
 {
     const int H = c->cfg.cache.n_kv_heads, G = Hq / H, d = c->cfg.cache.head_dim;
-    prep_ref_kernel<<<dim3((unsigned)Hq, (unsigned)nb), 128, 2 * (size_t)d * sizeof(float), c->stream>>>(
+    ref::prep_ref_kernel<<<dim3((unsigned)Hq, (unsigned)nb), 128, 2 * (size_t)d * sizeof(float), c->stream>>>(
         q, Hq, d, scale, c->dk.rotated ? c->rk_dense : NULL, c->dk.qjl ? c->sk_dense : NULL, c->qprep_d);
     KVQ_CU_TRY(cudaGetLastError());
     ref_params rp;
@@ -928,18 +724,18 @@ static kvq_status attend_cores(kvq_cuda_cache *c, int nb, const int *seqs, const
             KVQ_CU_TRY(cudaFuncSetAttribute(gk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gsmem));
         gk<<<dim3((unsigned)H, (unsigned)nb, (unsigned)rp.n_splits), 128, gsmem, c->stream>>>(rp);
         KVQ_CU_TRY(cudaGetLastError());
-        ref_merge_kernel<<<dim3((unsigned)Hq, (unsigned)nb), 128, 3 * (size_t)d * sizeof(float), c->stream>>>(rp);
+        ref::ref_merge_kernel<<<dim3((unsigned)Hq, (unsigned)nb), 128, 3 * (size_t)d * sizeof(float), c->stream>>>(rp);
         KVQ_CU_TRY(cudaGetLastError());
         return KVQ_OK;
     }
     rp.n_splits = ref_splits(c, nb, Hq, lo, hi, n_splits);
     const size_t smem = (10 * (size_t)d + 8) * sizeof(float);
     if (smem > 48 * 1024)
-        KVQ_CU_TRY(cudaFuncSetAttribute(ref_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    ref_kernel<<<dim3((unsigned)Hq, (unsigned)nb, (unsigned)rp.n_splits), 128, smem, c->stream>>>(rp);
+        KVQ_CU_TRY(cudaFuncSetAttribute(ref::ref_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    ref::ref_kernel<<<dim3((unsigned)Hq, (unsigned)nb, (unsigned)rp.n_splits), 128, smem, c->stream>>>(rp);
     KVQ_CU_TRY(cudaGetLastError());
     if (rp.n_splits > 1) {
-        ref_merge_kernel<<<dim3((unsigned)Hq, (unsigned)nb), 128, 3 * (size_t)d * sizeof(float), c->stream>>>(rp);
+        ref::ref_merge_kernel<<<dim3((unsigned)Hq, (unsigned)nb), 128, 3 * (size_t)d * sizeof(float), c->stream>>>(rp);
         KVQ_CU_TRY(cudaGetLastError());
     }
     return KVQ_OK;
