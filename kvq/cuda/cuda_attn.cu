@@ -255,6 +255,28 @@ __device__ float merge_override(float y, float L, float M, const float *x, int i
     return ((wp == 0.0f ? 0.0f : y * wp) + x[i] * wf) / (wp + l * wf);
 }
 
+/* The four warps' online softmaxes of a block as one: each warp's (m, l)
+ * goes to ml, then every thread gets M, the warps' weights and L (base 2
+ * or e). */
+template <bool BASE2>
+__device__ __forceinline__ float warps_merge(float *ml, int warp, int lane, float m, float l, float wgt[4], float *L)
+{
+    if (lane == 0) {
+        ml[warp] = m;
+        ml[4 + warp] = l;
+    }
+    __syncthreads();
+    float M = -INFINITY;
+    for (int w = 0; w < 4; w++)
+        M = fmaxf(M, ml[w]);
+    *L = 0.0f;
+    for (int w = 0; w < 4; w++) {
+        wgt[w] = ml[w] == -INFINITY ? 0.0f : (BASE2 ? exp2f(ml[w] - M) : expf(ml[w] - M));
+        *L += ml[4 + w] * wgt[w];
+    }
+    return M;
+}
+
 /* Attention of one (query head, entry) over its f16 override rows, fp32:
  * 4 warps stride over the rows, one online softmax each, merged at the end
  * into an unnormalised partial. At most sink_rows + page_tokens rows. */
@@ -292,20 +314,9 @@ __global__ void ov_kernel(const __grid_constant__ ov_params p)
         for (int j = lane; j < d; j += 32)
             my[j] = fmaf(pw, __half2float(vr[j]), my[j] * alpha);
     }
-    if (lane == 0) {
-        ml[warp] = m;
-        ml[4 + warp] = l;
-    }
-    __syncthreads();
-    float M = -INFINITY;
-    for (int w = 0; w < 4; w++)
-        M = fmaxf(M, ml[w]);
+    float wgt[4], L;
+    const float M = warps_merge<BASE2>(ml, warp, lane, m, l, wgt, &L);
     float *dst = p.xtra + ((size_t)b * p.Hq + hq) * (d + 2);
-    float wgt[4], L = 0.0f;
-    for (int w = 0; w < 4; w++) {
-        wgt[w] = ml[w] == -INFINITY ? 0.0f : (BASE2 ? exp2f(ml[w] - M) : expf(ml[w] - M));
-        L += ml[4 + w] * wgt[w];
-    }
     for (int j = threadIdx.x; j < d; j += blockDim.x) {
         float o = 0.0f;
         for (int w = 0; w < 4; w++)

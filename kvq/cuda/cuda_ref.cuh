@@ -146,19 +146,8 @@ __global__ void ref_kernel(const __grid_constant__ ref_params p)
             }
         }
     }
-    if (lane == 0) {
-        ml[warp] = m;
-        ml[4 + warp] = l;
-    }
-    __syncthreads();
-    float M = -INFINITY;
-    for (int w = 0; w < 4; w++)
-        M = fmaxf(M, ml[w]);
-    float L = 0.0f, wgt[4];
-    for (int w = 0; w < 4; w++) {
-        wgt[w] = ml[w] == -INFINITY ? 0.0f : expf(ml[w] - M);
-        L += ml[4 + w] * wgt[w];
-    }
+    float wgt[4], L;
+    const float M = warps_merge<false>(ml, warp, lane, m, l, wgt, &L);
     if (p.n_splits > 1) { /* an unnormalised partial */
         float *dst = p.part + (((size_t)b * p.Hq + hq) * p.n_splits + blockIdx.z) * (2 * (size_t)d + 2);
         for (int j = threadIdx.x; j < d; j += blockDim.x) {
