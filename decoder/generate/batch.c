@@ -407,13 +407,11 @@ static kvq_status draw(kvq_batch *b, int n)
         int k = run_end(b->draw_rows, n, j, cap);
         kvq_status st = b->be->ops->lm_sample(b->be, b->be->acts.x + b->draw_rows[j] * h, (size_t)(k - j),
                                               b->draw_smp + j, b->draw_u + j, b->draw_tok + j, b->draw_st + j);
-        for (int i = j; i < k && st == KVQ_OK; i++)
+        for (int i = j; i < k; i++) {
+            if (st != KVQ_OK) /* the device failed: no row has a token */
+                b->draw_tok[i] = -1, b->draw_st[i] = st;
             if (b->draw_st[i] != KVQ_OK && res == KVQ_OK)
                 res = b->draw_st[i];
-        if (st != KVQ_OK) {
-            for (int i = j; i < k; i++)
-                b->draw_tok[i] = -1, b->draw_st[i] = st;
-            res = st;
         }
         j = k;
     }

@@ -324,15 +324,11 @@ kvq_status kvq_seq_forward_out(kvq_seq *s, const int32_t *ids, size_t n, size_t 
 {
     float *logits = out->logits;
     int32_t *argmax = out->argmax;
-    kvq_sampler *smp[KVQ_MAX_DRAFT + 1];
-    if (out->tok) {
-        if (!s || n - first_out > KVQ_MAX_DRAFT + 1)
-            return KVQ_ERR_INVALID_ARG;
-        for (int i = 0; i <= KVQ_MAX_DRAFT; i++)
-            smp[i] = s->sampler;
-    }
-    if (!s || (!ids && n) || first_out > n)
+    if (!s || (!ids && n) || first_out > n || (out->tok && n - first_out > KVQ_MAX_DRAFT + 1))
         return KVQ_ERR_INVALID_ARG;
+    kvq_sampler *smp[KVQ_MAX_DRAFT + 1]; /* lm_sample takes a sampler per row: here all the sequence's */
+    for (size_t i = 0; out->tok && i < n - first_out; i++)
+        smp[i] = s->sampler;
     const struct kvq_model_config *c = &s->m->cfg;
     for (size_t i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= c->vocab)
