@@ -5,7 +5,8 @@
  *
  *   bench_decoder_cuda --model DIR [--ctx 4096,32768,131072] [--batch 1,8]
  *                      [--types f16/f16,tq3j/tq3] [--steps 32]
- *                      [--prefill 4096,32768] [--sample T,K,P] [--json FILE]
+ *                      [--prefill 4096,32768] [--sample T,K,P] [--graphs on|off|both]
+ *                      [--json FILE]
  *
  * Decode: a kvq_batch of B slots, each given a context of N tokens without
  * its prefill (kvq_batch_fill: seeded random K/V in every layer; what a step
@@ -16,7 +17,10 @@
  * two rows per shape with temperature T, top-k K, top-p P: the token drawn
  * by the step on the GPU (kvq_batch_item.sampler: only the id comes back),
  * and drawn on the host from the step's logits (kvq_sampler_sample, what
- * every sampled step did before the GPU sampler).
+ * every sampled step did before the GPU sampler). --graphs: decode steps
+ * replayed as one CUDA graph (kvq_seq_config.cuda_graphs, the default), or
+ * launched kernel by kernel, or both in turn (the default: the A/B of one
+ * run; each mode gets a batch of its own, filled with the same seeds).
  * Bandwidth floor of a step: the bytes it must read (every weight matrix
  * once, and K/V of B x N tokens in the cache type) over the measured
  * device-to-device copy bandwidth; "% floor" is floor time / step time.
@@ -93,11 +97,12 @@ static size_t weight_bytes(const kvq_model *m)
 }
 
 static kvq_status make_batch(const kvq_model *m, enum kvq_type tk, enum kvq_type tv, int B, size_t ctx, size_t rows,
-                             kvq_batch **out, char *why, size_t nwhy)
+                             int graphs, kvq_batch **out, char *why, size_t nwhy)
 {
     struct kvq_batch_config bc;
     kvq_batch_config_default(&bc);
     bc.seq.device = KVQ_DEVICE_CUDA;
+    bc.seq.cuda_graphs = graphs;
     bc.seq.type_k = tk;
     bc.seq.type_v = tv;
     bc.seq.max_ctx = ctx;
@@ -161,7 +166,7 @@ int main(int argc, char **argv)
 {
     const char *model_dir = NULL, *json_path = NULL, *types = "f16/f16,tq3j/tq3";
     long ctxs[MAX_LIST] = {4096, 32768, 131072}, batches[MAX_LIST] = {1, 8}, prefills[MAX_LIST] = {4096, 32768};
-    int n_ctx = 3, n_batch = 2, n_prefill = 2, steps = 32, n_choose = 1;
+    int n_ctx = 3, n_batch = 2, n_prefill = 2, steps = 32, n_choose = 1, g_lo = 0, g_hi = 1;
     kvq_sampler_params sp = kvq_sampler_params_default();
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--model"))
@@ -178,6 +183,15 @@ int main(int argc, char **argv)
             steps = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--json"))
             json_path = argv[i + 1];
+        else if (!strcmp(argv[i], "--graphs")) {
+            const char *g = argv[i + 1];
+            g_lo = !strcmp(g, "on") ? 1 : 0;
+            g_hi = !strcmp(g, "off") ? 0 : 1;
+            if (strcmp(g, "on") && strcmp(g, "off") && strcmp(g, "both")) {
+                fprintf(stderr, "bench_decoder_cuda: --graphs takes on, off or both, not '%s'\n", g);
+                return 2;
+            }
+        }
         else if (!strcmp(argv[i], "--sample")) {
             if (sscanf(argv[i + 1], "%f,%d,%f", &sp.temperature, &sp.top_k, &sp.top_p) != 3 ||
                 kvq_sampler_params_check(&sp) != KVQ_OK || sp.temperature == 0.0f) {
@@ -218,8 +232,8 @@ int main(int argc, char **argv)
         fprintf(js, "{\"device\": \"%s\", \"copy_bw_gbs\": %.1f, \"weight_bytes\": %zu, \"results\": [\n", dev_name,
                 bw / 1e9, wbytes);
     int first = 1;
-    printf("\n%-9s %5s %7s %-7s %10s %9s %9s %8s %8s  %s\n", "types", "batch", "ctx", "choose", "ms/step", "tok/s",
-           "floor ms", "% floor", "mem GiB", "note");
+    printf("\n%-9s %5s %7s %-7s %6s %10s %9s %9s %8s %8s  %s\n", "types", "batch", "ctx", "choose", "graphs",
+           "ms/step", "tok/s", "floor ms", "% floor", "mem GiB", "note");
     char list[256];
     snprintf(list, sizeof list, "%s", types);
     for (char *tp = strtok(list, ","); tp; tp = strtok(NULL, ",")) {
@@ -233,59 +247,61 @@ int main(int argc, char **argv)
             return 2;
         }
         for (int bi = 0; bi < n_batch; bi++)
-            for (int ci = 0; ci < n_ctx; ci++) {
-                const int B = (int)batches[bi];
-                const size_t N = (size_t)ctxs[ci];
-                kvq_batch *b = NULL;
-                char why[300] = "";
-                /* a context at the model's limit: filled to the limit less the steps of every mode */
-                const size_t lim = (size_t)c->max_ctx, room = (size_t)n_choose * ((size_t)steps + 3) + 8;
-                const size_t mc = N + room <= lim ? N + room : lim, fill = mc - room;
-                kvq_status st = B <= MAX_B ? make_batch(m, tk, tv, B, mc, (size_t)B, &b, why, sizeof why)
-                                           : KVQ_ERR_INVALID_ARG;
-                int slots[MAX_B];
-                for (int i = 0; st == KVQ_OK && i < B; i++)
-                    if ((st = kvq_batch_add(b, &slots[i])) == KVQ_OK)
-                        st = kvq_batch_fill(b, slots[i], fill, 1234 + (uint64_t)i);
-                if (st != KVQ_OK && !why[0])
-                    snprintf(why, sizeof why, "%s", kvq_status_str(st));
-                for (int choose = 0; choose < n_choose; choose++) {
-                    double ms = NAN, floor_ms = NAN;
-                    size_t free1 = 0, tot1 = 0;
-                    if (st == KVQ_OK && (st = time_steps(b, c, slots, B, choose, &sp, steps, &ms, &err)) != KVQ_OK)
-                        snprintf(why, sizeof why, "step: %s", err.msg[0] ? err.msg : kvq_status_str(st));
-                    if (st == KVQ_OK) {
-                        struct kvq_batch_stats bs;
-                        kvq_batch_get_stats(b, &bs);
-                        const double read = (double)wbytes + (double)B * (double)fill * (double)bs.bytes_per_token;
-                        floor_ms = 1e3 * read / bw;
-                        kvq_cuda_mem_info(&free1, &tot1);
-                    }
-                    const double mem = st == KVQ_OK ? (double)(total - free1) / (1 << 30) : NAN;
-                    printf("%-9s %5d %7zu %-7s %10.2f %9.1f %9.2f %7.1f%% %8.2f  %s\n", tp, B, N, choose_name[choose],
-                           ms, B * 1e3 / ms, floor_ms, 100.0 * floor_ms / ms, mem, why);
-                    if (js) {
-                        fprintf(js, "%s {\"kind\": \"decode\", \"types\": \"%s\", \"batch\": %d, \"ctx\": %zu, "
-                                    "\"choose\": \"%s\", ",
-                                first ? "" : ",", tp, B, N, choose_name[choose]);
-                        if (choose != GREEDY)
-                            fprintf(js, "\"temperature\": %g, \"top_k\": %d, \"top_p\": %g, ", sp.temperature,
-                                    sp.top_k, sp.top_p);
-                        if (st == KVQ_OK)
-                            fprintf(js,
-                                    "\"ms_per_step\": %.4f, \"tok_s\": %.2f, \"floor_ms\": %.4f, \"device_gib\": %.3f}\n",
-                                    ms, B * 1e3 / ms, floor_ms, mem);
-                        else
-                            fprintf(js, "\"error\": \"%s\"}\n", why);
-                        first = 0;
-                    }
+            for (int ci = 0; ci < n_ctx; ci++)
+                for (int graphs = g_hi; graphs >= g_lo; graphs--) {
+                    const int B = (int)batches[bi];
+                    const size_t N = (size_t)ctxs[ci];
+                    kvq_batch *b = NULL;
+                    char why[300] = "";
+                    /* a context at the model's limit: filled to the limit less the steps of every mode */
+                    const size_t lim = (size_t)c->max_ctx, room = (size_t)n_choose * ((size_t)steps + 3) + 8;
+                    const size_t mc = N + room <= lim ? N + room : lim, fill = mc - room;
+                    kvq_status st = B <= MAX_B ? make_batch(m, tk, tv, B, mc, (size_t)B, graphs, &b, why, sizeof why)
+                                               : KVQ_ERR_INVALID_ARG;
+                    int slots[MAX_B];
+                    for (int i = 0; st == KVQ_OK && i < B; i++)
+                        if ((st = kvq_batch_add(b, &slots[i])) == KVQ_OK)
+                            st = kvq_batch_fill(b, slots[i], fill, 1234 + (uint64_t)i);
+                    if (st != KVQ_OK && !why[0])
+                        snprintf(why, sizeof why, "%s", kvq_status_str(st));
+                    for (int choose = 0; choose < n_choose; choose++) {
+                        double ms = NAN, floor_ms = NAN;
+                        size_t free1 = 0, tot1 = 0;
+                        if (st == KVQ_OK && (st = time_steps(b, c, slots, B, choose, &sp, steps, &ms, &err)) != KVQ_OK)
+                            snprintf(why, sizeof why, "step: %s", err.msg[0] ? err.msg : kvq_status_str(st));
+                        if (st == KVQ_OK) {
+                            struct kvq_batch_stats bs;
+                            kvq_batch_get_stats(b, &bs);
+                            const double read = (double)wbytes + (double)B * (double)fill * (double)bs.bytes_per_token;
+                            floor_ms = 1e3 * read / bw;
+                            kvq_cuda_mem_info(&free1, &tot1);
+                        }
+                        const double mem = st == KVQ_OK ? (double)(total - free1) / (1 << 30) : NAN;
+                        printf("%-9s %5d %7zu %-7s %6s %10.2f %9.1f %9.2f %7.1f%% %8.2f  %s\n", tp, B, N,
+                               choose_name[choose], graphs ? "on" : "off", ms, B * 1e3 / ms, floor_ms,
+                               100.0 * floor_ms / ms, mem, why);
+                        if (js) {
+                            fprintf(js, "%s {\"kind\": \"decode\", \"types\": \"%s\", \"batch\": %d, \"ctx\": %zu, "
+                                        "\"choose\": \"%s\", \"graphs\": %d, ",
+                                    first ? "" : ",", tp, B, N, choose_name[choose], graphs);
+                            if (choose != GREEDY)
+                                fprintf(js, "\"temperature\": %g, \"top_k\": %d, \"top_p\": %g, ", sp.temperature,
+                                        sp.top_k, sp.top_p);
+                            if (st == KVQ_OK)
+                                fprintf(js,
+                                        "\"ms_per_step\": %.4f, \"tok_s\": %.2f, \"floor_ms\": %.4f, \"device_gib\": %.3f}\n",
+                                        ms, B * 1e3 / ms, floor_ms, mem);
+                            else
+                                fprintf(js, "\"error\": \"%s\"}\n", why);
+                            first = 0;
+                        }
                 }
                 kvq_batch_free(b);
             }
         /* capacity: what the memory left after the weights holds */
         kvq_batch *b = NULL;
         char why[300];
-        if (make_batch(m, tk, tv, 1, 4096, 2048, &b, why, sizeof why) == KVQ_OK) {
+        if (make_batch(m, tk, tv, 1, 4096, 2048, 1, &b, why, sizeof why) == KVQ_OK) {
             struct kvq_batch_stats bs;
             kvq_batch_get_stats(b, &bs);
             size_t fr, tt;
@@ -306,7 +322,7 @@ int main(int argc, char **argv)
             for (int pi = 0; pi < n_prefill; pi++) {
                 const size_t N = (size_t)prefills[pi], chunk = 2048;
                 b = NULL;
-                if (make_batch(m, tk, tv, 1, N + 8, chunk, &b, why, sizeof why) != KVQ_OK) {
+                if (make_batch(m, tk, tv, 1, N + 8, chunk, 1, &b, why, sizeof why) != KVQ_OK) {
                     printf("%-9s prefill %zu tokens: skipped (%s)\n", tp, N, why);
                     continue;
                 }

@@ -67,8 +67,23 @@ static const char *test_current_;
         return;                                                                      \
     } while (0)
 
+/* KVQ_TEST_ONLY=a,b runs only the tests named (a sanitizer run of a few). */
+static inline int test_selected_(const char *name)
+{
+    const char *only = getenv("KVQ_TEST_ONLY");
+    if (!only || !*only)
+        return 1;
+    const size_t n = strlen(name);
+    for (const char *p = only; (p = strstr(p, name)) != NULL; p += n)
+        if ((p == only || p[-1] == ',') && (p[n] == ',' || p[n] == '\0'))
+            return 1;
+    return 0;
+}
+
 static inline void test_run_(const char *name, void (*fn)(void))
 {
+    if (!test_selected_(name))
+        return;
     int before = test_failures_;
     test_current_ = name;
     test_skip_flag_ = 0;

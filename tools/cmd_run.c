@@ -222,10 +222,10 @@ static void print_summary(const struct opts *o, const kvq_model *m, const kvq_se
         const double gpu = st.gpu_matmul + st.gpu_attn + st.gpu_lm_head + st.gpu_other;
         fprintf(stderr,
                 "GPU:     matmul %.3f s, attention %.3f s, LM head %.3f s, other %.3f s; %.3f s of the %.3f s "
-                "(%.1f%%)\n"
+                "(%.1f%%); %zu decode steps as CUDA graphs\n"
                 "device:  %.2f GiB of %.2f GiB in use\n",
                 st.gpu_matmul, st.gpu_attn, st.gpu_lm_head, st.gpu_other, gpu, busy,
-                busy > 0 ? 100.0 * gpu / busy : 0.0, (double)(dev_total - dev_free) / (1 << 30),
+                busy > 0 ? 100.0 * gpu / busy : 0.0, st.gpu_graph_steps, (double)(dev_total - dev_free) / (1 << 30),
                 (double)dev_total / (1 << 30));
     }
     char name[2048];
@@ -305,6 +305,7 @@ static int print_json(const struct opts *o, const kvq_model *m, const kvq_seq *s
         cJSON_AddNumberToObject(g, "attention_s", st.gpu_attn);
         cJSON_AddNumberToObject(g, "lm_head_s", st.gpu_lm_head);
         cJSON_AddNumberToObject(g, "other_s", st.gpu_other);
+        cJSON_AddNumberToObject(g, "graph_steps", (double)st.gpu_graph_steps);
     }
     cJSON_AddNumberToObject(tm, "prefill_tokens_per_s", st.t_prefill > 0 ? (double)st.prefill_tokens / st.t_prefill : 0);
     cJSON_AddNumberToObject(tm, "decode_tokens_per_s", st.t_decode > 0 ? (double)st.decode_tokens / st.t_decode : 0);

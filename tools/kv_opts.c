@@ -16,6 +16,7 @@ void kv_opts_default(struct kv_opts *o)
     o->tv = KVQ_DEFAULT_TYPE_V;
     o->recent_f16 = KVQ_WINDOW_AUTO;
     o->key_outlier_f16 = 1;
+    o->cuda_graphs = 1;
 }
 
 int kv_parse_type(const char *cmd, const char *s, enum kvq_type *t)
@@ -144,6 +145,10 @@ int kv_opts_flag(const char *a, struct kv_opts *o)
     }
     if (strcmp(a, "--no-key-outlier-f16") == 0) {
         o->key_outlier_f16 = 0;
+        return 1;
+    }
+    if (strcmp(a, "--no-cuda-graphs") == 0) {
+        o->cuda_graphs = 0;
         return 1;
     }
     return 0;
@@ -281,7 +286,9 @@ void kv_opts_usage(FILE *f)
                "  --seed S             cache-rotation (and sampler) seed (default 0)\n"
                "  --device cpu|cuda    where the model runs (default cpu); cuda: weights, activations\n"
                "                       and the KV pages on the GPU (cache types f32, f16, tq1..tq4 and\n"
-               "                       tq1j..tq4j, with the recent-token window and sinks)\n",
+               "                       tq1j..tq4j, with the recent-token window and sinks)\n"
+               "  --no-cuda-graphs     launch a decode step's kernels one by one instead of replaying\n"
+               "                       the step as one CUDA graph\n",
             KVQ_CACHE_MAX_SINK_TOKENS);
 }
 
@@ -297,6 +304,7 @@ void kv_opts_seq_config(const struct kv_opts *o, struct kvq_seq_config *sc)
     sc->recent_f16 = o->recent_f16;
     sc->sink_tokens = o->sink_tokens;
     sc->key_outlier_f16 = o->key_outlier_f16;
+    sc->cuda_graphs = o->cuda_graphs;
     sc->device = o->device;
 }
 

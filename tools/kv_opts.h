@@ -23,6 +23,7 @@ struct kv_opts {
     int sink_tokens;      /* --kv-sink N: the first N tokens also in f16 (0 = off) */
     int key_outlier_f16;  /* 1 (default): keys of k_proj-bias outlier layers in f16
                              (kvq_seq_config.key_outlier_f16); 0 --no-key-outlier-f16 */
+    int cuda_graphs;      /* 1 (default): decode steps as CUDA graphs; 0 --no-cuda-graphs */
     enum kvq_device device; /* --device cpu|cuda (default cpu) */
     /* --kv-auto (kv_auto.h): per-layer types chosen for budget at a context */
     int kv_auto;

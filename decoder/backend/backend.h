@@ -119,6 +119,19 @@ struct kvq_backend_ops {
      * reset (an estimate: backend_cuda.cu times a sample of the forwards),
      * waiting for the queued work; reset zeroes the totals */
     void (*part_times)(kvq_backend *b, double t[KVQ_N_PARTS], int reset);
+    /* device backends (NULL on the CPU): the forward just opened by
+     * mark(rows) is a decode step (one row per sequence) that may run as
+     * one CUDA graph: recorded the first time, replayed with the new
+     * lengths and positions after that (kvq_cuda.h, "step graphs"); the KV
+     * store issues through the same recorder (kv_store.h attach). @return 1
+     * when the step is recorded or replayed, and step_end or step_cancel
+     * then closes it; 0 when it runs as queued (timed forwards, the first
+     * one, graphs off) */
+    int (*step_begin)(kvq_backend *b, size_t rows);
+    /* queues the step's graph. @return KVQ_OK; KVQ_ERR_DEVICE: nothing of
+     * the step ran (the caller undoes it and runs it again as queued) */
+    kvq_status (*step_end)(kvq_backend *b);
+    void (*step_cancel)(kvq_backend *b);
 };
 
 struct kvq_backend {
@@ -129,6 +142,8 @@ struct kvq_backend {
     int device;           /* 1: the buffers are device memory (not readable by the host) */
     struct kvq_acts acts; /* owned by the backend */
     int32_t *pos;         /* [max_rows] row positions in the backend's memory (set_pos) */
+    void *dev_stream;     /* device backends: the stream every op issues on (a cudaStream_t) */
+    void *dev_step;       /* device backends: the step recorder (a kvq_cuda_step), NULL when graphs are off */
 };
 
 #ifdef __cplusplus
@@ -141,12 +156,13 @@ extern "C" {
  *  @return KVQ_OK and *out; KVQ_ERR_NOMEM. */
 kvq_status kvq_backend_cpu_create(const struct kvq_model *m, size_t max_rows, kvq_backend **out);
 
-/** The CUDA backend (backend_cuda.cu): the model's f32 weights uploaded to
- *  the current GPU, cuBLAS SGEMM projections, our kernels for the rest; the
- *  logits and ids lm_head returns are copied to the host.
+/** The CUDA backend (backend_cuda.cu): the model's weights uploaded to
+ *  the current GPU, cuBLAS projections, our kernels for the rest, on a
+ *  stream of its own; the logits and ids lm_head returns are copied to the
+ *  host. graphs: decode steps run as CUDA graphs (step_begin).
  *  @return KVQ_OK and *out; KVQ_ERR_NO_DEVICE (built without CUDA or no
  *  GPU); KVQ_ERR_NOMEM (device memory); KVQ_ERR_DEVICE. */
-kvq_status kvq_backend_cuda_create(const struct kvq_model *m, size_t max_rows, kvq_backend **out);
+kvq_status kvq_backend_cuda_create(const struct kvq_model *m, size_t max_rows, int graphs, kvq_backend **out);
 
 #ifdef __cplusplus
 }

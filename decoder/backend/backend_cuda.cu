@@ -15,10 +15,17 @@
  * with transformers' float32 forward as with f32 weights (test_decoder_cuda).
  * The norms, RoPE, activations and soft-cap are the kernels below, one
  * thread block per row; the argmax and sampling over the logits are
- * sample_cuda.cu's, so a step returns ids, not logits. All work is queued
- * on the legacy default stream, the stream the device KV cache
- * (kvq_cuda.h) uses, so no op needs an explicit synchronisation: only
- * lm_head and lm_sample wait, for what they return in host memory.
+ * sample_cuda.cu's, so a step returns ids, not logits. The ops and the KV
+ * store's caches queue their work on the backend's stream (a blocking one:
+ * the sampler, the timing events and the synchronous copies on the legacy
+ * default stream stay ordered with it), so no op needs an explicit
+ * synchronisation: only lm_head and lm_sample wait, for what they return in
+ * host memory. A decode step's layers run as one CUDA graph
+ * (kvq_cuda.h, "step graphs"): every launch and upload of a forward goes
+ * through the step recorder, which records them the first time and
+ * patches what changed (positions, lengths) on later steps; the work of
+ * cuBLAS is captured and, its arguments being the same for a key (the row
+ * count), not issued again while replaying.
  *
  * Numerics follow backend_cpu.c: sums of squares in float with a tree
  * reduction (the CPU accumulates in double), expf/tanhf as on the CPU;
@@ -39,6 +46,7 @@ extern "C" {
 #include "decoder_internal.h"
 #include "sample_cuda.h"
 }
+#include "kvq_cuda.h"
 
 namespace {
 
@@ -65,6 +73,13 @@ struct cuda_backend {
     float *logits;            /* [max_rows][vocab] */
     int32_t *ids;             /* [max_rows] */
     kvq_gpu_sampler *smp;     /* argmax and sampling over logits */
+    cudaStream_t stream;      /* every op's work (b->dev_stream) */
+    void *blas_ws;            /* cuBLAS workspace: capturable calls allocate nothing */
+    kvq_cuda_step *step;      /* decode-step graphs (b->dev_step); NULL: off */
+    int32_t *pin_ids, *pin_pos; /* [max_rows] pinned: a step graph uploads ids and positions from here */
+    int graph_fails;          /* failed step graphs in a row: kGraphMaxFails turn graphs off */
+    int step_err;             /* a call of the open step failed */
+    int graphs_off;
     /* Device time per part: the events of the forward being queued (cur)
      * and of the one before (done), folded into part_s while the device
      * works on the next, so timing costs the step no wait. An event between
@@ -99,6 +114,32 @@ constexpr size_t kChunkRows = 16;
 constexpr size_t kTimeEvery = 16;
 /* Rows whose settings one lm_sample pass gathers (any R works, in passes). */
 constexpr size_t kSampleRows = 64;
+/* Keys (row counts) whose step graphs are kept; failed step graphs in a
+ * row after which graphs are turned off (a step that cannot be captured). */
+constexpr int kGraphKeys = 8;
+constexpr int kGraphMaxFails = 4;
+/* cuBLAS workspace (NVIDIA's recommendation for Hopper). */
+constexpr size_t kBlasWorkspace = 32u << 20;
+
+void fail(cuda_backend *cb);
+
+/* kern<<<grid, block, smem, the backend's stream>>>(args...) through the
+ * step recorder. A failure while a step is open is the recorder's to
+ * report (step_end), not a device error. */
+template <typename... K, typename... A>
+void launch(cuda_backend *cb, void (*kern)(K...), dim3 grid, dim3 block, size_t smem, A &&...args)
+{
+    if (kvq_cuda_step_launch_kernel(cb->step, cb->stream, false, kern, grid, block, smem,
+                                    static_cast<A &&>(args)...) != KVQ_OK)
+        fail(cb);
+}
+
+/* A step graph is being replayed: work issued around the recorder (cuBLAS)
+ * is already in it. */
+int replaying(const cuda_backend *cb)
+{
+    return kvq_cuda_step_mode(cb->step) == KVQ_CUDA_STEP_REPLAY;
+}
 
 __device__ float block_sum(float v, float *red)
 {
@@ -263,16 +304,12 @@ __global__ void __launch_bounds__(256) gemv16_kernel(const W *w, const float *x,
 }
 
 template <typename W>
-void gemv16(const void *w, const float *x, float *y, int in, int out, int T, int accumulate)
+void gemv16(cuda_backend *cb, const void *w, const float *x, float *y, int in, int out, int T, int accumulate)
 {
     const unsigned blocks = (unsigned)((out + 7) / 8);
     const W *wt = static_cast<const W *>(w);
-    if (T == 1)
-        gemv16_kernel<W, 1><<<blocks, 256>>>(wt, x, y, in, out, T, accumulate);
-    else if (T <= 4)
-        gemv16_kernel<W, 4><<<blocks, 256>>>(wt, x, y, in, out, T, accumulate);
-    else
-        gemv16_kernel<W, 8><<<blocks, 256>>>(wt, x, y, in, out, T, accumulate);
+    auto kern = T == 1 ? gemv16_kernel<W, 1> : T <= 4 ? gemv16_kernel<W, 4> : gemv16_kernel<W, 8>;
+    launch(cb, kern, dim3(blocks), dim3(256), 0, wt, x, y, in, out, T, accumulate);
 }
 
 __global__ void bias_kernel(float *y, const float *b, int n)
@@ -364,15 +401,20 @@ cuda_backend *cb_of(kvq_backend *b)
     return reinterpret_cast<cuda_backend *>(b);
 }
 
-void note(cuda_backend *cb, cudaError_t e)
+/* A failed call: a device error, or while a step graph is open, that
+ * step's failure (step_end reports it and the step runs again as queued). */
+void fail(cuda_backend *cb)
 {
-    if (e != cudaSuccess)
+    if (kvq_cuda_step_mode(cb->step) != KVQ_CUDA_STEP_OFF)
+        cb->step_err = 1;
+    else
         cb->sticky = 1;
 }
 
-void launched(cuda_backend *cb)
+void note(cuda_backend *cb, cudaError_t e)
 {
-    note(cb, cudaGetLastError());
+    if (e != cudaSuccess)
+        fail(cb);
 }
 
 /* y[T][out] (+)= x[T][in] . W[out][in]^T: column-major, that is
@@ -381,55 +423,74 @@ void launched(cuda_backend *cb)
 void gemm(cuda_backend *cb, const float *x, const dmat &w, float *y, size_t T, int in, int out, int accumulate)
 {
     const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    cublasStatus_t st;
+    cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+    /* a replayed step graph holds cuBLAS's work: only our kernels are
+     * walked again (their arguments are the same too, but the recorder
+     * must meet every one it recorded) */
+    const bool blas = !replaying(cb);
     if (w.t == W_F32) {
-        st = cublasSgemm(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, (int)T, in, &one, static_cast<const float *>(w.w),
-                         in, x, in, &beta, y, out);
+        if (blas)
+            st = cublasSgemm(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, (int)T, in, &one,
+                             static_cast<const float *>(w.w), in, x, in, &beta, y, out);
     } else if (T <= kGemvRows && in % 8 == 0) { /* decode: the weights once, f32 activations */
         if (w.t == W_BF16)
-            gemv16<__nv_bfloat16>(w.w, x, y, in, out, (int)T, accumulate);
+            gemv16<__nv_bfloat16>(cb, w.w, x, y, in, out, (int)T, accumulate);
         else
-            gemv16<__half>(w.w, x, y, in, out, (int)T, accumulate);
-        launched(cb);
+            gemv16<__half>(cb, w.w, x, y, in, out, (int)T, accumulate);
         return;
     } else {
         const size_t n = T * (size_t)in, m = T * (size_t)out;
-        split16_kernel<<<grid_for(n), kThreads>>>(x, n, w.t == W_BF16, cb->xh);
-        launched(cb);
+        launch(cb, split16_kernel, dim3(grid_for(n)), dim3(kThreads), 0, x, n, (int)(w.t == W_BF16), cb->xh);
         const cudaDataType dt = w.t == W_BF16 ? CUDA_R_16BF : CUDA_R_16F;
         const size_t lo_bytes = n * 2;
         const void *x_lo = static_cast<const uint8_t *>(cb->xh) + lo_bytes;
         if (2 * m <= cb->y2_floats) { /* few rows: hi and lo as 2T columns of one product, W read once */
             const float zero = 0.0f;
-            st = cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, 2 * (int)T, in, &one, w.w, dt, in, cb->xh, dt,
+            if (blas)
+                st = cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, 2 * (int)T, in, &one, w.w, dt, in, cb->xh, dt,
                               in, &zero, cb->y2, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-            add_halves_kernel<<<grid_for(m), kThreads>>>(cb->y2, m, accumulate, y);
-            launched(cb);
+            launch(cb, add_halves_kernel, dim3(grid_for(m)), dim3(kThreads), 0, cb->y2, m, accumulate, y);
         } else { /* many rows: two products (compute-bound either way) */
-            st = cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, (int)T, in, &one, w.w, dt, in, cb->xh, dt, in,
-                              &beta, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-            if (st == CUBLAS_STATUS_SUCCESS)
+            if (blas)
+                st = cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, (int)T, in, &one, w.w, dt, in, cb->xh, dt,
+                                  in, &beta, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+            if (blas && st == CUBLAS_STATUS_SUCCESS)
                 st = cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, (int)T, in, &one, w.w, dt, in, x_lo, dt, in,
                                   &one, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
         }
     }
     if (st != CUBLAS_STATUS_SUCCESS)
-        cb->sticky = 1;
+        fail(cb);
+}
+
+/* n int32 of host src to device dst: a step graph's copy reads pinned
+ * memory when the graph runs (pin, which nothing else of the step
+ * rewrites); otherwise a plain synchronous copy. */
+void upload_ints(cuda_backend *cb, int32_t *dst, int32_t *pin, const int32_t *src, size_t n)
+{
+    if (kvq_cuda_step_mode(cb->step) == KVQ_CUDA_STEP_OFF) {
+        note(cb, cudaMemcpy(dst, src, n * sizeof *src, cudaMemcpyHostToDevice));
+        return;
+    }
+    memcpy(pin, src, n * sizeof *src);
+    if (kvq_cuda_step_copy(cb->step, cb->stream, dst, pin, n * sizeof *src) != KVQ_OK)
+        fail(cb);
 }
 
 void cuda_embed(kvq_backend *b, const int32_t *ids, size_t T, float *x)
 {
     cuda_backend *cb = cb_of(b);
-    note(cb, cudaMemcpy(cb->ids, ids, T * sizeof *ids, cudaMemcpyHostToDevice));
+    upload_ints(cb, cb->ids, cb->pin_ids, ids, T);
     const int h = b->m->cfg.hidden;
     const float sc = b->m->cfg.arch.embed_scale;
+    const dim3 g((unsigned)T), t(kThreads);
     if (cb->embed.t == W_BF16)
-        embed_kernel<<<(unsigned)T, kThreads>>>(cb->ids, static_cast<const __nv_bfloat16 *>(cb->embed.w), h, sc, x);
+        launch(cb, embed_kernel<__nv_bfloat16>, g, t, 0, cb->ids, static_cast<const __nv_bfloat16 *>(cb->embed.w), h,
+               sc, x);
     else if (cb->embed.t == W_F16)
-        embed_kernel<<<(unsigned)T, kThreads>>>(cb->ids, static_cast<const __half *>(cb->embed.w), h, sc, x);
+        launch(cb, embed_kernel<__half>, g, t, 0, cb->ids, static_cast<const __half *>(cb->embed.w), h, sc, x);
     else
-        embed_kernel<<<(unsigned)T, kThreads>>>(cb->ids, static_cast<const float *>(cb->embed.w), h, sc, x);
-    launched(cb);
+        launch(cb, embed_kernel<float>, g, t, 0, cb->ids, static_cast<const float *>(cb->embed.w), h, sc, x);
 }
 
 void cuda_norm(kvq_backend *b, enum kvq_norm_site site, int layer, const float *x, float *y, size_t T)
@@ -439,9 +500,8 @@ void cuda_norm(kvq_backend *b, enum kvq_norm_site site, int layer, const float *
     const float *w = site == KVQ_NORM_FINAL ? (const float *)cb->final_norm
                      : site == KVQ_NORM_ATTN ? cb->layers[layer].attn_norm
                                              : cb->layers[layer].ffn_norm;
-    norm_kernel<<<(unsigned)T, kNormThreads>>>(x, w, y, c->hidden, c->rms_eps,
-                                               c->arch.norm == KVQ_NORM_RMS_UNIT_OFFSET);
-    launched(cb);
+    launch(cb, norm_kernel, dim3((unsigned)T), dim3(kNormThreads), 0, x, w, y, c->hidden, c->rms_eps,
+           (int)(c->arch.norm == KVQ_NORM_RMS_UNIT_OFFSET));
 }
 
 void cuda_linear(kvq_backend *b, enum kvq_weight which, int layer, const float *x, float *y, size_t T, int acc)
@@ -452,15 +512,14 @@ void cuda_linear(kvq_backend *b, enum kvq_weight which, int layer, const float *
     int in, out;
     kvq_weight_pick(&cb->layers[layer], which, m->cfg.hidden, m->cfg.ffn, m->q_dim, m->qkv_dim, &W, &bias, &in, &out);
     gemm(cb, x, cb->mats[layer][which], y, T, in, out, acc);
-    if (bias) {
-        bias_kernel<<<(unsigned)T, kThreads>>>(y, bias, out);
-        launched(cb);
-    }
+    if (bias)
+        launch(cb, bias_kernel, dim3((unsigned)T), dim3(kThreads), 0, y, bias, out);
 }
 
 void cuda_set_pos(kvq_backend *b, const int32_t *pos, size_t T)
 {
-    note(cb_of(b), cudaMemcpy(b->pos, pos, T * sizeof *pos, cudaMemcpyHostToDevice));
+    cuda_backend *cb = cb_of(b);
+    upload_ints(cb, b->pos, cb->pin_pos, pos, T);
 }
 
 void cuda_qkv_rope(kvq_backend *b, int layer, const float *qkv, size_t T, const int32_t *pos, float *q, float *k,
@@ -476,17 +535,16 @@ void cuda_qkv_rope(kvq_backend *b, int layer, const float *qkv, size_t T, const 
     a.unit_offset = c->arch.norm == KVQ_NORM_RMS_UNIT_OFFSET;
     a.eps = c->rms_eps, a.pos = pos, a.cos = cb->rope_cos, a.sin = cb->rope_sin;
     a.q_norm = cb->layers[layer].q_norm, a.k_norm = cb->layers[layer].k_norm;
-    qkv_rope_kernel<<<dim3((unsigned)T, (unsigned)(c->n_heads + 2 * c->n_kv_heads)), 32>>>(qkv, a, q, k, v);
-    launched(cb);
+    launch(cb, qkv_rope_kernel, dim3((unsigned)T, (unsigned)(c->n_heads + 2 * c->n_kv_heads)), dim3(32), 0, qkv, a, q,
+           k, v);
 }
 
 void cuda_glu(kvq_backend *b, const float *gu, float *h, size_t T)
 {
     cuda_backend *cb = cb_of(b);
     const int f = b->m->cfg.ffn;
-    glu_kernel<<<dim3((unsigned)((f + kThreads - 1) / kThreads), (unsigned)T), kThreads>>>(
-        gu, h, f, b->m->cfg.arch.act == KVQ_ACT_GELU_TANH);
-    launched(cb);
+    launch(cb, glu_kernel, dim3((unsigned)((f + kThreads - 1) / kThreads), (unsigned)T), dim3(kThreads), 0, gu, h, f,
+           (int)(b->m->cfg.arch.act == KVQ_ACT_GELU_TANH));
 }
 
 /* Adds the intervals between a finished set's events to their parts. */
@@ -571,10 +629,8 @@ void logits_of(kvq_backend *b, const float *x, size_t R)
     const struct kvq_model_config *c = &b->m->cfg;
     cuda_norm(b, KVQ_NORM_FINAL, 0, x, cb->lm_x, R);
     gemm(cb, cb->lm_x, cb->lm, cb->logits, R, c->hidden, c->vocab, 0);
-    if (c->arch.final_softcap > 0) {
-        softcap_kernel<<<(unsigned)R, kThreads>>>(cb->logits, c->vocab, c->arch.final_softcap);
-        launched(cb);
-    }
+    if (c->arch.final_softcap > 0)
+        launch(cb, softcap_kernel, dim3((unsigned)R), dim3(kThreads), 0, cb->logits, c->vocab, c->arch.final_softcap);
 }
 
 kvq_status cuda_lm_head(kvq_backend *b, const float *x, size_t R, float *logits, int32_t *argmax)
@@ -618,6 +674,41 @@ kvq_status cuda_lm_sample(kvq_backend *b, const float *x, size_t R, kvq_sampler 
     return cb->sticky ? KVQ_ERR_DEVICE : KVQ_OK;
 }
 
+/* A decode step of rows rows (mark has just opened it) as a CUDA graph:
+ * not the timed forwards (their events would be recorded once) nor the
+ * first one (its kernels' first launches load their code). */
+int cuda_step_begin(kvq_backend *b, size_t rows)
+{
+    cuda_backend *cb = cb_of(b);
+    if (!cb->step || cb->graphs_off || cb->timing || cb->forwards[0] < 2 || cb->sticky)
+        return 0;
+    cb->step_err = 0;
+    return kvq_cuda_step_begin(cb->step, (uint64_t)rows) != KVQ_CUDA_STEP_OFF;
+}
+
+kvq_status cuda_step_end(kvq_backend *b)
+{
+    cuda_backend *cb = cb_of(b);
+    kvq_status st = KVQ_ERR_DEVICE;
+    if (cb->step_err)
+        kvq_cuda_step_cancel(cb->step);
+    else
+        st = kvq_cuda_step_launch(cb->step);
+    cb->graph_fails = st == KVQ_OK ? 0 : cb->graph_fails + 1;
+    /* a step that keeps failing (cannot be captured, or changes shape every
+     * time) runs as queued from now on; the recorder stays, idle, as the
+     * store's caches point at it */
+    cb->graphs_off |= cb->graph_fails >= kGraphMaxFails;
+    return st;
+}
+
+void cuda_step_cancel(kvq_backend *b)
+{
+    cuda_backend *cb = cb_of(b);
+    kvq_cuda_step_cancel(cb->step);
+    cb->graphs_off |= ++cb->graph_fails >= kGraphMaxFails;
+}
+
 void cuda_free(kvq_backend *b)
 {
     cuda_backend *cb = cb_of(b);
@@ -651,12 +742,18 @@ void cuda_free(kvq_backend *b)
     }
     if (cb->blas)
         cublasDestroy(cb->blas);
+    kvq_cuda_step_free(cb->step);
+    cudaFree(cb->blas_ws);
+    cudaFreeHost(cb->pin_ids);
+    cudaFreeHost(cb->pin_pos);
+    if (cb->stream)
+        cudaStreamDestroy(cb->stream);
     delete cb;
 }
 
 const struct kvq_backend_ops cuda_ops = {
     cuda_embed, cuda_norm, cuda_linear, cuda_qkv_rope, cuda_glu, cuda_lm_head, cuda_lm_sample, cuda_free,
-    cuda_set_pos, cuda_mark, cuda_part_times,
+    cuda_set_pos, cuda_mark, cuda_part_times, cuda_step_begin, cuda_step_end, cuda_step_cancel,
 };
 
 /* Uploads n floats of host memory (NULL gives NULL). */
@@ -809,7 +906,7 @@ kvq_status upload_model(cuda_backend *cb)
 
 } // namespace
 
-extern "C" kvq_status kvq_backend_cuda_create(const kvq_model *m, size_t max_rows, kvq_backend **out)
+extern "C" kvq_status kvq_backend_cuda_create(const kvq_model *m, size_t max_rows, int graphs, kvq_backend **out)
 {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
@@ -825,11 +922,15 @@ extern "C" kvq_status kvq_backend_cuda_create(const kvq_model *m, size_t max_row
     b->m = m;
     b->max_rows = max_rows;
     b->device = 1;
-    if (cublasCreate(&cb->blas) != CUBLAS_STATUS_SUCCESS) {
-        cb->blas = nullptr;
+    if (cudaStreamCreate(&cb->stream) != cudaSuccess || cublasCreate(&cb->blas) != CUBLAS_STATUS_SUCCESS ||
+        cudaMalloc(&cb->blas_ws, kBlasWorkspace) != cudaSuccess ||
+        cublasSetWorkspace(cb->blas, cb->blas_ws, kBlasWorkspace) != CUBLAS_STATUS_SUCCESS ||
+        cublasSetStream(cb->blas, cb->stream) != CUBLAS_STATUS_SUCCESS) {
+        cudaGetLastError();
         cuda_free(b);
         return KVQ_ERR_DEVICE;
     }
+    b->dev_stream = cb->stream;
     kvq_status st = upload_model(cb);
     float **slot[KVQ_N_ACTS];
     size_t floats[KVQ_N_ACTS];
@@ -855,6 +956,12 @@ extern "C" kvq_status kvq_backend_cuda_create(const kvq_model *m, size_t max_row
     if (st == KVQ_OK && (cudaMalloc(&cb->ids, mr * sizeof(int32_t)) != cudaSuccess ||
                          cudaMalloc(&b->pos, mr * sizeof(int32_t)) != cudaSuccess))
         st = KVQ_ERR_NOMEM;
+    if (st == KVQ_OK && (cudaHostAlloc(&cb->pin_ids, mr * sizeof(int32_t), cudaHostAllocDefault) != cudaSuccess ||
+                         cudaHostAlloc(&cb->pin_pos, mr * sizeof(int32_t), cudaHostAllocDefault) != cudaSuccess))
+        st = KVQ_ERR_NOMEM;
+    if (st == KVQ_OK && graphs)
+        st = kvq_cuda_step_create(cb->stream, kGraphKeys, &cb->step);
+    b->dev_step = cb->step;
     if (st == KVQ_OK)
         st = kvq_gpu_sampler_create(m->cfg.vocab, mr, &cb->smp);
     /* a forward marks 9 part changes per layer, then the LM head's */

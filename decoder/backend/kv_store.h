@@ -43,7 +43,8 @@ struct kvq_kv_store_ops {
     kvq_status (*append)(kvq_kv_store *s, int layer, int n_seqs, const int *seqs, size_t T, const float *k,
                          const float *v);
     /* Makes room for n more tokens of seq in every layer, so that appends of
-     * up to n tokens cannot fail for want of memory. */
+     * up to n tokens cannot fail for want of memory (and, on the device,
+     * change no page table: what a replayed step graph needs). */
     kvq_status (*reserve)(kvq_kv_store *s, int seq, size_t n);
     /* Drops tokens [n, len) of seq in layers [0, n_layers). */
     void (*truncate)(kvq_kv_store *s, int seq, int n_layers, size_t n);
@@ -60,6 +61,10 @@ struct kvq_kv_store_ops {
     kvq_status (*share)(kvq_kv_store *s, int dst, int src, size_t n);
     /* Bytes and rows of seq, summed over layers. */
     void (*stats)(const kvq_kv_store *s, int seq, struct kvq_cache_stats *sum);
+    /* Device stores (NULL elsewhere): issue on the device backend's stream
+     * (kvq_backend.dev_stream) and through its step recorder (dev_step, may
+     * be NULL), so a decode step's appends and attention join its graph. */
+    void (*attach)(kvq_kv_store *s, void *stream, void *step);
     /* The host cache of (layer, seq) where the store has one, else NULL. */
     const kvq_cache *(*cache)(const kvq_kv_store *s, int layer, int seq);
     void (*free)(kvq_kv_store *s);

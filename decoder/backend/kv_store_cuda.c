@@ -106,14 +106,28 @@ static kvq_status cuda_append(kvq_kv_store *base, int layer, int n_seqs, const i
     return KVQ_OK;
 }
 
-/* Pages are taken from the pool on append; the pool was sized for every
- * sequence's full context (or the budget), so there is nothing to reserve. */
+/* The pages the next n tokens land in, in every layer (all or nothing). */
 static kvq_status cuda_reserve(kvq_kv_store *base, int seq, size_t n)
 {
-    (void)base;
-    (void)seq;
-    (void)n;
+    struct cuda_store *s = (struct cuda_store *)base;
+    for (int l = 0; l < base->n_layers; l++) {
+        kvq_status st = kvq_cuda_cache_reserve(s->caches[l], seq, n);
+        if (st != KVQ_OK) {
+            for (int j = 0; j <= l; j++) /* the pages beyond the length go back */
+                kvq_cuda_cache_truncate(s->caches[j], seq, kvq_cuda_cache_len(s->caches[j], seq));
+            return st;
+        }
+    }
     return KVQ_OK;
+}
+
+static void cuda_attach(kvq_kv_store *base, void *stream, void *step)
+{
+    struct cuda_store *s = (struct cuda_store *)base;
+    for (int l = 0; l < base->n_layers; l++) {
+        kvq_cuda_cache_set_stream(s->caches[l], stream);
+        kvq_cuda_cache_set_step(s->caches[l], (kvq_cuda_step *)step);
+    }
 }
 
 static void cuda_truncate(kvq_kv_store *base, int seq, int n_layers, size_t n)
@@ -193,6 +207,7 @@ static const struct kvq_kv_store_ops cuda_store_ops = {
     .reset = cuda_reset,
     .trim = cuda_trim,
     .share = cuda_share,
+    .attach = cuda_attach,
     .stats = cuda_stats,
     .cache = cuda_cache,
     .free = cuda_free_store,

@@ -218,9 +218,12 @@ kvq_status kvq_batch_create(const kvq_model *m, const struct kvq_batch_config *c
     free(ccs);
     if (st == KVQ_OK) {
         const int cuda = bc.seq.device == KVQ_DEVICE_CUDA;
-        st = cuda ? kvq_backend_cuda_create(m, b->max_rows, &b->be) : kvq_backend_cpu_create(m, b->max_rows, &b->be);
+        st = cuda ? kvq_backend_cuda_create(m, b->max_rows, bc.seq.cuda_graphs, &b->be)
+                  : kvq_backend_cpu_create(m, b->max_rows, &b->be);
         if (st != KVQ_OK)
             kvq_error_set(err, st, "cannot create the %s backend: %s", cuda ? "CUDA" : "CPU", kvq_status_str(st));
+        else if (b->kv->ops->attach)
+            b->kv->ops->attach(b->kv, b->be->dev_stream, b->be->dev_step);
     }
     if (st != KVQ_OK) {
         kvq_batch_free(b);

@@ -9,6 +9,7 @@
 #include "backend.h"
 #include "decoder_internal.h"
 #include "kv_store.h"
+#include "kvq_cuda.h"
 #include "kvq_rng.h"
 
 #define NGRAM_MAX_SLOTS ((size_t)1 << 18)
@@ -28,6 +29,7 @@ void kvq_seq_config_default(struct kvq_seq_config *cfg)
     cfg->type_v = KVQ_DEFAULT_TYPE_V;
     cfg->recent_f16 = KVQ_WINDOW_AUTO;
     cfg->key_outlier_f16 = 1;
+    cfg->cuda_graphs = 1;
 }
 
 static int compressed(enum kvq_type t)
@@ -238,12 +240,14 @@ kvq_status kvq_seq_create(const kvq_model *m, const struct kvq_seq_config *cfg, 
         kvq_seq_free(s);
         return st;
     }
-    st = cuda ? kvq_backend_cuda_create(m, (size_t)s->max_chunk, &s->be)
+    st = cuda ? kvq_backend_cuda_create(m, (size_t)s->max_chunk, sc.cuda_graphs, &s->be)
               : kvq_backend_cpu_create(m, (size_t)s->max_chunk, &s->be);
     if (st != KVQ_OK) {
         kvq_seq_free(s);
         return kvq_error_set(err, st, "cannot create the %s backend: %s", cuda ? "CUDA" : "CPU", kvq_status_str(st));
     }
+    if (s->kv->ops->attach)
+        s->kv->ops->attach(s->kv, s->be->dev_stream, s->be->dev_step);
     kvq_sampler_params sp = kvq_sampler_params_default();
     sp.seed = sc.seed;
     if (kvq_sampler_create(c->vocab, &sp, &s->sampler) != KVQ_OK)
@@ -428,4 +432,7 @@ void kvq_seq_get_stats(const kvq_seq *s, struct kvq_seq_stats *st)
         st->gpu_lm_head = t[KVQ_PART_LM_HEAD];
         st->gpu_other = t[KVQ_PART_OTHER];
     }
+    size_t captured = 0, replayed = 0;
+    kvq_cuda_step_counts(s->be->dev_step, &captured, &replayed);
+    st->gpu_graph_steps = captured + replayed;
 }

@@ -92,20 +92,15 @@ static kvq_status attend_rows(const struct kvq_fwd *f, const struct kvq_fwd_seg 
     return KVQ_OK;
 }
 
-kvq_status kvq_forward_rows(const struct kvq_fwd *f, const int32_t *ids, const struct kvq_fwd_seg *segs, int n_segs)
+/* Every layer for the T rows of the segments (positions in f->pos); on an
+ * error the store holds what it held before. */
+static kvq_status run_layers(const struct kvq_fwd *f, const int32_t *ids, const struct kvq_fwd_seg *segs, int n_segs,
+                             size_t T)
 {
     kvq_backend *be = f->be;
     const struct kvq_backend_ops *op = be->ops;
     const struct kvq_acts *a = &be->acts;
     const int n_layers = f->m->cfg.n_layers;
-    size_t T = 0;
-    for (int i = 0; i < n_segs; i++)
-        for (size_t t = 0; t < segs[i].T; t++)
-            f->pos[T++] = (int32_t)(segs[i].pos0 + t);
-    if (T == 0 || T > be->max_rows)
-        return KVQ_ERR_INVALID_ARG;
-    if (op->mark)
-        op->mark(be, KVQ_PART_OTHER, T);
     op->set_pos(be, f->pos, T);
     op->embed(be, ids, T, a->x);
     for (int l = 0; l < n_layers; l++) {
@@ -141,6 +136,55 @@ kvq_status kvq_forward_rows(const struct kvq_fwd *f, const int32_t *ids, const s
             op->norm(be, KVQ_NORM_POST_FFN, l, a->xn, a->x, T);
     }
     return KVQ_OK;
+}
+
+/* A decode step (one row per segment) on a device backend may run as one
+ * CUDA graph: the pages its appends land in are taken first, so no page
+ * table changes inside it (kv_store.h reserve). */
+static int step_graph_begin(const struct kvq_fwd *f, const struct kvq_fwd_seg *segs, int n_segs, size_t T,
+                            kvq_status *st)
+{
+    kvq_backend *be = f->be;
+    *st = KVQ_OK;
+    if (!be->ops->step_begin || (size_t)n_segs != T)
+        return 0;
+    for (int i = 0; i < n_segs; i++)
+        if ((*st = f->kv->ops->reserve(f->kv, segs[i].seq, 1)) != KVQ_OK)
+            return 0;
+    return be->ops->step_begin(be, T);
+}
+
+kvq_status kvq_forward_rows(const struct kvq_fwd *f, const int32_t *ids, const struct kvq_fwd_seg *segs, int n_segs)
+{
+    kvq_backend *be = f->be;
+    const struct kvq_backend_ops *op = be->ops;
+    size_t T = 0;
+    for (int i = 0; i < n_segs; i++)
+        for (size_t t = 0; t < segs[i].T; t++)
+            f->pos[T++] = (int32_t)(segs[i].pos0 + t);
+    if (T == 0 || T > be->max_rows)
+        return KVQ_ERR_INVALID_ARG;
+    if (op->mark)
+        op->mark(be, KVQ_PART_OTHER, T);
+    kvq_status st;
+    const int graph = step_graph_begin(f, segs, n_segs, T, &st);
+    if (st != KVQ_OK)
+        return st;
+    st = run_layers(f, ids, segs, n_segs, T);
+    if (!graph)
+        return st;
+    if (st == KVQ_OK && op->step_end(be) == KVQ_OK)
+        return KVQ_OK;
+    /* nothing of the step ran: its calls did not match the recorded graph
+     * (a kernel choice that changed with the lengths), the capture failed,
+     * or an op failed (run_layers has undone its layers). Undo the host
+     * state and run the step as queued, which also reports a real error. */
+    if (st == KVQ_OK)
+        for (int i = 0; i < n_segs; i++)
+            f->kv->ops->truncate(f->kv, segs[i].seq, f->m->cfg.n_layers, segs[i].pos0);
+    else
+        op->step_cancel(be);
+    return run_layers(f, ids, segs, n_segs, T);
 }
 
 kvq_status kvq_forward_chunk(kvq_seq *s, const int32_t *ids, size_t T)

@@ -143,6 +143,87 @@ KVQ_API kvq_status kvq_cuda_graph_launch(kvq_cuda_graph *g);
 /** Frees g; accepts NULL. */
 KVQ_API void kvq_cuda_graph_free(kvq_cuda_graph *g);
 
+/* ---- step graphs ---------------------------------------------------- */
+
+/* A step recorder: the work of one repeated step (a decode step of every
+ * layer: the caller's kernels and the caches' appends and attention, all on
+ * one stream) recorded once as a CUDA graph and replayed, so the GPU runs
+ * the step's hundreds of kernels without a launch gap each.
+ *
+ * Between kvq_cuda_step_begin and kvq_cuda_step_launch every kernel and
+ * copy of the step goes through kvq_cuda_step_kernel / _copy (the caches
+ * given the recorder with kvq_cuda_cache_set_step do this themselves). The
+ * first step of a key is captured; a later one with the same key is
+ * replayed: the calls are made again in the same order, each compared with
+ * the recorded one, and only the nodes whose arguments changed (lengths,
+ * split counts, uniforms) are patched in the instantiated graph. Copies
+ * read host memory when the graph runs, so their host sources must be
+ * pinned and keep their address. Work another library issues on the stream
+ * (cuBLAS, CUB) is captured with the step and must not be issued again
+ * while replaying (kvq_cuda_step_mode() tells); its arguments must be the
+ * same for every step of a key. A replay whose calls differ in number,
+ * kind or launch attributes from the recorded ones, or during which any
+ * other work reaches the stream, fails in kvq_cuda_step_launch with
+ * nothing queued: the caller undoes the step's host-side state and runs it
+ * again without the recorder; the key is captured afresh next time. */
+typedef struct kvq_cuda_step kvq_cuda_step;
+
+enum kvq_cuda_step_mode {
+    KVQ_CUDA_STEP_OFF = 0,     /* calls run as they are made */
+    KVQ_CUDA_STEP_CAPTURE = 1, /* calls are recorded into a new graph */
+    KVQ_CUDA_STEP_REPLAY = 2   /* calls patch the recorded graph */
+};
+
+/** A recorder issuing on stream (a cudaStream_t, not the legacy default
+ *  stream, which cannot be captured) that keeps the graphs of up to
+ *  max_keys keys (least recently used dropped).
+ *  @return KVQ_OK and *out; KVQ_ERR_INVALID_ARG; KVQ_ERR_NOMEM;
+ *  KVQ_ERR_NO_DEVICE. */
+KVQ_API kvq_status kvq_cuda_step_create(void *stream, int max_keys, kvq_cuda_step **out);
+/** Frees s and its graphs; accepts NULL. */
+KVQ_API void kvq_cuda_step_free(kvq_cuda_step *s);
+/** Opens a step of shape key: REPLAY when a graph of key is recorded, else
+ *  CAPTURE. @return the mode; OFF (nothing opened) when s is NULL, a step is
+ *  already open or the capture cannot start. */
+KVQ_API enum kvq_cuda_step_mode kvq_cuda_step_begin(kvq_cuda_step *s, uint64_t key);
+/** The open step's mode (OFF for NULL or none open). */
+KVQ_API enum kvq_cuda_step_mode kvq_cuda_step_mode(const kvq_cuda_step *s);
+/** Closes the open step and queues its graph on the stream.
+ *  @return KVQ_OK; KVQ_ERR_DEVICE (nothing queued: the capture failed, or
+ *  the replay's calls did not match the recording or work went around the
+ *  recorder; the key's graph is dropped); KVQ_ERR_INVALID_ARG (none open). */
+KVQ_API kvq_status kvq_cuda_step_launch(kvq_cuda_step *s);
+/** Closes the open step without queuing anything (the step failed on the
+ *  host); a capture is dropped. Accepts NULL and no open step. */
+KVQ_API void kvq_cuda_step_cancel(kvq_cuda_step *s);
+/** Steps captured and replayed since create (for the run summary). */
+KVQ_API void kvq_cuda_step_counts(const kvq_cuda_step *s, size_t *captured, size_t *replayed);
+
+/** func (a __global__ function) over grid[3] x block[3] with smem bytes of
+ *  dynamic shared memory and the n_args arguments args[i] of arg_bytes[i]
+ *  bytes, on stream: launched (s NULL or no step open), recorded, or
+ *  compared and patched. pdl: with the programmatic-dependent-launch
+ *  attribute (sm_90). The stream must be s's while a step is open.
+ *  @return KVQ_OK; KVQ_ERR_DEVICE (also a mismatch while replaying, which
+ *  the launch reports again). */
+KVQ_API kvq_status kvq_cuda_step_kernel(kvq_cuda_step *s, void *stream, const void *func, const unsigned grid[3],
+                                        const unsigned block[3], size_t smem, int pdl, void **args,
+                                        const size_t *arg_bytes, int n_args);
+/** bytes from src to dst (device or pinned host memory, any direction),
+ *  queued on stream, recorded or patched as kvq_cuda_step_kernel. */
+KVQ_API kvq_status kvq_cuda_step_copy(kvq_cuda_step *s, void *stream, void *dst, const void *src, size_t bytes);
+
+/** c issues its appends and attention through s (NULL: plainly), on s's
+ *  stream. */
+KVQ_API void kvq_cuda_cache_set_step(kvq_cuda_cache *c, kvq_cuda_step *s);
+
+/** Makes room for n more tokens of seq: the pages they land in are taken
+ *  (and made its own where shared), so appends of up to n tokens neither
+ *  fail for want of pages nor update the page table (what a replayed step
+ *  needs). @return KVQ_OK; KVQ_ERR_INVALID_ARG; KVQ_ERR_CONTEXT_FULL;
+ *  KVQ_ERR_BUDGET; KVQ_ERR_DEVICE. */
+KVQ_API kvq_status kvq_cuda_cache_reserve(kvq_cuda_cache *c, int seq, size_t n);
+
 /** Tokens held by seq (0 for an invalid seq). */
 KVQ_API size_t kvq_cuda_cache_len(const kvq_cuda_cache *c, int seq);
 
@@ -292,4 +373,34 @@ KVQ_API kvq_status kvq_cuda_cache_prefill(kvq_cuda_cache *c, int seq, size_t n, 
 #ifdef __cplusplus
 }
 #endif
+
+#if defined(__CUDACC__) && defined(__cplusplus)
+#include <cuda_runtime.h>
+#include <tuple>
+#include <utility>
+
+namespace kvq_step_detail {
+template <typename T, size_t... I>
+kvq_status launch(kvq_cuda_step *s, cudaStream_t st, bool pdl, const void *f, dim3 g, dim3 b, size_t smem, T &t,
+                  std::index_sequence<I...>)
+{
+    void *args[sizeof...(I) + 1] = {(void *)&std::get<I>(t)...};
+    const size_t bytes[sizeof...(I) + 1] = {sizeof(std::get<I>(t))...};
+    const unsigned grid[3] = {g.x, g.y, g.z}, block[3] = {b.x, b.y, b.z};
+    return kvq_cuda_step_kernel(s, (void *)st, f, grid, block, smem, pdl, args, bytes, (int)sizeof...(I));
+}
+} /* namespace kvq_step_detail */
+
+/** kern<<<grid, block, smem, stream>>>(args...) through the recorder s
+ *  (kvq_cuda_step_kernel; s may be NULL): the arguments are converted to
+ *  the kernel's parameter types first. */
+template <typename... K, typename... A>
+kvq_status kvq_cuda_step_launch_kernel(kvq_cuda_step *s, cudaStream_t stream, bool pdl, void (*kern)(K...),
+                                       dim3 grid, dim3 block, size_t smem, A &&...args)
+{
+    std::tuple<K...> held(static_cast<A &&>(args)...);
+    return kvq_step_detail::launch(s, stream, pdl, (const void *)kern, grid, block, smem, held,
+                                   std::index_sequence_for<K...>{});
+}
+#endif /* __CUDACC__ */
 #endif /* KVQ_CUDA_H */

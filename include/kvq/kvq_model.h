@@ -274,13 +274,17 @@ struct kvq_seq_config {
                              * are allocated at create and count against kv_budget
                              * (first, in equal shares per layer; the rest is split as
                              * above). */
+    int cuda_graphs;        /* 1 (default): on KVQ_DEVICE_CUDA a decode step's layers run
+                             * as one CUDA graph, recorded once per batch size and
+                             * replayed (kvq_cuda.h, "step graphs"); 0: every kernel
+                             * launched one by one */
 };
 /* kvq_seq_config.recent_f16: decided from the cache types. */
 #define KVQ_WINDOW_AUTO (-1)
 
 /** Fills cfg with the defaults the kvq command uses: tq3j keys, tq3 values,
  *  seed 0, the model's context, recent_f16 = KVQ_WINDOW_AUTO (so the window
- *  is on for compressed types), no sinks, no budget. */
+ *  is on for compressed types), no sinks, no budget, CUDA graphs on. */
 KVQ_API void kvq_seq_config_default(struct kvq_seq_config *cfg);
 
 /** @return the recent_f16 setting cfg resolves to (0 or 1) for a model of
@@ -421,6 +425,8 @@ struct kvq_seq_stats {
      * each part's queued work (the host times above are then mostly
      * queuing); 0 on the CPU. gpu_other: embedding, norms, RoPE, GLU. */
     double gpu_matmul, gpu_attn, gpu_lm_head, gpu_other;
+    size_t gpu_graph_steps; /* decode steps that ran as one CUDA graph (kvq_seq_config.cuda_graphs),
+                             * since the state was created; 0 on the CPU */
 };
 /** Fills st. With a CUDA sequence this waits for its queued GPU work. */
 KVQ_API void kvq_seq_get_stats(const kvq_seq *s, struct kvq_seq_stats *st);

@@ -205,16 +205,15 @@ struct prep_call {
     uint8_t *qfrag;
     bool pdl;
     cudaStream_t stream;
+    kvq_cuda_step *step;
 };
 
 kvq_status launch_prep(void *ctx)
 {
     const prep_call &a = *static_cast<const prep_call *>(ctx);
     auto prep = a.pdl ? prep_fast_kernel<true> : prep_fast_kernel<false>;
-    prep<<<dim3((unsigned)a.H, (unsigned)a.nb), 128, 0, a.stream>>>(a.q, a.Hq, a.H, a.G, a.c, a.inv_alpha_k, a.rk,
-                                                                     a.sk, a.k_f16, a.imma, a.inv_sk, a.qfrag);
-    KVQ_CU_TRY(cudaGetLastError());
-    return KVQ_OK;
+    return kvq_cu_launch(a.step, false, prep, dim3((unsigned)a.H, (unsigned)a.nb), dim3(128), 0, a.stream, a.q, a.Hq,
+                         a.H, a.G, a.c, a.inv_alpha_k, a.rk, a.sk, a.k_f16, a.imma, a.inv_sk, a.qfrag);
 }
 
 __device__ float block_reduce128(float v, float *red, bool is_max)
@@ -588,12 +587,8 @@ static kvq_status attend_overrides(kvq_cuda_cache *c, int nb, const int *seqs, c
         op.tl[i] = tl[i];
     }
     const size_t smem = (5 * (size_t)op.d + 8) * sizeof(float);
-    if (base2)
-        ov_kernel<true><<<dim3((unsigned)Hq, (unsigned)nb), 128, smem, c->stream>>>(op);
-    else
-        ov_kernel<false><<<dim3((unsigned)Hq, (unsigned)nb), 128, smem, c->stream>>>(op);
-    KVQ_CU_TRY(cudaGetLastError());
-    return KVQ_OK;
+    return kvq_cu_launch(c->step, false, base2 ? ov_kernel<true> : ov_kernel<false>, dim3((unsigned)Hq, (unsigned)nb),
+                         dim3(128), smem, c->stream, op);
 }
 
 /* Splits of the reference kernel's token ranges [lo, hi): requested (> 0),
@@ -661,8 +656,10 @@ static kvq_status attend_fused(kvq_cuda_cache *c, int nb, const int *seqs, const
     pc.qfrag = c->qfrag_d;
     pc.pdl = p.pdl;
     pc.stream = c->stream;
+    pc.step = c->step;
     p.prep = launch_prep;
     p.prep_ctx = &pc;
+    p.step = c->step;
     if (imma && pc.rk.mode != ROT_DENSE && pc.sk.mode != ROT_DENSE) {
         /* the integer-score kernel may prepare its queries itself
          * (kvq_cu_fast_launch decides) */
@@ -683,14 +680,16 @@ static kvq_status attend_fused(kvq_cuda_cache *c, int nb, const int *seqs, const
     const size_t fsmem = (size_t)p.n_splits * sizeof(float);
     const rot_arg rv = rot_arg_of(c->dv.rotated, c->dv.R, c->rv_dense);
     const int v_f16 = c->dv.type == KVQ_TYPE_F16;
-    if (p.pdl_used)
-        KVQ_CU_TRY(kvq_cu_launch(true, finalize_kernel<true>, fgrid, dim3(128), fsmem, c->stream, c->part_d,
-                                 p.n_splits, Hq, H, G, v_f16, rv, 1.0f / c->alpha_v, xtra, out));
-    else
-        finalize_kernel<false><<<fgrid, 128, fsmem, c->stream>>>(c->part_d, p.n_splits, Hq, H, G, v_f16, rv,
-                                                                 1.0f / c->alpha_v, xtra, out);
-    KVQ_CU_TRY(cudaGetLastError());
-    return KVQ_OK;
+    const bool pdl = p.pdl_used;
+    return kvq_cu_launch(c->step, pdl, pdl ? finalize_kernel<true> : finalize_kernel<false>, fgrid, dim3(128), fsmem,
+                         c->stream, c->part_d, p.n_splits, Hq, H, G, v_f16, rv, 1.0f / c->alpha_v, xtra, out);
+}
+
+/* The reference and group kernels' split merge. */
+static kvq_status merge_ref(kvq_cuda_cache *c, int nb, int Hq, int d, const ref_params &rp)
+{
+    return kvq_cu_launch(c->step, false, ref::ref_merge_kernel, dim3((unsigned)Hq, (unsigned)nb), dim3(128),
+                         3 * (size_t)d * sizeof(float), c->stream, rp);
 }
 
 /* The same on CUDA cores: the group kernel where it applies (and use_ref
@@ -701,9 +700,9 @@ static kvq_status attend_cores(kvq_cuda_cache *c, int nb, const int *seqs, const
                                int n_splits)
 {
     const int H = c->cfg.cache.n_kv_heads, G = Hq / H, d = c->cfg.cache.head_dim;
-    ref::prep_ref_kernel<<<dim3((unsigned)Hq, (unsigned)nb), 128, 2 * (size_t)d * sizeof(float), c->stream>>>(
-        q, Hq, d, scale, c->dk.rotated ? c->rk_dense : NULL, c->dk.qjl ? c->sk_dense : NULL, c->qprep_d);
-    KVQ_CU_TRY(cudaGetLastError());
+    KVQ_CU_RET(kvq_cu_launch(c->step, false, ref::prep_ref_kernel, dim3((unsigned)Hq, (unsigned)nb), dim3(128),
+                             2 * (size_t)d * sizeof(float), c->stream, q, Hq, d, scale,
+                             c->dk.rotated ? c->rk_dense : NULL, c->dk.qjl ? c->sk_dense : NULL, c->qprep_d));
     ref_params rp;
     memset(&rp, 0, sizeof rp);
     rp.pg = kvq_cu_pages_of(c);
@@ -733,23 +732,17 @@ static kvq_status attend_cores(kvq_cuda_cache *c, int nb, const int *seqs, const
         const size_t gsmem = ((size_t)G * 2 * d + 4 * (size_t)G * (d + 2) + 16) * sizeof(float);
         if (gsmem > 48 * 1024)
             KVQ_CU_TRY(cudaFuncSetAttribute(gk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gsmem));
-        gk<<<dim3((unsigned)H, (unsigned)nb, (unsigned)rp.n_splits), 128, gsmem, c->stream>>>(rp);
-        KVQ_CU_TRY(cudaGetLastError());
-        ref::ref_merge_kernel<<<dim3((unsigned)Hq, (unsigned)nb), 128, 3 * (size_t)d * sizeof(float), c->stream>>>(rp);
-        KVQ_CU_TRY(cudaGetLastError());
-        return KVQ_OK;
+        KVQ_CU_RET(kvq_cu_launch(c->step, false, gk, dim3((unsigned)H, (unsigned)nb, (unsigned)rp.n_splits), dim3(128),
+                                 gsmem, c->stream, rp));
+        return merge_ref(c, nb, Hq, d, rp);
     }
     rp.n_splits = ref_splits(c, nb, Hq, lo, hi, n_splits);
     const size_t smem = (10 * (size_t)d + 8) * sizeof(float);
     if (smem > 48 * 1024)
         KVQ_CU_TRY(cudaFuncSetAttribute(ref::ref_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    ref::ref_kernel<<<dim3((unsigned)Hq, (unsigned)nb, (unsigned)rp.n_splits), 128, smem, c->stream>>>(rp);
-    KVQ_CU_TRY(cudaGetLastError());
-    if (rp.n_splits > 1) {
-        ref::ref_merge_kernel<<<dim3((unsigned)Hq, (unsigned)nb), 128, 3 * (size_t)d * sizeof(float), c->stream>>>(rp);
-        KVQ_CU_TRY(cudaGetLastError());
-    }
-    return KVQ_OK;
+    KVQ_CU_RET(kvq_cu_launch(c->step, false, ref::ref_kernel, dim3((unsigned)Hq, (unsigned)nb, (unsigned)rp.n_splits),
+                             dim3(128), smem, c->stream, rp));
+    return rp.n_splits > 1 ? merge_ref(c, nb, Hq, d, rp) : KVQ_OK;
 }
 
 /* Entry i attends to the first lens[i] tokens of seqs[i] (lens NULL: all). */

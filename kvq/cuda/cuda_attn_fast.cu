@@ -409,12 +409,9 @@ kvq_status launch_one(kvq_cu_fast_params *p, int n_batch, int n_splits, int max_
     if (MODE != M_ST && p->pdl) {
         p->pdl_used = 1; /* the merge kernel may overlap this one's end */
         /* overlapping the kernel before only pays when that is the prep kernel */
-        KVQ_CU_TRY(kvq_cu_launch(!prep_here, run, grid, dim3(NW * 32), run_smem, stream, *p));
-    } else {
-        run<<<grid, NW * 32, run_smem, stream>>>(*p);
+        return kvq_cu_launch(p->step, !prep_here, run, grid, dim3(NW * 32), run_smem, stream, *p);
     }
-    KVQ_CU_TRY(cudaGetLastError());
-    return KVQ_OK;
+    return kvq_cu_launch(p->step, false, run, grid, dim3(NW * 32), run_smem, stream, *p);
 }
 
 /* tq keys: 32-token stages with tq3 values on pages of a multiple of 32

@@ -165,6 +165,7 @@ void kvq_cuda_cache_free(kvq_cuda_cache *c)
     free(c->free_list);
     free(c->page_refs);
     free(c->tok_h);
+    cudaFreeHost(c->tok_pin);
     kvq_cache_free(c->twin);
     free(c);
 }
@@ -181,9 +182,12 @@ static kvq_status tok_reserve(kvq_cuda_cache *c, size_t n)
         return KVQ_ERR_NOMEM;
     c->tok_h = h;
     cudaFree(c->tok_d);
+    cudaFreeHost(c->tok_pin);
     c->tok_d = NULL;
+    c->tok_pin = NULL;
     c->tok_cap = 0;
     KVQ_CU_TRY(cudaMalloc(&c->tok_d, 4 * cap * sizeof(int32_t)));
+    KVQ_CU_TRY(cudaHostAlloc(&c->tok_pin, 4 * cap * sizeof(int32_t), cudaHostAllocDefault));
     c->tok_cap = cap;
     return KVQ_OK;
 }
@@ -276,7 +280,7 @@ static kvq_status cache_init(kvq_cuda_cache *c)
     if (st == KVQ_OK) /* tqBj values: the reference kernel adds their QJL residual */
         st = dense_upload(c->dv.qjl ? c->cv->qjl : NULL, d, 0, c->sv_dense);
     if (st == KVQ_OK)
-        st = tok_reserve(c, 256);
+        st = tok_reserve(c, cfg->max_seqs > 256 ? (size_t)cfg->max_seqs : 256); /* a step's appends never grow it */
     if (st == KVQ_OK)
         st = kvq_cu_attn_init(c);
     return st;
@@ -334,6 +338,12 @@ void kvq_cuda_cache_set_stream(kvq_cuda_cache *c, void *stream)
         c->stream = (cudaStream_t)stream;
 }
 
+void kvq_cuda_cache_set_step(kvq_cuda_cache *c, kvq_cuda_step *s)
+{
+    if (c)
+        c->step = s;
+}
+
 size_t kvq_cuda_cache_len(const kvq_cuda_cache *c, int seq)
 {
     if (!c || seq < 0 || seq >= c->cfg.max_seqs)
@@ -384,6 +394,14 @@ static kvq_status own_page(kvq_cuda_cache *c, int seq, size_t i)
     KVQ_CU_TRY(cudaMemcpyAsync(c->ptab_d + (size_t)seq * c->max_pages_per_seq + i, tab + i, sizeof(int32_t),
                                cudaMemcpyHostToDevice, c->stream));
     return KVQ_OK;
+}
+
+/* Pages seq lacks for `tokens` tokens (kvq_cuda_cache_reserve may have
+ * taken more than its length needs). */
+static size_t pages_short(const kvq_cuda_cache *c, int seq, size_t tokens)
+{
+    const size_t P = c->layout.page_tokens, want = (tokens + P - 1) / P;
+    return want > c->n_pages[seq] ? want - c->n_pages[seq] : 0;
 }
 
 /* Gives seq enough pages for `tokens` tokens, from its length on (the
@@ -501,9 +519,17 @@ static kvq_status encode_mapped(kvq_cuda_cache *c, size_t n, const float *k, con
     /* tok_h is pageable on purpose: the driver stages the copy before this
      * returns, so the next call may rewrite tok_h at once (pinned memory with
      * an event guard measured no faster: docs/history/attention-cuda.md,
-     * seventh pass) */
+     * seventh pass). A step graph's copy reads its source when the graph
+     * runs: pinned tok_pin, which no other call of the step rewrites. */
     const size_t words = c->ov_rows ? 4 * n : 2 * n;
-    KVQ_CU_TRY(cudaMemcpyAsync(c->tok_d, c->tok_h, words * sizeof(int32_t), cudaMemcpyHostToDevice, c->stream));
+    if (kvq_cuda_step_mode(c->step) != KVQ_CUDA_STEP_OFF) {
+        if (check)
+            return KVQ_ERR_INVALID_ARG;
+        memcpy(c->tok_pin, c->tok_h, words * sizeof(int32_t));
+        KVQ_CU_RET(kvq_cuda_step_copy(c->step, c->stream, c->tok_d, c->tok_pin, words * sizeof(int32_t)));
+    } else {
+        KVQ_CU_TRY(cudaMemcpyAsync(c->tok_d, c->tok_h, words * sizeof(int32_t), cudaMemcpyHostToDevice, c->stream));
+    }
     kvq_status st = kvq_cu_encode_rows(c, n, k, v, c->tok_d, c->tok_d + n, c->tok_d + 2 * n, c->tok_d + 3 * n,
                                        check ? c->flag_d : NULL);
     if (st != KVQ_OK || !check)
@@ -526,9 +552,9 @@ kvq_status kvq_cuda_cache_append(kvq_cuda_cache *c, int seq, size_t n_tokens, co
     const size_t len = c->len[seq];
     if (n_tokens > c->cfg.cache.max_tokens - len)
         return KVQ_ERR_CONTEXT_FULL;
-    const size_t P = c->layout.page_tokens;
-    if ((len + n_tokens + P - 1) / P - c->n_pages[seq] > c->n_free)
+    if (pages_short(c, seq, len + n_tokens) > c->n_free)
         return KVQ_ERR_BUDGET;
+    const size_t P = c->layout.page_tokens;
     kvq_status st = tok_reserve(c, n_tokens);
     if (st == KVQ_OK)
         st = grow_pages(c, seq, len + n_tokens);
@@ -571,7 +597,7 @@ kvq_status kvq_cuda_cache_append_batch(kvq_cuda_cache *c, int n_seqs, const int 
                 return KVQ_ERR_INVALID_ARG;
         if (c->len[s] >= c->cfg.cache.max_tokens)
             return KVQ_ERR_CONTEXT_FULL;
-        new_pages += c->len[s] % P == 0;
+        new_pages += pages_short(c, s, c->len[s] + 1);
     }
     if (new_pages > c->n_free)
         return KVQ_ERR_BUDGET;
@@ -598,6 +624,15 @@ kvq_status kvq_cuda_cache_append_batch(kvq_cuda_cache *c, int n_seqs, const int 
         ring_advance(c, seqs[i], c->len[seqs[i]]);
     }
     return KVQ_OK;
+}
+
+kvq_status kvq_cuda_cache_reserve(kvq_cuda_cache *c, int seq, size_t n)
+{
+    if (!c || seq < 0 || seq >= c->cfg.max_seqs)
+        return KVQ_ERR_INVALID_ARG;
+    if (n > c->cfg.cache.max_tokens - c->len[seq])
+        return KVQ_ERR_CONTEXT_FULL;
+    return n ? grow_pages(c, seq, c->len[seq] + n) : KVQ_OK;
 }
 
 /* ---- page copies ----------------------------------------------------- */

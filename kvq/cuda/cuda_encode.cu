@@ -278,10 +278,8 @@ kvq_status kvq_cu_check_rows(const kvq_cuda_cache *c, size_t n_tokens, const flo
     if (n_rows == 0)
         return KVQ_OK;
     const size_t smem = (size_t)kWarps * c->dk.dim * sizeof(float);
-    check_kernel<<<grid_for(n_rows), kWarps * 32, smem, c->stream>>>(n_rows, k, v, c->dk, c->dv, kvq_cu_pages_of(c),
-                                                                       flag_d);
-    KVQ_CU_TRY(cudaGetLastError());
-    return KVQ_OK;
+    return kvq_cu_launch(c->step, false, check_kernel, dim3((unsigned)grid_for(n_rows)), dim3(kWarps * 32), smem,
+                         c->stream, n_rows, k, v, c->dk, c->dv, kvq_cu_pages_of(c), flag_d);
 }
 
 kvq_status kvq_cu_encode_rows(const kvq_cuda_cache *c, size_t n_tokens, const float *k, const float *v,
@@ -293,9 +291,7 @@ kvq_status kvq_cu_encode_rows(const kvq_cuda_cache *c, size_t n_tokens, const fl
         return KVQ_OK;
     const size_t smem = (size_t)kWarps * c->dk.dim * (2 * sizeof(float) + 2);
     const ov_dst ov = {c->ov_rows ? tok_seq_d : NULL, c->ov_rows ? tok_row_d : NULL, c->ov_rows, c->ov_k_d, c->ov_v_d};
-    encode_kernel<<<grid_for(n_rows), kWarps * 32, smem, c->stream>>>(n_rows, k, v, c->dk, c->dv, kvq_cu_pages_of(c),
-                                                                        tok_page_d, tok_slot_d, ov, flag_d);
-    KVQ_CU_TRY(cudaGetLastError());
-    return KVQ_OK;
+    return kvq_cu_launch(c->step, false, encode_kernel, dim3((unsigned)grid_for(n_rows)), dim3(kWarps * 32), smem,
+                         c->stream, n_rows, k, v, c->dk, c->dv, kvq_cu_pages_of(c), tok_page_d, tok_slot_d, ov, flag_d);
 }
 

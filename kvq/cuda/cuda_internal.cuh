@@ -81,6 +81,7 @@ struct kvq_cuda_cache {
     struct kvq_dev_codec dk, dv;
     cudaStream_t stream;
     cudaStream_t capture_stream, saved_stream; /* kvq_cuda_graph_begin .. _end (cuda_graph.cu) */
+    kvq_cuda_step *step; /* kvq_cuda_cache_set_step: every launch of an append or attend goes through it */
 
     /* pages */
     uint8_t *pool;
@@ -101,6 +102,7 @@ struct kvq_cuda_cache {
 
     /* encode scratch */
     int *flag_d;             /* input check result */
+    int32_t *tok_pin;        /* pinned twin of tok_h: a step graph's copy reads it when the graph runs */
     int32_t *tok_d, *tok_h;  /* per appended token of a call of n: page index [0, n), slot in the page [n, 2n) */
     size_t tok_cap;
 
@@ -204,6 +206,7 @@ struct kvq_cu_fast_params {
      * queries itself */
     kvq_status (*prep)(void *ctx);
     void *prep_ctx;
+    kvq_cuda_step *step;  /* host side: the cache's step recorder (launches go through it) */
     /* integer key scores only, in: q set allows each block to prepare its own query block
      * from the raw queries q [n_batch][Hq][128] (warp rotations only; see
      * cuda_prep.cuh) instead of reading qfrag; kvq_cu_fast_launch keeps it
@@ -239,23 +242,22 @@ __device__ __forceinline__ void kvq_cu_pdl_trigger()
 }
 
 /* kern<<<grid, block, smem, stream>>>(args...), with the programmatic
- * dependent launch attribute when pdl is set. */
+ * dependent launch attribute when pdl is set, through the cache's step
+ * recorder (kvq_cuda.h: recorded or patched while a step graph is open). */
 template <typename... K, typename... A>
-cudaError_t kvq_cu_launch(bool pdl, void (*kern)(K...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                          A &&...args)
+kvq_status kvq_cu_launch(kvq_cuda_step *step, bool pdl, void (*kern)(K...), dim3 grid, dim3 block, size_t smem,
+                         cudaStream_t stream, A &&...args)
 {
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr[1];
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = pdl ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, kern, static_cast<A &&>(args)...);
+    return kvq_cuda_step_launch_kernel(step, stream, pdl, kern, grid, block, smem, static_cast<A &&>(args)...);
 }
+
+/* Returns a failed kvq call's status from the enclosing function. */
+#define KVQ_CU_RET(call)                                                                                           \
+    do {                                                                                                           \
+        const kvq_status kvq_st_ = (call);                                                                         \
+        if (kvq_st_ != KVQ_OK)                                                                                     \
+            return kvq_st_;                                                                                        \
+    } while (0)
 
 /* Launches the fused kernel for kt/vt (enums above) over n_batch entries;
  * n_splits <= 0 chooses the split count (returned in *used_splits) so that

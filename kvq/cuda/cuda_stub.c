@@ -235,8 +235,80 @@ kvq_status kvq_cuda_cache_prefill(kvq_cuda_cache *c, int seq, size_t n, const fl
     return KVQ_ERR_NO_DEVICE;
 }
 
+kvq_status kvq_cuda_step_create(void *stream, int max_keys, kvq_cuda_step **out)
+{
+    (void)stream, (void)max_keys;
+    if (out)
+        *out = NULL;
+    return KVQ_ERR_NO_DEVICE;
+}
+
+void kvq_cuda_step_free(kvq_cuda_step *s)
+{
+    (void)s;
+}
+
+enum kvq_cuda_step_mode kvq_cuda_step_begin(kvq_cuda_step *s, uint64_t key)
+{
+    (void)s, (void)key;
+    return KVQ_CUDA_STEP_OFF;
+}
+
+enum kvq_cuda_step_mode kvq_cuda_step_mode(const kvq_cuda_step *s)
+{
+    (void)s;
+    return KVQ_CUDA_STEP_OFF;
+}
+
+kvq_status kvq_cuda_step_launch(kvq_cuda_step *s)
+{
+    (void)s;
+    return KVQ_ERR_INVALID_ARG;
+}
+
+void kvq_cuda_step_cancel(kvq_cuda_step *s)
+{
+    (void)s;
+}
+
+void kvq_cuda_step_counts(const kvq_cuda_step *s, size_t *captured, size_t *replayed)
+{
+    (void)s;
+    if (captured)
+        *captured = 0;
+    if (replayed)
+        *replayed = 0;
+}
+
+kvq_status kvq_cuda_step_kernel(kvq_cuda_step *s, void *stream, const void *func, const unsigned grid[3],
+                                const unsigned block[3], size_t smem, int pdl, void **args, const size_t *arg_bytes,
+                                int n_args)
+{
+    (void)s, (void)stream, (void)func, (void)grid, (void)block, (void)smem, (void)pdl, (void)args, (void)arg_bytes,
+        (void)n_args;
+    return KVQ_ERR_NO_DEVICE;
+}
+
+kvq_status kvq_cuda_step_copy(kvq_cuda_step *s, void *stream, void *dst, const void *src, size_t bytes)
+{
+    (void)s, (void)stream, (void)dst, (void)src, (void)bytes;
+    return KVQ_ERR_NO_DEVICE;
+}
+
+void kvq_cuda_cache_set_step(kvq_cuda_cache *c, kvq_cuda_step *s)
+{
+    (void)c, (void)s;
+}
+
+kvq_status kvq_cuda_cache_reserve(kvq_cuda_cache *c, int seq, size_t n)
+{
+    (void)c, (void)seq, (void)n;
+    return KVQ_ERR_NO_DEVICE;
+}
+
 #else
 /* Built with CUDA: the real definitions are in the .cu files. ISO C wants
  * at least one declaration in a translation unit. */
 typedef int kvq_cuda_stub_unused;
 #endif
+

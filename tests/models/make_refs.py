@@ -21,6 +21,13 @@ perturbed away from their initial values so that they are exercised. Prompts
 are longer than the original context where the RoPE scaling depends on it
 (dynamic, longrope), so that the scaled frequencies are used.
 
+--f16-cache adds, to every fixture already in OUT, the reference of an f16
+KV cache: the same float32 forward, with every key and value the cache keeps
+rounded to f16 as it is stored (an f16-rounding DynamicCache), so the prompt
+logits ("logits_f16kv") and the greedy continuation ("greedy_f16kv") are
+what a float32 model with an f16 cache computes. The other tensors are kept
+byte for byte.
+
 Self-checks (the script exits non-zero if one fails): the reloaded config
 keeps the RoPE type; the reloaded checkpoint gives the logits that were
 saved; the greedy continuation equals the argmax of a full (cache-free)
@@ -141,6 +148,47 @@ def greedy(model, ids, n):
     return out, min(margins)
 
 
+class F16Cache(transformers.DynamicCache):
+    """A DynamicCache that keeps keys and values rounded to f16 (as kvq's f16 cache type stores them)."""
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        return super().update(key_states.half().float(), value_states.half().float(), layer_idx, *args, **kwargs)
+
+
+def f16_cache_refs(d, model_cls):
+    """Adds logits_f16kv and greedy_f16kv to the fixture in d; returns the f16 logits' distance to the f32 ones."""
+    from safetensors.torch import load_file
+    path = os.path.join(d, "reference.safetensors")
+    have = load_file(path)
+    ref = getattr(transformers, model_cls).from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
+    ids = have["ids"].to(torch.int64)
+    with torch.no_grad():
+        logits = ref(ids[None], past_key_values=F16Cache(config=ref.config), use_cache=True).logits[0].float()
+        out = []
+        past = F16Cache(config=ref.config)
+        r = ref(ids[None], past_key_values=past, use_cache=True)
+        for _ in range(len(have["greedy"])):
+            tok = int(torch.argmax(r.logits[0, -1]))
+            out.append(tok)
+            r = ref(torch.tensor([[tok]]), past_key_values=r.past_key_values, use_cache=True)
+    gap = float((logits - have["logits"]).abs().max() / have["logits"].abs().max())
+    if not 0 < gap < 1e-2:
+        raise FixtureError(f"f16-cache logits differ from the f32 ones by {gap:.3g} x max|logit|")
+    have["logits_f16kv"] = logits.contiguous()
+    have["greedy_f16kv"] = torch.tensor(out, dtype=torch.int32)
+    save_file(have, path)
+    again = load_file(path)
+    if any(not torch.equal(again[k], have[k]) for k in have):
+        raise FixtureError("rewriting reference.safetensors changed a tensor")
+    meta_path = os.path.join(d, "reference.json")
+    meta = json.load(open(meta_path))
+    meta["f16_cache"] = ("logits_f16kv, greedy_f16kv: float32 compute with every cached key and value rounded to "
+                         "f16 as stored (an f16-rounding DynamicCache)")
+    with open(meta_path, "w") as f:
+        json.dump(meta, f, indent=1)
+    return gap, out == [int(t) for t in have["greedy"]]
+
+
 def build(name, out_dir, seed):
     cfg_cls, model_cls, kw, T, what = FAMILIES[name]
     cfg = getattr(transformers, cfg_cls)(**kw)
@@ -195,8 +243,16 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="directory to write the FAMILY/ fixture directories into")
     ap.add_argument("--only", nargs="*", default=None, help="families to build (default: all)")
+    ap.add_argument("--f16-cache", action="store_true",
+                    help="add the f16-cache reference to the fixtures already in --out (nothing else changes)")
     a = ap.parse_args()
     torch.set_num_threads(max(1, os.cpu_count() or 1))
+    if a.f16_cache:
+        for name in a.only or FAMILIES:
+            gap, same = f16_cache_refs(os.path.join(a.out, name), FAMILIES[name][1])
+            print(f"{name}: f16 cache moves the logits by {gap:.3g} x max|logit|; greedy "
+                  f"{'as with f32' if same else 'differs from f32'}", flush=True)
+        return
     os.makedirs(a.out, exist_ok=True)
     total, failed = 0, []
     for name in a.only or FAMILIES:
