@@ -455,6 +455,66 @@ out:
     kvq_tokenizer_free(tok);
 }
 
+/* Every kernel the GPU decoder runs, once or a few times, at a size
+ * compute-sanitizer's racecheck finishes (KVQ_TEST_ONLY=test_every_kernel):
+ * a 70-token chunk (the prefill kernel) and decode steps on an f16 cache
+ * with the window off, then tq3j/tq3 with the window and sinks (the fused
+ * kernel, the f16 rows), greedy and sampled (the device sampler), as graphs
+ * and kernel by kernel: the two give the same tokens. */
+static void test_every_kernel(void)
+{
+    NEED_GPU();
+    int32_t ids[70];
+    for (int i = 0; i < 70; i++)
+        ids[i] = (int32_t)(1 + (i * 37) % 1000);
+    static const struct {
+        enum kvq_type k, v;
+        int window, sinks;
+        float temperature;
+    } cfg[] = {{KVQ_TYPE_F16, KVQ_TYPE_F16, 0, 0, 0.0f}, {KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, 1, 4, 0.8f}};
+    const int V = kvq_model_config_of(model)->vocab;
+    for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
+        enum { N = 8 };
+        int32_t tok[2][N];
+        size_t n[2] = {0, 0}, graphs = 0;
+        for (int g = 0; g < 2; g++) {
+            struct kvq_seq_config sc;
+            kvq_seq_config_default(&sc);
+            sc.device = KVQ_DEVICE_CUDA;
+            sc.type_k = cfg[c].k;
+            sc.type_v = cfg[c].v;
+            sc.recent_f16 = cfg[c].window;
+            sc.sink_tokens = cfg[c].sinks;
+            sc.cuda_graphs = !g;
+            kvq_seq *s = NULL;
+            kvq_error err = {0};
+            CHECKF(kvq_seq_create(model, &sc, &s, &err) == KVQ_OK, "%s", err.msg);
+            struct kvq_gen_params gp;
+            kvq_gen_params_default(&gp);
+            gp.max_tokens = N;
+            gp.stop_at_eos = 0;
+            gp.temperature = cfg[c].temperature;
+            gp.top_k = 40;
+            gp.top_p = 0.95f;
+            if (s)
+                CHECK_OK(kvq_seq_generate(s, ids, 70, &gp, tok[g], N, &n[g], NULL, NULL));
+            struct kvq_seq_stats st;
+            kvq_seq_get_stats(s, &st);
+            graphs += st.gpu_graph_steps;
+            kvq_seq_free(s);
+        }
+        int in_range = n[0] == N;
+        for (size_t i = 0; i < n[0]; i++)
+            in_range &= tok[0][i] >= 0 && tok[0][i] < V;
+        CHECKF(in_range && n[1] == N && memcmp(tok[0], tok[1], sizeof tok[0]) == 0,
+               "%s/%s: tokens with graphs differ from those without", kvq_type_traits(cfg[c].k)->name,
+               kvq_type_traits(cfg[c].v)->name);
+        CHECK(graphs > 0);
+        printf("  %s/%s, T %.1f: %d tokens, the same with and without graphs (%zu steps as graphs)\n",
+               kvq_type_traits(cfg[c].k)->name, kvq_type_traits(cfg[c].v)->name, cfg[c].temperature, N, graphs);
+    }
+}
+
 static void test_refusals(void)
 {
     struct kvq_seq_config sc;
@@ -483,6 +543,7 @@ int main(void)
     model = fx.model;
     small = test_gpu_small();
     RUN(test_refusals);
+    RUN(test_every_kernel);
     RUN(test_fixture_cases_f32);
     RUN(test_sampled_generation);
     RUN(test_step_graphs);
