@@ -6,7 +6,7 @@
  *   bench_decoder_cuda --model DIR [--ctx 4096,32768,131072] [--batch 1,8]
  *                      [--types f16/f16,tq3j/tq3] [--steps 32]
  *                      [--prefill 4096,32768] [--sample T,K,P] [--graphs on|off|both]
- *                      [--json FILE]
+ *                      [--fast-prefill off|both] [--json FILE]
  *
  * Decode: a kvq_batch of B slots, each given a context of N tokens without
  * its prefill (kvq_batch_fill: seeded random K/V in every layer; what a step
@@ -24,7 +24,8 @@
  * Bandwidth floor of a step: the bytes it must read (every weight matrix
  * once, and K/V of B x N tokens in the cache type) over the measured
  * device-to-device copy bandwidth; "% floor" is floor time / step time.
- * Prefill: one sequence, chunks of 2048 tokens from position 0 to N.
+ * Prefill: one sequence, chunks of 2048 tokens from position 0 to N;
+ * --fast-prefill both adds each length again with kvq_seq_config.fast_prefill.
  * Capacity: from the device memory free after the weights and activations
  * (measured), the cache's exact bytes per token: the longest context of one
  * sequence and the number of 128K-token sequences that fit.
@@ -97,12 +98,13 @@ static size_t weight_bytes(const kvq_model *m)
 }
 
 static kvq_status make_batch(const kvq_model *m, enum kvq_type tk, enum kvq_type tv, int B, size_t ctx, size_t rows,
-                             int graphs, kvq_batch **out, char *why, size_t nwhy)
+                             int graphs, int fast, kvq_batch **out, char *why, size_t nwhy)
 {
     struct kvq_batch_config bc;
     kvq_batch_config_default(&bc);
     bc.seq.device = KVQ_DEVICE_CUDA;
     bc.seq.cuda_graphs = graphs;
+    bc.seq.fast_prefill = fast;
     bc.seq.type_k = tk;
     bc.seq.type_v = tv;
     bc.seq.max_ctx = ctx;
@@ -166,7 +168,7 @@ int main(int argc, char **argv)
 {
     const char *model_dir = NULL, *json_path = NULL, *types = "f16/f16,tq3j/tq3";
     long ctxs[MAX_LIST] = {4096, 32768, 131072}, batches[MAX_LIST] = {1, 8}, prefills[MAX_LIST] = {4096, 32768};
-    int n_ctx = 3, n_batch = 2, n_prefill = 2, steps = 32, n_choose = 1, g_lo = 0, g_hi = 1;
+    int n_ctx = 3, n_batch = 2, n_prefill = 2, steps = 32, n_choose = 1, g_lo = 0, g_hi = 1, fast_hi = 0;
     kvq_sampler_params sp = kvq_sampler_params_default();
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--model"))
@@ -183,6 +185,8 @@ int main(int argc, char **argv)
             steps = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--json"))
             json_path = argv[i + 1];
+        else if (!strcmp(argv[i], "--fast-prefill"))
+            fast_hi = !strcmp(argv[i + 1], "both");
         else if (!strcmp(argv[i], "--graphs")) {
             const char *g = argv[i + 1];
             g_lo = !strcmp(g, "on") ? 1 : 0;
@@ -256,7 +260,7 @@ int main(int argc, char **argv)
                     /* a context at the model's limit: filled to the limit less the steps of every mode */
                     const size_t lim = (size_t)c->max_ctx, room = (size_t)n_choose * ((size_t)steps + 3) + 8;
                     const size_t mc = N + room <= lim ? N + room : lim, fill = mc - room;
-                    kvq_status st = B <= MAX_B ? make_batch(m, tk, tv, B, mc, (size_t)B, graphs, &b, why, sizeof why)
+                    kvq_status st = B <= MAX_B ? make_batch(m, tk, tv, B, mc, (size_t)B, graphs, 0, &b, why, sizeof why)
                                                : KVQ_ERR_INVALID_ARG;
                     int slots[MAX_B];
                     for (int i = 0; st == KVQ_OK && i < B; i++)
@@ -301,7 +305,7 @@ int main(int argc, char **argv)
         /* capacity: what the memory left after the weights holds */
         kvq_batch *b = NULL;
         char why[300];
-        if (make_batch(m, tk, tv, 1, 4096, 2048, 1, &b, why, sizeof why) == KVQ_OK) {
+        if (make_batch(m, tk, tv, 1, 4096, 2048, 1, 0, &b, why, sizeof why) == KVQ_OK) {
             struct kvq_batch_stats bs;
             kvq_batch_get_stats(b, &bs);
             size_t fr, tt;
@@ -313,43 +317,49 @@ int main(int argc, char **argv)
                    tp, (double)bs.bytes_per_token, room / (double)bs.bytes_per_token / 1024.0, (int)(room / per128),
                    room / (1 << 30));
             if (js) {
-                fprintf(js, ", {\"kind\": \"capacity\", \"types\": \"%s\", \"bytes_per_token\": %zu, "
+                fprintf(js, "%s {\"kind\": \"capacity\", \"types\": \"%s\", \"bytes_per_token\": %zu, "
                             "\"longest_ctx\": %.0f, \"seqs_128k\": %d, \"free_gib\": %.3f}\n",
-                        tp, bs.bytes_per_token, room / (double)bs.bytes_per_token, (int)(room / per128), room / (1 << 30));
+                        first ? "" : ",", tp, bs.bytes_per_token, room / (double)bs.bytes_per_token,
+                        (int)(room / per128), room / (1 << 30));
+                first = 0;
             }
             /* prefill */
             kvq_batch_free(b);
-            for (int pi = 0; pi < n_prefill; pi++) {
-                const size_t N = (size_t)prefills[pi], chunk = 2048;
-                b = NULL;
-                if (make_batch(m, tk, tv, 1, N + 8, chunk, 1, &b, why, sizeof why) != KVQ_OK) {
-                    printf("%-9s prefill %zu tokens: skipped (%s)\n", tp, N, why);
-                    continue;
+            for (int pi = 0; pi < n_prefill; pi++)
+                for (int fast = 0; fast <= fast_hi; fast++) {
+                    const size_t N = (size_t)prefills[pi], chunk = 2048;
+                    b = NULL;
+                    if (make_batch(m, tk, tv, 1, N + 8, chunk, 1, fast, &b, why, sizeof why) != KVQ_OK) {
+                        printf("%-9s prefill %zu tokens: skipped (%s)\n", tp, N, why);
+                        continue;
+                    }
+                    int slot;
+                    kvq_batch_add(b, &slot);
+                    int32_t *ids = malloc(chunk * sizeof *ids), am;
+                    for (size_t i = 0; i < chunk; i++)
+                        ids[i] = (int32_t)((i * 7919) % (size_t)c->vocab);
+                    kvq_cuda_synchronize();
+                    double ts = now_s();
+                    kvq_status st = KVQ_OK;
+                    for (size_t done = 0; done < N && st == KVQ_OK; done += chunk) {
+                        const size_t n = N - done < chunk ? N - done : chunk;
+                        struct kvq_batch_item it = {.slot = slot, .ids = ids, .n = n,
+                                                    .argmax = done + n >= N ? &am : NULL};
+                        st = kvq_batch_step(b, &it, 1, &err);
+                    }
+                    kvq_cuda_synchronize();
+                    const double t = now_s() - ts;
+                    printf("%-9s prefill %zu tokens%s: %.2f s (%.0f tokens/s)%s\n", tp, N, fast ? " (fast)" : "", t, N / t,
+                           st == KVQ_OK ? "" : " FAILED");
+                    if (js) {
+                        fprintf(js, "%s {\"kind\": \"prefill\", \"types\": \"%s\", \"ctx\": %zu, \"fast_prefill\": %d, "
+                                    "\"seconds\": %.3f, \"ok\": %d}\n",
+                                first ? "" : ",", tp, N, fast, t, st == KVQ_OK);
+                        first = 0;
+                    }
+                    free(ids);
+                    kvq_batch_free(b);
                 }
-                int slot;
-                kvq_batch_add(b, &slot);
-                int32_t *ids = malloc(chunk * sizeof *ids), am;
-                for (size_t i = 0; i < chunk; i++)
-                    ids[i] = (int32_t)((i * 7919) % (size_t)c->vocab);
-                kvq_cuda_synchronize();
-                double ts = now_s();
-                kvq_status st = KVQ_OK;
-                for (size_t done = 0; done < N && st == KVQ_OK; done += chunk) {
-                    const size_t n = N - done < chunk ? N - done : chunk;
-                    struct kvq_batch_item it = {.slot = slot, .ids = ids, .n = n,
-                                                .argmax = done + n >= N ? &am : NULL};
-                    st = kvq_batch_step(b, &it, 1, &err);
-                }
-                kvq_cuda_synchronize();
-                const double t = now_s() - ts;
-                printf("%-9s prefill %zu tokens: %.2f s (%.0f tokens/s)%s\n", tp, N, t, N / t,
-                       st == KVQ_OK ? "" : " FAILED");
-                if (js)
-                    fprintf(js, ", {\"kind\": \"prefill\", \"types\": \"%s\", \"ctx\": %zu, \"seconds\": %.3f, \"ok\": %d}\n",
-                            tp, N, t, st == KVQ_OK);
-                free(ids);
-                kvq_batch_free(b);
-            }
         }
     }
     if (js) {

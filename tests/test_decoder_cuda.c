@@ -47,7 +47,9 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static kvq_seq *new_seq_sinks(enum kvq_device dev, enum kvq_type k, enum kvq_type v, int window, int sinks)
+/* A sequence state; graphs: kvq_seq_config.cuda_graphs, fast: fast_prefill. */
+static kvq_seq *new_seq_opts(enum kvq_device dev, enum kvq_type k, enum kvq_type v, int window, int sinks, int graphs,
+                             int fast)
 {
     struct kvq_seq_config sc;
     kvq_seq_config_default(&sc);
@@ -56,10 +58,17 @@ static kvq_seq *new_seq_sinks(enum kvq_device dev, enum kvq_type k, enum kvq_typ
     sc.type_v = v;
     sc.recent_f16 = window;
     sc.sink_tokens = sinks;
+    sc.cuda_graphs = graphs;
+    sc.fast_prefill = fast;
     kvq_seq *s = NULL;
     kvq_error err = {0};
     CHECKF(kvq_seq_create(model, &sc, &s, &err) == KVQ_OK, "%s", err.msg);
     return s;
+}
+
+static kvq_seq *new_seq_sinks(enum kvq_device dev, enum kvq_type k, enum kvq_type v, int window, int sinks)
+{
+    return new_seq_opts(dev, k, v, window, sinks, 1, 0);
 }
 
 static kvq_seq *new_seq(enum kvq_device dev, enum kvq_type k, enum kvq_type v, int window)
@@ -190,15 +199,16 @@ static void test_ppl_matches_cpu(void)
     CHECK_OK(kvq_tokenizer_encode(tok, text, len < text_max ? len : text_max, 0, ids, text_max + 1, &n));
     CHECK(n >= N);
     n = N;
-    /* no window; the window (the default); the window and 4 sink tokens */
-    static const int windows[] = {0, 1, 1}, sinks[] = {0, 0, 4};
-    for (int i = 0; i < 3; i++) {
-        kvq_seq *g = new_seq_sinks(KVQ_DEVICE_CUDA, KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, windows[i], sinks[i]);
+    /* no window; the window (the default); the window and 4 sink tokens;
+     * the window with --fast-prefill (16-bit inputs to the chunks' products) */
+    static const int windows[] = {0, 1, 1, 1}, sinks[] = {0, 0, 4, 0}, fast[] = {0, 0, 0, 1};
+    for (int i = 0; i < 4; i++) {
+        kvq_seq *g = new_seq_opts(KVQ_DEVICE_CUDA, KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, windows[i], sinks[i], 1, fast[i]);
         kvq_seq *c = new_seq_sinks(KVQ_DEVICE_CPU, KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, windows[i], sinks[i]);
         if (g && c) {
             double pg = exp(mean_nll(g, ids, n, logits, V)), pc = exp(mean_nll(c, ids, n, logits, V));
-            printf("  perplexity over %zu tokens, tq3j/tq3, window %d, sinks %d: GPU %.4f, CPU %.4f (%+.3f%%)\n", n,
-                   windows[i], sinks[i], pg, pc, 100.0 * (pg / pc - 1.0));
+            printf("  perplexity over %zu tokens, tq3j/tq3, window %d, sinks %d%s: GPU %.4f, CPU %.4f (%+.3f%%)\n", n,
+                   windows[i], sinks[i], fast[i] ? ", fast prefill" : "", pg, pc, 100.0 * (pg / pc - 1.0));
             /* the bound is the 4K-token one: the sanitizer runs' 1024 tokens check
              * memory and races, and that the values are finite */
             if (small)
@@ -398,19 +408,9 @@ static void test_step_graphs(void)
                {KVQ_TYPE_F16, KVQ_TYPE_F16, 0, 0},
                {KVQ_TYPE_F32, KVQ_TYPE_F32, 0, 0}};
     for (size_t c = 0; c < sizeof cfg / sizeof cfg[0] && n_ids >= P; c++) {
-        kvq_seq *s[2] = {NULL, NULL}; /* graphs on, off */
-        for (int g = 0; g < 2; g++) {
-            struct kvq_seq_config sc;
-            kvq_seq_config_default(&sc);
-            sc.device = KVQ_DEVICE_CUDA;
-            sc.type_k = cfg[c].k;
-            sc.type_v = cfg[c].v;
-            sc.recent_f16 = cfg[c].window;
-            sc.sink_tokens = cfg[c].sinks;
-            sc.cuda_graphs = !g;
-            kvq_error err = {0};
-            CHECKF(kvq_seq_create(model, &sc, &s[g], &err) == KVQ_OK, "%s", err.msg);
-        }
+        kvq_seq *s[2]; /* graphs on, off */
+        for (int g = 0; g < 2; g++)
+            s[g] = new_seq_opts(KVQ_DEVICE_CUDA, cfg[c].k, cfg[c].v, cfg[c].window, cfg[c].sinks, !g, 0);
         size_t differ = 0, steps = 0;
         for (int round = 0; round < 2 && s[0] && s[1]; round++) { /* the second after a reset */
             int32_t next = 0;
@@ -478,17 +478,7 @@ static void test_every_kernel(void)
         int32_t tok[2][N];
         size_t n[2] = {0, 0}, graphs = 0;
         for (int g = 0; g < 2; g++) {
-            struct kvq_seq_config sc;
-            kvq_seq_config_default(&sc);
-            sc.device = KVQ_DEVICE_CUDA;
-            sc.type_k = cfg[c].k;
-            sc.type_v = cfg[c].v;
-            sc.recent_f16 = cfg[c].window;
-            sc.sink_tokens = cfg[c].sinks;
-            sc.cuda_graphs = !g;
-            kvq_seq *s = NULL;
-            kvq_error err = {0};
-            CHECKF(kvq_seq_create(model, &sc, &s, &err) == KVQ_OK, "%s", err.msg);
+            kvq_seq *s = new_seq_opts(KVQ_DEVICE_CUDA, cfg[c].k, cfg[c].v, cfg[c].window, cfg[c].sinks, !g, 0);
             struct kvq_gen_params gp;
             kvq_gen_params_default(&gp);
             gp.max_tokens = N;

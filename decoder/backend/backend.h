@@ -156,13 +156,26 @@ extern "C" {
  *  @return KVQ_OK and *out; KVQ_ERR_NOMEM. */
 kvq_status kvq_backend_cpu_create(const struct kvq_model *m, size_t max_rows, kvq_backend **out);
 
+/* kvq_backend_cuda_create flags. */
+enum {
+    KVQ_BACKEND_GRAPHS = 1, /* decode steps run as CUDA graphs (step_begin) */
+    KVQ_BACKEND_FAST16 = 2  /* products of more than 64 rows (prefill chunks) round their inputs to
+                               the weights' 16-bit type: one GEMM instead of the exact two */
+};
+
+/* The flags a sequence config asks of the CUDA backend. */
+static inline unsigned kvq_seq_backend_flags(const struct kvq_seq_config *sc)
+{
+    return (sc->cuda_graphs ? KVQ_BACKEND_GRAPHS : 0u) | (sc->fast_prefill ? KVQ_BACKEND_FAST16 : 0u);
+}
+
 /** The CUDA backend (backend_cuda.cu): the model's weights uploaded to
  *  the current GPU, cuBLAS projections, our kernels for the rest, on a
  *  stream of its own; the logits and ids lm_head returns are copied to the
- *  host. graphs: decode steps run as CUDA graphs (step_begin).
+ *  host. flags: KVQ_BACKEND_*.
  *  @return KVQ_OK and *out; KVQ_ERR_NO_DEVICE (built without CUDA or no
  *  GPU); KVQ_ERR_NOMEM (device memory); KVQ_ERR_DEVICE. */
-kvq_status kvq_backend_cuda_create(const struct kvq_model *m, size_t max_rows, int graphs, kvq_backend **out);
+kvq_status kvq_backend_cuda_create(const struct kvq_model *m, size_t max_rows, unsigned flags, kvq_backend **out);
 
 #ifdef __cplusplus
 }

@@ -80,6 +80,7 @@ struct cuda_backend {
     int graph_fails;          /* failed step graphs in a row: kGraphMaxFails turn graphs off */
     int step_err;             /* a call of the open step failed */
     int graphs_off;
+    int fast16;               /* KVQ_BACKEND_FAST16: products of more than kSplitRows rows take 16-bit inputs */
     /* Device time per part: the events of the forward being queued (cur)
      * and of the one before (done), folded into part_s while the device
      * works on the next, so timing costs the step no wait. An event between
@@ -185,18 +186,20 @@ __global__ void embed_kernel(const int32_t *ids, const W *table, int hidden, flo
 }
 
 /* x as hi + lo in the weights' 16-bit type: y[0, n) = hi = round(x),
- * y[n, 2n) = lo = round(x - hi), both to nearest even. */
-__global__ void split16_kernel(const float *x, size_t n, int bf16, void *y)
+ * y[n, 2n) = lo = round(x - hi), both to nearest even; hi only unless lo. */
+__global__ void split16_kernel(const float *x, size_t n, int bf16, int lo, void *y)
 {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         if (bf16) {
             const __nv_bfloat16 hi = __float2bfloat16_rn(x[i]);
             static_cast<__nv_bfloat16 *>(y)[i] = hi;
-            static_cast<__nv_bfloat16 *>(y)[n + i] = __float2bfloat16_rn(x[i] - __bfloat162float(hi));
+            if (lo)
+                static_cast<__nv_bfloat16 *>(y)[n + i] = __float2bfloat16_rn(x[i] - __bfloat162float(hi));
         } else {
             const __half hi = __float2half_rn(x[i]);
             static_cast<__half *>(y)[i] = hi;
-            static_cast<__half *>(y)[n + i] = __float2half_rn(x[i] - __half2float(hi));
+            if (lo)
+                static_cast<__half *>(y)[n + i] = __float2half_rn(x[i] - __half2float(hi));
         }
     }
 }
@@ -440,11 +443,17 @@ void gemm(cuda_backend *cb, const float *x, const dmat &w, float *y, size_t T, i
         return;
     } else {
         const size_t n = T * (size_t)in, m = T * (size_t)out;
-        launch(cb, split16_kernel, dim3(grid_for(n)), dim3(kThreads), 0, x, n, (int)(w.t == W_BF16), cb->xh);
+        const bool fast = cb->fast16 && T > kSplitRows;
+        launch(cb, split16_kernel, dim3(grid_for(n)), dim3(kThreads), 0, x, n, (int)(w.t == W_BF16), (int)!fast,
+               cb->xh);
         const cudaDataType dt = w.t == W_BF16 ? CUDA_R_16BF : CUDA_R_16F;
         const size_t lo_bytes = n * 2;
         const void *x_lo = static_cast<const uint8_t *>(cb->xh) + lo_bytes;
-        if (2 * m <= cb->y2_floats) { /* few rows: hi and lo as 2T columns of one product, W read once */
+        if (fast) { /* inputs rounded to 16 bits, as a bf16 forward: one product */
+            if (blas)
+                st = cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, (int)T, in, &one, w.w, dt, in, cb->xh, dt,
+                                  in, &beta, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        } else if (2 * m <= cb->y2_floats) { /* few rows: hi and lo as 2T columns of one product, W read once */
             const float zero = 0.0f;
             if (blas)
                 st = cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, 2 * (int)T, in, &one, w.w, dt, in, cb->xh, dt,
@@ -906,7 +915,7 @@ kvq_status upload_model(cuda_backend *cb)
 
 } // namespace
 
-extern "C" kvq_status kvq_backend_cuda_create(const kvq_model *m, size_t max_rows, int graphs, kvq_backend **out)
+extern "C" kvq_status kvq_backend_cuda_create(const kvq_model *m, size_t max_rows, unsigned flags, kvq_backend **out)
 {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
@@ -959,8 +968,9 @@ extern "C" kvq_status kvq_backend_cuda_create(const kvq_model *m, size_t max_row
     if (st == KVQ_OK && (cudaHostAlloc(&cb->pin_ids, mr * sizeof(int32_t), cudaHostAllocDefault) != cudaSuccess ||
                          cudaHostAlloc(&cb->pin_pos, mr * sizeof(int32_t), cudaHostAllocDefault) != cudaSuccess))
         st = KVQ_ERR_NOMEM;
-    if (st == KVQ_OK && graphs)
+    if (st == KVQ_OK && (flags & KVQ_BACKEND_GRAPHS))
         st = kvq_cuda_step_create(cb->stream, kGraphKeys, &cb->step);
+    cb->fast16 = !!(flags & KVQ_BACKEND_FAST16);
     b->dev_step = cb->step;
     if (st == KVQ_OK)
         st = kvq_gpu_sampler_create(m->cfg.vocab, mr, &cb->smp);

@@ -2,11 +2,11 @@
 #include "backend.h"
 
 #ifndef KVQ_HAVE_CUBLAS
-kvq_status kvq_backend_cuda_create(const struct kvq_model *m, size_t max_rows, int graphs, kvq_backend **out)
+kvq_status kvq_backend_cuda_create(const struct kvq_model *m, size_t max_rows, unsigned flags, kvq_backend **out)
 {
     (void)m;
     (void)max_rows;
-    (void)graphs;
+    (void)flags;
     (void)out;
     return KVQ_ERR_NO_DEVICE;
 }

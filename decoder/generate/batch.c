@@ -218,7 +218,7 @@ kvq_status kvq_batch_create(const kvq_model *m, const struct kvq_batch_config *c
     free(ccs);
     if (st == KVQ_OK) {
         const int cuda = bc.seq.device == KVQ_DEVICE_CUDA;
-        st = cuda ? kvq_backend_cuda_create(m, b->max_rows, bc.seq.cuda_graphs, &b->be)
+        st = cuda ? kvq_backend_cuda_create(m, b->max_rows, kvq_seq_backend_flags(&bc.seq), &b->be)
                   : kvq_backend_cpu_create(m, b->max_rows, &b->be);
         if (st != KVQ_OK)
             kvq_error_set(err, st, "cannot create the %s backend: %s", cuda ? "CUDA" : "CPU", kvq_status_str(st));

@@ -240,7 +240,7 @@ kvq_status kvq_seq_create(const kvq_model *m, const struct kvq_seq_config *cfg, 
         kvq_seq_free(s);
         return st;
     }
-    st = cuda ? kvq_backend_cuda_create(m, (size_t)s->max_chunk, sc.cuda_graphs, &s->be)
+    st = cuda ? kvq_backend_cuda_create(m, (size_t)s->max_chunk, kvq_seq_backend_flags(&sc), &s->be)
               : kvq_backend_cpu_create(m, (size_t)s->max_chunk, &s->be);
     if (st != KVQ_OK) {
         kvq_seq_free(s);

@@ -213,8 +213,12 @@ KVQ_API kvq_status kvq_cuda_step_kernel(kvq_cuda_step *s, void *stream, const vo
  *  queued on stream, recorded or patched as kvq_cuda_step_kernel. */
 KVQ_API kvq_status kvq_cuda_step_copy(kvq_cuda_step *s, void *stream, void *dst, const void *src, size_t bytes);
 
-/** c issues its appends and attention through s (NULL: plainly), on s's
- *  stream. */
+/** c issues its appends' and attention's kernels and copies through s
+ *  (NULL: plainly); give it s's stream too (kvq_cuda_cache_set_stream).
+ *  While a step is open, an append of a cache whose config has check_input
+ *  set fails with KVQ_ERR_INVALID_ARG (its check would wait for the
+ *  device), and the pages an append lands in must have been taken before
+ *  the step (kvq_cuda_cache_reserve). */
 KVQ_API void kvq_cuda_cache_set_step(kvq_cuda_cache *c, kvq_cuda_step *s);
 
 /** Makes room for n more tokens of seq: the pages they land in are taken

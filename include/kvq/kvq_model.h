@@ -278,6 +278,13 @@ struct kvq_seq_config {
                              * as one CUDA graph, recorded once per batch size and
                              * replayed (kvq_cuda.h, "step graphs"); 0: every kernel
                              * launched one by one */
+    int fast_prefill;       /* 0 (default): on KVQ_DEVICE_CUDA a product of more than 64 rows
+                             * (a prefill chunk) with 16-bit weights computes with f32 inputs
+                             * (each input as two 16-bit halves, two GEMMs), matching a
+                             * float32 forward; 1: its inputs are rounded to the weights'
+                             * type, one GEMM, as transformers' bf16 forward does (~2x
+                             * faster products, logits ~2e-3 x max|logit| from float32);
+                             * decode steps (up to 64 rows) are unchanged */
 };
 /* kvq_seq_config.recent_f16: decided from the cache types. */
 #define KVQ_WINDOW_AUTO (-1)

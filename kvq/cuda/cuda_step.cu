@@ -234,6 +234,25 @@ static cudaGraphNode_t last_node(kvq_cuda_step *s)
     return deps[0];
 }
 
+/* The open step cannot be launched any more (kvq_cuda_step_launch reports it). */
+static kvq_status step_fail(kvq_cuda_step *s)
+{
+    (void)cudaGetLastError();
+    s->failed = 1;
+    return KVQ_ERR_DEVICE;
+}
+
+/* Replay: the next recorded node, if it is of this kind. */
+static step_node *replay_next(kvq_cuda_step *s, int kind)
+{
+    step_graph *g = s->cur;
+    step_node *n = s->cursor < g->n ? &g->nodes[s->cursor] : NULL;
+    if (!n || n->kind != kind)
+        return NULL;
+    s->cursor++;
+    return n;
+}
+
 static step_node *node_push(kvq_cuda_step *s)
 {
     step_graph *g = s->cur;
@@ -307,10 +326,8 @@ kvq_status kvq_cuda_step_kernel(kvq_cuda_step *s, void *stream, const void *func
     const dim3 g3(grid[0], grid[1], grid[2]), b3(block[0], block[1], block[2]);
     if (!s || s->mode == KVQ_CUDA_STEP_OFF)
         return launch_plain((cudaStream_t)stream, func, g3, b3, smem, pdl, args);
-    if ((cudaStream_t)stream != s->stream || s->failed) {
-        s->failed = 1;
-        return KVQ_ERR_DEVICE;
-    }
+    if ((cudaStream_t)stream != s->stream || s->failed)
+        return step_fail(s);
     step_graph *g = s->cur;
     const size_t len = args_len(arg_bytes, n_args);
     if (s->mode == KVQ_CUDA_STEP_CAPTURE) {
@@ -328,10 +345,8 @@ kvq_status kvq_cuda_step_kernel(kvq_cuda_step *s, void *stream, const void *func
                 n = NULL;
             }
         }
-        if (!n || !(n->node = last_node(s))) {
-            s->failed = 1;
-            return st != KVQ_OK ? st : KVQ_ERR_DEVICE;
-        }
+        if (!n || !(n->node = last_node(s)))
+            return st != KVQ_OK ? (s->failed = 1, st) : step_fail(s);
         n->kind = NODE_KERNEL;
         n->func = func;
         n->grid = g3;
@@ -346,12 +361,9 @@ kvq_status kvq_cuda_step_kernel(kvq_cuda_step *s, void *stream, const void *func
     }
     /* replay: same kind, same launch attribute (it decides the edge) and
      * argument size; anything else may differ and is patched */
-    step_node *n = s->cursor < g->n ? &g->nodes[s->cursor] : NULL;
-    if (!n || n->kind != NODE_KERNEL || n->pdl != pdl || n->arg_len != len) {
-        s->failed = 1;
-        return KVQ_ERR_DEVICE;
-    }
-    s->cursor++;
+    step_node *n = replay_next(s, NODE_KERNEL);
+    if (!n || n->pdl != pdl || n->arg_len != len)
+        return step_fail(s);
     uint8_t *blob = g->blob + n->arg_off;
     if (n->func == func && dim_eq(n->grid, g3) && dim_eq(n->block, b3) && n->smem == smem &&
         args_equal(blob, args, arg_bytes, n_args))
@@ -362,11 +374,8 @@ kvq_status kvq_cuda_step_kernel(kvq_cuda_step *s, void *stream, const void *func
     kp.blockDim = b3;
     kp.sharedMemBytes = (unsigned)smem;
     kp.kernelParams = args;
-    if (cudaGraphExecKernelNodeSetParams(g->exec, n->node, &kp) != cudaSuccess) {
-        (void)cudaGetLastError();
-        s->failed = 1;
-        return KVQ_ERR_DEVICE;
-    }
+    if (cudaGraphExecKernelNodeSetParams(g->exec, n->node, &kp) != cudaSuccess)
+        return step_fail(s);
     n->func = func;
     n->grid = g3;
     n->block = b3;
@@ -383,38 +392,26 @@ kvq_status kvq_cuda_step_copy(kvq_cuda_step *s, void *stream, void *dst, const v
         KVQ_CU_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, (cudaStream_t)stream));
         return KVQ_OK;
     }
-    if ((cudaStream_t)stream != s->stream || s->failed) {
-        s->failed = 1;
-        return KVQ_ERR_DEVICE;
-    }
+    if ((cudaStream_t)stream != s->stream || s->failed)
+        return step_fail(s);
     if (s->mode == KVQ_CUDA_STEP_CAPTURE) {
         step_node *n = NULL;
         if (cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s->stream) != cudaSuccess ||
-            !(n = node_push(s)) || !(n->node = last_node(s))) {
-            (void)cudaGetLastError();
-            s->failed = 1;
-            return KVQ_ERR_DEVICE;
-        }
+            !(n = node_push(s)) || !(n->node = last_node(s)))
+            return step_fail(s);
         n->kind = NODE_COPY;
         n->dst = dst;
         n->src = src;
         n->bytes = bytes;
         return KVQ_OK;
     }
-    step_graph *g = s->cur;
-    step_node *n = s->cursor < g->n ? &g->nodes[s->cursor] : NULL;
-    if (!n || n->kind != NODE_COPY) {
-        s->failed = 1;
-        return KVQ_ERR_DEVICE;
-    }
-    s->cursor++;
+    step_node *n = replay_next(s, NODE_COPY);
+    if (!n)
+        return step_fail(s);
     if (n->dst == dst && n->src == src && n->bytes == bytes)
         return KVQ_OK;
-    if (cudaGraphExecMemcpyNodeSetParams1D(g->exec, n->node, dst, src, bytes, cudaMemcpyDefault) != cudaSuccess) {
-        (void)cudaGetLastError();
-        s->failed = 1;
-        return KVQ_ERR_DEVICE;
-    }
+    if (cudaGraphExecMemcpyNodeSetParams1D(s->cur->exec, n->node, dst, src, bytes, cudaMemcpyDefault) != cudaSuccess)
+        return step_fail(s);
     n->dst = dst;
     n->src = src;
     n->bytes = bytes;
