@@ -11,7 +11,9 @@
  * boundary between two tokens' cumulative masses.
  *
  * Everything is queued on the legacy default stream, after the work that
- * wrote the logits; the two calls wait only for the ids they return.
+ * wrote the logits (the backend's own stream is a blocking one, so the
+ * legacy stream waits for it); the two calls wait only for the ids they
+ * return.
  * Internal to the CUDA backend (backend_cuda.cu) and its tests.
  */
 #ifndef KVQ_SAMPLE_CUDA_H
