@@ -224,8 +224,8 @@ kvq_status kvq_kv_store_cuda_create(const struct kvq_kv_store_config *cfg, kvq_k
         const struct kvq_type_traits *tk = kvq_type_traits(cfg->cfgs[l].type_k), *tv = kvq_type_traits(cfg->cfgs[l].type_v);
         if (tk && tv && (kvq_layout_cpu_only((int)tk->type) || kvq_layout_cpu_only((int)tv->type)))
             return kvq_error_set(err, KVQ_ERR_UNSUPPORTED,
-                                 "cache types %s/%s: %s has no CUDA kernels yet (CPU-only; the GPU takes f32, f16, "
-                                 "q8_0, q4_0 and tq1..tq4, tq1j..tq4j)",
+                                 "cache types %s/%s: %s has no CUDA kernels yet (CPU-only; the decoder on the GPU "
+                                 "takes f32, f16 and tq1..tq4, tq1j..tq4j)",
                                  tk->name, tv->name, kvq_layout_cpu_only((int)tk->type) ? tk->name : tv->name);
     }
     struct cuda_store *s = calloc(1, sizeof *s);
@@ -270,6 +270,14 @@ kvq_status kvq_kv_store_cuda_create(const struct kvq_kv_store_config *cfg, kvq_k
         if (st != KVQ_OK) {
             cuda_free_store(&s->base);
             return kvq_error_set(err, st, "cannot create the device cache of layer %d: %s", l, kvq_status_str(st));
+        }
+        if (!kvq_cuda_cache_gpu_encodes(s->caches[l])) { /* else the first append would fail */
+            const char *tk = kvq_type_traits(cc.cache.type_k)->name, *tv = kvq_type_traits(cc.cache.type_v)->name;
+            cuda_free_store(&s->base);
+            return kvq_error_set(err, KVQ_ERR_UNSUPPORTED,
+                                 "cache types %s/%s of layer %d: the GPU encoder does not append them (it takes f32, "
+                                 "f16 and the tq types with a Hadamard rotation)",
+                                 tk, tv, l);
         }
         if (cc.cache.recent_f16) {
             const size_t P = kvq_cuda_cache_layout(s->caches[l])->page_tokens;

@@ -266,6 +266,12 @@ KVQ_API kvq_status kvq_cuda_cache_share(kvq_cuda_cache *c, int dst, int src, siz
 KVQ_API kvq_status kvq_cuda_cache_append(kvq_cuda_cache *c, int seq, size_t n_tokens, const float *k_dev,
                                  const float *v_dev);
 
+/** @return 1 when kvq_cuda_cache_append encodes c's config on the GPU
+ *  (f32, f16 and the tq types with HADAMARD or IDENTITY rotations and the
+ *  orthogonal QJL projection), 0 otherwise (then only
+ *  kvq_cuda_cache_upload fills it). */
+KVQ_API int kvq_cuda_cache_gpu_encodes(const kvq_cuda_cache *c);
+
 /** One decode step for a batch: appends token i of k_dev/v_dev
  *  ([n_seqs][n_kv_heads][head_dim]) to sequence seqs[i] (host array of
  *  distinct sequence ids). Same errors as kvq_cuda_cache_append. */

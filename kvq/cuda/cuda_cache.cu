@@ -338,6 +338,11 @@ void kvq_cuda_cache_set_stream(kvq_cuda_cache *c, void *stream)
         c->stream = (cudaStream_t)stream;
 }
 
+int kvq_cuda_cache_gpu_encodes(const kvq_cuda_cache *c)
+{
+    return c && c->dk.gpu_encode && c->dv.gpu_encode;
+}
+
 void kvq_cuda_cache_set_step(kvq_cuda_cache *c, kvq_cuda_step *s)
 {
     if (c)

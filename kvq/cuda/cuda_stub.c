@@ -295,6 +295,12 @@ kvq_status kvq_cuda_step_copy(kvq_cuda_step *s, void *stream, void *dst, const v
     return KVQ_ERR_NO_DEVICE;
 }
 
+int kvq_cuda_cache_gpu_encodes(const kvq_cuda_cache *c)
+{
+    (void)c;
+    return 0;
+}
+
 void kvq_cuda_cache_set_step(kvq_cuda_cache *c, kvq_cuda_step *s)
 {
     (void)c, (void)s;
