@@ -2,6 +2,7 @@
 #include "kv_opts.h"
 
 #include <cjson/cJSON.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -131,30 +132,25 @@ int kv_opts_parse(const char *cmd, const char *a, const char *v, struct kv_opts 
 
 int kv_opts_flag(const char *a, struct kv_opts *o)
 {
-    if (strcmp(a, "--v-norm-correct") == 0) {
-        o->v_norm_correct = 1;
-        return 1;
-    }
-    if (strcmp(a, "--kv-recent-f16") == 0 || strcmp(a, "--no-kv-recent-f16") == 0) {
-        o->recent_f16 = strcmp(a, "--kv-recent-f16") == 0;
-        return 1;
-    }
-    if (strcmp(a, "--kv-auto") == 0) {
-        o->kv_auto = 1;
-        return 1;
-    }
-    if (strcmp(a, "--no-key-outlier-f16") == 0) {
-        o->key_outlier_f16 = 0;
-        return 1;
-    }
-    if (strcmp(a, "--no-cuda-graphs") == 0) {
-        o->cuda_graphs = 0;
-        return 1;
-    }
-    if (strcmp(a, "--fast-prefill") == 0) {
-        o->fast_prefill = 1;
-        return 1;
-    }
+    /* each flag sets one int field of o */
+    static const struct {
+        const char *name;
+        size_t field;
+        int value;
+    } flags[] = {
+        {"--v-norm-correct", offsetof(struct kv_opts, v_norm_correct), 1},
+        {"--kv-recent-f16", offsetof(struct kv_opts, recent_f16), 1},
+        {"--no-kv-recent-f16", offsetof(struct kv_opts, recent_f16), 0},
+        {"--kv-auto", offsetof(struct kv_opts, kv_auto), 1},
+        {"--no-key-outlier-f16", offsetof(struct kv_opts, key_outlier_f16), 0},
+        {"--no-cuda-graphs", offsetof(struct kv_opts, cuda_graphs), 0},
+        {"--fast-prefill", offsetof(struct kv_opts, fast_prefill), 1},
+    };
+    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
+        if (strcmp(a, flags[i].name) == 0) {
+            *(int *)((char *)o + flags[i].field) = flags[i].value;
+            return 1;
+        }
     return 0;
 }
 

@@ -456,8 +456,8 @@ void gemm(cuda_backend *cb, const float *x, const dmat &w, float *y, size_t T, i
         } else if (2 * m <= cb->y2_floats) { /* few rows: hi and lo as 2T columns of one product, W read once */
             const float zero = 0.0f;
             if (blas)
-                st = cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, 2 * (int)T, in, &one, w.w, dt, in, cb->xh, dt,
-                              in, &zero, cb->y2, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+                st = cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, 2 * (int)T, in, &one, w.w, dt, in, cb->xh,
+                                  dt, in, &zero, cb->y2, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
             launch(cb, add_halves_kernel, dim3(grid_for(m)), dim3(kThreads), 0, cb->y2, m, accumulate, y);
         } else { /* many rows: two products (compute-bound either way) */
             if (blas)
@@ -695,27 +695,32 @@ int cuda_step_begin(kvq_backend *b, size_t rows)
     return kvq_cuda_step_begin(cb->step, (uint64_t)rows) != KVQ_CUDA_STEP_OFF;
 }
 
-kvq_status cuda_step_end(kvq_backend *b)
+/* Counts a step graph that ran (ok) or did not. A step that keeps failing
+ * (cannot be captured, or changes shape every time) runs as queued from
+ * then on; the recorder stays, idle, as the store's caches point at it. */
+void graph_outcome(cuda_backend *cb, bool ok)
 {
-    cuda_backend *cb = cb_of(b);
-    kvq_status st = KVQ_ERR_DEVICE;
-    if (cb->step_err)
-        kvq_cuda_step_cancel(cb->step);
-    else
-        st = kvq_cuda_step_launch(cb->step);
-    cb->graph_fails = st == KVQ_OK ? 0 : cb->graph_fails + 1;
-    /* a step that keeps failing (cannot be captured, or changes shape every
-     * time) runs as queued from now on; the recorder stays, idle, as the
-     * store's caches point at it */
+    cb->graph_fails = ok ? 0 : cb->graph_fails + 1;
     cb->graphs_off |= cb->graph_fails >= kGraphMaxFails;
-    return st;
 }
 
 void cuda_step_cancel(kvq_backend *b)
 {
     cuda_backend *cb = cb_of(b);
     kvq_cuda_step_cancel(cb->step);
-    cb->graphs_off |= ++cb->graph_fails >= kGraphMaxFails;
+    graph_outcome(cb, false);
+}
+
+kvq_status cuda_step_end(kvq_backend *b)
+{
+    cuda_backend *cb = cb_of(b);
+    if (cb->step_err) {
+        cuda_step_cancel(b);
+        return KVQ_ERR_DEVICE;
+    }
+    const kvq_status st = kvq_cuda_step_launch(cb->step);
+    graph_outcome(cb, st == KVQ_OK);
+    return st;
 }
 
 void cuda_free(kvq_backend *b)
