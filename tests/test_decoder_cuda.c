@@ -160,6 +160,28 @@ static void test_passkey_compressed(void)
     kvq_tokenizer_free(tok);
 }
 
+/* The tokens (no BOS) of the first text_max bytes of valid.txt, at least
+ * want of them (a failed check otherwise); *n their count. Caller frees. */
+static int32_t *valid_tokens(size_t text_max, size_t want, size_t *n)
+{
+    kvq_tokenizer *tok = NULL;
+    size_t len = 0;
+    *n = 0;
+    CHECK_OK(kvq_tokenizer_create(TEST_MODEL_DIR "/tokenizer.json", &tok, NULL));
+    char *text = test_read_file(TEST_REF_DIR "/valid.txt", &len);
+    int32_t *ids = malloc((text_max + 1) * sizeof *ids);
+    if (tok && text && ids)
+        CHECK_OK(kvq_tokenizer_encode(tok, text, len < text_max ? len : text_max, 0, ids, text_max + 1, n));
+    free(text);
+    kvq_tokenizer_free(tok);
+    CHECKF(*n >= want, "valid.txt: %zu tokens in %zu bytes, want %zu", *n, text_max, want);
+    if (*n < want) {
+        free(ids);
+        return NULL;
+    }
+    return ids;
+}
+
 /* Mean NLL of ids[1..n) given their prefixes, 256 positions per forward. */
 static double mean_nll(kvq_seq *s, const int32_t *ids, size_t n, float *logits, int V)
 {
@@ -185,19 +207,13 @@ static double mean_nll(kvq_seq *s, const int32_t *ids, size_t n, float *logits, 
 static void test_ppl_matches_cpu(void)
 {
     NEED_GPU();
-    kvq_tokenizer *tok = NULL;
-    CHECK_OK(kvq_tokenizer_create(TEST_MODEL_DIR "/tokenizer.json", &tok, NULL));
-    size_t len = 0, n = 0;
-    char *text = test_read_file(TEST_REF_DIR "/valid.txt", &len);
+    size_t n = 0;
     const size_t N = small ? 1024 : 4096;
-    const size_t text_max = 40000; /* bytes of valid.txt: comfortably over N tokens */
-    int32_t *ids = malloc((text_max + 1) * sizeof *ids);
+    int32_t *ids = valid_tokens(40000, N, &n); /* 40000 bytes: comfortably over N tokens */
     const int V = kvq_model_config_of(model)->vocab;
     float *logits = malloc(256 * (size_t)V * sizeof *logits);
-    if (!tok || !text || !ids || !logits)
+    if (!ids || !logits)
         goto out;
-    CHECK_OK(kvq_tokenizer_encode(tok, text, len < text_max ? len : text_max, 0, ids, text_max + 1, &n));
-    CHECK(n >= N);
     n = N;
     /* no window; the window (the default); the window and 4 sink tokens;
      * the window with --fast-prefill (16-bit inputs to the chunks' products) */
@@ -221,10 +237,8 @@ static void test_ppl_matches_cpu(void)
         kvq_seq_free(c);
     }
 out:
-    free(text);
     free(ids);
     free(logits);
-    kvq_tokenizer_free(tok);
 }
 
 static const float *ref_f32(const kvq_st_file *f, const char *name, size_t n)
@@ -387,18 +401,13 @@ out:
 static void test_step_graphs(void)
 {
     NEED_GPU();
-    kvq_tokenizer *tok = NULL;
-    CHECK_OK(kvq_tokenizer_create(TEST_MODEL_DIR "/tokenizer.json", &tok, NULL));
-    size_t len = 0, n_ids = 0;
-    char *text = test_read_file(TEST_REF_DIR "/valid.txt", &len);
-    const size_t P = small ? 100 : 900, N = small ? 40 : 200, text_max = 12000;
+    size_t n_ids = 0;
+    const size_t P = small ? 100 : 900, N = small ? 40 : 200;
+    int32_t *ids = valid_tokens(12000, P, &n_ids);
     const int V = kvq_model_config_of(model)->vocab;
-    int32_t *ids = malloc((text_max + 1) * sizeof *ids);
     float *la = malloc((size_t)V * sizeof *la), *lb = malloc((size_t)V * sizeof *lb);
-    if (!tok || !text || !ids || !la || !lb)
+    if (!ids || !la || !lb)
         goto out;
-    CHECK_OK(kvq_tokenizer_encode(tok, text, len < text_max ? len : text_max, 0, ids, text_max + 1, &n_ids));
-    CHECK(n_ids >= P);
     static const struct {
         enum kvq_type k, v;
         int window, sinks;
@@ -407,7 +416,7 @@ static void test_step_graphs(void)
                {KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, 0, 0},
                {KVQ_TYPE_F16, KVQ_TYPE_F16, 0, 0},
                {KVQ_TYPE_F32, KVQ_TYPE_F32, 0, 0}};
-    for (size_t c = 0; c < sizeof cfg / sizeof cfg[0] && n_ids >= P; c++) {
+    for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
         kvq_seq *s[2]; /* graphs on, off */
         for (int g = 0; g < 2; g++)
             s[g] = new_seq_opts(KVQ_DEVICE_CUDA, cfg[c].k, cfg[c].v, cfg[c].window, cfg[c].sinks, !g, 0);
@@ -448,11 +457,9 @@ static void test_step_graphs(void)
         kvq_seq_free(s[1]);
     }
 out:
-    free(text);
     free(ids);
     free(la);
     free(lb);
-    kvq_tokenizer_free(tok);
 }
 
 /* Every kernel the GPU decoder runs, once or a few times, at a size
