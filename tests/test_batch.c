@@ -200,6 +200,16 @@ static void test_greedy_identical_compressed(void)
     compare(&sc, GREEDY);
 }
 
+/* tq3j/tq3 with the window and key centering: pages whose keys are encoded
+ * when they fill, alone and batched. */
+static void test_greedy_identical_centred(void)
+{
+    struct kvq_seq_config sc;
+    kvq_seq_config_default(&sc);
+    sc.center_k = 1;
+    compare(&sc, GREEDY);
+}
+
 /* f32 cache (no window), greedy: the same with sgemm chunks and the plain append. */
 static void test_greedy_identical_f32(void)
 {
@@ -372,6 +382,7 @@ int main(void)
             prompts[i][t] = (int32_t)(kvq_rng_next(&rng) % (uint64_t)kvq_model_config_of(model)->vocab);
     }
     RUN(test_greedy_identical_compressed);
+    RUN(test_greedy_identical_centred);
     RUN(test_greedy_identical_f32);
     RUN(test_sampled_identical);
     RUN(test_greedy_cuda);

@@ -184,6 +184,7 @@ static int score(void *user, kvq_model *m, kvq_tokenizer *tok)
         ref_cfg.recent_f16 = 0;
         ref_cfg.sink_tokens = 0;
         ref_cfg.v_norm_correct = 0;
+        ref_cfg.center_k = 0;
         ref_cfg.kv_budget = 0;
         if (kvq_seq_create(m, &ref_cfg, &ref, &err) != KVQ_OK) {
             rc = cli_error(CMD, "the f32 reference cache: %s", err.msg);

@@ -145,6 +145,7 @@ int kv_opts_flag(const char *a, struct kv_opts *o)
         {"--no-key-outlier-f16", offsetof(struct kv_opts, key_outlier_f16), 0},
         {"--no-cuda-graphs", offsetof(struct kv_opts, cuda_graphs), 0},
         {"--fast-prefill", offsetof(struct kv_opts, fast_prefill), 1},
+        {"--kv-center-k", offsetof(struct kv_opts, center_k), 1},
     };
     for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
         if (strcmp(a, flags[i].name) == 0) {
@@ -236,6 +237,10 @@ void kv_opts_name(const struct kv_opts *o, char *buf, size_t cap)
         int w = snprintf(buf + used, cap - used, "+vnc");
         used += w > 0 ? (size_t)w : 0;
     }
+    if (o->center_k && used < cap) {
+        int w = snprintf(buf + used, cap - used, "+ctr");
+        used += w > 0 ? (size_t)w : 0;
+    }
     struct kvq_seq_config sc;
     kv_opts_seq_config(o, &sc);
     if (kvq_seq_window_for(&sc, o->n_layer_types) && used < cap) {
@@ -273,6 +278,9 @@ void kv_opts_usage(FILE *f)
                "  --kv-auto-metric M   per-layer error --kv-auto minimises: nll (default; ~2 min),\n"
                "                       out_err (~1 s), ipv, kl\n"
                "  --v-norm-correct     store value norms so that decoded tq values keep the input norm\n"
+               "  --kv-center-k        key centering: each full page stores its keys' mean (4 bits a\n"
+               "                       coordinate) and encodes the keys minus it (needs the window;\n"
+               "                       CPU only for now)\n"
                "  --kv-recent-f16      also keep the tokens of the last, partly filled cache page in\n"
                "                       f16 and attend to them in f16 (2 x (64+16) f16 rows per layer\n"
                "                       and KV head, counted in --kv-budget); the default for\n"
@@ -309,6 +317,7 @@ void kv_opts_seq_config(const struct kv_opts *o, struct kvq_seq_config *sc)
     sc->key_outlier_f16 = o->key_outlier_f16;
     sc->cuda_graphs = o->cuda_graphs;
     sc->fast_prefill = o->fast_prefill;
+    sc->center_k = o->center_k;
     sc->device = o->device;
 }
 

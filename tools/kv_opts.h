@@ -25,6 +25,7 @@ struct kv_opts {
                              (kvq_seq_config.key_outlier_f16); 0 --no-key-outlier-f16 */
     int cuda_graphs;      /* 1 (default): decode steps as CUDA graphs; 0 --no-cuda-graphs */
     int fast_prefill;     /* --fast-prefill (kvq_seq_config.fast_prefill) */
+    int center_k;         /* --kv-center-k (kvq_seq_config.center_k) */
     enum kvq_device device; /* --device cpu|cuda (default cpu) */
     /* --kv-auto (kv_auto.h): per-layer types chosen for budget at a context */
     int kv_auto;

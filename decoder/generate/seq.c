@@ -82,6 +82,7 @@ void kvq_layer_cache_config(const struct kvq_model_config *c, const struct kvq_s
     types_of(c, sc, l, &cc->type_k, &cc->type_v);
     cc->recent_f16 = sc->recent_f16;
     cc->sink_tokens = sc->sink_tokens;
+    cc->center_k = sc->center_k && cc->recent_f16 && compressed(cc->type_k);
 }
 
 /* Bytes of layer l's f16 override buffers (allocated at create). */
@@ -144,6 +145,8 @@ kvq_status kvq_seq_plan_of(const kvq_model *m, const struct kvq_seq_config *cfg,
             size_t pb = all - fx, rb = layer_row_bytes(c, cfg, l);
             if (!all || !pb || !rb)
                 return KVQ_ERR_UNSUPPORTED;
+            if (cc.center_k) /* the page's key means, rounded up to whole bytes per token */
+                rb = (pb + pt - 1) / pt;
             if (pass == 0) {
                 out->page_tokens = pt;
                 out->page_bytes = pb > out->page_bytes ? pb : out->page_bytes;

@@ -86,6 +86,10 @@ struct kvq_cache_config {
     int sink_tokens;          /* 0..KVQ_CACHE_MAX_SINK_TOKENS: the first sink_tokens
                                * tokens are also kept in f16 and always read from there
                                * (0 = off) */
+    int center_k;             /* 1: key centering (kvq_layout.h, "key means"): each page
+                               * stores its keys' mean per head and encodes the keys minus
+                               * it; a page's keys are encoded when it fills, from their f16
+                               * copies, so this needs recent_f16 (0 = off) */
 };
 
 typedef struct kvq_cache kvq_cache;
@@ -198,6 +202,13 @@ KVQ_API const kvq_codec *kvq_cache_codec_v(const kvq_cache *c);
  *  t % page_tokens. @return NULL when i is out of range. */
 KVQ_API size_t kvq_cache_page_count(const kvq_cache *c);
 KVQ_API const uint8_t *kvq_cache_page(const kvq_cache *c, size_t i);
+
+/** With center_k: the key-mean block (kvq_layout.h) of KV head kv_head in
+ *  page i, which every packed key of the page was encoded against (a
+ *  decoded key is the codec's row plus kvq_key_mean_decode of it).
+ *  @return NULL without center_k, out of range, or while the page's keys
+ *  wait for it to fill. */
+KVQ_API const uint8_t *kvq_cache_key_mean(const kvq_cache *c, size_t i, int kv_head);
 
 /** Bytes a cache with this config needs for n_tokens tokens (whole pages,
  *  plus the f16 override buffers, which are allocated at create whatever

@@ -216,7 +216,41 @@ struct kvq_page_layout {
     uint64_t k_off;      /* = 0: K head h chunk at k_off + h * k.bytes */
     uint64_t v_off;      /* V head h chunk at v_off + h * v.bytes */
     uint64_t page_bytes;
+    uint64_t mean_off;   /* key means (kvq_page_layout_add_key_means): head h's block at
+                          * mean_off + h * mean_bytes; mean_bytes 0 when the page has none */
+    uint32_t mean_bytes;
 };
+
+/* ---- key means (key centering, kvq_cache_config.center_k) -------------
+ *
+ * Keys of one head share a large common component that the rotation
+ * spreads over every coordinate, so a codec spends its levels on it. A
+ * centred page stores, per head, the mean m of its keys coarsely: an f16
+ * scale s, then one 4-bit code per coordinate (coordinate j in the low
+ * nibble of byte j / 2 when j is even, the high nibble when odd),
+ * m~_j = s (code_j - 8). Its keys are encoded as k - m~, and a query's
+ * score gains q.m~ once per page, which restores q.k exactly as far as the
+ * codec goes: how coarse m~ is changes only how much is left to encode. */
+#define KVQ_KEY_MEAN_BYTES(d) (2u + ((uint32_t)(d) + 1u) / 2u)
+KVQ_STATIC_ASSERT(KVQ_KEY_MEAN_BYTES(128) == 66, "a d=128 key mean is 66 bytes");
+
+/* Appends the key-mean section to a page layout (all heads, padded to 16 bytes). */
+KVQ_HD static inline void kvq_page_layout_add_key_means(struct kvq_page_layout *pl)
+{
+    pl->mean_off = pl->page_bytes;
+    pl->mean_bytes = KVQ_KEY_MEAN_BYTES(pl->dim);
+    pl->page_bytes += ((uint64_t)pl->n_kv_heads * pl->mean_bytes + KVQ_PAGE_ALIGN - 1) / KVQ_PAGE_ALIGN * KVQ_PAGE_ALIGN;
+}
+
+/* m~ of a key-mean block into out[d]. */
+KVQ_HD static inline void kvq_key_mean_decode(const uint8_t *blk, int d, float *out)
+{
+    const float s = kvq_f16_to_f32((uint16_t)(blk[0] | blk[1] << 8));
+    for (int j = 0; j < d; j++) {
+        const int code = j & 1 ? blk[2 + j / 2] >> 4 : blk[2 + j / 2] & 15;
+        out[j] = s * (float)(code - 8);
+    }
+}
 
 /** @return 0 on success, -1 when (type, d, page_tokens) is unsupported. */
 KVQ_HD static inline int kvq_head_layout_init(struct kvq_head_layout *hl, int t, int d, int page_tokens)
@@ -256,6 +290,8 @@ KVQ_HD static inline int kvq_page_layout_init(struct kvq_page_layout *pl, int n_
     pl->k_off = 0;
     pl->v_off = (uint64_t)n_kv_heads * pl->k.bytes;
     pl->page_bytes = pl->v_off + (uint64_t)n_kv_heads * pl->v.bytes;
+    pl->mean_off = 0;
+    pl->mean_bytes = 0;
     return 0;
 }
 

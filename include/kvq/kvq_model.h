@@ -278,6 +278,10 @@ struct kvq_seq_config {
                              * as one CUDA graph, recorded once per batch size and
                              * replayed (kvq_cuda.h, "step graphs"); 0: every kernel
                              * launched one by one */
+    int center_k;           /* 1: key centering (kvq_cache_config.center_k) in every layer
+                             * whose K type is compressed, where the window (recent_f16)
+                             * is on; 0 (default): off. Costs a 4-bit mean per page and
+                             * KV head (0.04 bits per value at d = 128, 64-token pages) */
     int fast_prefill;       /* 0 (default): on KVQ_DEVICE_CUDA a product of more than 64 rows
                              * (a prefill chunk) with 16-bit weights computes with f32 inputs
                              * (each input as two 16-bit halves, two GEMMs), matching a
@@ -309,7 +313,9 @@ KVQ_API void kvq_seq_free(kvq_seq *s);
 
 /* What a cache configuration costs for a model, and how far a budget goes. */
 struct kvq_seq_plan {
-    size_t bytes_per_token;  /* exact encoded K+V bytes of one token, all layers and KV heads */
+    size_t bytes_per_token;  /* exact encoded K+V bytes of one token, all layers and KV heads
+                              * (with center_k a page's key means are spread over its
+                              * tokens, rounded up to whole bytes per layer) */
     size_t page_tokens;      /* tokens per cache page */
     size_t page_bytes;       /* bytes of one page of one layer */
     size_t max_tokens;       /* most tokens that fit kv_budget (whole pages in every

@@ -37,6 +37,13 @@ static void ref_rows(const kvq_cache *c, int kv_head, size_t t, size_t sink_end,
             const kvq_codec *cd = side ? kvq_cache_codec_v(c) : kvq_cache_codec_k(c);
             struct kvq_row r = row_at(c, side, kv_head, t);
             cd->traits->decode_ref(cd, &r, dst);
+            const uint8_t *m = side ? NULL : kvq_cache_key_mean(c, t / kvq_cache_layout(c)->page_tokens, kv_head);
+            if (m) { /* key centering: the page's mean comes back */
+                float mean[KVQ_MAX_DIM];
+                kvq_key_mean_decode(m, d, mean);
+                for (int j = 0; j < d; j++)
+                    dst[j] += mean[j];
+            }
         }
     }
 }

@@ -49,6 +49,11 @@ struct kvq_cache {
     size_t sink_rows, ring_rows;
     size_t f16_lo;             /* ring copies valid for tokens [f16_lo, len) */
     size_t f16_bytes;          /* all four buffers */
+    /* key centering (center_k): keys of tokens [0, packed_len) are encoded;
+     * the rest wait, in the ring, for their page to fill. A page whose
+     * start is below packed_len has its mean. */
+    size_t packed_len;
+    float *mean, *krow;        /* [d] each: the page's m~, one centred key */
 };
 
 void kvq_cache_config_default(struct kvq_cache_config *cfg, int n_kv_heads, int head_dim, size_t max_tokens)
@@ -68,6 +73,7 @@ void kvq_cache_config_default(struct kvq_cache_config *cfg, int n_kv_heads, int 
     cfg->max_bytes = 0;
     cfg->recent_f16 = 0;
     cfg->sink_tokens = 0;
+    cfg->center_k = 0;
 }
 
 /* Checks everything create() checks except what only the codecs know, and
@@ -82,6 +88,8 @@ static kvq_status check_config(const struct kvq_cache_config *cfg, struct kvq_pa
     if (cfg->recent_f16 < 0 || cfg->recent_f16 > 1 || cfg->sink_tokens < 0 ||
         cfg->sink_tokens > KVQ_CACHE_MAX_SINK_TOKENS)
         return KVQ_ERR_INVALID_ARG;
+    if (cfg->center_k < 0 || cfg->center_k > 1 || (cfg->center_k && !cfg->recent_f16))
+        return KVQ_ERR_INVALID_ARG;
     int P = cfg->page_tokens ? cfg->page_tokens : KVQ_DEFAULT_PAGE_TOKENS;
     if (P < KVQ_MIN_PAGE_TOKENS || P > KVQ_MAX_PAGE_TOKENS || P % 16 != 0)
         return KVQ_ERR_INVALID_ARG;
@@ -94,6 +102,8 @@ static kvq_status check_config(const struct kvq_cache_config *cfg, struct kvq_pa
     if (kvq_page_layout_init(pl, cfg->n_kv_heads, cfg->head_dim, (int)cfg->type_k, (int)cfg->type_v, P) ||
         pl->page_bytes > (uint64_t)(SIZE_MAX / 4))
         return KVQ_ERR_UNSUPPORTED;
+    if (cfg->center_k)
+        kvq_page_layout_add_key_means(pl);
     return KVQ_OK;
 }
 
@@ -187,7 +197,11 @@ kvq_status kvq_cache_create(const struct kvq_cache_config *cfg, kvq_cache **out)
         c->ring_k = malloc(c->ring_rows * row_h);
         c->ring_v = malloc(c->ring_rows * row_h);
     }
-    if ((c->sink_rows && (!c->sink_k || !c->sink_v)) || (c->ring_rows && (!c->ring_k || !c->ring_v))) {
+    if (cfg->center_k)
+        c->mean = malloc(2 * (size_t)cfg->head_dim * sizeof *c->mean);
+    c->krow = c->mean ? c->mean + cfg->head_dim : NULL;
+    if ((c->sink_rows && (!c->sink_k || !c->sink_v)) || (c->ring_rows && (!c->ring_k || !c->ring_v)) ||
+        (cfg->center_k && !c->mean)) {
         st = KVQ_ERR_NOMEM;
         goto fail;
     }
@@ -228,6 +242,7 @@ void kvq_cache_free(kvq_cache *c)
     free(c->sink_v);
     free(c->ring_k);
     free(c->ring_v);
+    free(c->mean);
     kvq_codec_free(c->ck);
     kvq_codec_free(c->cv);
     free(c);
@@ -319,6 +334,84 @@ static void keep_f16(kvq_cache *c, size_t n_tokens, const float *k, const float 
         c->f16_lo = end - c->ring_rows;
 }
 
+/* Key centering (kvq_layout.h, "key means"). The mean is summed in float
+ * in token order and quantized with the f16 scale's own value, so a GPU
+ * encoder that does the same reproduces the bytes. */
+static void key_mean_encode(const float *m, int d, uint8_t *blk)
+{
+    float mx = 0.0f;
+    for (int j = 0; j < d; j++)
+        mx = fabsf(m[j]) > mx ? fabsf(m[j]) : mx;
+    const uint16_t sh = kvq_f32_to_f16(mx / 7.0f);
+    const float s = kvq_f16_to_f32(sh);
+    blk[0] = (uint8_t)(sh & 255);
+    blk[1] = (uint8_t)(sh >> 8);
+    memset(blk + 2, 0, ((size_t)d + 1) / 2);
+    for (int j = 0; j < d; j++) {
+        long q = s > 0.0f ? lrintf(m[j] / s) : 0;
+        q = q < -8 ? -8 : q > 7 ? 7 : q;
+        blk[2 + j / 2] |= (uint8_t)((q + 8) << (j & 1 ? 4 : 0));
+    }
+}
+
+/* Head h's key of token t as centering reads it: its f16 rounding, from the
+ * input k (tokens from first on) or from the ring (earlier ones, which the
+ * ring still holds: they are in the page being completed). */
+static void centred_source(const kvq_cache *c, size_t t, int h, size_t first, const float *k, float *out)
+{
+    const size_t d = (size_t)c->cfg.head_dim, hd = (size_t)c->cfg.n_kv_heads * d;
+    if (t >= first) {
+        const float *x = k + (t - first) * hd + (size_t)h * d;
+        for (size_t j = 0; j < d; j++)
+            out[j] = kvq_f16_to_f32(kvq_f32_to_f16(x[j]));
+    } else {
+        const uint16_t *x = c->ring_k + t % c->ring_rows * hd + (size_t)h * d;
+        for (size_t j = 0; j < d; j++)
+            out[j] = kvq_f16_to_f32(x[j]);
+    }
+}
+
+/* Encodes the keys of every token below end whose page has filled (its
+ * mean first, when the page has none yet) or already has a mean. Tokens
+ * [first, end) are the ones being appended, with keys k. */
+static kvq_status pack_keys(kvq_cache *c, size_t end, size_t first, const float *k)
+{
+    const int H = c->cfg.n_kv_heads, d = c->cfg.head_dim;
+    const size_t P = c->layout.page_tokens;
+    const kvq_encode_fn enc = c->ck->traits->encode;
+    while (c->packed_len < end) {
+        const size_t page = c->packed_len / P, p0 = page * P, stop = p0 + P < end ? p0 + P : end;
+        const int fresh = c->packed_len == p0;
+        if (fresh && p0 + P > end)
+            break; /* the page is not full yet */
+        for (int h = 0; h < H; h++) {
+            uint8_t *blk = c->pages[page] + c->layout.mean_off + (uint64_t)h * c->layout.mean_bytes;
+            if (fresh) {
+                memset(c->mean, 0, (size_t)d * sizeof *c->mean);
+                for (size_t t = p0; t < p0 + P; t++) {
+                    centred_source(c, t, h, first, k, c->krow);
+                    for (int j = 0; j < d; j++)
+                        c->mean[j] += c->krow[j];
+                }
+                for (int j = 0; j < d; j++)
+                    c->mean[j] /= (float)P;
+                key_mean_encode(c->mean, d, blk);
+            }
+            kvq_key_mean_decode(blk, d, c->mean);
+            for (size_t t = c->packed_len; t < stop; t++) {
+                centred_source(c, t, h, first, k, c->krow);
+                for (int j = 0; j < d; j++)
+                    c->krow[j] -= c->mean[j];
+                struct kvq_row r = kvq_head_row(&c->layout.k, head_chunk(c, page, 0, h), (uint32_t)(t - p0));
+                if (enc(c->ck, c->krow, &r) != KVQ_OK)
+                    return KVQ_ERR_INTERNAL; /* append admits only keys whose centred rows encode */
+            }
+        }
+        c->packed_len = stop;
+    }
+    return KVQ_OK;
+}
+
 kvq_status kvq_cache_append(kvq_cache *c, size_t n_tokens, const float *k, const float *v)
 {
     if (!c)
@@ -338,6 +431,15 @@ kvq_status kvq_cache_append(kvq_cache *c, size_t n_tokens, const float *k, const
             st = kvq_codec_check_row(c->cv, v + r * (size_t)d);
         if (st != KVQ_OK)
             return st;
+        /* a centred key may be up to about twice as long as the longest
+         * key of its page: keep that within what every codec stores */
+        if (c->cfg.center_k) {
+            double n2 = 0.0;
+            for (int j = 0; j < d; j++)
+                n2 += (double)k[r * (size_t)d + j] * k[r * (size_t)d + j];
+            if (n2 > (double)(KVQ_F16_MAX / 4) * (KVQ_F16_MAX / 4))
+                return KVQ_ERR_RANGE;
+        }
     }
     /* ... and the rows that get an f16 copy must fit f16 */
     for (size_t t = 0; t < n_tokens; t++) {
@@ -363,10 +465,19 @@ kvq_status kvq_cache_append(kvq_cache *c, size_t n_tokens, const float *k, const
             size_t r = t * (size_t)H + (size_t)h;
             struct kvq_row rk = kvq_head_row(&c->layout.k, head_chunk(c, page, 0, h), slot);
             struct kvq_row rv = kvq_head_row(&c->layout.v, head_chunk(c, page, 1, h), slot);
-            if (enc_k(c->ck, k + r * (size_t)d, &rk) != KVQ_OK || enc_v(c->cv, v + r * (size_t)d, &rv) != KVQ_OK) {
+            if ((!c->cfg.center_k && enc_k(c->ck, k + r * (size_t)d, &rk) != KVQ_OK) ||
+                enc_v(c->cv, v + r * (size_t)d, &rv) != KVQ_OK) {
                 drop_pages(c, had);
                 return KVQ_ERR_INTERNAL; /* the checks above admit exactly what encode accepts */
             }
+        }
+    }
+    if (c->cfg.center_k) { /* before keep_f16 overwrites the ring rows it reads */
+        const kvq_status st = pack_keys(c, c->len + n_tokens, c->len, k);
+        if (st != KVQ_OK) {
+            c->packed_len = c->packed_len < c->len ? c->packed_len : c->len;
+            drop_pages(c, had);
+            return st;
         }
     }
     if (c->sink_rows || c->ring_rows)
@@ -398,6 +509,13 @@ kvq_status kvq_cache_read(const kvq_cache *c, int kv_head, size_t t0, size_t n, 
         if (k) {
             struct kvq_row r = kvq_head_row(&c->layout.k, head_chunk(c, page, 0, kv_head), slot);
             c->ck->traits->decode(c->ck, &r, k + i * d);
+            const uint8_t *m = kvq_cache_key_mean(c, page, kv_head);
+            if (m) {
+                float mean[KVQ_MAX_DIM];
+                kvq_key_mean_decode(m, (int)d, mean);
+                for (size_t j = 0; j < d; j++)
+                    k[i * d + j] += mean[j];
+            }
         }
         if (v) {
             struct kvq_row r = kvq_head_row(&c->layout.v, head_chunk(c, page, 1, kv_head), slot);
@@ -417,6 +535,7 @@ void kvq_cache_reset(kvq_cache *c)
     if (c) {
         c->len = 0;
         c->f16_lo = 0;
+        c->packed_len = 0;
     }
 }
 
@@ -437,7 +556,8 @@ kvq_status kvq_cache_share(kvq_cache *dst, const kvq_cache *src, size_t n_tokens
     const size_t P = dst->layout.page_tokens, k = n_tokens / P;
     if (n_tokens % P || a->n_kv_heads != b->n_kv_heads || a->head_dim != b->head_dim || a->type_k != b->type_k ||
         a->type_v != b->type_v || a->seed != b->seed || a->rot != b->rot || a->qjl != b->qjl ||
-        a->page_tokens != b->page_tokens || a->recent_f16 != b->recent_f16 || a->sink_tokens != b->sink_tokens)
+        a->page_tokens != b->page_tokens || a->recent_f16 != b->recent_f16 || a->sink_tokens != b->sink_tokens ||
+        a->center_k != b->center_k)
         return KVQ_ERR_INVALID_ARG;
     if (n_tokens > a->max_tokens)
         return KVQ_ERR_CONTEXT_FULL;
@@ -456,6 +576,7 @@ kvq_status kvq_cache_share(kvq_cache *dst, const kvq_cache *src, size_t n_tokens
         memcpy(dst->sink_v, src->sink_v, sinks * hd * sizeof *dst->sink_v);
     }
     dst->len = n_tokens;
+    dst->packed_len = n_tokens; /* whole pages: their keys are encoded */
     dst->f16_lo = n_tokens; /* a whole-page view reads no recent copy */
     return KVQ_OK;
 }
@@ -473,6 +594,8 @@ kvq_status kvq_cache_truncate(kvq_cache *c, size_t n)
     if (!c || n > c->len)
         return KVQ_ERR_INVALID_ARG;
     c->len = n;
+    if (c->packed_len > n) /* a page keeps its mean while it keeps a token */
+        c->packed_len = n;
     if (c->f16_lo > n) /* nothing kept had a copy; new tokens will */
         c->f16_lo = n;
     return KVQ_OK;
@@ -526,6 +649,14 @@ void kvq_cache_get_stats(const kvq_cache *c, struct kvq_cache_stats *st)
 const struct kvq_cache_config *kvq_cache_config_of(const kvq_cache *c)
 {
     return c ? &c->cfg : NULL;
+}
+
+const uint8_t *kvq_cache_key_mean(const kvq_cache *c, size_t page, int kv_head)
+{
+    if (!c || !c->layout.mean_bytes || page >= c->n_pages || kv_head < 0 || kv_head >= c->cfg.n_kv_heads ||
+        page * c->layout.page_tokens >= c->packed_len)
+        return NULL;
+    return c->pages[page] + c->layout.mean_off + (uint64_t)kv_head * c->layout.mean_bytes;
 }
 
 const struct kvq_page_layout *kvq_cache_layout(const kvq_cache *c)

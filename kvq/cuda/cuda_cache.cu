@@ -300,7 +300,8 @@ kvq_status kvq_cuda_cache_create(const struct kvq_cuda_cache_config *cfg, kvq_cu
      * device kernels yet (the rotated ones would need the query rotation of
      * the tq path with the baseline block readers, q4_1/q5_x their own block
      * readers, the wide codebooks wider centroid tables). */
-    if (kvq_layout_cpu_only((int)cfg->cache.type_k) || kvq_layout_cpu_only((int)cfg->cache.type_v))
+    if (kvq_layout_cpu_only((int)cfg->cache.type_k) || kvq_layout_cpu_only((int)cfg->cache.type_v) ||
+        cfg->cache.center_k) /* key centering: CPU only for now */
         return KVQ_ERR_UNSUPPORTED;
     if (kvq_cuda_require_device() != KVQ_OK)
         return KVQ_ERR_NO_DEVICE;
