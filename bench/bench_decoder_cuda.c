@@ -8,6 +8,8 @@
  *                      [--prefill 4096,32768] [--sample T,K,P] [--graphs on|off|both]
  *                      [--fast-prefill off|both] [--json FILE]
  *
+ * A --types entry K/V+ctr runs that pair with key centering
+ * (kvq_seq_config.center_k).
  * Decode: a kvq_batch of B slots, each given a context of N tokens without
  * its prefill (kvq_batch_fill: seeded random K/V in every layer; what a step
  * costs does not depend on the values), then 3 warm-up and `steps` timed
@@ -97,6 +99,8 @@ static size_t weight_bytes(const kvq_model *m)
     return n;
 }
 
+static int g_center; /* the --types entry being run asked for key centering (+ctr) */
+
 static kvq_status make_batch(const kvq_model *m, enum kvq_type tk, enum kvq_type tv, int B, size_t ctx, size_t rows,
                              int graphs, int fast, kvq_batch **out, char *why, size_t nwhy)
 {
@@ -105,6 +109,7 @@ static kvq_status make_batch(const kvq_model *m, enum kvq_type tk, enum kvq_type
     bc.seq.device = KVQ_DEVICE_CUDA;
     bc.seq.cuda_graphs = graphs;
     bc.seq.fast_prefill = fast;
+    bc.seq.center_k = g_center;
     bc.seq.type_k = tk;
     bc.seq.type_v = tv;
     bc.seq.max_ctx = ctx;
@@ -241,11 +246,16 @@ int main(int argc, char **argv)
     char list[256];
     snprintf(list, sizeof list, "%s", types);
     for (char *tp = strtok(list, ","); tp; tp = strtok(NULL, ",")) {
-        char kname[32] = "";
-        const char *slash = strchr(tp, '/');
+        char kname[32] = "", pair[64];
+        snprintf(pair, sizeof pair, "%s", tp); /* the types; tp (printed) keeps its +ctr */
+        const size_t tl = strlen(pair);
+        g_center = tl > 4 && !strcmp(pair + tl - 4, "+ctr");
+        if (g_center)
+            pair[tl - 4] = 0;
+        const char *slash = strchr(pair, '/');
         enum kvq_type tk, tv;
-        if (slash && (size_t)(slash - tp) < sizeof kname)
-            memcpy(kname, tp, (size_t)(slash - tp));
+        if (slash && (size_t)(slash - pair) < sizeof kname)
+            memcpy(kname, pair, (size_t)(slash - pair));
         if (!slash || kvq_type_from_name(kname, &tk) != KVQ_OK || kvq_type_from_name(slash + 1, &tv) != KVQ_OK) {
             fprintf(stderr, "bench_decoder_cuda: bad --types entry '%s'\n", tp);
             return 2;

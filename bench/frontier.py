@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Accuracy per bit: perplexity increase and KL divergence against bits per
 value for every cache type family, with and without the recent-token f16
-window, on held-out text (issue 25).
+window, and with the window and key centering (--kv-center-k), on held-out
+text (issue 25).
 
     python3 bench/frontier.py [--kvq BUILD/bin/kvq] [--model DIR] [--text FILE]
                               [--ctx 4096] [--windows 2] [--out docs/frontier] [--plot-only]
@@ -33,11 +34,13 @@ CONFIGS = [
 ]
 
 
-def run(args, k, v, window):
+def run(args, k, v, window, center=False):
     cmd = [args.kvq, "ppl", "--model", args.model, "--file", args.text, "--ctx", str(args.ctx),
            "--max-tokens", str(args.windows * (args.ctx - 1)), "-ctk", k, "-ctv", v, "--kl-divergence", "--json"]
     if not window:
         cmd.append("--no-kv-recent-f16")
+    if center:
+        cmd.append("--kv-center-k")
     out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if out.returncode != 0:
         sys.exit("frontier: %s failed: %s" % (" ".join(cmd), out.stderr.strip().splitlines()[-1:]))
@@ -45,11 +48,11 @@ def run(args, k, v, window):
 
 
 def table(rows):
-    lines = ["| K/V | window | bits/value | ppl | Δppl | mean KL | p99 KL | top-1 |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| K/V | window | centred keys | bits/value | ppl | Δppl | mean KL | p99 KL | top-1 |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append("| %s/%s | %s | %.3f | %.4f | %+.2f%% | %.5f | %.4f | %.2f%% |" % (
-            r["k"], r["v"], "yes" if r["window"] else "no", r["bits"], r["ppl"], r["dppl"], r["kl_mean"],
+        lines.append("| %s/%s | %s | %s | %.3f | %.4f | %+.2f%% | %.5f | %.4f | %.2f%% |" % (
+            r["k"], r["v"], "yes" if r["window"] else "no", "yes" if r.get("center") else "no", r["bits"], r["ppl"], r["dppl"], r["kl_mean"],
             r["kl_p99"], 100 * r["top1"]))
     return "\n".join(lines) + "\n"
 
@@ -62,11 +65,11 @@ def plot(rows, out, title):
     for r in rows:
         if r["bits"] > 9.5:  # f16: off the rate range drawn
             continue
-        key = (r["family"], r["window"])
+        key = (r["family"], r["window"], bool(r.get("center")))
         dat.setdefault(key, []).append(r)
     files = []
-    for (fam, win), rs in sorted(dat.items()):
-        path = "%s-%s-%s.dat" % (out, fam, "win" if win else "nowin")
+    for (fam, win, ctr), rs in sorted(dat.items()):
+        path = "%s-%s-%s%s.dat" % (out, fam, "win" if win else "nowin", "-ctr" if ctr else "")
         with open(path, "w") as f:
             for r in sorted(rs, key=lambda r: r["bits"]):
                 f.write("%.4f %.5f %.6g %s/%s\n" % (r["bits"], max(r["dppl"], 0.01), max(r["kl_mean"], 1e-6),
@@ -79,7 +82,7 @@ def plot(rows, out, title):
                     best = r["kl_mean"]
                     f.write("%.4f %.5f %.6g %s/%s\n" % (r["bits"], max(r["dppl"], 0.01), max(r["kl_mean"], 1e-6),
                                                          r["k"], r["v"]))
-        files.append((fam, win, path))
+        files.append((fam, win, ctr, path))
     style = {"plain": ("pt 4", "gray40"), "rotated": ("pt 5", "red"), "tq": ("pt 7", "blue"), "f16": ("pt 9", "black")}
     gp = ["set terminal pngcairo size 1400,650 font ',10' noenhanced", "set output '%s.png'" % out,
           "set multiplot layout 1,2 title '%s'" % title, "set xlabel 'bits per cached value (window counted)'",
@@ -91,11 +94,13 @@ def plot(rows, out, title):
         gp.append("set title '%s'" % panel)
         gp.append("set ylabel '%s'" % ylab)
         parts = []
-        for fam, win, path in files:
+        for fam, win, ctr, path in files:
             pt, color = style.get(fam, ("pt 1", "black"))
+            if ctr:
+                color = {"tq": "dark-cyan", "rotated": "orange"}.get(fam, color)
             parts.append("'%s' using 1:%d with points %s ps 1.0 lc rgb '%s' notitle" % (path, col, pt, color))
-            parts.append("'%s.front' using 1:%d with linespoints %s ps 1.1 lc rgb '%s' dt %d title '%s%s'" % (
-                path, col, pt, color, 1 if win else 2, fam, " + window" if win else ""))
+            parts.append("'%s.front' using 1:%d with linespoints %s ps 1.1 lc rgb '%s' dt %d title '%s%s%s'" % (
+                path, col, pt, color, 1 if win else 2, fam, " + window" if win else "", " + centred keys" if ctr else ""))
             parts.append("'%s.front' using 1:%d:4 with labels offset 0,0.7 font ',7' tc rgb '%s' notitle" % (
                 path, col, color))
         gp.append("plot " + ", \\\n     ".join(parts))
@@ -104,7 +109,7 @@ def plot(rows, out, title):
     with open(script, "w") as f:
         f.write("\n".join(gp) + "\n")
     subprocess.run(["gnuplot", script], check=True)
-    for _, _, path in files:
+    for _, _, _, path in files:
         os.remove(path)
         os.remove(path + ".front")
     os.remove(script)
@@ -131,19 +136,24 @@ def main():
             meta["ctx"], meta["ref_ppl"]))
         return
     rows = []
-    total = 2 * len(CONFIGS)
+    # centring: every family that compresses keys (f16 and the plain layouts
+    # llama.cpp no longer uses by default are left out)
+    modes = [(False, False, CONFIGS), (True, False, CONFIGS),
+             (True, True, [c for c in CONFIGS if c[2] in ("tq", "rotated")])]
+    total = sum(len(m[2]) for m in modes)
     t0 = time.time()
-    for window in (False, True):
-        for k, v, fam in CONFIGS:
-            j = run(args, k, v, window)
+    for window, center, configs in modes:
+        for k, v, fam in configs:
+            j = run(args, k, v, window, center)
             kl = j["kl_vs_f32"]
-            rows.append({"k": k, "v": v, "family": fam, "window": window, "bits": j["bits_per_value"],
+            rows.append({"k": k, "v": v, "family": fam, "window": window, "center": center,
+                         "bits": j["bits_per_value"],
                          "ppl": j["ppl"], "ref_ppl": kl["ref_ppl"], "dppl": 100 * (j["ppl"] / kl["ref_ppl"] - 1),
                          "kl_mean": kl["mean"], "kl_p99": kl["p99"], "top1": kl["top1_agreement"],
                          "tokens": j["scored"]})
             r = rows[-1]
-            print("frontier: %2d/%d  %-12s %-6s %6.3f bits  ppl %+6.2f%%  KL %.5f  (%.0f s)" % (
-                len(rows), total, k + "/" + v, "win" if window else "", r["bits"], r["dppl"], r["kl_mean"],
+            print("frontier: %2d/%d  %-12s %-8s %6.3f bits  ppl %+6.2f%%  KL %.5f  (%.0f s)" % (
+                len(rows), total, k + "/" + v, ("win" if window else "") + ("+ctr" if center else ""), r["bits"], r["dppl"], r["kl_mean"],
                 time.time() - t0), flush=True)
     meta = {"model": args.model, "text": args.text, "ctx": args.ctx, "windows": args.windows,
             "tokens": rows[0]["tokens"], "ref_ppl": rows[0]["ref_ppl"], "kvq": args.kvq}

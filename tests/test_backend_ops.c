@@ -119,6 +119,7 @@ struct shape {
     int G;                  /* attend: query heads per KV head */
     enum kvq_rot_kind rot;  /* attend: the caches' rotation; row ops: the codec's (R and S) */
     int window, sinks;      /* prefill: the recent f16 window on, sink tokens */
+    int center;             /* attend-window: key centering (kvq_cache_config.center_k) */
     const struct probe *probes;
     int n_probes;
 };
@@ -238,6 +239,12 @@ static const struct {
     ATT(T4J, T2, 128, 4, 48, HADAMARD), ATT(F32, F16, 64, 2, 16, HADAMARD), ATT(T3J, T3, 64, 4, 64, HADAMARD),
     ATT(T3J, T3, 256, 2, 64, HADAMARD),
 #undef ATT
+    /* key centering: the page means' scores in the fused kernel (integer and
+     * f16 scores), the group and reference kernels, pages packed when they fill */
+#define ATC(k, v, d, g, p) {k, v, {.dim = d, .G = g, .page_tokens = p, .rot = KVQ_ROT_HADAMARD, .center = 1}}
+    ATC(T3J, T3, 128, 4, 64), ATC(T3J, T3, 128, 8, 16), ATC(T3, T3, 128, 3, 32), ATC(F16, F16, 128, 4, 64),
+    ATC(T4, T3, 128, 4, 64),  ATC(T3J, T3, 96, 4, 64),
+#undef ATC
 };
 
 /* GPU prefill chunks (kvq_cuda_cache_prefill): the types, dims, GQA groups
@@ -1243,6 +1250,7 @@ static void *win_setup(const struct tcase *c)
     case_cache_config(c, WIN_HEADS, n, case_seed(c), &f->cfg);
     f->cfg.recent_f16 = 1;
     f->cfg.sink_tokens = WIN_SINKS;
+    f->cfg.center_k = c->sh->center;
     gpu_rows_alloc(&f->r, c, n * WIN_HEADS, n * (size_t)f->Hq, f->d);
     return f;
 }
@@ -1612,7 +1620,8 @@ static const char *shape_label(const struct tcase *c, char *buf, size_t n)
         at += snprintf(buf + at, n - (size_t)at, " P=%d n=%zu", s->page_tokens ? s->page_tokens : KVQ_DEFAULT_PAGE_TOKENS,
                        s->n_tokens);
     if (c->op == OP_ATTEND || c->op == OP_ATTEND_WIN)
-        snprintf(buf + at, n - (size_t)at, " G=%d P=%d %s", s->G, s->page_tokens, kvq_rot_kind_name(s->rot));
+        snprintf(buf + at, n - (size_t)at, " G=%d P=%d %s%s", s->G, s->page_tokens, kvq_rot_kind_name(s->rot),
+                 s->center ? " centred" : "");
     if (c->op == OP_PREFILL)
         snprintf(buf + at, n - (size_t)at, " G=%d P=%d %s%s sinks=%d", s->G, s->page_tokens, kvq_rot_kind_name(s->rot),
                  s->window ? " window" : "", s->sinks);

@@ -231,13 +231,14 @@ static void test_sampled_identical(void)
 
 /* The same on the GPU: types k/v, the window as the kvq command sets it;
  * chosen as compare() takes it. */
-static void on_cuda(enum kvq_type k, enum kvq_type v, int sampled)
+static void on_cuda_centred(enum kvq_type k, enum kvq_type v, int sampled, int center)
 {
     struct kvq_batch_config bc;
     kvq_batch_config_default(&bc);
     bc.seq.device = KVQ_DEVICE_CUDA;
     bc.seq.type_k = k;
     bc.seq.type_v = v;
+    bc.seq.center_k = center;
     kvq_batch *b = NULL;
     kvq_error err = {0};
     kvq_status st = kvq_batch_create(model, &bc, &b, &err);
@@ -246,6 +247,11 @@ static void on_cuda(enum kvq_type k, enum kvq_type v, int sampled)
         SKIP("no CUDA device or build: %s", err.msg);
     CHECK_OK(st);
     compare(&bc.seq, sampled);
+}
+
+static void on_cuda(enum kvq_type k, enum kvq_type v, int sampled)
+{
+    on_cuda_centred(k, v, sampled, 0);
 }
 
 static void test_greedy_cuda(void)
@@ -257,6 +263,12 @@ static void test_greedy_cuda(void)
 static void test_greedy_cuda_compressed(void)
 {
     on_cuda(KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, GREEDY);
+}
+
+/* ... and with key centering: pages packed when they fill, by the step. */
+static void test_greedy_cuda_centred(void)
+{
+    on_cuda_centred(KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, GREEDY, 1);
 }
 
 /* Tokens drawn on the device in the step against host draws from each
@@ -387,6 +399,7 @@ int main(void)
     RUN(test_sampled_identical);
     RUN(test_greedy_cuda);
     RUN(test_greedy_cuda_compressed);
+    RUN(test_greedy_cuda_centred);
     RUN(test_sampled_cuda);
     RUN(test_page_pool);
     RUN(test_bad_steps);

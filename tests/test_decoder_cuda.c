@@ -48,6 +48,9 @@ static double now_s(void)
 }
 
 /* A sequence state; graphs: kvq_seq_config.cuda_graphs, fast: fast_prefill. */
+/* key centering (kvq_seq_config.center_k) of the sequences new_seq_opts makes */
+static int opt_center;
+
 static kvq_seq *new_seq_opts(enum kvq_device dev, enum kvq_type k, enum kvq_type v, int window, int sinks, int graphs,
                              int fast)
 {
@@ -60,6 +63,7 @@ static kvq_seq *new_seq_opts(enum kvq_device dev, enum kvq_type k, enum kvq_type
     sc.sink_tokens = sinks;
     sc.cuda_graphs = graphs;
     sc.fast_prefill = fast;
+    sc.center_k = opt_center;
     kvq_seq *s = NULL;
     kvq_error err = {0};
     CHECKF(kvq_seq_create(model, &sc, &s, &err) == KVQ_OK, "%s", err.msg);
@@ -216,15 +220,20 @@ static void test_ppl_matches_cpu(void)
         goto out;
     n = N;
     /* no window; the window (the default); the window and 4 sink tokens;
-     * the window with --fast-prefill (16-bit inputs to the chunks' products) */
-    static const int windows[] = {0, 1, 1, 1}, sinks[] = {0, 0, 4, 0}, fast[] = {0, 0, 0, 1};
-    for (int i = 0; i < 4; i++) {
+     * the window with --fast-prefill (16-bit inputs to the chunks' products);
+     * the window with key centering */
+    static const int windows[] = {0, 1, 1, 1, 1}, sinks[] = {0, 0, 4, 0, 0}, fast[] = {0, 0, 0, 1, 0},
+                     center[] = {0, 0, 0, 0, 1};
+    for (int i = 0; i < 5; i++) {
+        opt_center = center[i];
         kvq_seq *g = new_seq_opts(KVQ_DEVICE_CUDA, KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, windows[i], sinks[i], 1, fast[i]);
         kvq_seq *c = new_seq_sinks(KVQ_DEVICE_CPU, KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, windows[i], sinks[i]);
+        opt_center = 0;
         if (g && c) {
             double pg = exp(mean_nll(g, ids, n, logits, V)), pc = exp(mean_nll(c, ids, n, logits, V));
-            printf("  perplexity over %zu tokens, tq3j/tq3, window %d, sinks %d%s: GPU %.4f, CPU %.4f (%+.3f%%)\n", n,
-                   windows[i], sinks[i], fast[i] ? ", fast prefill" : "", pg, pc, 100.0 * (pg / pc - 1.0));
+            printf("  perplexity over %zu tokens, tq3j/tq3, window %d, sinks %d%s%s: GPU %.4f, CPU %.4f (%+.3f%%)\n",
+                   n, windows[i], sinks[i], fast[i] ? ", fast prefill" : "", center[i] ? ", centred keys" : "", pg, pc,
+                   100.0 * (pg / pc - 1.0));
             /* the bound is the 4K-token one: the sanitizer runs' 1024 tokens check
              * memory and races, and that the values are finite */
             if (small)
@@ -410,16 +419,19 @@ static void test_step_graphs(void)
         goto out;
     static const struct {
         enum kvq_type k, v;
-        int window, sinks;
-    } cfg[] = {{KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, 1, 0},
-               {KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, 1, 4},
-               {KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, 0, 0},
-               {KVQ_TYPE_F16, KVQ_TYPE_F16, 0, 0},
-               {KVQ_TYPE_F32, KVQ_TYPE_F32, 0, 0}};
+        int window, sinks, center;
+    } cfg[] = {{KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, 1, 0, 0},
+               {KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, 1, 4, 0},
+               {KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, 1, 0, 1},
+               {KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, 0, 0, 0},
+               {KVQ_TYPE_F16, KVQ_TYPE_F16, 0, 0, 0},
+               {KVQ_TYPE_F32, KVQ_TYPE_F32, 0, 0, 0}};
     for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
         kvq_seq *s[2]; /* graphs on, off */
+        opt_center = cfg[c].center;
         for (int g = 0; g < 2; g++)
             s[g] = new_seq_opts(KVQ_DEVICE_CUDA, cfg[c].k, cfg[c].v, cfg[c].window, cfg[c].sinks, !g, 0);
+        opt_center = 0;
         size_t differ = 0, steps = 0;
         for (int round = 0; round < 2 && s[0] && s[1]; round++) { /* the second after a reset */
             int32_t next = 0;
@@ -441,9 +453,9 @@ static void test_step_graphs(void)
         struct kvq_seq_stats st[2];
         kvq_seq_get_stats(s[0], &st[0]);
         kvq_seq_get_stats(s[1], &st[1]);
-        printf("  %s/%s window %d sinks %d: %zu decode steps, %zu as graphs, %zu with logits not bit-identical\n",
-               kvq_type_traits(cfg[c].k)->name, kvq_type_traits(cfg[c].v)->name, cfg[c].window, cfg[c].sinks, steps,
-               st[0].gpu_graph_steps, differ);
+        printf("  %s/%s window %d sinks %d%s: %zu decode steps, %zu as graphs, %zu with logits not bit-identical\n",
+               kvq_type_traits(cfg[c].k)->name, kvq_type_traits(cfg[c].v)->name, cfg[c].window, cfg[c].sinks,
+               cfg[c].center ? " centred" : "", steps, st[0].gpu_graph_steps, differ);
         CHECKF(differ == 0, "%zu of %zu steps differ with graphs", differ, steps);
         /* all but the timed steps (one in 16) and the first of each shape;
          * not under compute-sanitizer (small mode), where the f32 cache's

@@ -266,11 +266,6 @@ kvq_status kvq_kv_store_cuda_create(const struct kvq_kv_store_config *cfg, kvq_k
             }
         }
         cc.cache.max_bytes = 0;
-        if (cc.cache.center_k) {
-            cuda_free_store(&s->base);
-            return kvq_error_set(err, KVQ_ERR_UNSUPPORTED,
-                                 "key centering (--kv-center-k) has no GPU kernels yet: run it with --device cpu");
-        }
         kvq_status st = kvq_cuda_cache_create(&cc, &s->caches[l]);
         if (st != KVQ_OK) {
             cuda_free_store(&s->base);

@@ -41,6 +41,43 @@ struct ov_params {
     int seq[KVQ_CU_MAX_BATCH], se[KVQ_CU_MAX_BATCH], tl[KVQ_CU_MAX_BATCH], n[KVQ_CU_MAX_BATCH];
 };
 
+/* Key centering: gain[(b * Hq + h * G + g) * stride + page] = c q.m~ for the
+ * G queries of KV head h and every page of entry b's packed range
+ * [lo, len); blockIdx (h, b, z), a thread per page (a warp per page was
+ * bound by the latency of its three dependent loads). */
+__global__ void gain_kernel(const float *q, int Hq, int G, int d, kvq_dev_pages pg, batch_ids ids,
+                            uint64_t mean_off, uint32_t mean_bytes, float c, float *gain, size_t stride)
+{
+    extern __shared__ float qs[]; /* [G][d] */
+    const int h = blockIdx.x, b = blockIdx.y;
+    const int lo = ids.lo[b], hi = ids.len[b], P = (int)pg.page_tokens;
+    if (hi <= lo)
+        return;
+    for (int i = threadIdx.x; i < G * d; i += blockDim.x)
+        qs[i] = q[((size_t)b * Hq + (size_t)h * G) * d + i];
+    __syncthreads();
+    for (int page = lo / P + (int)(blockIdx.z * blockDim.x + threadIdx.x); page < (hi + P - 1) / P;
+         page += (int)(gridDim.z * blockDim.x)) {
+        const int32_t phys = pg.ptab[(size_t)ids.seq[b] * pg.max_pages_per_seq + (size_t)page];
+        /* 2-byte aligned: the section is 16-aligned, a block 2 + d / 2 bytes (d even) */
+        const uint16_t *w = reinterpret_cast<const uint16_t *>(pg.pool + (uint64_t)phys * pg.page_bytes + mean_off +
+                                                               (uint64_t)h * mean_bytes);
+        const float sc = kvq_f16_to_f32(w[0]);
+        for (int g = 0; g < G; g++) {
+            const float *qg = qs + g * d;
+            float a = 0.0f;
+            for (int j = 0; j < d; j += 4) {
+                const unsigned u = w[1 + j / 4]; /* codes j .. j + 3, a nibble each */
+                a = fmaf(qg[j], (float)((int)(u & 15u) - 8), a);
+                a = fmaf(qg[j + 1], (float)((int)(u >> 4 & 15u) - 8), a);
+                a = fmaf(qg[j + 2], (float)((int)(u >> 8 & 15u) - 8), a);
+                a = fmaf(qg[j + 3], (float)((int)(u >> 12) - 8), a);
+            }
+            gain[((size_t)b * Hq + (size_t)h * G + g) * stride + (size_t)page] = c * sc * a;
+        }
+    }
+}
+
 /* y = M x for a column-major dense matrix (M[i][j] at j * d + i), thread i. */
 __device__ float dense_row(const float *Mc, const float *x, int d, int i)
 {
@@ -420,6 +457,8 @@ struct ref_params {
     float *out;
     const float *xtra; /* f16 override partials (ov_kernel, natural units), NULL: none */
     float *part;       /* n_splits > 1: [entry][Hq][n_splits][2d + 2] partials (o, o_S, m, l) */
+    const float *gain; /* key centering: page scores per (entry, query head) (gain_kernel), NULL: none */
+    size_t gain_stride;
     int Hq, G, d, n_splits;
     batch_ids ids;
 };
@@ -498,6 +537,8 @@ kvq_status kvq_cu_attn_init(kvq_cuda_cache *c)
     KVQ_CU_TRY(cudaMalloc(&c->qprep_d, nb * H * G * 2 * (size_t)d * sizeof(float)));
     if (c->ov_rows)
         KVQ_CU_TRY(cudaMalloc(&c->xtra_d, nb * H * G * ((size_t)d + 2) * sizeof(float)));
+    if (c->center)
+        KVQ_CU_TRY(cudaMalloc(&c->gain_d, nb * H * G * c->max_pages_per_seq * sizeof(float)));
     /* f16 tables of the levels (the fused kernel: tq3; the prefill kernel:
      * any tq type) */
     c->alpha_k = c->dk.rotated ? codebook_alpha(c->dk.centroids, c->dk.levels) : 1.0f;
@@ -527,6 +568,7 @@ void kvq_cu_attn_free(kvq_cuda_cache *c)
 {
     cudaFree(c->qprep_d);
     cudaFree(c->xtra_d);
+    cudaFree(c->gain_d);
     cudaFree(c->qfrag_d);
     cudaFree(c->part_d);
     cudaFree(c->ref_part_d);
@@ -560,6 +602,27 @@ static void override_view(const kvq_cuda_cache *c, int seq, size_t n, int *se, i
     }
     *se = (int)s;
     *tl = (int)(t > s ? t : s);
+}
+
+/* Key centering: the page gains of entries 0..nb over their packed ranges
+ * [lo, hi), scores scaled by c (gain_kernel). A fixed grid for a batch size,
+ * so that a step graph's node keeps its shape. */
+static kvq_status launch_gain(kvq_cuda_cache *c, int nb, const int *seqs, const int *lo, const int *hi,
+                              const float *q, int Hq, float scale)
+{
+    batch_ids ids;
+    memset(&ids, 0, sizeof ids);
+    for (int i = 0; i < nb; i++) {
+        ids.seq[i] = seqs[i];
+        ids.lo[i] = lo[i];
+        ids.len[i] = hi[i];
+    }
+    const int H = c->cfg.cache.n_kv_heads, G = Hq / H, d = c->cfg.cache.head_dim;
+    const int z = (int)((c->max_pages_per_seq + 127) / 128); /* every page of the longest sequence */
+    return kvq_cu_launch(c->step, false, gain_kernel, dim3((unsigned)H, (unsigned)nb, (unsigned)z), dim3(128),
+                         (size_t)G * d * sizeof(float), c->stream, q, Hq, G, d, kvq_cu_pages_of(c), ids,
+                         (uint64_t)c->layout.mean_off, c->layout.mean_bytes, scale, c->gain_d,
+                         c->max_pages_per_seq);
 }
 
 /* Launches the attention over the override rows of entries 0..nb (xtra). */
@@ -639,6 +702,12 @@ static kvq_status attend_fused(kvq_cuda_cache *c, int nb, const int *seqs, const
         p.seq[i] = seqs[i];
         p.lo[i] = lo[i];
         p.len[i] = hi[i];
+    }
+    if (c->center) {
+        KVQ_CU_RET(launch_gain(c, nb, seqs, lo, hi, q, Hq, scale * kLog2e));
+        p.gain = c->gain_d;
+        p.gain_stride = (int)c->max_pages_per_seq;
+        p.Hq = Hq;
     }
     prep_call pc;
     pc.q = q;
@@ -720,6 +789,11 @@ static kvq_status attend_cores(kvq_cuda_cache *c, int nb, const int *seqs, const
         rp.ids.seq[i] = seqs[i];
         rp.ids.lo[i] = lo[i];
         rp.ids.len[i] = hi[i];
+    }
+    if (c->center) { /* the cores' scores are in natural units */
+        KVQ_CU_RET(launch_gain(c, nb, seqs, lo, hi, q, Hq, scale));
+        rp.gain = c->gain_d;
+        rp.gain_stride = c->max_pages_per_seq;
     }
     rp.part = c->ref_part_d;
     /* the group kernel writes a partial per query head and split: the

@@ -159,6 +159,7 @@ void kvq_cuda_cache_free(kvq_cuda_cache *c)
     cudaFree(c->ov_k_d);
     cudaFree(c->ov_v_d);
     free(c->ring_lo);
+    free(c->packed_len);
     free(c->ptab_h);
     free(c->len);
     free(c->n_pages);
@@ -177,7 +178,10 @@ static kvq_status tok_reserve(kvq_cuda_cache *c, size_t n)
     size_t cap = c->tok_cap ? c->tok_cap : 256;
     while (cap < n)
         cap *= 2;
-    int32_t *h = (int32_t *)realloc(c->tok_h, 4 * cap * sizeof(int32_t));
+    /* per token: page, slot, sequence, override row; then up to cap + 2
+     * key-centering jobs (kvq_cu_pack_job) */
+    const size_t words = 4 * cap + 8 * (cap + 2);
+    int32_t *h = (int32_t *)realloc(c->tok_h, words * sizeof(int32_t));
     if (!h)
         return KVQ_ERR_NOMEM;
     c->tok_h = h;
@@ -186,8 +190,8 @@ static kvq_status tok_reserve(kvq_cuda_cache *c, size_t n)
     c->tok_d = NULL;
     c->tok_pin = NULL;
     c->tok_cap = 0;
-    KVQ_CU_TRY(cudaMalloc(&c->tok_d, 4 * cap * sizeof(int32_t)));
-    KVQ_CU_TRY(cudaHostAlloc(&c->tok_pin, 4 * cap * sizeof(int32_t), cudaHostAllocDefault));
+    KVQ_CU_TRY(cudaMalloc(&c->tok_d, words * sizeof(int32_t)));
+    KVQ_CU_TRY(cudaHostAlloc(&c->tok_pin, words * sizeof(int32_t), cudaHostAllocDefault));
     c->tok_cap = cap;
     return KVQ_OK;
 }
@@ -248,7 +252,9 @@ static kvq_status cache_init(kvq_cuda_cache *c)
     c->ring = cfg->cache.recent_f16 ? (int)(2 * P + KVQ_CACHE_F16_SLACK) : 0;
     c->ov_rows = c->sink_rows + c->ring;
     c->ring_lo = (size_t *)calloc((size_t)cfg->max_seqs, sizeof(size_t));
-    if (!c->ring_lo)
+    c->center = cfg->cache.center_k;
+    c->packed_len = (size_t *)calloc((size_t)cfg->max_seqs, sizeof(size_t));
+    if (!c->ring_lo || !c->packed_len)
         return KVQ_ERR_NOMEM;
     if (c->ov_rows) {
         const size_t ov = (size_t)cfg->max_seqs * (size_t)c->ov_rows * (size_t)cfg->cache.n_kv_heads *
@@ -300,8 +306,7 @@ kvq_status kvq_cuda_cache_create(const struct kvq_cuda_cache_config *cfg, kvq_cu
      * device kernels yet (the rotated ones would need the query rotation of
      * the tq path with the baseline block readers, q4_1/q5_x their own block
      * readers, the wide codebooks wider centroid tables). */
-    if (kvq_layout_cpu_only((int)cfg->cache.type_k) || kvq_layout_cpu_only((int)cfg->cache.type_v) ||
-        cfg->cache.center_k) /* key centering: CPU only for now */
+    if (kvq_layout_cpu_only((int)cfg->cache.type_k) || kvq_layout_cpu_only((int)cfg->cache.type_v))
         return KVQ_ERR_UNSUPPORTED;
     if (kvq_cuda_require_device() != KVQ_OK)
         return KVQ_ERR_NO_DEVICE;
@@ -471,6 +476,7 @@ kvq_status kvq_cuda_cache_share(kvq_cuda_cache *c, int dst, int src, size_t n_to
                                    sinks * row * sizeof(uint16_t), cudaMemcpyDeviceToDevice, c->stream));
     }
     c->len[dst] = n_tokens;
+    c->packed_len[dst] = n_tokens; /* whole pages: their keys are encoded */
     c->ring_lo[dst] = n_tokens; /* a whole-page view reads no recent copy, as on the CPU */
     return KVQ_OK;
 }
@@ -480,6 +486,7 @@ kvq_status kvq_cuda_cache_truncate(kvq_cuda_cache *c, int seq, size_t n)
     if (!c || seq < 0 || seq >= c->cfg.max_seqs || n > c->len[seq])
         return KVQ_ERR_INVALID_ARG;
     c->len[seq] = n;
+    c->packed_len[seq] = c->packed_len[seq] < n ? c->packed_len[seq] : n; /* a page keeps its mean */
     /* ring rows from n on are rewritten before anything reads them; rows
      * below ring_lo may be stale */
     c->ring_lo[seq] = c->ring_lo[seq] < n ? c->ring_lo[seq] : n;
@@ -508,12 +515,37 @@ static void ring_advance(kvq_cuda_cache *c, int seq, size_t end)
         c->ring_lo[seq] = end - (size_t)c->ring;
 }
 
+/* Key centering: the pack jobs (kvq_cu_pack_job) that bring seq's encoded
+ * keys up to token end after an append of tokens [in_first, end), input rows
+ * from in_row on; as the CPU's pack_keys, a page is packed when it fills, or
+ * at once where it already has its mean (after a truncation into it).
+ * @return the jobs written to jobs; *packed: the new packed length. */
+static int plan_pack(const kvq_cuda_cache *c, int seq, size_t end, size_t in_first, int in_row,
+                     kvq_cu_pack_job *jobs, size_t *packed)
+{
+    const size_t P = c->layout.page_tokens;
+    const int32_t *tab = c->ptab_h + (size_t)seq * c->max_pages_per_seq;
+    size_t pl = c->packed_len[seq];
+    int n = 0;
+    while (pl < end) {
+        const size_t page = pl / P, p0 = page * P, stop = p0 + P < end ? p0 + P : end;
+        const int fresh = pl == p0;
+        if (fresh && p0 + P > end)
+            break;
+        jobs[n++] = kvq_cu_pack_job{seq, tab[page], (int32_t)p0, (int32_t)pl, (int32_t)stop, fresh,
+                                     (int32_t)in_first, in_row};
+        pl = stop;
+    }
+    *packed = pl;
+    return n;
+}
+
 /* Encodes n tokens whose pages, slots, sequences and override rows the
  * caller put in tok_h ([0, n), [n, 2n), [2n, 3n), [3n, 4n)). With the input check on, the check kernel's verdict goes
  * to the encode kernel on the device (a refused input writes nothing), and
  * the one host synchronisation of the call comes after both.
  * @return KVQ_OK; KVQ_ERR_NONFINITE / KVQ_ERR_RANGE (nothing written). */
-static kvq_status encode_mapped(kvq_cuda_cache *c, size_t n, const float *k, const float *v)
+static kvq_status encode_mapped(kvq_cuda_cache *c, size_t n, const float *k, const float *v, int n_jobs)
 {
     const int check = c->cfg.check_input;
     if (check) {
@@ -527,7 +559,7 @@ static kvq_status encode_mapped(kvq_cuda_cache *c, size_t n, const float *k, con
      * an event guard measured no faster: docs/history/attention-cuda.md,
      * seventh pass). A step graph's copy reads its source when the graph
      * runs: pinned tok_pin, which no other call of the step rewrites. */
-    const size_t words = c->ov_rows ? 4 * n : 2 * n;
+    const size_t words = c->ov_rows ? 4 * n + 8 * (size_t)n_jobs : 2 * n; /* jobs: center_k needs the ring */
     if (kvq_cuda_step_mode(c->step) != KVQ_CUDA_STEP_OFF) {
         if (check)
             return KVQ_ERR_INVALID_ARG;
@@ -536,8 +568,12 @@ static kvq_status encode_mapped(kvq_cuda_cache *c, size_t n, const float *k, con
     } else {
         KVQ_CU_TRY(cudaMemcpyAsync(c->tok_d, c->tok_h, words * sizeof(int32_t), cudaMemcpyHostToDevice, c->stream));
     }
-    kvq_status st = kvq_cu_encode_rows(c, n, k, v, c->tok_d, c->tok_d + n, c->tok_d + 2 * n, c->tok_d + 3 * n,
-                                       check ? c->flag_d : NULL);
+    /* the keys of filled pages first: they read ring rows the encode kernel may overwrite */
+    kvq_status st = kvq_cu_pack_keys(c, n_jobs, reinterpret_cast<const kvq_cu_pack_job *>(c->tok_d + 4 * n), k,
+                                     check ? c->flag_d : NULL);
+    if (st == KVQ_OK)
+        st = kvq_cu_encode_rows(c, n, k, v, c->tok_d, c->tok_d + n, c->tok_d + 2 * n, c->tok_d + 3 * n,
+                                check ? c->flag_d : NULL);
     if (st != KVQ_OK || !check)
         return st;
     int flag = 0;
@@ -561,6 +597,7 @@ kvq_status kvq_cuda_cache_append(kvq_cuda_cache *c, int seq, size_t n_tokens, co
     if (pages_short(c, seq, len + n_tokens) > c->n_free)
         return KVQ_ERR_BUDGET;
     const size_t P = c->layout.page_tokens;
+    size_t packed = 0;
     kvq_status st = tok_reserve(c, n_tokens);
     if (st == KVQ_OK)
         st = grow_pages(c, seq, len + n_tokens);
@@ -572,12 +609,18 @@ kvq_status kvq_cuda_cache_append(kvq_cuda_cache *c, int seq, size_t n_tokens, co
             c->tok_h[2 * n_tokens + i] = seq;
             c->tok_h[3 * n_tokens + i] = override_row(c, len + i, len + n_tokens);
         }
-        st = encode_mapped(c, n_tokens, k_dev, v_dev);
+        int n_jobs = 0;
+        if (c->center)
+            n_jobs = plan_pack(c, seq, len + n_tokens, len, 0,
+                               reinterpret_cast<kvq_cu_pack_job *>(c->tok_h + 4 * n_tokens), &packed);
+        st = encode_mapped(c, n_tokens, k_dev, v_dev, n_jobs);
     }
     if (st != KVQ_OK) {
         shrink_pages(c, seq, len); /* all or nothing: the pages taken go back */
         return st;
     }
+    if (c->center)
+        c->packed_len[seq] = packed;
     c->len[seq] = len + n_tokens;
     ring_advance(c, seq, len + n_tokens);
     return KVQ_OK;
@@ -618,7 +661,16 @@ kvq_status kvq_cuda_cache_append_batch(kvq_cuda_cache *c, int n_seqs, const int 
             c->tok_h[2 * n_seqs + i] = seqs[i];
             c->tok_h[3 * n_seqs + i] = override_row(c, pos, pos + 1);
         }
-        st = encode_mapped(c, (size_t)n_seqs, k_dev, v_dev);
+        /* centring: one job per sequence, empty where no page fills, so that a
+         * step graph's launch keeps its shape */
+        kvq_cu_pack_job *jobs = reinterpret_cast<kvq_cu_pack_job *>(c->tok_h + 4 * (size_t)n_seqs);
+        for (int i = 0; i < n_seqs && c->center; i++) {
+            const size_t pos = c->len[seqs[i]];
+            size_t packed;
+            if (plan_pack(c, seqs[i], pos + 1, pos, i, jobs + i, &packed) == 0)
+                jobs[i] = kvq_cu_pack_job{seqs[i], 0, 0, 0, 0, 0, 0, 0};
+        }
+        st = encode_mapped(c, (size_t)n_seqs, k_dev, v_dev, c->center ? n_seqs : 0);
     }
     if (st != KVQ_OK) {
         for (int i = 0; i < n_seqs; i++) /* all or nothing: the pages taken go back */
@@ -626,6 +678,12 @@ kvq_status kvq_cuda_cache_append_batch(kvq_cuda_cache *c, int n_seqs, const int 
         return st;
     }
     for (int i = 0; i < n_seqs; i++) {
+        if (c->center) {
+            kvq_cu_pack_job j;
+            size_t packed;
+            (void)plan_pack(c, seqs[i], c->len[seqs[i]] + 1, c->len[seqs[i]], i, &j, &packed);
+            c->packed_len[seqs[i]] = packed;
+        }
         c->len[seqs[i]]++;
         ring_advance(c, seqs[i], c->len[seqs[i]]);
     }
@@ -672,6 +730,9 @@ static void page_convert(const kvq_cuda_cache *c, const uint8_t *src, uint8_t *d
             }
         }
     }
+    if (L->mean_bytes) /* key means: the same bytes in both layouts */
+        memcpy(to_device ? dev + L->mean_off : host + L->mean_off, to_device ? host + L->mean_off : dev + L->mean_off,
+               L->page_bytes - L->mean_off);
 }
 
 static kvq_status page_index(const kvq_cuda_cache *c, int seq, size_t i, int32_t *page)

@@ -110,9 +110,139 @@ struct ov_dst {
     uint16_t *k, *v;
 };
 
+/* One row x (global or shared memory) of codec cd into row, by one warp:
+ * f32 and f16 copied, tq types encoded (codes, norms, QJL signs). buf0 and
+ * buf1 hold d floats each, idx and sgn d bytes each (the warp's own). */
+__device__ void encode_row(const kvq_dev_codec &cd, const float *x, kvq_row row, float *buf0, float *buf1,
+                           uint8_t *idx, uint8_t *sgn, int lane)
+{
+    const int d = cd.dim;
+    uint8_t *codes = row.codes;
+    if (cd.type == KVQ_TYPE_F32) {
+        for (int j = lane; j < d; j += 32)
+            reinterpret_cast<float *>(codes)[j] = x[j];
+        return;
+    }
+    if (cd.type == KVQ_TYPE_F16) {
+        for (int j = lane; j < d; j += 32)
+            reinterpret_cast<uint16_t *>(codes)[j] = kvq_f32_to_f16(x[j]);
+        return;
+    }
+    /* tq types: the codes into idx, the QJL signs into sgn, then packed */
+    const bool fast = d == 128 && rot128_ok(cd.R) && (!cd.qjl || rot128_ok(cd.S));
+    float sg_r[kRot128Pre][4], sg_s[kRot128Pre][4], v[4];
+    if (fast) { /* the tables' loads issued with the row's: one memory latency, not one per round */
+        rot128_load_signs(cd.R, sg_r, lane);
+        if (cd.qjl)
+            rot128_load_signs(cd.S, sg_s, lane);
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            buf0[lane + 32 * k] = v[k] = x[lane + 32 * k];
+    } else {
+        for (int j = lane; j < d; j += 32)
+            buf0[j] = x[j];
+    }
+    __syncwarp();
+    const float n = warp_norm(buf0, d, lane);
+    uint8_t *norm_p = reinterpret_cast<uint8_t *>(row.norm);
+    uint8_t *rnorm_p = cd.qjl ? reinterpret_cast<uint8_t *>(row.rnorm) : NULL;
+    uint8_t *signs = cd.qjl ? row.signs : NULL;
+    const int code_bytes = d * cd.bits / 8;
+    if (n == 0.0f) { /* the all-zero row */
+        if (lane == 0) {
+            store_u16(norm_p, 0);
+            if (rnorm_p)
+                store_u16(rnorm_p, 0);
+        }
+        for (int b = lane; b < code_bytes; b += 32)
+            codes[b] = 0;
+        if (signs)
+            for (int b = lane; b < d / 8; b += 32)
+                signs[b] = 0;
+        __syncwarp();
+        return;
+    }
+    const float inv = __frcp_rn(n);
+    float gamma = 0.0f;
+    if (fast) {
+        /* the same operations as below in registers (rot128_apply is
+         * warp_rotate's butterflies in its order): the same bytes */
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            v[k] = __fmul_rn(v[k], inv);
+        rot128_apply(cd.R, sg_r, v, lane);
+        int c[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            c[k] = 0;
+            for (int i = 0; i + 1 < cd.levels; i++)
+                c[k] += v[k] > cd.boundaries[i];
+            idx[lane + 32 * k] = (uint8_t)c[k];
+        }
+        if (cd.qjl) {
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                buf1[lane + 32 * k] = v[k] = __fsub_rn(v[k], cd.centroids[c[k]]);
+            __syncwarp();
+            gamma = warp_norm(buf1, d, lane);
+            rot128_apply(cd.S, sg_s, v, lane);
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                sgn[lane + 32 * k] = !(v[k] < 0.0f);
+        }
+        __syncwarp();
+    } else {
+        for (int j = lane; j < d; j += 32)
+            buf0[j] = __fmul_rn(buf0[j], inv);
+        __syncwarp();
+        float *y = warp_rotate(cd.R, buf0, buf1, lane);
+        for (int j = lane; j < d; j += 32) {
+            int c = 0;
+            for (int i = 0; i + 1 < cd.levels; i++)
+                c += y[j] > cd.boundaries[i];
+            idx[j] = (uint8_t)c;
+        }
+        __syncwarp();
+        if (cd.qjl) {
+            for (int j = lane; j < d; j += 32)
+                y[j] = __fsub_rn(y[j], cd.centroids[idx[j]]);
+            __syncwarp();
+            gamma = warp_norm(y, d, lane);
+            float *z = warp_rotate(cd.S, y, y == buf0 ? buf1 : buf0, lane);
+            for (int j = lane; j < d; j += 32)
+                sgn[j] = !(z[j] < 0.0f);
+            __syncwarp();
+        }
+    }
+    const bool dev_order = kvq_dev_order(cd.type); /* 3-bit codes: kvq_layout.h's device order */
+    for (int b = lane; b < code_bytes; b += 32) {
+        unsigned byte = 0;
+        for (int i = 0; i < 8; i++) {
+            const int pos = 8 * b + i;
+            int bit = pos % cd.bits;
+            const int j = dev_order ? kvq_dev_bitsrc(d, (uint32_t)pos, &bit) : pos / cd.bits;
+            byte |= ((unsigned)(idx[j] >> bit) & 1u) << i;
+        }
+        codes[b] = (uint8_t)byte;
+    }
+    if (cd.qjl)
+        for (int b = lane; b < d / 8; b += 32) {
+            unsigned byte = 0;
+            for (int i = 0; i < 8; i++)
+                byte |= (unsigned)sgn[8 * b + i] << i;
+            signs[b] = (uint8_t)byte;
+        }
+    if (lane == 0) {
+        store_u16(norm_p, kvq_f32_to_f16(n));
+        if (rnorm_p)
+            store_u16(rnorm_p, kvq_f32_to_f16(gamma));
+    }
+    __syncwarp();
+}
+
 __global__ void encode_kernel(int64_t n_rows, const float *k, const float *v, kvq_dev_codec ck, kvq_dev_codec cv,
                               kvq_dev_pages pg, const int32_t *tok_page, const int32_t *tok_slot, ov_dst ov,
-                              const int *flag)
+                              int skip_k, const int *flag)
 {
     if (flag && *flag) /* the input check refused a row: write nothing */
         return;
@@ -126,9 +256,7 @@ __global__ void encode_kernel(int64_t n_rows, const float *k, const float *v, kv
 
     for (int64_t r = (int64_t)blockIdx.x * kWarps + warp; r < n_rows; r += (int64_t)gridDim.x * kWarps) {
         row_ref rr = locate(r, k, v, ck, cv, pg, tok_page, tok_slot);
-        const kvq_dev_codec &cd = *rr.cd;
-        const int d = cd.dim;
-        uint8_t *codes = rr.row.codes;
+        const int d = rr.cd->dim;
         if (ov.row) { /* in the same launch: one kernel less per layer and step */
             const int64_t th = r >> 1, tok = th / pg.n_kv_heads;
             const int32_t orow = ov.row[tok];
@@ -141,125 +269,86 @@ __global__ void encode_kernel(int64_t n_rows, const float *k, const float *v, kv
             }
         }
 
-        if (cd.type == KVQ_TYPE_F32) {
-            for (int j = lane; j < d; j += 32)
-                reinterpret_cast<float *>(codes)[j] = rr.x[j];
-            continue;
+        if (skip_k && !(r & 1))
+            continue; /* key centering: the key waits for its page (pack_kernel) */
+        encode_row(*rr.cd, rr.x, rr.row, buf0, buf1, idx, sgn, lane);
+    }
+}
+
+/* Key centering (kvq_layout.h, "key means"; the CPU's pack_keys in
+ * kvq/cache/cache.c, operation for operation): block (head, job) encodes the
+ * keys [from, to) of one page against its mean, computing and storing the
+ * mean first when the job is fresh. A key is read as its f16 rounding: from
+ * the appended rows k (tokens from in_first on, row in_row first) or else
+ * from the sequence's ring row, which the append's encode kernel (launched
+ * after this one) has not overwritten yet. */
+__device__ float centred_source(const kvq_cu_pack_job &J, int t, int h, int j, const float *k, int H, int d,
+                                const uint16_t *ov_k, int ov_rows, int sink_rows, int ring)
+{
+    if (t >= J.in_first)
+        return __half2float(__float2half_rn(k[((int64_t)(J.in_row + t - J.in_first) * H + h) * d + j]));
+    /* a sink token's only f16 copy is its sink row (override_row in cuda_cache.cu) */
+    const int64_t row = t < sink_rows ? t : sink_rows + t % ring;
+    const uint16_t *r = ov_k + (((int64_t)J.seq * ov_rows + row) * H + h) * d;
+    return __half2float(__ushort_as_half(r[j]));
+}
+
+__global__ void pack_kernel(const kvq_cu_pack_job *jobs, const float *k, kvq_dev_codec ck, kvq_dev_pages pg,
+                            uint64_t mean_off, uint32_t mean_bytes, const uint16_t *ov_k, int ov_rows, int sink_rows,
+                            int ring, const int *flag)
+{
+    if (flag && *flag)
+        return;
+    const kvq_cu_pack_job J = jobs[blockIdx.y];
+    if (J.to <= J.from)
+        return;
+    extern __shared__ float smem_f[];
+    const int h = blockIdx.x, d = ck.dim, H = (int)pg.n_kv_heads, P = (int)pg.page_tokens;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float *mean = smem_f, *x = mean + d + warp * 3 * d, *buf0 = x + d, *buf1 = buf0 + d;
+    uint8_t *idx = reinterpret_cast<uint8_t *>(smem_f + d + kWarps * 3 * d) + warp * 2 * d, *sgn = idx + d;
+    uint8_t *page = pg.pool + (uint64_t)J.page * pg.page_bytes;
+    uint8_t *blk = page + mean_off + (uint64_t)h * mean_bytes;
+    __shared__ float scale_s;
+    if (J.fresh) {
+        for (int j = threadIdx.x; j < d; j += blockDim.x) {
+            float s = 0.0f;
+            for (int t = J.p0; t < J.p0 + P; t++)
+                s = __fadd_rn(s, centred_source(J, t, h, j, k, H, d, ov_k, ov_rows, sink_rows, ring));
+            mean[j] = __fdiv_rn(s, (float)P);
         }
-        if (cd.type == KVQ_TYPE_F16) {
-            for (int j = lane; j < d; j += 32)
-                reinterpret_cast<uint16_t *>(codes)[j] = kvq_f32_to_f16(rr.x[j]);
-            continue;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float mx = 0.0f;
+            for (int j = 0; j < d; j++)
+                mx = fabsf(mean[j]) > mx ? fabsf(mean[j]) : mx;
+            const uint16_t sh = kvq_f32_to_f16(__fdiv_rn(mx, 7.0f));
+            blk[0] = (uint8_t)(sh & 255);
+            blk[1] = (uint8_t)(sh >> 8);
+            scale_s = kvq_f16_to_f32(sh);
         }
-        /* tq types: the codes into idx, the QJL signs into sgn, then packed */
-        const bool fast = d == 128 && rot128_ok(cd.R) && (!cd.qjl || rot128_ok(cd.S));
-        float sg_r[kRot128Pre][4], sg_s[kRot128Pre][4], v[4];
-        if (fast) { /* the tables' loads issued with the row's: one memory latency, not one per round */
-            rot128_load_signs(cd.R, sg_r, lane);
-            if (cd.qjl)
-                rot128_load_signs(cd.S, sg_s, lane);
-#pragma unroll
-            for (int k = 0; k < 4; k++)
-                buf0[lane + 32 * k] = v[k] = rr.x[lane + 32 * k];
-        } else {
-            for (int j = lane; j < d; j += 32)
-                buf0[j] = rr.x[j];
-        }
-        __syncwarp();
-        const float n = warp_norm(buf0, d, lane);
-        uint8_t *norm_p = reinterpret_cast<uint8_t *>(rr.row.norm);
-        uint8_t *rnorm_p = cd.qjl ? reinterpret_cast<uint8_t *>(rr.row.rnorm) : NULL;
-        uint8_t *signs = cd.qjl ? rr.row.signs : NULL;
-        const int code_bytes = d * cd.bits / 8;
-        if (n == 0.0f) { /* the all-zero row */
-            if (lane == 0) {
-                store_u16(norm_p, 0);
-                if (rnorm_p)
-                    store_u16(rnorm_p, 0);
-            }
-            for (int b = lane; b < code_bytes; b += 32)
-                codes[b] = 0;
-            if (signs)
-                for (int b = lane; b < d / 8; b += 32)
-                    signs[b] = 0;
-            __syncwarp();
-            continue;
-        }
-        const float inv = __frcp_rn(n);
-        float gamma = 0.0f;
-        if (fast) {
-            /* the same operations as below in registers (rot128_apply is
-             * warp_rotate's butterflies in its order): the same bytes */
-#pragma unroll
-            for (int k = 0; k < 4; k++)
-                v[k] = __fmul_rn(v[k], inv);
-            rot128_apply(cd.R, sg_r, v, lane);
-            int c[4];
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                c[k] = 0;
-                for (int i = 0; i + 1 < cd.levels; i++)
-                    c[k] += v[k] > cd.boundaries[i];
-                idx[lane + 32 * k] = (uint8_t)c[k];
-            }
-            if (cd.qjl) {
-#pragma unroll
-                for (int k = 0; k < 4; k++)
-                    buf1[lane + 32 * k] = v[k] = __fsub_rn(v[k], cd.centroids[c[k]]);
-                __syncwarp();
-                gamma = warp_norm(buf1, d, lane);
-                rot128_apply(cd.S, sg_s, v, lane);
-#pragma unroll
-                for (int k = 0; k < 4; k++)
-                    sgn[lane + 32 * k] = !(v[k] < 0.0f);
-            }
-            __syncwarp();
-        } else {
-            for (int j = lane; j < d; j += 32)
-                buf0[j] = __fmul_rn(buf0[j], inv);
-            __syncwarp();
-            float *y = warp_rotate(cd.R, buf0, buf1, lane);
-            for (int j = lane; j < d; j += 32) {
-                int c = 0;
-                for (int i = 0; i + 1 < cd.levels; i++)
-                    c += y[j] > cd.boundaries[i];
-                idx[j] = (uint8_t)c;
-            }
-            __syncwarp();
-            if (cd.qjl) {
-                for (int j = lane; j < d; j += 32)
-                    y[j] = __fsub_rn(y[j], cd.centroids[idx[j]]);
-                __syncwarp();
-                gamma = warp_norm(y, d, lane);
-                float *z = warp_rotate(cd.S, y, y == buf0 ? buf1 : buf0, lane);
-                for (int j = lane; j < d; j += 32)
-                    sgn[j] = !(z[j] < 0.0f);
-                __syncwarp();
-            }
-        }
-        const bool dev_order = kvq_dev_order(cd.type); /* 3-bit codes: kvq_layout.h's device order */
-        for (int b = lane; b < code_bytes; b += 32) {
+        __syncthreads();
+        const float sc = scale_s;
+        for (int b = threadIdx.x; 2 * b < d; b += blockDim.x) {
             unsigned byte = 0;
-            for (int i = 0; i < 8; i++) {
-                const int pos = 8 * b + i;
-                int bit = pos % cd.bits;
-                const int j = dev_order ? kvq_dev_bitsrc(d, (uint32_t)pos, &bit) : pos / cd.bits;
-                byte |= ((unsigned)(idx[j] >> bit) & 1u) << i;
+            for (int i = 0; i < 2 && 2 * b + i < d; i++) {
+                int q = sc > 0.0f ? __float2int_rn(__fdiv_rn(mean[2 * b + i], sc)) : 0;
+                q = q < -8 ? -8 : q > 7 ? 7 : q;
+                byte |= (unsigned)(q + 8) << (4 * i);
             }
-            codes[b] = (uint8_t)byte;
+            blk[2 + b] = (uint8_t)byte;
         }
-        if (cd.qjl)
-            for (int b = lane; b < d / 8; b += 32) {
-                unsigned byte = 0;
-                for (int i = 0; i < 8; i++)
-                    byte |= (unsigned)sgn[8 * b + i] << i;
-                signs[b] = (uint8_t)byte;
-            }
-        if (lane == 0) {
-            store_u16(norm_p, kvq_f32_to_f16(n));
-            if (rnorm_p)
-                store_u16(rnorm_p, kvq_f32_to_f16(gamma));
-        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0)
+        kvq_key_mean_decode(blk, d, mean);
+    __syncthreads();
+    for (int t = J.from + warp; t < J.to; t += kWarps) {
+        for (int j = lane; j < d; j += 32)
+            x[j] = __fsub_rn(centred_source(J, t, h, j, k, H, d, ov_k, ov_rows, sink_rows, ring), mean[j]);
+        __syncwarp();
+        encode_row(ck, x, kvq_dev_row(&pg.dl, page, 0, (uint32_t)h, (uint32_t)(t - J.p0)), buf0, buf1, idx, sgn,
+                   lane);
         __syncwarp();
     }
 }
@@ -292,6 +381,21 @@ kvq_status kvq_cu_encode_rows(const kvq_cuda_cache *c, size_t n_tokens, const fl
     const size_t smem = (size_t)kWarps * c->dk.dim * (2 * sizeof(float) + 2);
     const ov_dst ov = {c->ov_rows ? tok_seq_d : NULL, c->ov_rows ? tok_row_d : NULL, c->ov_rows, c->ov_k_d, c->ov_v_d};
     return kvq_cu_launch(c->step, false, encode_kernel, dim3((unsigned)grid_for(n_rows)), dim3(kWarps * 32), smem,
-                         c->stream, n_rows, k, v, c->dk, c->dv, kvq_cu_pages_of(c), tok_page_d, tok_slot_d, ov, flag_d);
+                         c->stream, n_rows, k, v, c->dk, c->dv, kvq_cu_pages_of(c), tok_page_d, tok_slot_d, ov,
+                         c->center, flag_d);
+}
+
+kvq_status kvq_cu_pack_keys(const kvq_cuda_cache *c, int n_jobs, const kvq_cu_pack_job *jobs_d, const float *k,
+                            const int *flag_d)
+{
+    if (n_jobs == 0)
+        return KVQ_OK;
+    const int d = c->dk.dim;
+    const size_t smem = ((size_t)d + kWarps * 3 * (size_t)d) * sizeof(float) + kWarps * 2 * (size_t)d;
+    const int H = c->cfg.cache.n_kv_heads;
+    return kvq_cu_launch(c->step, false, pack_kernel, dim3((unsigned)H, (unsigned)n_jobs), dim3(kWarps * 32), smem,
+                         c->stream, jobs_d, k, c->dk, kvq_cu_pages_of(c), (uint64_t)c->layout.mean_off,
+                         c->layout.mean_bytes, (const uint16_t *)c->ov_k_d, c->ov_rows, c->sink_rows,
+                         c->ring ? c->ring : 1, flag_d);
 }
 

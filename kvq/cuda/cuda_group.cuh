@@ -164,6 +164,14 @@ __global__ void __launch_bounds__(128) group_kernel(const __grid_constant__ ref_
 #pragma unroll
             for (int g = 0; g < kMaxG; g++)
                 sc[g] = KT == K_F16 ? a[g] : nk * fmaf(gam, z[g], a[g]);
+            if (p.gain) { /* key centering: the page's q.m~ */
+                const float *gp = p.gain + ((size_t)b * p.Hq + (size_t)h * G) * p.gain_stride +
+                                  (uint32_t)tok / pg.page_tokens;
+#pragma unroll
+                for (int g = 0; g < kMaxG; g++)
+                    if (g < G)
+                        sc[g] += gp[(size_t)g * p.gain_stride];
+            }
         } else {
 #pragma unroll
             for (int g = 0; g < kMaxG; g++)

@@ -127,7 +127,14 @@ struct kvq_cuda_cache {
     float alpha_k, alpha_v;  /* codebook scales of the fused kernel's f16 tables */
     float int_scale_k;       /* fixed-point scale of the integer key scores' K table (1 for f16 K) */
     int n_sm;
-    int cc_major;            /* compute capability (programmatic dependent launch needs 9) */
+    int cc_major;
+    /* key centering (cfg.cache.center_k): keys of tokens [0, packed_len[seq])
+     * are encoded, the rest wait in the ring for their page to fill; the
+     * attention kernels add gain_d[(entry * Hq + hq) * max_pages_per_seq + page]
+     * (q . m~ of the page, scaled as the kernel's scores) */
+    int center;
+    size_t *packed_len;
+    float *gain_d;            /* compute capability (programmatic dependent launch needs 9) */
 };
 
 struct kvq_dev_pages kvq_cu_pages_of(const kvq_cuda_cache *c);
@@ -150,6 +157,21 @@ kvq_status kvq_cu_check_rows(const kvq_cuda_cache *c, size_t n_tokens, const flo
 kvq_status kvq_cu_encode_rows(const kvq_cuda_cache *c, size_t n_tokens, const float *k, const float *v,
                               const int32_t *tok_page_d, const int32_t *tok_slot_d, const int32_t *tok_seq_d,
                               const int32_t *tok_row_d, const int *flag_d);
+
+/* Key centering: one page's keys to encode (cuda_encode.cu, pack_kernel):
+ * tokens [from, to) of sequence seq in pool page `page`, whose first token
+ * is p0; fresh: the page gets its mean first (from == p0, to == p0 + P).
+ * The call's appended keys start at token in_first of seq, input row
+ * in_row. Eight int32 words, uploaded with the call's token tables. */
+struct kvq_cu_pack_job {
+    int32_t seq, page, p0, from, to, fresh, in_first, in_row;
+};
+static_assert(sizeof(kvq_cu_pack_job) == 8 * sizeof(int32_t), "a pack job is eight words");
+
+/* Launches pack_kernel over n_jobs jobs (a job with to <= from does nothing),
+ * before the append's encode kernel. */
+kvq_status kvq_cu_pack_keys(const kvq_cuda_cache *c, int n_jobs, const kvq_cu_pack_job *jobs_d, const float *k,
+                            const int *flag_d);
 
 /* Ends c's open capture (cuda_graph.cu): c issues on its own stream again;
  * *graph is the captured graph or NULL. */
@@ -207,6 +229,10 @@ struct kvq_cu_fast_params {
     kvq_status (*prep)(void *ctx);
     void *prep_ctx;
     kvq_cuda_step *step;  /* host side: the cache's step recorder (launches go through it) */
+    /* key centering: gain[((b * Hq) + hq) * gain_stride + page] is added to
+     * the scores of page `page` (gain_kernel, log2 units); NULL: none */
+    const float *gain;
+    int gain_stride;
     /* integer key scores only, in: q set allows each block to prepare its own query block
      * from the raw queries q [n_batch][Hq][128] (warp rotations only; see
      * cuda_prep.cuh) instead of reading qfrag; kvq_cu_fast_launch keeps it

@@ -461,7 +461,7 @@ kvq_status launch_d(const prefill_params &p, cudaStream_t stream)
 
 int kvq_cuda_prefill_supported(const kvq_cuda_cache *c, int n_q_heads)
 {
-    if (!c)
+    if (!c || c->center) /* key centering: the decode kernels add the page means' scores; this one does not */
         return 0;
     const int d = c->cfg.cache.head_dim, H = c->cfg.cache.n_kv_heads;
     if (d != 32 && d != 64 && d != 96 && d != 128 && d != 256)

@@ -125,6 +125,8 @@ __global__ void ref_kernel(const __grid_constant__ ref_params p)
                 a = fmaf(qv[j], baseline_elem(p.ck.type, kcodes, j), a);
             s = warp_sum(a);
         }
+        if (p.gain) /* key centering: the page's q.m~ */
+            s += p.gain[((size_t)b * p.Hq + hq) * p.gain_stride + (uint32_t)tok / pg.page_tokens];
         const float m_new = fmaxf(m, s);
         const float alpha = m == -INFINITY ? 0.0f : expf(m - m_new);
         const float pw = expf(s - m_new);

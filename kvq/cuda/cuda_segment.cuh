@@ -76,6 +76,12 @@ __device__ __forceinline__ void im_segment(const kvq_cu_fast_params &p, const ui
                                            uint32_t &pb1)
 {
     const int g = lane >> 2, t = lane & 3;
+    /* key centering: the page's q.m~ for query t (a segment never crosses a
+     * page), loaded first so that its latency hides behind the MMAs */
+    const float gq = p.gain && t < p.G ? p.gain[((size_t)blockIdx.y * p.Hq + (size_t)blockIdx.x * p.G + t) *
+                                                    p.gain_stride +
+                                                (size_t)(seg * 16) / p.pg.page_tokens]
+                                       : 0.0f;
     int32_t ca[4], cb[4], sa[4], sb[4]; /* n-tiles 0, 1 of the codes and of the signs */
 #pragma unroll
     for (int i = 0; i < 4; i++)
@@ -128,6 +134,7 @@ __device__ __forceinline__ void im_segment(const kvq_cu_fast_params &p, const ui
             x = fmaf(rk, fmaf(ps, qc[t], qc[8 + t]), x);
         }
         s[r] = x * __half2float(__ushort_as_half(nkp[tk]));
+        s[r] += gq;
         if (seg * 16 + 16 > len && seg * 16 + tk >= len) /* the last, partial segment */
             s[r] = -INFINITY;
         if (seg * 16 < lo && seg * 16 + tk < lo) /* the first, partial segment of a range */
@@ -196,6 +203,11 @@ __device__ __forceinline__ void st_segment(const kvq_cu_fast_params &p, const ui
                                            float (&acc)[NT][8][4], uint32_t (&pb0)[NT], uint32_t (&pb1)[NT])
 {
     const int g = lane >> 2, t = lane & 3;
+    /* key centering: the page's q.m~ for query g, loaded first (see im_segment) */
+    const float gq = p.gain && g < p.G ? p.gain[((size_t)blockIdx.y * p.Hq + (size_t)blockIdx.x * p.G + g) *
+                                                    p.gain_stride +
+                                                (size_t)(seg * 16) / p.pg.page_tokens]
+                                       : 0.0f;
     /* 1. scores S^T[query rows][16 tokens]: decode everything first, then
      * four independent MMA chains (codes and signs of both 8-token tiles)
      * that the scheduler can interleave */
@@ -255,6 +267,9 @@ __device__ __forceinline__ void st_segment(const kvq_cu_fast_params &p, const ui
         s[2 * nt + 1] = a1;
     }
     const int tok0 = seg * 16;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        s[i] += gq;
     if (tok0 + 16 > len || tok0 < lo) { /* a range's last or first, partial segment (warp-uniform) */
 #pragma unroll
         for (int i = 0; i < 4; i++) {
