@@ -263,6 +263,12 @@ static const struct {
     PF(T3J, T3, 256, 2, 64, HADAMARD, 1, 4), PF(T3J, T3, 32, 4, 16, HADAMARD, 1, 0),
     PF(T4, T1, 64, 1, 32, HADAMARD, 0, 0),   PF(T3J, T3, 128, 16, 64, HADAMARD, 1, 4),
 #undef PF
+    /* key centering: the page means' gains in the chunk kernel, pipelined
+     * and not, pages that tiles cross (48, sinks) */
+#define PFC(k, v, d, g, p, s) {k, v, {.dim = d, .G = g, .page_tokens = p, .rot = KVQ_ROT_HADAMARD, .window = 1, .sinks = s, .center = 1}}
+    PFC(T3J, T3, 128, 4, 64, 4), PFC(T3J, T3, 128, 8, 16, 0), PFC(F16, F16, 128, 4, 64, 0),
+    PFC(T4J, T2, 128, 4, 48, 0), PFC(T3J, T3, 96, 4, 64, 4),
+#undef PFC
 };
 
 /* Pairs that put every type once as K and once as V, the common ones first. */
@@ -1388,6 +1394,7 @@ static void *pf_setup(const struct tcase *c)
     case_cache_config(c, PF_HEADS, n, case_seed(c), &f->cfg);
     f->cfg.recent_f16 = c->sh->window;
     f->cfg.sink_tokens = c->sh->sinks;
+    f->cfg.center_k = c->sh->center;
     gpu_rows_alloc(&f->r, c, n * PF_HEADS, nq * (size_t)f->Hq, f->d);
     return f;
 }
@@ -1623,8 +1630,8 @@ static const char *shape_label(const struct tcase *c, char *buf, size_t n)
         snprintf(buf + at, n - (size_t)at, " G=%d P=%d %s%s", s->G, s->page_tokens, kvq_rot_kind_name(s->rot),
                  s->center ? " centred" : "");
     if (c->op == OP_PREFILL)
-        snprintf(buf + at, n - (size_t)at, " G=%d P=%d %s%s sinks=%d", s->G, s->page_tokens, kvq_rot_kind_name(s->rot),
-                 s->window ? " window" : "", s->sinks);
+        snprintf(buf + at, n - (size_t)at, " G=%d P=%d %s%s sinks=%d%s", s->G, s->page_tokens,
+                 kvq_rot_kind_name(s->rot), s->window ? " window" : "", s->sinks, s->center ? " centred" : "");
     return buf;
 }
 

@@ -537,8 +537,10 @@ kvq_status kvq_cu_attn_init(kvq_cuda_cache *c)
     KVQ_CU_TRY(cudaMalloc(&c->qprep_d, nb * H * G * 2 * (size_t)d * sizeof(float)));
     if (c->ov_rows)
         KVQ_CU_TRY(cudaMalloc(&c->xtra_d, nb * H * G * ((size_t)d + 2) * sizeof(float)));
-    if (c->center)
+    if (c->center) {
         KVQ_CU_TRY(cudaMalloc(&c->gain_d, nb * H * G * c->max_pages_per_seq * sizeof(float)));
+        KVQ_CU_TRY(cudaMalloc(&c->mrot_d, c->max_pages_per_seq * H * (size_t)d * sizeof(float)));
+    }
     /* f16 tables of the levels (the fused kernel: tq3; the prefill kernel:
      * any tq type) */
     c->alpha_k = c->dk.rotated ? codebook_alpha(c->dk.centroids, c->dk.levels) : 1.0f;
@@ -569,6 +571,7 @@ void kvq_cu_attn_free(kvq_cuda_cache *c)
     cudaFree(c->qprep_d);
     cudaFree(c->xtra_d);
     cudaFree(c->gain_d);
+    cudaFree(c->mrot_d);
     cudaFree(c->qfrag_d);
     cudaFree(c->part_d);
     cudaFree(c->ref_part_d);

@@ -134,7 +134,8 @@ struct kvq_cuda_cache {
      * (q . m~ of the page, scaled as the kernel's scores) */
     int center;
     size_t *packed_len;
-    float *gain_d;            /* compute capability (programmatic dependent launch needs 9) */
+    float *gain_d;
+    float *mrot_d; /* the prefill kernel's rotated page means: [max_pages_per_seq][H][d] */            /* compute capability (programmatic dependent launch needs 9) */
 };
 
 struct kvq_dev_pages kvq_cu_pages_of(const kvq_cuda_cache *c);

@@ -62,7 +62,35 @@ struct prefill_params {
     float qscale;
     float alpha_k, alpha_v; /* codebook scales that make the levels ~exact in f16 (codebook_alpha) */
     tq3_lut lut_k, lut_v;   /* 3-bit codecs: alpha c as f16 bytes */
+    const float *mrot;      /* key centering: [page][H][D] the pages' key means in the queries'
+                             * domain (R_k m~; mean_rot_kernel), NULL: none */
 };
+
+/* Key centering: out[(page * H + h) * D] = R_k m~ of pages [0, n_pages) of
+ * seq, head blockIdx.y, a warp per page, so that the chunk kernel's score
+ * gain of a page is one dot product with its rotated query rows. */
+template <int D>
+__global__ void mean_rot_kernel(kvq_dev_pages pg, kvq_dev_codec ck, int seq, int n_pages, uint64_t mean_off,
+                                uint32_t mean_bytes, float *out)
+{
+    __shared__ float buf[4][2 * D];
+    const int h = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int page = blockIdx.x * 4 + warp;
+    if (page >= n_pages) /* warp-uniform: warp_rotate's shuffles see whole warps */
+        return;
+    const int32_t phys = pg.ptab[(size_t)seq * pg.max_pages_per_seq + (size_t)page];
+    const uint8_t *blk = pg.pool + (uint64_t)phys * pg.page_bytes + mean_off + (uint64_t)h * mean_bytes;
+    const float sc = kvq_f16_to_f32((uint16_t)(blk[0] | blk[1] << 8));
+    float *x = buf[warp], *tmp = x + D;
+    for (int j = lane; j < D; j += 32) {
+        const int code = j & 1 ? blk[2 + j / 2] >> 4 : blk[2 + j / 2] & 15;
+        x[j] = sc * (float)(code - 8);
+    }
+    __syncwarp();
+    const float *y = ck.rotated ? warp_rotate(ck.R, x, tmp, lane) : x;
+    for (int j = lane; j < D; j += 32)
+        out[((size_t)page * pg.n_kv_heads + h) * D + j] = y[j];
+}
 
 /* PIPE: K and V are each 3-bit tq or f16 and D <= 128 (one 32-coordinate
  * unit per thread); the packed tiles then run double-buffered, the next
@@ -161,6 +189,30 @@ __global__ void __launch_bounds__(tile_layout<D, QJL, PIPE>::warps * 32, 1)
     auto attend_tile = [&](int t0, int kind, int b) {
         const __half *Kt = kbuf(b), *Vt = vbuf(b);
         const float *kst = scales + 2 * b * kKeys, *vst = kst + kKeys;
+        /* key centering: the score gain Q' . R m~ of rows g, g + 8 for each
+         * page the tile touches (at most kKeys / 16 + 1), a quarter of the
+         * dot product per lane of the row's quad */
+        constexpr int kMaxPages = kKeys / KVQ_MIN_PAGE_TOKENS + 1;
+        const int PT = (int)p.pg.page_tokens, pbase = t0 / PT;
+        float gsel[2][kMaxPages];
+#pragma unroll
+        for (int pi = 0; pi < kMaxPages; pi++) {
+            gsel[0][pi] = gsel[1][pi] = 0.0f;
+            if (kind != 0 || !p.mrot || pbase + pi > (t0 + kKeys - 1) / PT)
+                continue;
+            const float *m = p.mrot + ((size_t)(pbase + pi) * p.H + h) * D + t4 * (D / 4);
+#pragma unroll
+            for (int k = 0; k < 2; k++) {
+                const int r = warp * 16 + g + 8 * k;
+                const __half *qh = Qs + r * KS + t4 * (D / 4), *qlo = Ql + r * LS + t4 * (D / 4);
+                float a = 0.0f;
+                for (int j = 0; j < D / 4; j++)
+                    a = fmaf(__half2float(qh[j]) + __half2float(qlo[j]), m[j], a);
+                a += __shfl_xor_sync(0xffffffffu, a, 1);
+                a += __shfl_xor_sync(0xffffffffu, a, 2);
+                gsel[k][pi] = a;
+            }
+        }
         float s[kKeys / 8][4];
 #pragma unroll
         for (int nt = 0; nt < kKeys / 8; nt++)
@@ -199,7 +251,11 @@ __global__ void __launch_bounds__(tile_layout<D, QJL, PIPE>::warps * 32, 1)
             for (int e = 0; e < 4; e++) {
                 const int k = e >> 1, c = nt * 8 + 2 * t4 + (e & 1), t = t0 + c;
                 const bool ok = kind == 0 ? t >= rse[k] && t < rtl[k] : kind == 1 ? t < rse[k] : t >= rtl[k] && t < rn[k];
-                s[nt][e] = ok ? s[nt][e] * kst[c] : -INFINITY;
+                float gv = 0.0f; /* key centering: the gain of t's page */
+#pragma unroll
+                for (int pi = 0; pi < kMaxPages; pi++)
+                    gv = t / PT - pbase == pi ? gsel[k][pi] : gv;
+                s[nt][e] = ok ? fmaf(s[nt][e], kst[c], gv) : -INFINITY;
                 mx[k] = fmaxf(mx[k], s[nt][e]);
             }
         float alpha[2], mu[2];
@@ -461,7 +517,7 @@ kvq_status launch_d(const prefill_params &p, cudaStream_t stream)
 
 int kvq_cuda_prefill_supported(const kvq_cuda_cache *c, int n_q_heads)
 {
-    if (!c || c->center) /* key centering: the decode kernels add the page means' scores; this one does not */
+    if (!c)
         return 0;
     const int d = c->cfg.cache.head_dim, H = c->cfg.cache.n_kv_heads;
     if (d != 32 && d != 64 && d != 96 && d != 128 && d != 256)
@@ -542,12 +598,31 @@ kvq_status kvq_cuda_cache_prefill(kvq_cuda_cache *c, int seq, size_t n, const fl
         p.sink_rows = c->sink_rows;
         p.ov_rows = c->ov_rows;
         p.qscale = scale * kLog2e;
-        switch (d) {
-        case 32: st = launch_d<32>(p, c->stream); break;
-        case 64: st = launch_d<64>(p, c->stream); break;
-        case 96: st = launch_d<96>(p, c->stream); break;
-        case 128: st = launch_d<128>(p, c->stream); break;
-        default: st = launch_d<256>(p, c->stream); break;
+        if (c->center) { /* every page the chunk's packed ranges reach: the filled ones */
+            const int n_pages = (int)(c->packed_len[seq] / P);
+            p.mrot = c->mrot_d;
+            if (n_pages > 0) {
+                const dim3 g((unsigned)((n_pages + 3) / 4), (unsigned)H);
+                const uint64_t mo = c->layout.mean_off;
+                const uint32_t mb = c->layout.mean_bytes;
+                switch (d) {
+                case 32: mean_rot_kernel<32><<<g, 128, 0, c->stream>>>(p.pg, p.ck, seq, n_pages, mo, mb, c->mrot_d); break;
+                case 64: mean_rot_kernel<64><<<g, 128, 0, c->stream>>>(p.pg, p.ck, seq, n_pages, mo, mb, c->mrot_d); break;
+                case 96: mean_rot_kernel<96><<<g, 128, 0, c->stream>>>(p.pg, p.ck, seq, n_pages, mo, mb, c->mrot_d); break;
+                case 128: mean_rot_kernel<128><<<g, 128, 0, c->stream>>>(p.pg, p.ck, seq, n_pages, mo, mb, c->mrot_d); break;
+                default: mean_rot_kernel<256><<<g, 128, 0, c->stream>>>(p.pg, p.ck, seq, n_pages, mo, mb, c->mrot_d); break;
+                }
+                st = kvq_cuda_status_of(cudaGetLastError());
+            }
+        }
+        if (st == KVQ_OK) {
+            switch (d) {
+            case 32: st = launch_d<32>(p, c->stream); break;
+            case 64: st = launch_d<64>(p, c->stream); break;
+            case 96: st = launch_d<96>(p, c->stream); break;
+            case 128: st = launch_d<128>(p, c->stream); break;
+            default: st = launch_d<256>(p, c->stream); break;
+            }
         }
     }
     if (st != KVQ_OK && c->len[seq] > pos0)
