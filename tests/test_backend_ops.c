@@ -207,7 +207,8 @@ enum { F32 = KVQ_TYPE_F32, F16 = KVQ_TYPE_F16, Q8 = KVQ_TYPE_Q8_0, Q4 = KVQ_TYPE
  * longest again; query heads per KV head, page sizes (32- and 16-token
  * stages) and rotations as the fused kernel sees them. From the eleventh
  * entry on only the reference kernel applies (other types, other dims),
- * and the last five are the group kernel's (AUTO at d = 64, 96, 256). */
+ * and the last eight are the group kernel's (AUTO at d = 64, 96, 256; tq4
+ * keys at 128 too). */
 static const struct attend_case {
     int tk, tv;
     struct shape sh;
@@ -221,7 +222,9 @@ static const struct attend_case {
     ATT(T2J, T4, 96, 2, 48, HADAMARD),  ATT(Q4, Q8, 64, 4, 32, HADAMARD),   ATT(T2, T1J, 80, 4, 64, HADAMARD),
     ATT(T4, F32, 128, 4, 64, HADAMARD), ATT(T1, T4J, 64, 4, 64, HADAMARD),  ATT(F16, T2J, 128, 4, 64, HADAMARD),
     ATT(T3, T3J, 128, 4, 64, HADAMARD),
-    /* the group kernel (AUTO at d = 64, 96, 256 for the fused kernel's types) */
+    /* the group kernel (AUTO at d = 64, 96, 256 for the fused kernel's
+     * types; tq4 keys at 128 too) */
+    ATT(T4, T3, 128, 4, 64, HADAMARD),  ATT(T4, F16, 64, 8, 32, HADAMARD),  ATT(T4, T3, 128, 6, 48, HADAMARD),
     ATT(T3J, T3, 64, 4, 64, HADAMARD),  ATT(T3, F16, 64, 8, 32, IDENTITY),  ATT(F16, T3, 256, 2, 64, HADAMARD),
     ATT(T3J, F16, 256, 8, 16, HADAMARD), ATT(F16, F16, 96, 3, 48, HADAMARD),
 #undef ATT

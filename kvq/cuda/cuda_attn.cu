@@ -476,17 +476,18 @@ using group_fn = void (*)(ref_params);
 template <int D>
 group_fn group_pick(int kt, int vt)
 {
-    static const group_fn t[3][2] = {
+    static const group_fn t[4][2] = {
         {group::group_kernel<D, group::K_TQ3, group::V_TQ3>, group::group_kernel<D, group::K_TQ3, group::V_F16>},
         {group::group_kernel<D, group::K_TQ3J, group::V_TQ3>, group::group_kernel<D, group::K_TQ3J, group::V_F16>},
-        {group::group_kernel<D, group::K_F16, group::V_TQ3>, group::group_kernel<D, group::K_F16, group::V_F16>}};
+        {group::group_kernel<D, group::K_F16, group::V_TQ3>, group::group_kernel<D, group::K_F16, group::V_F16>},
+        {group::group_kernel<D, group::K_TQ4, group::V_TQ3>, group::group_kernel<D, group::K_TQ4, group::V_F16>}};
     return kt >= 0 && vt >= 0 ? t[kt][vt] : NULL;
 }
 
 group_fn group_of(const kvq_cuda_cache *c, int G)
 {
     const int kt = c->dk.type == KVQ_TYPE_TQ3 ? group::K_TQ3 : c->dk.type == KVQ_TYPE_TQ3J ? group::K_TQ3J
-                 : c->dk.type == KVQ_TYPE_F16 ? group::K_F16 : -1;
+                 : c->dk.type == KVQ_TYPE_F16 ? group::K_F16 : c->dk.type == KVQ_TYPE_TQ4 ? group::K_TQ4 : -1;
     const int vt = c->dv.type == KVQ_TYPE_TQ3 ? group::V_TQ3 : c->dv.type == KVQ_TYPE_F16 ? group::V_F16 : -1;
     if (G > group::kMaxG || !c->ref_part_d)
         return NULL;
@@ -495,6 +496,8 @@ group_fn group_of(const kvq_cuda_cache *c, int G)
         return group_pick<64>(kt, vt);
     case 96:
         return group_pick<96>(kt, vt);
+    case 128: /* where the fused kernel does not apply: tq4 keys */
+        return kt == group::K_TQ4 ? group_pick<128>(kt, vt) : NULL;
     case 256:
         return group_pick<256>(kt, vt);
     default:
@@ -806,7 +809,7 @@ static kvq_status attend_cores(kvq_cuda_cache *c, int nb, const int *seqs, const
     if (gk) { /* a block per KV head and split */
         const int S = ref_splits(c, nb, H, lo, hi, n_splits);
         rp.n_splits = S < group_room ? S : group_room;
-        const size_t gsmem = ((size_t)G * 2 * d + 4 * (size_t)G * (d + 2) + 16) * sizeof(float);
+        const size_t gsmem = ((size_t)G * 2 * d + 4 * (size_t)G * (d + 2) + 24) * sizeof(float);
         if (gsmem > 48 * 1024)
             KVQ_CU_TRY(cudaFuncSetAttribute(gk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gsmem));
         KVQ_CU_RET(kvq_cu_launch(c->step, false, gk, dim3((unsigned)H, (unsigned)nb, (unsigned)rp.n_splits), dim3(128),

@@ -1,6 +1,7 @@
-/* cuda_group.cuh - decode attention for head dims the fused kernel does not
- * take (64, 96, 256), on CUDA cores, for the fused kernel's types (K tq3j,
- * tq3 or f16; V tq3 or f16). Included by cuda_attn.cu after ref_params.
+/* cuda_group.cuh - decode attention on CUDA cores where the fused kernel does
+ * not apply: head dims 64, 96, 256 for the fused kernel's types (K tq3j, tq3
+ * or f16; V tq3 or f16), and tq4 keys at those dims and 128 (the fused
+ * kernel reads 3-bit codes only). Included by cuda_attn.cu after ref_params.
  *
  * The reference kernel gives a warp one token at a time: a dot product
  * spread over the lanes, two warp reductions and an exp per token and query
@@ -21,7 +22,7 @@
 namespace group {
 
 constexpr int kMaxG = 8;
-enum { K_TQ3 = 0, K_TQ3J = 1, K_F16 = 2 };
+enum { K_TQ3 = 0, K_TQ3J = 1, K_F16 = 2, K_TQ4 = 3 };
 enum { V_TQ3 = 0, V_F16 = 1 };
 
 /* The 12 bytes of 32 3-bit codes (device order) as three words: a row's
@@ -32,6 +33,16 @@ __device__ __forceinline__ void load_words(const uint8_t *p, uint32_t w[3])
     const uint32_t *q = reinterpret_cast<const uint32_t *>(p);
 #pragma unroll
     for (int k = 0; k < 3; k++)
+        w[k] = q[k];
+}
+
+/* The 16 bytes of 32 4-bit codes (stream order: code c in nibble c & 7 of
+ * word c >> 3), 4-byte aligned as load_words's. */
+__device__ __forceinline__ void load_words4(const uint8_t *p, uint32_t w[4])
+{
+    const uint32_t *q = reinterpret_cast<const uint32_t *>(p);
+#pragma unroll
+    for (int k = 0; k < 4; k++)
         w[k] = q[k];
 }
 
@@ -68,7 +79,7 @@ __device__ __forceinline__ float lane_sum(float v)
 
 /* Grid (KV head, entry, split), 128 threads. Shared memory: the G queries
  * (2D floats each: R q and S R q, scaled), 4 x G x (D + 2) floats for
- * merging the warps, the 8 + 8 levels of K and V. */
+ * merging the warps, the 16 + 8 levels of K and V. */
 template <int D, int KT, int VT>
 __global__ void __launch_bounds__(128) group_kernel(const __grid_constant__ ref_params p)
 {
@@ -78,14 +89,14 @@ __global__ void __launch_bounds__(128) group_kernel(const __grid_constant__ ref_
     const int seq = p.ids.seq[b], len = p.ids.len[b], lo = p.ids.lo[b], S = p.n_splits;
     const int per = (len - lo + S - 1) / S, t0 = lo + (int)blockIdx.z * per;
     const int t1 = t0 + per < len ? t0 + per : len;
-    float *qs = sh, *mrg = sh + G * 2 * D, *ck = mrg + 4 * G * (D + 2), *cv = ck + 8; /* levels: looked up by code */
+    float *qs = sh, *mrg = sh + G * 2 * D, *ck = mrg + 4 * G * (D + 2), *cv = ck + 16; /* levels: looked up by code */
     const float *src = p.qprep + ((size_t)b * p.Hq + (size_t)h * G) * 2 * D; /* the group's heads are consecutive */
     for (int i = threadIdx.x; i < G * 2 * D; i += blockDim.x)
         qs[i] = src[i];
-    if (threadIdx.x < 8) {
+    if (threadIdx.x < 16)
         ck[threadIdx.x] = p.ck.centroids[(int)threadIdx.x < p.ck.levels ? threadIdx.x : 0];
+    if (threadIdx.x < 8)
         cv[threadIdx.x] = p.cv.centroids[(int)threadIdx.x < p.cv.levels ? threadIdx.x : 0];
-    }
     __syncthreads();
     const kvq_dev_pages &pg = p.pg;
     float m[kMaxG], l[kMaxG], acc[kMaxG][ND];
@@ -128,6 +139,24 @@ __global__ void __launch_bounds__(128) group_kernel(const __grid_constant__ ref_
                             const float4 q = *reinterpret_cast<const float4 *>(qs + g * 2 * D + j);
                             a[g] = fmaf(q.w, k3, fmaf(q.z, k2, fmaf(q.y, k1, fmaf(q.x, k0, a[g]))));
                         }
+                }
+            } else if (KT == K_TQ4) {
+                for (int grp = 0; grp < ND; grp++) {
+                    uint32_t w[4];
+                    load_words4(kr.codes + 16 * grp, w);
+#pragma unroll 2
+                    for (int c = 0; c < 32; c += 4) {
+                        const uint32_t wc = w[c >> 3] >> (4 * (c & 7));
+                        const float k0 = ck[wc & 15u], k1 = ck[(wc >> 4) & 15u], k2 = ck[(wc >> 8) & 15u],
+                                    k3 = ck[(wc >> 12) & 15u];
+                        const int j = 32 * grp + c;
+#pragma unroll
+                        for (int g = 0; g < kMaxG; g++)
+                            if (g < G) {
+                                const float4 q = *reinterpret_cast<const float4 *>(qs + g * 2 * D + j);
+                                a[g] = fmaf(q.w, k3, fmaf(q.z, k2, fmaf(q.y, k1, fmaf(q.x, k0, a[g]))));
+                            }
+                    }
                 }
             } else {
                 for (int grp = 0; grp < ND; grp++) {
