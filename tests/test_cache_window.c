@@ -414,6 +414,11 @@ static void test_bad_config(void)
     CHECK_STATUS(kvq_seq_create(model, &sc, &s, &err), KVQ_ERR_INVALID_ARG);
     CHECK(strstr(err.msg, "sink_tokens") != NULL);
     CHECK_STATUS(kvq_seq_plan_of(model, &sc, &pl), KVQ_ERR_INVALID_ARG);
+    sc.sink_tokens = 0;
+    sc.center_k = 1; /* key centering without the window: its keys could not wait for their page */
+    CHECK_STATUS(kvq_seq_create(model, &sc, &s, &err), KVQ_ERR_INVALID_ARG);
+    CHECK(strstr(err.msg, "center_k") != NULL);
+    CHECK_STATUS(kvq_seq_plan_of(model, &sc, &pl), KVQ_ERR_INVALID_ARG);
     CHECK(s == NULL);
 }
 

@@ -330,7 +330,7 @@ struct kvq_seq_plan {
 /** Plans a sequence of model m with cfg's types, f16 overrides, kv_budget and
  *  max_ctx without allocating anything; exactly what kvq_seq_create would
  *  enforce. @return KVQ_OK; KVQ_ERR_INVALID_ARG (NULL, unknown type, bad
- *  recent_f16 / sink_tokens);
+ *  recent_f16 / sink_tokens, center_k without the window);
  *  KVQ_ERR_UNSUPPORTED (type for this head_dim). */
 KVQ_API kvq_status kvq_seq_plan_of(const kvq_model *m, const struct kvq_seq_config *cfg, struct kvq_seq_plan *out);
 
