@@ -48,7 +48,8 @@ struct ov_params {
 __global__ void gain_kernel(const float *q, int Hq, int G, int d, kvq_dev_pages pg, batch_ids ids,
                             uint64_t mean_off, uint32_t mean_bytes, float c, float *gain, size_t stride)
 {
-    extern __shared__ float qs[]; /* [G][d] */
+    constexpr int kG = 8;                    /* query heads kept in registers at once */
+    extern __shared__ __align__(16) float qs[]; /* [G][d] */
     const int h = blockIdx.x, b = blockIdx.y;
     const int lo = ids.lo[b], hi = ids.len[b], P = (int)pg.page_tokens;
     if (hi <= lo)
@@ -62,18 +63,29 @@ __global__ void gain_kernel(const float *q, int Hq, int G, int d, kvq_dev_pages 
         /* 2-byte aligned: the section is 16-aligned, a block 2 + d / 2 bytes (d even) */
         const uint16_t *w = reinterpret_cast<const uint16_t *>(pg.pool + (uint64_t)phys * pg.page_bytes + mean_off +
                                                                (uint64_t)h * mean_bytes);
-        const float sc = kvq_f16_to_f32(w[0]);
-        for (int g = 0; g < G; g++) {
-            const float *qg = qs + g * d;
-            float a = 0.0f;
+        const float sc = c * kvq_f16_to_f32(w[0]);
+        /* each code word read once for up to kG queries; the queries' four
+         * coordinates in one shared load (the same address in every lane) */
+        for (int g0 = 0; g0 < G; g0 += kG) {
+            float a[kG];
+#pragma unroll
+            for (int g = 0; g < kG; g++)
+                a[g] = 0.0f;
             for (int j = 0; j < d; j += 4) {
                 const unsigned u = w[1 + j / 4]; /* codes j .. j + 3, a nibble each */
-                a = fmaf(qg[j], (float)((int)(u & 15u) - 8), a);
-                a = fmaf(qg[j + 1], (float)((int)(u >> 4 & 15u) - 8), a);
-                a = fmaf(qg[j + 2], (float)((int)(u >> 8 & 15u) - 8), a);
-                a = fmaf(qg[j + 3], (float)((int)(u >> 12) - 8), a);
+                const float c0 = (float)((int)(u & 15u) - 8), c1 = (float)((int)(u >> 4 & 15u) - 8);
+                const float c2 = (float)((int)(u >> 8 & 15u) - 8), c3 = (float)((int)(u >> 12) - 8);
+#pragma unroll
+                for (int g = 0; g < kG; g++)
+                    if (g0 + g < G) {
+                        const float4 x = *reinterpret_cast<const float4 *>(qs + (g0 + g) * d + j);
+                        a[g] = fmaf(x.w, c3, fmaf(x.z, c2, fmaf(x.y, c1, fmaf(x.x, c0, a[g]))));
+                    }
             }
-            gain[((size_t)b * Hq + (size_t)h * G + g) * stride + (size_t)page] = c * sc * a;
+#pragma unroll
+            for (int g = 0; g < kG; g++)
+                if (g0 + g < G)
+                    gain[((size_t)b * Hq + (size_t)h * G + g0 + g) * stride + (size_t)page] = sc * a[g];
         }
     }
 }
@@ -714,6 +726,8 @@ static kvq_status attend_fused(kvq_cuda_cache *c, int nb, const int *seqs, const
         p.gain = c->gain_d;
         p.gain_stride = (int)c->max_pages_per_seq;
         p.Hq = Hq;
+        const int segs = (int)(c->layout.page_tokens / 16);
+        p.gain_shift = (segs & (segs - 1)) ? -1 : __builtin_ctz((unsigned)segs);
     }
     prep_call pc;
     pc.q = q;

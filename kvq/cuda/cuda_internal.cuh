@@ -234,6 +234,7 @@ struct kvq_cu_fast_params {
      * the scores of page `page` (gain_kernel, log2 units); NULL: none */
     const float *gain;
     int gain_stride;
+    int gain_shift;       /* log2 of the 16-token segments of a page, -1 when not a power of two */
     /* integer key scores only, in: q set allows each block to prepare its own query block
      * from the raw queries q [n_batch][Hq][128] (warp rotations only; see
      * cuda_prep.cuh) instead of reading qfrag; kvq_cu_fast_launch keeps it

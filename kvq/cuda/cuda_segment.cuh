@@ -57,6 +57,14 @@ constexpr int kImKeep = 2;
  * range in the value MMA (docs/history/attention-cuda.md, tenth pass). */
 constexpr float kHeadroom = 3.0f;
 
+/* Key centering: the page of 16-token segment seg, by a shift where the
+ * page holds a power of two of segments (a division costs ~20 instructions
+ * a segment). */
+__device__ __forceinline__ size_t gain_page(const kvq_cu_fast_params &p, int seg)
+{
+    return p.gain_shift >= 0 ? (size_t)(seg >> p.gain_shift) : (size_t)(seg * 16) / p.pg.page_tokens;
+}
+
 /* IM (fifth pass, "V4" in docs/history/attention-cuda.md; tq keys, GP == 4): scores and
  * online softmax of one 16-token segment with the keys on integer tensor
  * cores (kvq_cuda_hooks.cuh, "integer tensor cores"; the prep kernel's
@@ -80,7 +88,7 @@ __device__ __forceinline__ void im_segment(const kvq_cu_fast_params &p, const ui
      * page), loaded first so that its latency hides behind the MMAs */
     const float gq = p.gain && t < p.G ? p.gain[((size_t)blockIdx.y * p.Hq + (size_t)blockIdx.x * p.G + t) *
                                                     p.gain_stride +
-                                                (size_t)(seg * 16) / p.pg.page_tokens]
+                                                gain_page(p, seg)]
                                        : 0.0f;
     int32_t ca[4], cb[4], sa[4], sb[4]; /* n-tiles 0, 1 of the codes and of the signs */
 #pragma unroll
@@ -206,7 +214,7 @@ __device__ __forceinline__ void st_segment(const kvq_cu_fast_params &p, const ui
     /* key centering: the page's q.m~ for query g, loaded first (see im_segment) */
     const float gq = p.gain && g < p.G ? p.gain[((size_t)blockIdx.y * p.Hq + (size_t)blockIdx.x * p.G + g) *
                                                     p.gain_stride +
-                                                (size_t)(seg * 16) / p.pg.page_tokens]
+                                                gain_page(p, seg)]
                                        : 0.0f;
     /* 1. scores S^T[query rows][16 tokens]: decode everything first, then
      * four independent MMA chains (codes and signs of both 8-token tiles)
