@@ -6,7 +6,8 @@
  * with the model's tokenizer) cut to 512, 2048 and 4032 tokens (4K minus
  * room for decoding). For every context and cache type (f32, f16, q8_0 for
  * K and V, the library default tq3j K / tq3 V, and the same with the recent
- * f16 window, the default of the kvq commands, "tq3j/tq3+win"; then q4_0,
+ * f16 window, the default of the kvq commands, "tq3j/tq3+win", and that with
+ * key centering, "tq3j/tq3+win+ctr"; then q4_0,
  * the rotated q4_0r that llama.cpp users get, and tq5/tq4, whose 5-bit
  * codebook the SIMD kernels read by gathers, for what each costs):
  *   prefill  tokens/s of one forward over the whole prompt (chunks of 256);
@@ -36,16 +37,17 @@
 #define N_DECODE 32
 #define SPEC 4
 #define MAX_REPS 5
-#define N_TYPES 8
+#define N_TYPES 9
 #define N_CTX 3
 
 static const struct {
     enum kvq_type k, v;
     int window; /* kvq_seq_config.recent_f16 */
+    int center; /* kvq_seq_config.center_k */
 } types[N_TYPES] = {
-    {KVQ_TYPE_F32, KVQ_TYPE_F32, 0}, {KVQ_TYPE_F16, KVQ_TYPE_F16, 0}, {KVQ_TYPE_Q8_0, KVQ_TYPE_Q8_0, 0},
-    {KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, 0}, {KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, 1}, {KVQ_TYPE_Q4_0, KVQ_TYPE_Q4_0, 0},
-    {KVQ_TYPE_Q4_0R, KVQ_TYPE_Q4_0R, 0}, {KVQ_TYPE_TQ5, KVQ_TYPE_TQ4, 0},
+    {KVQ_TYPE_F32, KVQ_TYPE_F32, 0, 0},   {KVQ_TYPE_F16, KVQ_TYPE_F16, 0, 0},   {KVQ_TYPE_Q8_0, KVQ_TYPE_Q8_0, 0, 0},
+    {KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, 0, 0},  {KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, 1, 0},  {KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, 1, 1},
+    {KVQ_TYPE_Q4_0, KVQ_TYPE_Q4_0, 0, 0}, {KVQ_TYPE_Q4_0R, KVQ_TYPE_Q4_0R, 0, 0}, {KVQ_TYPE_TQ5, KVQ_TYPE_TQ4, 0, 0},
 };
 static const size_t contexts[N_CTX] = {512, 2048, 4032};
 
@@ -137,7 +139,7 @@ int main(int argc, char **argv)
                   "  \"decode_tokens\": %d,\n  \"speculative\": %d,\n  \"repetitions\": %d,\n  \"results\": [",
             MODEL, load, N_DECODE, SPEC, reps);
     printf("kvq-tiny-llama end to end (model load %.3f s); medians of %d repetitions\n", load, reps);
-    printf("%6s %-13s %12s %12s %12s %9s %7s %10s\n", "ctx", "cache K/V", "prefill t/s", "decode t/s",
+    printf("%6s %-17s %12s %12s %12s %9s %7s %10s\n", "ctx", "cache K/V", "prefill t/s", "decode t/s",
            "spec4 t/s", "tok/fwd", "host%", "vs f32");
     int first = 1, status = 0;
     for (int c = 0; c < n_ctx; c++) {
@@ -151,6 +153,7 @@ int main(int argc, char **argv)
             sc.type_k = types[t].k;
             sc.type_v = types[t].v;
             sc.recent_f16 = types[t].window;
+            sc.center_k = types[t].center;
             if (kvq_seq_create(m, &sc, &seqs[t], &err) != KVQ_OK) {
                 fprintf(stderr, "bench_decode: %s\n", err.msg);
                 return 1;
@@ -178,9 +181,9 @@ int main(int argc, char **argv)
             if (t == 0)
                 f32_decode = d0;
             char name[32];
-            snprintf(name, sizeof name, "%s/%s%s", kvq_type_traits(types[t].k)->name,
-                     kvq_type_traits(types[t].v)->name, types[t].window ? "+win" : "");
-            printf("%6zu %-13s %12.0f %12.1f %12.1f %9.2f %6.1f%% %9.2fx\n", ctx, name, pf, d0, d1, tpf, 100 * host,
+            snprintf(name, sizeof name, "%s/%s%s%s", kvq_type_traits(types[t].k)->name,
+                     kvq_type_traits(types[t].v)->name, types[t].window ? "+win" : "", types[t].center ? "+ctr" : "");
+            printf("%6zu %-17s %12.0f %12.1f %12.1f %9.2f %6.1f%% %9.2fx\n", ctx, name, pf, d0, d1, tpf, 100 * host,
                    d0 / f32_decode);
             fprintf(json,
                     "%s\n    {\"context\": %zu, \"cache\": \"%s\", \"prefill_tokens_per_s\": %.2f, "

@@ -191,6 +191,11 @@ static const struct shape SH_ATTN_ODD[] = {{.dim = 80, .n_tokens = 400, PROBES(P
                                            {.dim = 120, .n_tokens = 400, PROBES(PR_ODD)},
                                            {.dim = 256, .n_tokens = 400, PROBES(PR_ODD)}};
 static const struct shape SH_ATTN_D100[] = {{.dim = 100, .n_tokens = 400, .probes = PR_PAGES, .n_probes = 7}};
+/* key centering (with the window it needs): the page means' gains of each
+ * kernel table, 128 (AVX-512 where usable) and 80 (AVX2) */
+static const struct shape SH_ATTN_CENTER[] = {{.dim = 128, .n_tokens = 400, .center = 1, PROBES(PR_PAGES)},
+                                              {.dim = 80, .page_tokens = 32, .n_tokens = 400, .center = 1,
+                                               PROBES(PR_ODD)}};
 
 /* Causal: 80 positions from 50 (up to token 129, across two pages). */
 static const struct probe PR_CAUSAL[] = {{2, 80}};
@@ -283,6 +288,7 @@ static const int PAIRS_CAUSAL[][2] = {{T3J, T3}, {F16, F16}, {Q8, Q4}, {T4J, T2}
 static const int PAIR_T3J_T3[][2] = {{T3J, T3}};
 static const int PAIR_T3J_T4J[][2] = {{T3J, T4J}};
 static const int PAIR_F32_F16[][2] = {{F32, F16}};
+static const int PAIRS_CENTER[][2] = {{T3J, T3}, {T4, T3}, {Q4, Q8}, {F16, F16}};
 
 /* Cases of cache ops: every pair of a list with every shape of a list (the
  * pairs' types must support the dim); n_pairs 0: all K x V pairs. */
@@ -303,6 +309,7 @@ static const struct scene SCENES[] = {
     SCENE(OP_ATTN, PAIR_T3J_T3, SH_ATTN_PAGES),
     SCENE(OP_ATTN, PAIR_T3J_T4J, SH_ATTN_ODD),
     SCENE(OP_ATTN, PAIR_F32_F16, SH_ATTN_D100),
+    SCENE(OP_ATTN, PAIRS_CENTER, SH_ATTN_CENTER),
     SCENE(OP_CAUSAL, PAIRS_CAUSAL, SH_CAUSAL),
     SCENE(OP_CAUSAL, PAIR_F32_F16, SH_CAUSAL_D100),
 };
@@ -381,6 +388,8 @@ static void case_cache_config(const struct tcase *c, int kv_heads, size_t max_to
     cfg->seed = seed;
     cfg->rot = c->sh->rot;
     cfg->page_tokens = c->sh->page_tokens;
+    if (c->sh->center)
+        cfg->recent_f16 = cfg->center_k = 1;
 }
 
 /* An empty CPU cache of kv_heads heads for the case's pair and shape. */
@@ -1627,8 +1636,9 @@ static const char *shape_label(const struct tcase *c, char *buf, size_t n)
     if (c->op <= OP_SCORE && s->rot != KVQ_ROT_HADAMARD)
         at += snprintf(buf + at, n - (size_t)at, " %s", kvq_rot_kind_name(s->rot));
     if (c->op == OP_CACHE || c->op == OP_ATTN || c->op == OP_CAUSAL)
-        at += snprintf(buf + at, n - (size_t)at, " P=%d n=%zu", s->page_tokens ? s->page_tokens : KVQ_DEFAULT_PAGE_TOKENS,
-                       s->n_tokens);
+        at += snprintf(buf + at, n - (size_t)at, " P=%d n=%zu%s",
+                       s->page_tokens ? s->page_tokens : KVQ_DEFAULT_PAGE_TOKENS, s->n_tokens,
+                       s->center ? " centred" : "");
     if (c->op == OP_ATTEND || c->op == OP_ATTEND_WIN)
         snprintf(buf + at, n - (size_t)at, " G=%d P=%d %s%s", s->G, s->page_tokens, kvq_rot_kind_name(s->rot),
                  s->center ? " centred" : "");

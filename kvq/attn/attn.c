@@ -128,15 +128,6 @@ kvq_status kvq_attn_decode(const kvq_cache *c, int kv_head, size_t n_ctx, const 
     return kvq_attn_decode_kernels(kr, c, kv_head, n_ctx, q, n_q, scale, out, ws);
 }
 
-/* q . m~ in double, once per query and page. */
-static float mean_gain(const float *q, const float *mean, int d)
-{
-    double s = 0.0;
-    for (int j = 0; j < d; j++)
-        s += (double)q[j] * mean[j];
-    return (float)s;
-}
-
 kvq_status kvq_attn_decode_kernels(const struct kvq_attn_kernels *kr, const kvq_cache *c, int kv_head, size_t n_ctx,
                                    const float *q, int n_q, float scale, float *out, kvq_attn_workspace *ws)
 {
@@ -177,7 +168,7 @@ kvq_status kvq_attn_decode_kernels(const struct kvq_attn_kernels *kr, const kvq_
     const size_t t_end = tail_lo > t_beg ? tail_lo : t_beg;
     const size_t P = pl->page_tokens;
     /* key centering: a page's scores gain q . m~ (its key mean) */
-    float *mean = ws->row, *gain = ws->row + D;
+    float *gain = ws->row;
     size_t gain_page = SIZE_MAX;
     for (size_t t0 = t_beg; t0 < t_end;) {
         size_t page = t0 / P, s0 = t0 % P, n = P - s0;
@@ -201,9 +192,7 @@ kvq_status kvq_attn_decode_kernels(const struct kvq_attn_kernels *kr, const kvq_
         const uint8_t *mb = pl->mean_bytes ? kvq_cache_key_mean(c, page, kv_head) : NULL;
         if (mb) {
             if (page != gain_page) {
-                kvq_key_mean_decode(mb, d, mean);
-                for (int h = 0; h < n_q; h++)
-                    gain[h] = mean_gain(q + (size_t)h * D, mean, d);
+                kr->mean_gain(mb, d, q, n_q, gain);
                 gain_page = page;
             }
             for (int h = 0; h < n_q; h++)

@@ -687,5 +687,26 @@ void kvq_attn_f16_row_avx2(const uint16_t *hk, const uint16_t *hv, const float *
     }
 }
 
+/* The codes of 8 coordinates are 4 bytes: their low and high nibbles
+ * interleaved back into coordinate order, widened to floats. */
+void kvq_attn_mean_gain_avx2(const uint8_t *blk, int d, const float *q, int n_q, float *gain)
+{
+    const float s = kvq_f16_to_f32((uint16_t)(blk[0] | blk[1] << 8));
+    const __m256 eight = _mm256_set1_ps(8.0f);
+    for (int h = 0; h < n_q; h++) {
+        const float *qh = q + (size_t)h * (size_t)d;
+        __m256 acc = _mm256_setzero_ps();
+        for (int j = 0; j < d; j += 8) {
+            uint32_t w;
+            memcpy(&w, blk + 2 + j / 2, sizeof w);
+            const __m128i lo = _mm_cvtsi32_si128((int)(w & 0x0f0f0f0fu));
+            const __m128i hi = _mm_cvtsi32_si128((int)((w >> 4) & 0x0f0f0f0fu));
+            const __m256 c = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi))), eight);
+            acc = _mm256_fmadd_ps(_mm256_loadu_ps(qh + j), c, acc);
+        }
+        gain[h] = s * kvq_hsum8_avx2(acc);
+    }
+}
+
 const struct kvq_attn_kernels kvq_attn_kernels_avx2 = {prepare_avx2, score_avx2, softmax_avx2, value_avx2,
-                                                       kvq_attn_f16_row_avx2};
+                                                       kvq_attn_f16_row_avx2, kvq_attn_mean_gain_avx2};

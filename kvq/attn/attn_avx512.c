@@ -353,7 +353,7 @@ static void softmax_avx512(const struct kvq_attn_job *job, uint32_t n)
 }
 
 const struct kvq_attn_kernels kvq_attn_kernels_avx512 = {prepare_avx512, score_avx512, softmax_avx512, value_avx512,
-                                                         kvq_attn_f16_row_avx2};
+                                                         kvq_attn_f16_row_avx2, kvq_attn_mean_gain_avx2};
 
 #else /* not x86-64 with GCC or clang: never usable */
 
@@ -362,6 +362,6 @@ int kvq_attn_avx512_usable(void)
     return 0;
 }
 
-const struct kvq_attn_kernels kvq_attn_kernels_avx512 = {NULL, NULL, NULL, NULL, NULL};
+const struct kvq_attn_kernels kvq_attn_kernels_avx512 = {NULL, NULL, NULL, NULL, NULL, NULL};
 
 #endif

@@ -88,7 +88,17 @@ struct kvq_attn_kernels {
     void (*softmax)(const struct kvq_attn_job *job, uint32_t n);
     void (*value)(const struct kvq_attn_job *job, const struct kvq_attn_block *b);
     kvq_attn_f16_row_fn f16_row;
+    /* key centering: gain[h] = q_h . m~ for the n_q queries q [n_q][d] and a
+     * page's key-mean block (kvq_layout.h), added to the page's scores */
+    void (*mean_gain)(const uint8_t *blk, int d, const float *q, int n_q, float *gain);
 };
+
+/* The scalar mean_gain (attn_ref.c), also the table entry where a SIMD one
+ * would gain nothing. */
+void kvq_attn_mean_gain_scalar(const uint8_t *blk, int d, const float *q, int n_q, float *gain);
+/* ... and eight coordinates at a time (attn_avx2.c; d % 8 == 0), the AVX2 and
+ * AVX-512 tables' */
+void kvq_attn_mean_gain_avx2(const uint8_t *blk, int d, const float *q, int n_q, float *gain);
 
 extern const struct kvq_attn_kernels kvq_attn_kernels_scalar;
 extern const struct kvq_attn_kernels kvq_attn_kernels_avx2; /* needs AVX2 and dim % 8 == 0 */

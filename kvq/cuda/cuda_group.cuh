@@ -63,6 +63,21 @@ __device__ __forceinline__ unsigned group_code(const uint32_t w[3], int c)
     return ((w[0] >> s) & 1u) | (((w[1] >> s) & 1u) << 1) | (((w[2] >> s) & 1u) << 2);
 }
 
+/* a[g] += q_g[j .. j + 3] . (k0, k1, k2, k3) for the G queries (rows of 2D
+ * floats): one 16-byte shared load of each query, the same address in every
+ * lane, per four products. */
+template <int D>
+__device__ __forceinline__ void acc4(float (&a)[kMaxG], const float *qs, int G, int j, float k0, float k1, float k2,
+                                     float k3)
+{
+#pragma unroll
+    for (int g = 0; g < kMaxG; g++)
+        if (g < G) {
+            const float4 q = *reinterpret_cast<const float4 *>(qs + g * 2 * D + j);
+            a[g] = fmaf(q.w, k3, fmaf(q.z, k2, fmaf(q.y, k1, fmaf(q.x, k0, a[g]))));
+        }
+}
+
 __device__ __forceinline__ float warp_max(float v)
 {
     for (int o = 16; o; o >>= 1)
@@ -127,65 +142,35 @@ __global__ void __launch_bounds__(128) group_kernel(const __grid_constant__ ref_
 #pragma unroll
             for (int g = 0; g < kMaxG; g++)
                 a[g] = z[g] = 0.0f;
-            /* four elements at a time: one 16-byte shared load of each query
-             * (the same address in every lane) per four products */
             if (KT == K_F16) {
-                for (int j = 0; j < D; j += 4) {
-                    const float k0 = f16_elem(kr.codes, j), k1 = f16_elem(kr.codes, j + 1),
-                                k2 = f16_elem(kr.codes, j + 2), k3 = f16_elem(kr.codes, j + 3);
-#pragma unroll
-                    for (int g = 0; g < kMaxG; g++)
-                        if (g < G) {
-                            const float4 q = *reinterpret_cast<const float4 *>(qs + g * 2 * D + j);
-                            a[g] = fmaf(q.w, k3, fmaf(q.z, k2, fmaf(q.y, k1, fmaf(q.x, k0, a[g]))));
-                        }
-                }
-            } else if (KT == K_TQ4) {
-                for (int grp = 0; grp < ND; grp++) {
-                    uint32_t w[4];
-                    load_words4(kr.codes + 16 * grp, w);
-#pragma unroll 2
-                    for (int c = 0; c < 32; c += 4) {
-                        const uint32_t wc = w[c >> 3] >> (4 * (c & 7));
-                        const float k0 = ck[wc & 15u], k1 = ck[(wc >> 4) & 15u], k2 = ck[(wc >> 8) & 15u],
-                                    k3 = ck[(wc >> 12) & 15u];
-                        const int j = 32 * grp + c;
-#pragma unroll
-                        for (int g = 0; g < kMaxG; g++)
-                            if (g < G) {
-                                const float4 q = *reinterpret_cast<const float4 *>(qs + g * 2 * D + j);
-                                a[g] = fmaf(q.w, k3, fmaf(q.z, k2, fmaf(q.y, k1, fmaf(q.x, k0, a[g]))));
-                            }
-                    }
-                }
+                for (int j = 0; j < D; j += 4)
+                    acc4<D>(a, qs, G, j, f16_elem(kr.codes, j), f16_elem(kr.codes, j + 1),
+                            f16_elem(kr.codes, j + 2), f16_elem(kr.codes, j + 3));
             } else {
                 for (int grp = 0; grp < ND; grp++) {
-                    uint32_t w[3];
-                    load_words(kr.codes + 12 * grp, w);
+                    uint32_t w[4];
+                    if (KT == K_TQ4)
+                        load_words4(kr.codes + 16 * grp, w);
+                    else
+                        load_words(kr.codes + 12 * grp, w);
 #pragma unroll 2
                     for (int c = 0; c < 32; c += 4) {
-                        const float k0 = ck[group_code(w, c)], k1 = ck[group_code(w, c + 1)],
-                                    k2 = ck[group_code(w, c + 2)], k3 = ck[group_code(w, c + 3)];
                         const int j = 32 * grp + c;
-#pragma unroll
-                        for (int g = 0; g < kMaxG; g++)
-                            if (g < G) {
-                                const float4 q = *reinterpret_cast<const float4 *>(qs + g * 2 * D + j);
-                                a[g] = fmaf(q.w, k3, fmaf(q.z, k2, fmaf(q.y, k1, fmaf(q.x, k0, a[g]))));
-                            }
+                        if (KT == K_TQ4) { /* four nibbles of one word */
+                            const uint32_t wc = w[c >> 3] >> (4 * (c & 7));
+                            acc4<D>(a, qs, G, j, ck[wc & 15u], ck[(wc >> 4) & 15u], ck[(wc >> 8) & 15u],
+                                    ck[(wc >> 12) & 15u]);
+                        } else {
+                            acc4<D>(a, qs, G, j, ck[group_code(w, c)], ck[group_code(w, c + 1)],
+                                    ck[group_code(w, c + 2)], ck[group_code(w, c + 3)]);
+                        }
                     }
                 }
                 if (KT == K_TQ3J)
                     for (int j = 0; j < D; j += 4) {
                         const unsigned bits = kr.signs[j >> 3] >> (j & 7);
-                        const float s0 = bits & 1u ? 1.0f : -1.0f, s1 = bits & 2u ? 1.0f : -1.0f,
-                                    s2 = bits & 4u ? 1.0f : -1.0f, s3 = bits & 8u ? 1.0f : -1.0f;
-#pragma unroll
-                        for (int g = 0; g < kMaxG; g++)
-                            if (g < G) {
-                                const float4 q = *reinterpret_cast<const float4 *>(qs + g * 2 * D + D + j);
-                                z[g] = fmaf(q.w, s3, fmaf(q.z, s2, fmaf(q.y, s1, fmaf(q.x, s0, z[g]))));
-                            }
+                        acc4<D>(z, qs + D, G, j, bits & 1u ? 1.0f : -1.0f, bits & 2u ? 1.0f : -1.0f,
+                                bits & 4u ? 1.0f : -1.0f, bits & 8u ? 1.0f : -1.0f); /* the S-domain half */
                     }
             }
             const float nk = KT == K_F16 ? 1.0f : kvq_f16_to_f32(*kr.norm);
