@@ -52,8 +52,8 @@ def table(rows):
              "|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append("| %s/%s | %s | %s | %.3f | %.4f | %+.2f%% | %.5f | %.4f | %.2f%% |" % (
-            r["k"], r["v"], "yes" if r["window"] else "no", "yes" if r.get("center") else "no", r["bits"], r["ppl"], r["dppl"], r["kl_mean"],
-            r["kl_p99"], 100 * r["top1"]))
+            r["k"], r["v"], "yes" if r["window"] else "no", "yes" if r.get("center") else "no", r["bits"], r["ppl"],
+            r["dppl"], r["kl_mean"], r["kl_p99"], 100 * r["top1"]))
     return "\n".join(lines) + "\n"
 
 
@@ -100,7 +100,8 @@ def plot(rows, out, title):
                 color = {"tq": "dark-cyan", "rotated": "orange"}.get(fam, color)
             parts.append("'%s' using 1:%d with points %s ps 1.0 lc rgb '%s' notitle" % (path, col, pt, color))
             parts.append("'%s.front' using 1:%d with linespoints %s ps 1.1 lc rgb '%s' dt %d title '%s%s%s'" % (
-                path, col, pt, color, 1 if win else 2, fam, " + window" if win else "", " + centred keys" if ctr else ""))
+                path, col, pt, color, 1 if win else 2, fam, " + window" if win else "",
+                " + centred keys" if ctr else ""))
             parts.append("'%s.front' using 1:%d:4 with labels offset 0,0.7 font ',7' tc rgb '%s' notitle" % (
                 path, col, color))
         gp.append("plot " + ", \\\n     ".join(parts))
@@ -153,8 +154,8 @@ def main():
                          "tokens": j["scored"]})
             r = rows[-1]
             print("frontier: %2d/%d  %-12s %-8s %6.3f bits  ppl %+6.2f%%  KL %.5f  (%.0f s)" % (
-                len(rows), total, k + "/" + v, ("win" if window else "") + ("+ctr" if center else ""), r["bits"], r["dppl"], r["kl_mean"],
-                time.time() - t0), flush=True)
+                len(rows), total, k + "/" + v, ("win" if window else "") + ("+ctr" if center else ""), r["bits"],
+                r["dppl"], r["kl_mean"], time.time() - t0), flush=True)
     meta = {"model": args.model, "text": args.text, "ctx": args.ctx, "windows": args.windows,
             "tokens": rows[0]["tokens"], "ref_ppl": rows[0]["ref_ppl"], "kvq": args.kvq}
     with open(args.out + ".json", "w") as f:
