@@ -203,6 +203,12 @@ struct kvq_fwd {
     int *seq_ids;                /* [segments] scratch; NULL: one segment only */
 };
 
+/* 1 when sc's center_k is valid for a sequence whose resolved window
+ * (recent_f16) is `window`: 0, or 1 with the window on (a centred page's keys
+ * wait in the window for the page to fill); KVQ_SEQ_CENTER_WHY says why not. */
+int kvq_seq_center_ok(const struct kvq_seq_config *sc, int window);
+#define KVQ_SEQ_CENTER_WHY "key centering (center_k) needs the recent-token window (recent_f16), which is off"
+
 /* seq.c: layer l's cache config (types, override buffers, context) for a
  * sequence config whose recent_f16 is resolved; without seed and budget. */
 void kvq_layer_cache_config(const struct kvq_model_config *c, const struct kvq_seq_config *sc, int l,

@@ -193,9 +193,8 @@ kvq_status kvq_batch_create(const kvq_model *m, const struct kvq_batch_config *c
         bc.seq.sink_tokens > KVQ_CACHE_MAX_SINK_TOKENS)
         return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "bad recent_f16 %d or sink_tokens %d", bc.seq.recent_f16,
                              bc.seq.sink_tokens);
-    if (bc.seq.center_k < 0 || bc.seq.center_k > 1 || (bc.seq.center_k && !kvq_seq_window_for(&bc.seq, c->n_layers)))
-        return kvq_error_set(err, KVQ_ERR_INVALID_ARG,
-                             "key centering (center_k) needs the recent-token window (recent_f16), which is off");
+    if (!kvq_seq_center_ok(&bc.seq, kvq_seq_window_for(&bc.seq, c->n_layers)))
+        return kvq_error_set(err, KVQ_ERR_INVALID_ARG, KVQ_SEQ_CENTER_WHY);
     kvq_batch *b = calloc(1, sizeof *b);
     if (!b)
         return kvq_error_set(err, KVQ_ERR_NOMEM, "out of memory");

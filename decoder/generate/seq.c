@@ -61,6 +61,11 @@ int kvq_seq_window_for(const struct kvq_seq_config *cfg, int n_layers)
     return 0;
 }
 
+int kvq_seq_center_ok(const struct kvq_seq_config *sc, int window)
+{
+    return sc->center_k == 0 || (sc->center_k == 1 && window);
+}
+
 /* Bytes per token of layer l (all KV heads); 0 when a type does not fit. */
 static size_t layer_row_bytes(const struct kvq_model_config *c, const struct kvq_seq_config *sc, int l)
 {
@@ -128,8 +133,7 @@ kvq_status kvq_seq_plan_of(const kvq_model *m, const struct kvq_seq_config *cfg,
     resolved.recent_f16 = kvq_seq_window_for(cfg, c->n_layers);
     cfg = &resolved;
     if (cfg->recent_f16 < 0 || cfg->recent_f16 > 1 || cfg->sink_tokens < 0 ||
-        cfg->sink_tokens > KVQ_CACHE_MAX_SINK_TOKENS || cfg->center_k < 0 || cfg->center_k > 1 ||
-        (cfg->center_k && !cfg->recent_f16))
+        cfg->sink_tokens > KVQ_CACHE_MAX_SINK_TOKENS || !kvq_seq_center_ok(cfg, cfg->recent_f16))
         return KVQ_ERR_INVALID_ARG;
     size_t max_ctx = cfg->max_ctx ? cfg->max_ctx : (size_t)c->max_ctx;
     size_t fit = SIZE_MAX, bytes_at = 0;
@@ -192,9 +196,8 @@ kvq_status kvq_seq_create(const kvq_model *m, const struct kvq_seq_config *cfg, 
     if (!sc.layer_types && (!kvq_type_traits(sc.type_k) || !kvq_type_traits(sc.type_v)))
         return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "unknown cache type");
     sc.recent_f16 = kvq_seq_window_for(&sc, c->n_layers);
-    if (sc.center_k < 0 || sc.center_k > 1 || (sc.center_k && !sc.recent_f16))
-        return kvq_error_set(err, KVQ_ERR_INVALID_ARG,
-                             "key centering (center_k) needs the recent-token window (recent_f16), which is off");
+    if (!kvq_seq_center_ok(&sc, sc.recent_f16))
+        return kvq_error_set(err, KVQ_ERR_INVALID_ARG, KVQ_SEQ_CENTER_WHY);
     if (sc.sink_tokens < 0 || sc.sink_tokens > KVQ_CACHE_MAX_SINK_TOKENS)
         return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "sink_tokens %d is outside 0..%d", sc.sink_tokens,
                              KVQ_CACHE_MAX_SINK_TOKENS);

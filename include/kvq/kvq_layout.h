@@ -25,6 +25,7 @@
 #ifndef KVQ_LAYOUT_H
 #define KVQ_LAYOUT_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -242,14 +243,37 @@ KVQ_HD static inline void kvq_page_layout_add_key_means(struct kvq_page_layout *
     pl->page_bytes += ((uint64_t)pl->n_kv_heads * pl->mean_bytes + KVQ_PAGE_ALIGN - 1) / KVQ_PAGE_ALIGN * KVQ_PAGE_ALIGN;
 }
 
+/* The scale s of a key-mean block, and the code of coordinate j. */
+KVQ_HD static inline float kvq_key_mean_scale(const uint8_t *blk)
+{
+    return kvq_f16_to_f32((uint16_t)(blk[0] | blk[1] << 8));
+}
+
+KVQ_HD static inline int kvq_key_mean_code(const uint8_t *blk, int j)
+{
+    return j & 1 ? blk[2 + j / 2] >> 4 : blk[2 + j / 2] & 15;
+}
+
+/* The code of a mean coordinate m at scale s (the block's f16 scale as a
+ * float): clamp(rint(m / s), -8, 7) + 8, 8 when s is 0. Host and device
+ * round the same way (the division correctly rounded, ties to even), so the
+ * CPU's and the GPU's packers write the same bytes. */
+KVQ_HD static inline int kvq_key_mean_quant(float m, float s)
+{
+#ifdef __CUDA_ARCH__
+    const int q = s > 0.0f ? __float2int_rn(__fdiv_rn(m, s)) : 0;
+#else
+    const int q = s > 0.0f ? (int)lrintf(m / s) : 0;
+#endif
+    return (q < -8 ? -8 : q > 7 ? 7 : q) + 8;
+}
+
 /* m~ of a key-mean block into out[d]. */
 KVQ_HD static inline void kvq_key_mean_decode(const uint8_t *blk, int d, float *out)
 {
-    const float s = kvq_f16_to_f32((uint16_t)(blk[0] | blk[1] << 8));
-    for (int j = 0; j < d; j++) {
-        const int code = j & 1 ? blk[2 + j / 2] >> 4 : blk[2 + j / 2] & 15;
-        out[j] = s * (float)(code - 8);
-    }
+    const float s = kvq_key_mean_scale(blk);
+    for (int j = 0; j < d; j++)
+        out[j] = s * (float)(kvq_key_mean_code(blk, j) - 8);
 }
 
 /** @return 0 on success, -1 when (type, d, page_tokens) is unsupported. */

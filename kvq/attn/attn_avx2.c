@@ -691,7 +691,7 @@ void kvq_attn_f16_row_avx2(const uint16_t *hk, const uint16_t *hv, const float *
  * interleaved back into coordinate order, widened to floats. */
 void kvq_attn_mean_gain_avx2(const uint8_t *blk, int d, const float *q, int n_q, float *gain)
 {
-    const float s = kvq_f16_to_f32((uint16_t)(blk[0] | blk[1] << 8));
+    const float s = kvq_key_mean_scale(blk);
     const __m256 eight = _mm256_set1_ps(8.0f);
     for (int h = 0; h < n_q; h++) {
         const float *qh = q + (size_t)h * (size_t)d;

@@ -229,12 +229,12 @@ static void f16_row_scalar(const uint16_t *hk, const uint16_t *hv, const float *
 
 void kvq_attn_mean_gain_scalar(const uint8_t *blk, int d, const float *q, int n_q, float *gain)
 {
-    const float s = kvq_f16_to_f32((uint16_t)(blk[0] | blk[1] << 8));
+    const float s = kvq_key_mean_scale(blk);
     for (int h = 0; h < n_q; h++) {
         const float *qh = q + (size_t)h * (size_t)d;
         float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         for (int j = 0; j < d; j++)
-            acc[j & 7] += qh[j] * (float)((j & 1 ? blk[2 + j / 2] >> 4 : blk[2 + j / 2] & 15) - 8);
+            acc[j & 7] += qh[j] * (float)(kvq_key_mean_code(blk, j) - 8);
         gain[h] = s * kvq_reduce8(acc);
     }
 }

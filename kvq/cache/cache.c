@@ -347,11 +347,8 @@ static void key_mean_encode(const float *m, int d, uint8_t *blk)
     blk[0] = (uint8_t)(sh & 255);
     blk[1] = (uint8_t)(sh >> 8);
     memset(blk + 2, 0, ((size_t)d + 1) / 2);
-    for (int j = 0; j < d; j++) {
-        long q = s > 0.0f ? lrintf(m[j] / s) : 0;
-        q = q < -8 ? -8 : q > 7 ? 7 : q;
-        blk[2 + j / 2] |= (uint8_t)((q + 8) << (j & 1 ? 4 : 0));
-    }
+    for (int j = 0; j < d; j++)
+        blk[2 + j / 2] |= (uint8_t)(kvq_key_mean_quant(m[j], s) << (j & 1 ? 4 : 0));
 }
 
 /* Head h's key of token t as centering reads it: its f16 rounding, from the
@@ -491,7 +488,8 @@ kvq_status kvq_cache_read(const kvq_cache *c, int kv_head, size_t t0, size_t n, 
     if (!c || kv_head < 0 || kv_head >= c->cfg.n_kv_heads || t0 > c->len || n > c->len - t0)
         return KVQ_ERR_INVALID_ARG;
     const size_t P = c->layout.page_tokens, d = (size_t)c->cfg.head_dim;
-    size_t sink_end, tail_lo;
+    size_t sink_end, tail_lo, mean_page = SIZE_MAX;
+    float mean[KVQ_MAX_DIM];
     kvq_cache_f16_view(c, c->len, &sink_end, &tail_lo);
     for (size_t i = 0; i < n; i++) {
         size_t pos = t0 + i, page = pos / P;
@@ -510,12 +508,12 @@ kvq_status kvq_cache_read(const kvq_cache *c, int kv_head, size_t t0, size_t n, 
             struct kvq_row r = kvq_head_row(&c->layout.k, head_chunk(c, page, 0, kv_head), slot);
             c->ck->traits->decode(c->ck, &r, k + i * d);
             const uint8_t *m = kvq_cache_key_mean(c, page, kv_head);
-            if (m) {
-                float mean[KVQ_MAX_DIM];
+            if (m && page != mean_page) { /* key centering: the page's mean, decoded once a page */
                 kvq_key_mean_decode(m, (int)d, mean);
-                for (size_t j = 0; j < d; j++)
-                    k[i * d + j] += mean[j];
+                mean_page = page;
             }
+            for (size_t j = 0; m && j < d; j++)
+                k[i * d + j] += mean[j];
         }
         if (v) {
             struct kvq_row r = kvq_head_row(&c->layout.v, head_chunk(c, page, 1, kv_head), slot);

@@ -63,7 +63,7 @@ __global__ void gain_kernel(const float *q, int Hq, int G, int d, kvq_dev_pages 
         /* 2-byte aligned: the section is 16-aligned, a block 2 + d / 2 bytes (d even) */
         const uint16_t *w = reinterpret_cast<const uint16_t *>(pg.pool + (uint64_t)phys * pg.page_bytes + mean_off +
                                                                (uint64_t)h * mean_bytes);
-        const float sc = c * kvq_f16_to_f32(w[0]);
+        const float sc = c * kvq_key_mean_scale(reinterpret_cast<const uint8_t *>(w));
         /* each code word read once for up to kG queries; the queries' four
          * coordinates in one shared load (the same address in every lane) */
         for (int g0 = 0; g0 < G; g0 += kG) {

@@ -677,13 +677,10 @@ kvq_status kvq_cuda_cache_append_batch(kvq_cuda_cache *c, int n_seqs, const int 
             shrink_pages(c, seqs[i], c->len[seqs[i]]);
         return st;
     }
+    const kvq_cu_pack_job *jobs = reinterpret_cast<const kvq_cu_pack_job *>(c->tok_h + 4 * (size_t)n_seqs);
     for (int i = 0; i < n_seqs; i++) {
-        if (c->center) {
-            kvq_cu_pack_job j;
-            size_t packed;
-            (void)plan_pack(c, seqs[i], c->len[seqs[i]] + 1, c->len[seqs[i]], i, &j, &packed);
-            c->packed_len[seqs[i]] = packed;
-        }
+        if (c->center && jobs[i].to > jobs[i].from) /* the keys its job packed */
+            c->packed_len[seqs[i]] = (size_t)jobs[i].to;
         c->len[seqs[i]]++;
         ring_advance(c, seqs[i], c->len[seqs[i]]);
     }

@@ -331,17 +331,14 @@ __global__ void pack_kernel(const kvq_cu_pack_job *jobs, const float *k, kvq_dev
         const float sc = scale_s;
         for (int b = threadIdx.x; 2 * b < d; b += blockDim.x) {
             unsigned byte = 0;
-            for (int i = 0; i < 2 && 2 * b + i < d; i++) {
-                int q = sc > 0.0f ? __float2int_rn(__fdiv_rn(mean[2 * b + i], sc)) : 0;
-                q = q < -8 ? -8 : q > 7 ? 7 : q;
-                byte |= (unsigned)(q + 8) << (4 * i);
-            }
+            for (int i = 0; i < 2 && 2 * b + i < d; i++)
+                byte |= (unsigned)kvq_key_mean_quant(mean[2 * b + i], sc) << (4 * i);
             blk[2 + b] = (uint8_t)byte;
         }
         __syncthreads();
     }
-    if (threadIdx.x == 0)
-        kvq_key_mean_decode(blk, d, mean);
+    for (int j = threadIdx.x; j < d; j += blockDim.x) /* m~, as kvq_key_mean_decode */
+        mean[j] = kvq_key_mean_scale(blk) * (float)(kvq_key_mean_code(blk, j) - 8);
     __syncthreads();
     for (int t = J.from + warp; t < J.to; t += kWarps) {
         for (int j = lane; j < d; j += 32)

@@ -62,8 +62,12 @@ struct prefill_params {
     float qscale;
     float alpha_k, alpha_v; /* codebook scales that make the levels ~exact in f16 (codebook_alpha) */
     tq3_lut lut_k, lut_v;   /* 3-bit codecs: alpha c as f16 bytes */
-    const float *mrot;      /* key centering: [page][H][D] the pages' key means in the queries'
-                             * domain (R_k m~; mean_rot_kernel), NULL: none */
+    float *mrot;            /* key centering: [page][H][D] the pages' key means in the queries'
+                             * domain (R_k m~; written by mean_rot_kernel for pages
+                             * [0, mean_pages) before the chunk kernel reads them), NULL: none */
+    int mean_pages;
+    uint64_t mean_off;      /* the pages' key-mean section (kvq_page_layout) */
+    uint32_t mean_bytes;
 };
 
 /* Key centering: out[(page * H + h) * D] = R_k m~ of pages [0, n_pages) of
@@ -80,12 +84,10 @@ __global__ void mean_rot_kernel(kvq_dev_pages pg, kvq_dev_codec ck, int seq, int
         return;
     const int32_t phys = pg.ptab[(size_t)seq * pg.max_pages_per_seq + (size_t)page];
     const uint8_t *blk = pg.pool + (uint64_t)phys * pg.page_bytes + mean_off + (uint64_t)h * mean_bytes;
-    const float sc = kvq_f16_to_f32((uint16_t)(blk[0] | blk[1] << 8));
+    const float sc = kvq_key_mean_scale(blk);
     float *x = buf[warp], *tmp = x + D;
-    for (int j = lane; j < D; j += 32) {
-        const int code = j & 1 ? blk[2 + j / 2] >> 4 : blk[2 + j / 2] & 15;
-        x[j] = sc * (float)(code - 8);
-    }
+    for (int j = lane; j < D; j += 32)
+        x[j] = sc * (float)(kvq_key_mean_code(blk, j) - 8);
     __syncwarp();
     const float *y = ck.rotated ? warp_rotate(ck.R, x, tmp, lane) : x;
     for (int j = lane; j < D; j += 32)
@@ -507,6 +509,11 @@ bool pipelined(const kvq_dev_codec &c)
 template <int D>
 kvq_status launch_d(const prefill_params &p, cudaStream_t stream)
 {
+    if (p.mrot && p.mean_pages > 0) {
+        const dim3 g((unsigned)((p.mean_pages + 3) / 4), (unsigned)p.H);
+        mean_rot_kernel<D><<<g, 128, 0, stream>>>(p.pg, p.ck, p.seq, p.mean_pages, p.mean_off, p.mean_bytes, p.mrot);
+        KVQ_CU_TRY(cudaGetLastError());
+    }
     if constexpr (D <= 128)
         if (pipelined(p.ck) && pipelined(p.cv))
             return p.ck.qjl ? launch<D, true, true>(p, stream) : launch<D, false, true>(p, stream);
@@ -599,30 +606,17 @@ kvq_status kvq_cuda_cache_prefill(kvq_cuda_cache *c, int seq, size_t n, const fl
         p.ov_rows = c->ov_rows;
         p.qscale = scale * kLog2e;
         if (c->center) { /* every page the chunk's packed ranges reach: the filled ones */
-            const int n_pages = (int)(c->packed_len[seq] / P);
             p.mrot = c->mrot_d;
-            if (n_pages > 0) {
-                const dim3 g((unsigned)((n_pages + 3) / 4), (unsigned)H);
-                const uint64_t mo = c->layout.mean_off;
-                const uint32_t mb = c->layout.mean_bytes;
-                switch (d) {
-                case 32: mean_rot_kernel<32><<<g, 128, 0, c->stream>>>(p.pg, p.ck, seq, n_pages, mo, mb, c->mrot_d); break;
-                case 64: mean_rot_kernel<64><<<g, 128, 0, c->stream>>>(p.pg, p.ck, seq, n_pages, mo, mb, c->mrot_d); break;
-                case 96: mean_rot_kernel<96><<<g, 128, 0, c->stream>>>(p.pg, p.ck, seq, n_pages, mo, mb, c->mrot_d); break;
-                case 128: mean_rot_kernel<128><<<g, 128, 0, c->stream>>>(p.pg, p.ck, seq, n_pages, mo, mb, c->mrot_d); break;
-                default: mean_rot_kernel<256><<<g, 128, 0, c->stream>>>(p.pg, p.ck, seq, n_pages, mo, mb, c->mrot_d); break;
-                }
-                st = kvq_cuda_status_of(cudaGetLastError());
-            }
+            p.mean_pages = (int)(c->packed_len[seq] / P);
+            p.mean_off = c->layout.mean_off;
+            p.mean_bytes = c->layout.mean_bytes;
         }
-        if (st == KVQ_OK) {
-            switch (d) {
-            case 32: st = launch_d<32>(p, c->stream); break;
-            case 64: st = launch_d<64>(p, c->stream); break;
-            case 96: st = launch_d<96>(p, c->stream); break;
-            case 128: st = launch_d<128>(p, c->stream); break;
-            default: st = launch_d<256>(p, c->stream); break;
-            }
+        switch (d) {
+        case 32: st = launch_d<32>(p, c->stream); break;
+        case 64: st = launch_d<64>(p, c->stream); break;
+        case 96: st = launch_d<96>(p, c->stream); break;
+        case 128: st = launch_d<128>(p, c->stream); break;
+        default: st = launch_d<256>(p, c->stream); break;
         }
     }
     if (st != KVQ_OK && c->len[seq] > pos0)
