@@ -206,7 +206,7 @@ static const struct shape SH_CAUSAL_D100[] = {{.dim = 100, .n_tokens = 140, .pos
 
 enum { F32 = KVQ_TYPE_F32, F16 = KVQ_TYPE_F16, Q8 = KVQ_TYPE_Q8_0, Q4 = KVQ_TYPE_Q4_0, T1 = KVQ_TYPE_TQ1,
        T2 = KVQ_TYPE_TQ2, T3 = KVQ_TYPE_TQ3, T4 = KVQ_TYPE_TQ4, T1J = KVQ_TYPE_TQ1J, T2J = KVQ_TYPE_TQ2J,
-       T3J = KVQ_TYPE_TQ3J, T4J = KVQ_TYPE_TQ4J };
+       T3J = KVQ_TYPE_TQ3J, T4J = KVQ_TYPE_TQ4J, T5 = KVQ_TYPE_TQ5, T6 = KVQ_TYPE_TQ6, T8 = KVQ_TYPE_TQ8 };
 
 /* GPU attention: a batch of sequences of 1, 77, 600 and 3001 tokens plus the
  * longest again; query heads per KV head, page sizes (32- and 16-token
@@ -232,6 +232,11 @@ static const struct attend_case {
     ATT(T4, T3, 128, 4, 64, HADAMARD),  ATT(T4, F16, 64, 8, 32, HADAMARD),  ATT(T4, T3, 128, 6, 48, HADAMARD),
     ATT(T3J, T3, 64, 4, 64, HADAMARD),  ATT(T3, F16, 64, 8, 32, IDENTITY),  ATT(F16, T3, 256, 2, 64, HADAMARD),
     ATT(T3J, F16, 256, 8, 16, HADAMARD), ATT(F16, F16, 96, 3, 48, HADAMARD),
+    /* codebooks of 5 to 8 bits (device tables), and other codebooks read a
+     * code at a time: the group kernel's K_CB and V_CB */
+    ATT(T5, T3, 128, 4, 64, HADAMARD),  ATT(T8, T6, 64, 8, 32, HADAMARD),   ATT(T6, T5, 128, 2, 48, HADAMARD),
+    ATT(T5, T8, 96, 4, 64, HADAMARD),   ATT(T2, T5, 128, 4, 64, HADAMARD),  ATT(T3J, T5, 256, 2, 64, HADAMARD),
+    ATT(F16, T6, 64, 4, 16, HADAMARD),  ATT(T8, T8, 128, 1, 64, HADAMARD),  ATT(T4, T1, 128, 8, 64, IDENTITY),
 #undef ATT
 };
 
@@ -245,13 +250,13 @@ static const struct {
     ATT(T3J, T3, 128, 4, 64, HADAMARD), ATT(T3J, T3, 128, 8, 16, HADAMARD), ATT(T3, T3, 128, 3, 32, HADAMARD),
     ATT(F16, F16, 128, 4, 64, HADAMARD), ATT(T3, F16, 128, 8, 64, IDENTITY), ATT(T3J, T3, 96, 4, 64, HADAMARD),
     ATT(T4J, T2, 128, 4, 48, HADAMARD), ATT(F32, F16, 64, 2, 16, HADAMARD), ATT(T3J, T3, 64, 4, 64, HADAMARD),
-    ATT(T3J, T3, 256, 2, 64, HADAMARD),
+    ATT(T3J, T3, 256, 2, 64, HADAMARD), ATT(T5, T4, 128, 4, 64, HADAMARD), ATT(T8, T6, 64, 2, 32, HADAMARD),
 #undef ATT
     /* key centering: the page means' scores in the fused kernel (integer and
      * f16 scores), the group and reference kernels, pages packed when they fill */
 #define ATC(k, v, d, g, p) {k, v, {.dim = d, .G = g, .page_tokens = p, .rot = KVQ_ROT_HADAMARD, .center = 1}}
     ATC(T3J, T3, 128, 4, 64), ATC(T3J, T3, 128, 8, 16), ATC(T3, T3, 128, 3, 32), ATC(F16, F16, 128, 4, 64),
-    ATC(T4, T3, 128, 4, 64),  ATC(T3J, T3, 96, 4, 64),
+    ATC(T4, T3, 128, 4, 64),  ATC(T3J, T3, 96, 4, 64), ATC(T5, T3, 128, 4, 64), ATC(T6, T5, 64, 2, 32),
 #undef ATC
 };
 
@@ -270,12 +275,14 @@ static const struct {
     PF(T3J, T3, 96, 4, 64, HADAMARD, 1, 4),  PF(T3, F16, 128, 8, 64, IDENTITY, 1, 0),
     PF(T3J, T3, 256, 2, 64, HADAMARD, 1, 4), PF(T3J, T3, 32, 4, 16, HADAMARD, 1, 0),
     PF(T4, T1, 64, 1, 32, HADAMARD, 0, 0),   PF(T3J, T3, 128, 16, 64, HADAMARD, 1, 4),
+    PF(T5, T4, 128, 4, 64, HADAMARD, 1, 4),  PF(T8, T6, 64, 2, 64, HADAMARD, 0, 0),
+    PF(T6, T5, 256, 2, 64, HADAMARD, 1, 0),  PF(T8, T8, 128, 8, 16, HADAMARD, 1, 4),
 #undef PF
     /* key centering: the page means' gains in the chunk kernel, pipelined
      * and not, pages that tiles cross (48, sinks) */
 #define PFC(k, v, d, g, p, s) {k, v, {.dim = d, .G = g, .page_tokens = p, .rot = KVQ_ROT_HADAMARD, .window = 1, .sinks = s, .center = 1}}
     PFC(T3J, T3, 128, 4, 64, 4), PFC(T3J, T3, 128, 8, 16, 0), PFC(F16, F16, 128, 4, 64, 0),
-    PFC(T4J, T2, 128, 4, 48, 0), PFC(T3J, T3, 96, 4, 64, 4),
+    PFC(T4J, T2, 128, 4, 48, 0), PFC(T3J, T3, 96, 4, 64, 4), PFC(T5, T3, 128, 4, 64, 4),
 #undef PFC
 };
 
@@ -726,7 +733,7 @@ static int row_supports(const struct tcase *c, enum backend b)
 {
     if (b == BE_AVX2)
         return !c->sh->page_tokens; /* SH_ROW_PAGES: the GPU encoder's page sizes */
-    /* the GPU encoder: f32, f16 and the tq types up to 4 bits (q8_0/q4_0 pages
+    /* the GPU encoder: f32, f16 and every tq type (q8_0/q4_0 pages
      * are uploaded; the kvq_layout_cpu_only types have no device kernels) */
     return b == BE_CUDA && c->op == OP_ENCODE && kvq_layout_on_device(c->tk) && c->tk != Q8 && c->tk != Q4;
 }

@@ -786,13 +786,12 @@ static void test_f16_overrides_bad_config(void)
     CHECK(g == NULL);
 }
 
-/* The CPU-only types (rotated baselines, q4_1/q5_0/q5_1, codebooks over 4 bits) are refused
- * as K or V, with or without a device, and nothing is created. */
+/* The CPU-only types (rotated baselines, q4_1/q5_0/q5_1) are refused as K or V, with or
+ * without a device, and nothing is created. */
 static void test_cpu_only_types(void)
 {
-    static const enum kvq_type cpu_only[] = {KVQ_TYPE_Q8_0R, KVQ_TYPE_Q4_0R, KVQ_TYPE_TQ5,  KVQ_TYPE_TQ6,
-                                             KVQ_TYPE_TQ8,   KVQ_TYPE_Q4_1,  KVQ_TYPE_Q5_0, KVQ_TYPE_Q5_1,
-                                             KVQ_TYPE_Q4_1R, KVQ_TYPE_Q5_0R, KVQ_TYPE_Q5_1R};
+    static const enum kvq_type cpu_only[] = {KVQ_TYPE_Q8_0R, KVQ_TYPE_Q4_0R, KVQ_TYPE_Q4_1,  KVQ_TYPE_Q5_0,
+                                             KVQ_TYPE_Q5_1,  KVQ_TYPE_Q4_1R, KVQ_TYPE_Q5_0R, KVQ_TYPE_Q5_1R};
     for (size_t i = 0; i < sizeof cpu_only / sizeof cpu_only[0]; i++)
         for (int side = 0; side < 2; side++) {
             struct kvq_cuda_cache_config cfg;

@@ -132,9 +132,9 @@ KVQ_HD static inline int kvq_layout_base_type(int t)
     }
 }
 
-/* Whether the CUDA cache has kernels for type t: f32, f16, q8_0, q4_0 and the
- * tq types up to 4 bits. The others (rotated baselines, q4_1, q5_0, q5_1,
- * tq5/tq6/tq8) are CPU-only for now; the CUDA cache refuses them. */
+/* Whether the CUDA cache has kernels for type t: f32, f16, q8_0, q4_0 and
+ * every tq type. The others (rotated baselines, q4_1, q5_0, q5_1) are
+ * CPU-only for now; the CUDA cache refuses them. */
 KVQ_HD static inline int kvq_layout_on_device(int t)
 {
     switch (t) {
@@ -142,10 +142,7 @@ KVQ_HD static inline int kvq_layout_on_device(int t)
     case KVQ_TYPE_F16:
     case KVQ_TYPE_Q8_0:
     case KVQ_TYPE_Q4_0: return 1;
-    default: {
-        const int b = kvq_layout_tq_bits(t);
-        return b >= 1 && b <= 4;
-    }
+    default: return kvq_layout_tq_bits(t) > 0;
     }
 }
 

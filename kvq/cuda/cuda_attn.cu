@@ -488,19 +488,41 @@ using group_fn = void (*)(ref_params);
 template <int D>
 group_fn group_pick(int kt, int vt)
 {
-    static const group_fn t[4][2] = {
-        {group::group_kernel<D, group::K_TQ3, group::V_TQ3>, group::group_kernel<D, group::K_TQ3, group::V_F16>},
-        {group::group_kernel<D, group::K_TQ3J, group::V_TQ3>, group::group_kernel<D, group::K_TQ3J, group::V_F16>},
-        {group::group_kernel<D, group::K_F16, group::V_TQ3>, group::group_kernel<D, group::K_F16, group::V_F16>},
-        {group::group_kernel<D, group::K_TQ4, group::V_TQ3>, group::group_kernel<D, group::K_TQ4, group::V_F16>}};
+#define KVQ_GROUP_ROW(K) \
+    {group::group_kernel<D, K, group::V_TQ3>, group::group_kernel<D, K, group::V_F16>, \
+     group::group_kernel<D, K, group::V_CB>}
+    static const group_fn t[group::N_KT][group::N_VT] = {KVQ_GROUP_ROW(group::K_TQ3), KVQ_GROUP_ROW(group::K_TQ3J),
+                                                         KVQ_GROUP_ROW(group::K_F16), KVQ_GROUP_ROW(group::K_TQ4),
+                                                         KVQ_GROUP_ROW(group::K_CB)};
+#undef KVQ_GROUP_ROW
     return kt >= 0 && vt >= 0 ? t[kt][vt] : NULL;
+}
+
+/* The group kernel's way of reading a codec's rows; -1: it does not read
+ * them (QJL signs other than tq3j keys', the llama.cpp blocks, f32). */
+static int group_ktype(const kvq_dev_codec &k)
+{
+    if (k.type == KVQ_TYPE_F16)
+        return group::K_F16;
+    if (!k.rotated)
+        return -1;
+    if (k.qjl)
+        return k.type == KVQ_TYPE_TQ3J ? group::K_TQ3J : -1;
+    return k.bits == 3 ? group::K_TQ3 : k.bits == 4 ? group::K_TQ4 : group::K_CB;
+}
+
+static int group_vtype(const kvq_dev_codec &v)
+{
+    if (v.type == KVQ_TYPE_F16)
+        return group::V_F16;
+    if (!v.rotated || v.qjl)
+        return -1;
+    return v.bits == 3 ? group::V_TQ3 : group::V_CB;
 }
 
 group_fn group_of(const kvq_cuda_cache *c, int G)
 {
-    const int kt = c->dk.type == KVQ_TYPE_TQ3 ? group::K_TQ3 : c->dk.type == KVQ_TYPE_TQ3J ? group::K_TQ3J
-                 : c->dk.type == KVQ_TYPE_F16 ? group::K_F16 : c->dk.type == KVQ_TYPE_TQ4 ? group::K_TQ4 : -1;
-    const int vt = c->dv.type == KVQ_TYPE_TQ3 ? group::V_TQ3 : c->dv.type == KVQ_TYPE_F16 ? group::V_F16 : -1;
+    const int kt = group_ktype(c->dk), vt = group_vtype(c->dv);
     if (G > group::kMaxG || !c->ref_part_d)
         return NULL;
     switch (c->cfg.cache.head_dim) {
@@ -508,8 +530,8 @@ group_fn group_of(const kvq_cuda_cache *c, int G)
         return group_pick<64>(kt, vt);
     case 96:
         return group_pick<96>(kt, vt);
-    case 128: /* where the fused kernel does not apply: tq4 keys */
-        return kt == group::K_TQ4 ? group_pick<128>(kt, vt) : NULL;
+    case 128: /* where the fused kernel does not apply: codebooks other than 3 bits */
+        return kt == group::K_TQ4 || kt == group::K_CB || vt == group::V_CB ? group_pick<128>(kt, vt) : NULL;
     case 256:
         return group_pick<256>(kt, vt);
     default:
@@ -558,8 +580,10 @@ kvq_status kvq_cu_attn_init(kvq_cuda_cache *c)
     }
     /* f16 tables of the levels (the fused kernel: tq3; the prefill kernel:
      * any tq type) */
-    c->alpha_k = c->dk.rotated ? codebook_alpha(c->dk.centroids, c->dk.levels) : 1.0f;
-    c->alpha_v = c->dv.rotated ? codebook_alpha(c->dv.centroids, c->dv.levels) : 1.0f;
+    c->alpha_k = c->dk.rotated && c->dk.levels <= KVQ_CUDA_TQ_MAX_LEVELS ? codebook_alpha(c->dk.centroids, c->dk.levels)
+                                                                          : 1.0f;
+    c->alpha_v = c->dv.rotated && c->dv.levels <= KVQ_CUDA_TQ_MAX_LEVELS ? codebook_alpha(c->dv.centroids, c->dv.levels)
+                                                                          : 1.0f;
     /* the reference kernel's splits, where AUTO takes it (any type the
      * fused kernel does not read): enough for kRefBlocksPerSm blocks per SM
      * at small batches (larger ones fill the GPU without splits) */
@@ -823,7 +847,7 @@ static kvq_status attend_cores(kvq_cuda_cache *c, int nb, const int *seqs, const
     if (gk) { /* a block per KV head and split */
         const int S = ref_splits(c, nb, H, lo, hi, n_splits);
         rp.n_splits = S < group_room ? S : group_room;
-        const size_t gsmem = ((size_t)G * 2 * d + 4 * (size_t)G * (d + 2) + 24) * sizeof(float);
+        const size_t gsmem = ((size_t)G * 2 * d + 4 * (size_t)G * (d + 2) + 2 * KVQ_CUDA_LEVELS_CAP) * sizeof(float);
         if (gsmem > 48 * 1024)
             KVQ_CU_TRY(cudaFuncSetAttribute(gk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gsmem));
         KVQ_CU_RET(kvq_cu_launch(c->step, false, gk, dim3((unsigned)H, (unsigned)nb, (unsigned)rp.n_splits), dim3(128),

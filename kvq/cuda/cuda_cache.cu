@@ -34,7 +34,7 @@ static size_t rot_floats(const kvq_rotation *r)
 
 size_t kvq_cu_codec_table_floats(const kvq_codec *c)
 {
-    return rot_floats(c->rot) + rot_floats(c->qjl);
+    return rot_floats(c->rot) + rot_floats(c->qjl) + (c->levels > 0 ? 2 * (size_t)c->levels - 1 : 0);
 }
 
 static kvq_status rot_upload(const kvq_rotation *r, float **cursor, struct kvq_dev_rot *d)
@@ -88,6 +88,12 @@ kvq_status kvq_cu_codec_upload(const kvq_codec *c, float *tables, struct kvq_dev
         st = rot_upload(c->qjl, &cursor, &d->S);
     if (st != KVQ_OK)
         return st;
+    if (c->levels > 0) {
+        KVQ_CU_TRY(cudaMemcpy(cursor, c->centroids, (size_t)c->levels * sizeof(float), cudaMemcpyHostToDevice));
+        KVQ_CU_TRY(cudaMemcpy(cursor + c->levels, c->boundaries, (size_t)(c->levels - 1) * sizeof(float),
+                              cudaMemcpyHostToDevice));
+        d->levels_d = cursor;
+    }
     if (!d->rotated)
         d->gpu_encode = d->type == KVQ_TYPE_F32 || d->type == KVQ_TYPE_F16;
     else
@@ -302,10 +308,10 @@ kvq_status kvq_cuda_cache_create(const struct kvq_cuda_cache_config *cfg, kvq_cu
         return KVQ_ERR_INVALID_ARG;
     if (cfg->cache.sink_tokens < 0 || cfg->cache.sink_tokens > KVQ_CACHE_MAX_SINK_TOKENS)
         return KVQ_ERR_INVALID_ARG;
-    /* Rotated baselines, q4_1/q5_0/q5_1 and codebooks over 4 bits have no
-     * device kernels yet (the rotated ones would need the query rotation of
-     * the tq path with the baseline block readers, q4_1/q5_x their own block
-     * readers, the wide codebooks wider centroid tables). */
+    /* Rotated baselines and q4_1/q5_0/q5_1 have no device kernels yet (the
+     * rotated ones would need the query rotation of the tq path with the
+     * baseline block readers and a block encoder, q4_1/q5_x their own block
+     * readers). */
     if (kvq_layout_cpu_only((int)cfg->cache.type_k) || kvq_layout_cpu_only((int)cfg->cache.type_v))
         return KVQ_ERR_UNSUPPORTED;
     if (kvq_cuda_require_device() != KVQ_OK)

@@ -174,15 +174,13 @@ __device__ void encode_row(const kvq_dev_codec &cd, const float *x, kvq_row row,
         int c[4];
 #pragma unroll
         for (int k = 0; k < 4; k++) {
-            c[k] = 0;
-            for (int i = 0; i + 1 < cd.levels; i++)
-                c[k] += v[k] > cd.boundaries[i];
+            c[k] = kvq_cu_bucket(cd, v[k]);
             idx[lane + 32 * k] = (uint8_t)c[k];
         }
         if (cd.qjl) {
 #pragma unroll
             for (int k = 0; k < 4; k++)
-                buf1[lane + 32 * k] = v[k] = __fsub_rn(v[k], cd.centroids[c[k]]);
+                buf1[lane + 32 * k] = v[k] = __fsub_rn(v[k], kvq_cu_centroid(cd, (unsigned)c[k]));
             __syncwarp();
             gamma = warp_norm(buf1, d, lane);
             rot128_apply(cd.S, sg_s, v, lane);
@@ -197,15 +195,12 @@ __device__ void encode_row(const kvq_dev_codec &cd, const float *x, kvq_row row,
         __syncwarp();
         float *y = warp_rotate(cd.R, buf0, buf1, lane);
         for (int j = lane; j < d; j += 32) {
-            int c = 0;
-            for (int i = 0; i + 1 < cd.levels; i++)
-                c += y[j] > cd.boundaries[i];
-            idx[j] = (uint8_t)c;
+            idx[j] = (uint8_t)kvq_cu_bucket(cd, y[j]);
         }
         __syncwarp();
         if (cd.qjl) {
             for (int j = lane; j < d; j += 32)
-                y[j] = __fsub_rn(y[j], cd.centroids[idx[j]]);
+                y[j] = __fsub_rn(y[j], kvq_cu_centroid(cd, idx[j]));
             __syncwarp();
             gamma = warp_norm(y, d, lane);
             float *z = warp_rotate(cd.S, y, y == buf0 ? buf1 : buf0, lane);

@@ -1,7 +1,9 @@
 /* cuda_group.cuh - decode attention on CUDA cores where the fused kernel does
  * not apply: head dims 64, 96, 256 for the fused kernel's types (K tq3j, tq3
- * or f16; V tq3 or f16), and tq4 keys at those dims and 128 (the fused
- * kernel reads 3-bit codes only). Included by cuda_attn.cu after ref_params.
+ * or f16; V tq3 or f16), and at those dims and 128 the codebooks the fused
+ * kernel does not read (it reads 3-bit codes only): tq4 keys, and keys and
+ * values of any other tq type without QJL signs (tq1, tq2, tq5, tq6, tq8).
+ * Included by cuda_attn.cu after ref_params.
  *
  * The reference kernel gives a warp one token at a time: a dot product
  * spread over the lanes, two warp reductions and an exp per token and query
@@ -22,8 +24,23 @@
 namespace group {
 
 constexpr int kMaxG = 8;
-enum { K_TQ3 = 0, K_TQ3J = 1, K_F16 = 2, K_TQ4 = 3 };
-enum { V_TQ3 = 0, V_F16 = 1 };
+/* K_CB, V_CB: any codebook without QJL signs, codes in stream order read
+ * one at a time (code_stream) */
+enum { K_TQ3 = 0, K_TQ3J = 1, K_F16 = 2, K_TQ4 = 3, K_CB = 4, N_KT };
+enum { V_TQ3 = 0, V_F16 = 1, V_CB = 2, N_VT };
+
+/* Code j of a row of `bits`-bit codes in stream order (code j's bit b at
+ * stream bit bits * j + b, LSB first; kvq_layout.h): one or two bytes, as
+ * bits <= 8. The second byte is read only when the code reaches into it, so
+ * a row's last code never reads past the row. */
+__device__ __forceinline__ unsigned code_stream(const uint8_t *codes, int bits, int j)
+{
+    const unsigned pos = (unsigned)(bits * j), sh = pos & 7u;
+    unsigned v = (unsigned)codes[pos >> 3] >> sh;
+    if (sh + (unsigned)bits > 8u)
+        v |= (unsigned)codes[(pos >> 3) + 1] << (8u - sh);
+    return v & ((1u << bits) - 1u);
+}
 
 /* The 12 bytes of 32 3-bit codes (device order) as three words: a row's
  * codes start 4-byte aligned (the code section follows the 2-byte norms of
@@ -94,7 +111,7 @@ __device__ __forceinline__ float lane_sum(float v)
 
 /* Grid (KV head, entry, split), 128 threads. Shared memory: the G queries
  * (2D floats each: R q and S R q, scaled), 4 x G x (D + 2) floats for
- * merging the warps, the 16 + 8 levels of K and V. */
+ * merging the warps, the levels of K and V (KVQ_CUDA_LEVELS_CAP each). */
 template <int D, int KT, int VT>
 __global__ void __launch_bounds__(128) group_kernel(const __grid_constant__ ref_params p)
 {
@@ -104,14 +121,15 @@ __global__ void __launch_bounds__(128) group_kernel(const __grid_constant__ ref_
     const int seq = p.ids.seq[b], len = p.ids.len[b], lo = p.ids.lo[b], S = p.n_splits;
     const int per = (len - lo + S - 1) / S, t0 = lo + (int)blockIdx.z * per;
     const int t1 = t0 + per < len ? t0 + per : len;
-    float *qs = sh, *mrg = sh + G * 2 * D, *ck = mrg + 4 * G * (D + 2), *cv = ck + 16; /* levels: looked up by code */
+    float *qs = sh, *mrg = sh + G * 2 * D, *ck = mrg + 4 * G * (D + 2), *cv = ck + KVQ_CUDA_LEVELS_CAP;
     const float *src = p.qprep + ((size_t)b * p.Hq + (size_t)h * G) * 2 * D; /* the group's heads are consecutive */
     for (int i = threadIdx.x; i < G * 2 * D; i += blockDim.x)
         qs[i] = src[i];
-    if (threadIdx.x < 16)
-        ck[threadIdx.x] = p.ck.centroids[(int)threadIdx.x < p.ck.levels ? threadIdx.x : 0];
-    if (threadIdx.x < 8)
-        cv[threadIdx.x] = p.cv.centroids[(int)threadIdx.x < p.cv.levels ? threadIdx.x : 0];
+    /* the levels, looked up by code */
+    for (int i = threadIdx.x; KT != K_F16 && i < p.ck.levels; i += blockDim.x)
+        ck[i] = kvq_cu_centroid(p.ck, (unsigned)i);
+    for (int i = threadIdx.x; VT != V_F16 && i < p.cv.levels; i += blockDim.x)
+        cv[i] = kvq_cu_centroid(p.cv, (unsigned)i);
     __syncthreads();
     const kvq_dev_pages &pg = p.pg;
     float m[kMaxG], l[kMaxG], acc[kMaxG][ND];
@@ -136,7 +154,7 @@ __global__ void __launch_bounds__(128) group_kernel(const __grid_constant__ ref_
             const kvq_row kr = kvq_dev_row(&pg.dl, pbase, 0, (uint32_t)h, slot);
             const kvq_row vr = kvq_dev_row(&pg.dl, pbase, 1, (uint32_t)h, slot);
             vcodes = vr.codes;
-            if (VT == V_TQ3)
+            if (VT != V_F16)
                 nv = kvq_f16_to_f32(*vr.norm);
             float a[kMaxG], z[kMaxG];
 #pragma unroll
@@ -146,6 +164,11 @@ __global__ void __launch_bounds__(128) group_kernel(const __grid_constant__ ref_
                 for (int j = 0; j < D; j += 4)
                     acc4<D>(a, qs, G, j, f16_elem(kr.codes, j), f16_elem(kr.codes, j + 1),
                             f16_elem(kr.codes, j + 2), f16_elem(kr.codes, j + 3));
+            } else if (KT == K_CB) {
+                const int bits = p.ck.bits;
+                for (int j = 0; j < D; j += 4)
+                    acc4<D>(a, qs, G, j, ck[code_stream(kr.codes, bits, j)], ck[code_stream(kr.codes, bits, j + 1)],
+                            ck[code_stream(kr.codes, bits, j + 2)], ck[code_stream(kr.codes, bits, j + 3)]);
             } else {
                 for (int grp = 0; grp < ND; grp++) {
                     uint32_t w[4];
@@ -221,6 +244,8 @@ __global__ void __launch_bounds__(128) group_kernel(const __grid_constant__ ref_
                 float val;
                 if (VT == V_F16) {
                     val = f16_elem(vr, lane + 32 * k);
+                } else if (VT == V_CB) {
+                    val = cv[code_stream(vr, p.cv.bits, lane + 32 * k)];
                 } else {
                     uint32_t w[3];
                     load_words(vr + 12 * k, w);

@@ -45,9 +45,15 @@ struct kvq_dev_rot {
     const float *mix;   /* m * m, NULL when m == 1 */
 };
 
-/* The device kernels take codebooks of up to 4 bits (kvq_cuda_cache_create
- * refuses tq5, tq6, tq8): the codec travels by value as a kernel argument. */
+/* A codec travels by value as a kernel argument, with codebooks of up to 4
+ * bits inline (what the fused kernel and the tq3/tq4 paths index); every
+ * codebook, the 5- to 8-bit ones of tq5, tq6 and tq8 included, is also in
+ * device memory (kvq_dev_codec.levels_d): 256 levels inline would make every
+ * launch carry 4 KB of parameters. */
 #define KVQ_CUDA_TQ_MAX_LEVELS 16
+/* Levels of the widest codebook (tq8): the shared-memory tables of the group
+ * and prefill kernels. */
+#define KVQ_CUDA_LEVELS_CAP 256
 
 /* Everything a kernel needs about one codec (passed by value). */
 struct kvq_dev_codec {
@@ -57,8 +63,39 @@ struct kvq_dev_codec {
     float centroids[KVQ_CUDA_TQ_MAX_LEVELS];
     float boundaries[KVQ_CUDA_TQ_MAX_LEVELS - 1];
     float kappa;       /* qjl_kappa_f */
+    const float *levels_d; /* tq types: levels centroids, then levels - 1 boundaries (device) */
     struct kvq_dev_rot R, S;
 };
+
+/* Centroid i of a tq codec, from the argument or, over 4 bits, from device
+ * memory. */
+__device__ __forceinline__ float kvq_cu_centroid(const kvq_dev_codec &c, unsigned i)
+{
+    return c.levels <= KVQ_CUDA_TQ_MAX_LEVELS ? c.centroids[i] : c.levels_d[i];
+}
+
+/* The code of rotated coordinate y: the number of boundaries y exceeds, as
+ * the CPU encoder counts them (tq_ref.c; the binary search gives the same
+ * count over the ascending boundaries, as tq_avx2.c's does). */
+__device__ __forceinline__ int kvq_cu_bucket(const kvq_dev_codec &c, float y)
+{
+    if (c.levels <= KVQ_CUDA_TQ_MAX_LEVELS) {
+        int k = 0;
+        for (int i = 0; i + 1 < c.levels; i++)
+            k += y > c.boundaries[i];
+        return k;
+    }
+    const float *b = c.levels_d + c.levels;
+    int lo = 0, hi = c.levels - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi) >> 1;
+        if (y > b[mid])
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
 
 /* Where the pages live and how a page is laid out (kvq_layout.h, "device
  * page layout"). */
@@ -135,7 +172,7 @@ struct kvq_cuda_cache {
     int center;
     size_t *packed_len;
     float *gain_d;
-    float *mrot_d; /* the prefill kernel's rotated page means: [max_pages_per_seq][H][d] */            /* compute capability (programmatic dependent launch needs 9) */
+    float *mrot_d; /* the prefill kernel's rotated page means: [max_pages_per_seq][H][d] */
 };
 
 struct kvq_dev_pages kvq_cu_pages_of(const kvq_cuda_cache *c);

@@ -23,7 +23,10 @@
  *    f16. f16 keys: their elements;
  *  - a packed tq value: V' = alpha c[idx], its norm / alpha folded into the
  *    softmax weight that meets it; f16 values: their elements;
- *  - an f16 row (sinks, the recent window): K' = [R_k k, 0], V' = R_v v;
+ *  - a packed key of a codebook over 4 bits: K' = [hi, lo] of alpha c[idx]
+ *    in f16 (kvq_prefill_split_k), against Q' = c [R_k q, R_k q];
+ *  - an f16 row (sinks, the recent window): K' = [R_k k, 0] (QJL keys) or
+ *    [hi, lo] of R_k k (split keys), V' = R_v v;
  * and the output is R_v^T (sum p V') / l. Each row's keys come in two
  * passes over one softmax: the packed tokens [se, tl), then the f16 ones,
  * [0, se) from the sink rows and [tl, n) from the chunk's own input, where
@@ -116,17 +119,17 @@ __global__ void __launch_bounds__(tile_layout<D, QJL, PIPE>::warps * 32, 1)
     auto vbuf = [&](int b) { return reinterpret_cast<__half *>(tiles + b * (L::k_bytes + L::v_bytes) + L::k_bytes); };
     __half *Ks = kbuf(0), *Vs = vbuf(0);
     float *ksc = scales, *vsc = scales + kKeys;
-    float *cent_k = scales + 2 * L::bufs * kKeys, *cent_v = cent_k + 16;
+    float *cent_k = scales + 2 * L::bufs * kKeys, *cent_v = cent_k + KVQ_CUDA_LEVELS_CAP;
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int h = blockIdx.y, G = p.G, ppt = kRows / G; /* positions per block */
     const int i0 = blockIdx.x * ppt;                    /* first chunk position of the block */
     float *xw = scratch + warp * 2 * D, *yw = xw + D;
     const tq3_lut lut_k = p.lut_k, lut_v = p.lut_v;
-    if (tid < KVQ_CUDA_TQ_MAX_LEVELS) {
-        cent_k[tid] = tid < p.ck.levels ? p.alpha_k * p.ck.centroids[tid] : 0.0f;
-        cent_v[tid] = tid < p.cv.levels ? p.alpha_v * p.cv.centroids[tid] : 0.0f;
-    }
+    for (int i = tid; i < p.ck.levels; i += blockDim.x)
+        cent_k[i] = p.alpha_k * kvq_cu_centroid(p.ck, (unsigned)i);
+    for (int i = tid; i < p.cv.levels; i += blockDim.x)
+        cent_v[i] = p.alpha_v * kvq_cu_centroid(p.cv, (unsigned)i);
 
     /* 1. queries: Q' = c [R_k q, S_k R_k q] as f16 hi rows, and the rounding
      * of the first half as lo rows (invalid rows: zero) */
@@ -145,9 +148,14 @@ __global__ void __launch_bounds__(tile_layout<D, QJL, PIPE>::warps * 32, 1)
         }
         __syncwarp();
         if constexpr (QJL) {
-            float *z = warp_rotate(p.ck.S, y, y == xw ? yw : xw, lane);
-            for (int j = lane; j < D; j += 32)
-                Qs[r * KS + D + j] = __float2half_rn(z[j]);
+            if (p.ck.qjl) {
+                float *z = warp_rotate(p.ck.S, y, y == xw ? yw : xw, lane);
+                for (int j = lane; j < D; j += 32)
+                    Qs[r * KS + D + j] = __float2half_rn(z[j]);
+            } else { /* the keys' lo halves meet the queries' hi rows */
+                for (int j = lane; j < D; j += 32)
+                    Qs[r * KS + D + j] = Qs[r * KS + j];
+            }
         }
         __syncwarp();
     }
@@ -440,9 +448,10 @@ __global__ void __launch_bounds__(tile_layout<D, QJL, PIPE>::warps * 32, 1)
                     } else {
                         const float *y = p.ck.rotated ? warp_rotate(p.ck.R, xw, yw, lane) : xw;
                         for (int j = lane; j < D; j += 32) {
-                            Ks[i * KS + j] = __float2half_rn(y[j]);
-                            if (QJL)
-                                Ks[i * KS + D + j] = __float2half_rn(0.0f);
+                            const __half hi = __float2half_rn(y[j]);
+                            Ks[i * KS + j] = hi;
+                            if (QJL) /* no sign residual; a split key's lo half */
+                                Ks[i * KS + D + j] = __float2half_rn(p.ck.qjl ? 0.0f : y[j] - __half2float(hi));
                         }
                     }
                     __syncwarp();
@@ -517,7 +526,7 @@ kvq_status launch_d(const prefill_params &p, cudaStream_t stream)
     if constexpr (D <= 128)
         if (pipelined(p.ck) && pipelined(p.cv))
             return p.ck.qjl ? launch<D, true, true>(p, stream) : launch<D, false, true>(p, stream);
-    return p.ck.qjl ? launch<D, true, false>(p, stream) : launch<D, false, false>(p, stream);
+    return kvq_prefill_split_k(p.ck) ? launch<D, true, false>(p, stream) : launch<D, false, false>(p, stream);
 }
 
 } /* namespace */

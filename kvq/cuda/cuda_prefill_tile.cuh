@@ -59,12 +59,23 @@ __device__ __forceinline__ void raw_expand(bool tq, const uint32_t w[16], const 
 }
 
 /* Elements [j0, j0 + 32) of a packed row into dst (f16): for tq types the
- * scaled levels cent[idx] (alpha c, ~exact in f16: the row's norm / alpha
- * is applied in f32 outside, *scale), and for QJL keys alpha |r| kappa
- * sign into dst_s; other types their elements (*scale = 1). 3-bit codes
- * go through lut (the same levels as f16 bytes), others through cent, in
- * shared memory: a kernel parameter indexed by code would serialise the
- * warp. */
+ * scaled levels cent[idx] (alpha c, ~exact in f16 up to 4 bits: the row's
+ * norm / alpha is applied in f32 outside, *scale), and into dst_s for QJL
+ * keys alpha |r| kappa sign, for the wider codebooks' keys what f16 lost of
+ * each level (kvq_prefill_split_k); other types their elements (*scale = 1).
+ * 3-bit codes go through lut (the same levels as f16 bytes), others through
+ * cent, in shared memory: a kernel parameter indexed by code would
+ * serialise the warp. */
+/* Whether the chunk kernel gives keys of codec k a second half (its QJL
+ * layout, KD = 2D): the QJL signs, or for codebooks over 4 bits what f16
+ * rounding takes from each level (up to 4.5e-4 relative for 8 bits, where
+ * codebook_alpha's search brings 3 bits to 2.6e-5 and 4 bits to 9.6e-5),
+ * scored against the queries' f16 rows. */
+__host__ __device__ __forceinline__ bool kvq_prefill_split_k(const kvq_dev_codec &k)
+{
+    return k.qjl || (k.rotated && k.levels > KVQ_CUDA_TQ_MAX_LEVELS);
+}
+
 template <int D>
 __device__ __forceinline__ void decode32(const kvq_dev_codec &cd, const float *cent, const tq3_lut &lut, float alpha,
                                          const kvq_row &r, int j0, __half *dst, __half *dst_s, float *scale)
@@ -80,6 +91,16 @@ __device__ __forceinline__ void decode32(const kvq_dev_codec &cd, const float *c
 #pragma unroll
             for (int i = 0; i < 4; i++)
                 o[i] = make_uint4(pr[4 * i], pr[4 * i + 1], pr[4 * i + 2], pr[4 * i + 3]);
+        } else if (dst_s && !cd.qjl) { /* hi and lo halves of each level */
+#pragma unroll 4
+            for (int c = 0; c < 32; c += 2) {
+                const float v0 = cent[code_get(r.codes, cd.bits, D, j0 + c)];
+                const float v1 = cent[code_get(r.codes, cd.bits, D, j0 + c + 1)];
+                const __half h0 = __float2half_rn(v0), h1 = __float2half_rn(v1);
+                *reinterpret_cast<__half2 *>(dst + c) = __halves2half2(h0, h1);
+                *reinterpret_cast<uint32_t *>(dst_s + c) = pack_f16x2(v0 - __half2float(h0), v1 - __half2float(h1));
+            }
+            return;
         } else {
 #pragma unroll 4
             for (int c = 0; c < 32; c += 2)
@@ -177,10 +198,10 @@ struct tile_layout {
     static constexpr size_t k_bytes = (size_t)kKeys * ks * 2;
     static constexpr size_t v_bytes = (size_t)kKeys * vs * 2;
     static constexpr size_t scratch_bytes = (size_t)warps * 2 * D * 4;
-    /* + per key: page, slot, K and V scales; two codebooks */
+    /* + per key: page, slot, K and V scales; two codebooks (up to 8 bits) */
     static constexpr int bufs = PIPE ? 2 : 1; /* key/value tile buffers */
     static constexpr size_t bytes =
-        q_bytes + qlo_bytes + bufs * (k_bytes + v_bytes) + scratch_bytes + kKeys * (16 + 8 * bufs) + 2 * 16 * 4;
+        q_bytes + qlo_bytes + bufs * (k_bytes + v_bytes) + scratch_bytes + kKeys * (16 + 8 * bufs) + 2 * KVQ_CUDA_LEVELS_CAP * 4;
     static_assert((size_t)rows * D * 4 <= q_bytes + qlo_bytes, "the output staging fits the query rows");
 };
 

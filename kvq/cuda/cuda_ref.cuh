@@ -108,7 +108,7 @@ __global__ void ref_kernel(const __grid_constant__ ref_params p)
         if (p.ck.rotated) {
             float a = 0.0f, z = 0.0f;
             for (int j = lane; j < d; j += 32)
-                a = fmaf(qv[j], p.ck.centroids[code_get(kcodes, p.ck.bits, d, j)], a);
+                a = fmaf(qv[j], kvq_cu_centroid(p.ck, code_get(kcodes, p.ck.bits, d, j)), a);
             if (p.ck.qjl) {
                 const uint8_t *sg = kr.signs;
                 for (int j = lane; j < d; j += 32)
@@ -135,7 +135,7 @@ __global__ void ref_kernel(const __grid_constant__ ref_params p)
         const uint8_t *vcodes = vr.codes;
         const float nv = p.cv.rotated ? kvq_f16_to_f32(*vr.norm) : 1.0f;
         for (int j = lane; j < d; j += 32) {
-            const float val = p.cv.rotated ? nv * p.cv.centroids[code_get(vcodes, p.cv.bits, d, j)]
+            const float val = p.cv.rotated ? nv * kvq_cu_centroid(p.cv, code_get(vcodes, p.cv.bits, d, j))
                                            : baseline_elem(p.cv.type, vcodes, j);
             my[j] = fmaf(pw, val, my[j] * alpha);
         }
