@@ -206,7 +206,9 @@ static const struct shape SH_CAUSAL_D100[] = {{.dim = 100, .n_tokens = 140, .pos
 
 enum { F32 = KVQ_TYPE_F32, F16 = KVQ_TYPE_F16, Q8 = KVQ_TYPE_Q8_0, Q4 = KVQ_TYPE_Q4_0, T1 = KVQ_TYPE_TQ1,
        T2 = KVQ_TYPE_TQ2, T3 = KVQ_TYPE_TQ3, T4 = KVQ_TYPE_TQ4, T1J = KVQ_TYPE_TQ1J, T2J = KVQ_TYPE_TQ2J,
-       T3J = KVQ_TYPE_TQ3J, T4J = KVQ_TYPE_TQ4J, T5 = KVQ_TYPE_TQ5, T6 = KVQ_TYPE_TQ6, T8 = KVQ_TYPE_TQ8 };
+       T3J = KVQ_TYPE_TQ3J, T4J = KVQ_TYPE_TQ4J, T5 = KVQ_TYPE_TQ5, T6 = KVQ_TYPE_TQ6, T8 = KVQ_TYPE_TQ8,
+       Q8R = KVQ_TYPE_Q8_0R, Q4R = KVQ_TYPE_Q4_0R, Q41 = KVQ_TYPE_Q4_1, Q50 = KVQ_TYPE_Q5_0, Q51 = KVQ_TYPE_Q5_1,
+       Q41R = KVQ_TYPE_Q4_1R, Q50R = KVQ_TYPE_Q5_0R, Q51R = KVQ_TYPE_Q5_1R };
 
 /* GPU attention: a batch of sequences of 1, 77, 600 and 3001 tokens plus the
  * longest again; query heads per KV head, page sizes (32- and 16-token
@@ -237,6 +239,10 @@ static const struct attend_case {
     ATT(T5, T3, 128, 4, 64, HADAMARD),  ATT(T8, T6, 64, 8, 32, HADAMARD),   ATT(T6, T5, 128, 2, 48, HADAMARD),
     ATT(T5, T8, 96, 4, 64, HADAMARD),   ATT(T2, T5, 128, 4, 64, HADAMARD),  ATT(T3J, T5, 256, 2, 64, HADAMARD),
     ATT(F16, T6, 64, 4, 16, HADAMARD),  ATT(T8, T8, 128, 1, 64, HADAMARD),  ATT(T4, T1, 128, 8, 64, IDENTITY),
+    /* llama.cpp's blocks, plain and rotated (the group kernel's K_BL, V_BL) */
+    ATT(Q4R, Q4R, 128, 4, 64, HADAMARD), ATT(Q8R, Q4R, 128, 8, 32, HADAMARD), ATT(Q41, Q50, 64, 4, 64, HADAMARD),
+    ATT(Q51R, Q41R, 96, 2, 48, HADAMARD), ATT(Q50R, F16, 256, 4, 64, HADAMARD), ATT(T3J, Q51, 128, 4, 64, HADAMARD),
+    ATT(Q8, Q8R, 128, 3, 64, HADAMARD),
 #undef ATT
 };
 
@@ -251,12 +257,14 @@ static const struct {
     ATT(F16, F16, 128, 4, 64, HADAMARD), ATT(T3, F16, 128, 8, 64, IDENTITY), ATT(T3J, T3, 96, 4, 64, HADAMARD),
     ATT(T4J, T2, 128, 4, 48, HADAMARD), ATT(F32, F16, 64, 2, 16, HADAMARD), ATT(T3J, T3, 64, 4, 64, HADAMARD),
     ATT(T3J, T3, 256, 2, 64, HADAMARD), ATT(T5, T4, 128, 4, 64, HADAMARD), ATT(T8, T6, 64, 2, 32, HADAMARD),
+    ATT(Q4R, Q4R, 128, 4, 64, HADAMARD), ATT(Q8, Q41R, 64, 2, 32, HADAMARD),
 #undef ATT
     /* key centering: the page means' scores in the fused kernel (integer and
      * f16 scores), the group and reference kernels, pages packed when they fill */
 #define ATC(k, v, d, g, p) {k, v, {.dim = d, .G = g, .page_tokens = p, .rot = KVQ_ROT_HADAMARD, .center = 1}}
     ATC(T3J, T3, 128, 4, 64), ATC(T3J, T3, 128, 8, 16), ATC(T3, T3, 128, 3, 32), ATC(F16, F16, 128, 4, 64),
     ATC(T4, T3, 128, 4, 64),  ATC(T3J, T3, 96, 4, 64), ATC(T5, T3, 128, 4, 64), ATC(T6, T5, 64, 2, 32),
+    ATC(Q4R, Q4R, 128, 4, 64), ATC(Q50, Q51R, 128, 2, 32),
 #undef ATC
 };
 
@@ -277,12 +285,15 @@ static const struct {
     PF(T4, T1, 64, 1, 32, HADAMARD, 0, 0),   PF(T3J, T3, 128, 16, 64, HADAMARD, 1, 4),
     PF(T5, T4, 128, 4, 64, HADAMARD, 1, 4),  PF(T8, T6, 64, 2, 64, HADAMARD, 0, 0),
     PF(T6, T5, 256, 2, 64, HADAMARD, 1, 0),  PF(T8, T8, 128, 8, 16, HADAMARD, 1, 4),
+    PF(Q4R, Q4R, 128, 4, 64, HADAMARD, 1, 4), PF(Q8R, Q8R, 64, 2, 64, HADAMARD, 0, 0),
+    PF(Q41, Q50R, 128, 4, 32, HADAMARD, 1, 0), PF(Q51R, Q8, 256, 2, 64, HADAMARD, 1, 4),
 #undef PF
     /* key centering: the page means' gains in the chunk kernel, pipelined
      * and not, pages that tiles cross (48, sinks) */
 #define PFC(k, v, d, g, p, s) {k, v, {.dim = d, .G = g, .page_tokens = p, .rot = KVQ_ROT_HADAMARD, .window = 1, .sinks = s, .center = 1}}
     PFC(T3J, T3, 128, 4, 64, 4), PFC(T3J, T3, 128, 8, 16, 0), PFC(F16, F16, 128, 4, 64, 0),
     PFC(T4J, T2, 128, 4, 48, 0), PFC(T3J, T3, 96, 4, 64, 4), PFC(T5, T3, 128, 4, 64, 4),
+    PFC(Q4R, Q4R, 128, 4, 64, 4),
 #undef PFC
 };
 
@@ -733,9 +744,8 @@ static int row_supports(const struct tcase *c, enum backend b)
 {
     if (b == BE_AVX2)
         return !c->sh->page_tokens; /* SH_ROW_PAGES: the GPU encoder's page sizes */
-    /* the GPU encoder: f32, f16 and every tq type (q8_0/q4_0 pages
-     * are uploaded; the kvq_layout_cpu_only types have no device kernels) */
-    return b == BE_CUDA && c->op == OP_ENCODE && kvq_layout_on_device(c->tk) && c->tk != Q8 && c->tk != Q4;
+    /* the GPU encoder: every type */
+    return b == BE_CUDA && c->op == OP_ENCODE;
 }
 
 /* ---- rotations ------------------------------------------------------------ */
@@ -1568,8 +1578,7 @@ static void build_cases(void)
             for (int op = OP_ENCODE; op <= OP_SCORE; op++)
                 add_case((enum op)op, t, -1, &SH_ROW_IDENTITY[0]);
         for (int i = 0; i < COUNT(SH_ROW_PAGES); i++)
-            if (kvq_layout_on_device(t) && t != Q8 && t != Q4 &&
-                kvq_type_check_dim((enum kvq_type)t, SH_ROW_PAGES[i].dim) == KVQ_OK)
+            if (kvq_type_check_dim((enum kvq_type)t, SH_ROW_PAGES[i].dim) == KVQ_OK)
                 add_case(OP_ENCODE, t, -1, &SH_ROW_PAGES[i]);
     }
     for (int r = 0; r < N_ROTS; r++) {

@@ -786,24 +786,25 @@ static void test_f16_overrides_bad_config(void)
     CHECK(g == NULL);
 }
 
-/* The CPU-only types (rotated baselines, q4_1/q5_0/q5_1) are refused as K or V, with or
- * without a device, and nothing is created. */
-static void test_cpu_only_types(void)
+/* Every type is a device cache's K or V: created with a device (and its
+ * rows GPU-encoded), refused without one, as every config is. */
+static void test_every_type(void)
 {
-    static const enum kvq_type cpu_only[] = {KVQ_TYPE_Q8_0R, KVQ_TYPE_Q4_0R, KVQ_TYPE_Q4_1,  KVQ_TYPE_Q5_0,
-                                             KVQ_TYPE_Q5_1,  KVQ_TYPE_Q4_1R, KVQ_TYPE_Q5_0R, KVQ_TYPE_Q5_1R};
-    for (size_t i = 0; i < sizeof cpu_only / sizeof cpu_only[0]; i++)
+    const int dev = kvq_cuda_device_count() > 0;
+    for (int t = 0; t < KVQ_TYPE_COUNT; t++)
         for (int side = 0; side < 2; side++) {
             struct kvq_cuda_cache_config cfg;
             kvq_cuda_cache_config_default(&cfg, 2, 128, 256, 1);
             if (side)
-                cfg.cache.type_v = cpu_only[i];
+                cfg.cache.type_v = (enum kvq_type)t;
             else
-                cfg.cache.type_k = cpu_only[i];
+                cfg.cache.type_k = (enum kvq_type)t;
             kvq_cuda_cache *g = (kvq_cuda_cache *)&cfg;
-            CHECKF(kvq_cuda_cache_create(&cfg, &g) == KVQ_ERR_UNSUPPORTED, "%s as %s",
-                   kvq_type_traits(cpu_only[i])->name, side ? "V" : "K");
-            CHECK(g == NULL);
+            const kvq_status st = kvq_cuda_cache_create(&cfg, &g);
+            CHECKF(st == (dev ? KVQ_OK : KVQ_ERR_NO_DEVICE), "%s as %s: %s", kvq_type_traits((enum kvq_type)t)->name,
+                   side ? "V" : "K", kvq_status_str(st));
+            CHECK(dev ? g != NULL && kvq_cuda_cache_gpu_encodes(g) : g == NULL);
+            kvq_cuda_cache_free(g);
         }
 }
 
@@ -837,7 +838,7 @@ int main(void)
 {
     RUN(test_no_device_contract);
     RUN(test_f16_overrides_bad_config);
-    RUN(test_cpu_only_types);
+    RUN(test_every_type);
     RUN(test_encode_errors);
     RUN(test_truncate_reappend);
     RUN(test_attend_prefix);

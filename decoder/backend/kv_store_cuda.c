@@ -220,14 +220,6 @@ kvq_status kvq_kv_store_cuda_create(const struct kvq_kv_store_config *cfg, kvq_k
     const struct kvq_cache_config *c0 = &cfg->cfgs[0];
     if (cfg->v_norm_correct)
         return kvq_error_set(err, KVQ_ERR_UNSUPPORTED, "the value-norm correction is not on the GPU yet");
-    for (int l = 0; l < cfg->n_layers; l++) {
-        const struct kvq_type_traits *tk = kvq_type_traits(cfg->cfgs[l].type_k), *tv = kvq_type_traits(cfg->cfgs[l].type_v);
-        if (tk && tv && (kvq_layout_cpu_only((int)tk->type) || kvq_layout_cpu_only((int)tv->type)))
-            return kvq_error_set(err, KVQ_ERR_UNSUPPORTED,
-                                 "cache types %s/%s: %s has no CUDA kernels yet (CPU-only; the decoder on the GPU "
-                                 "takes f32, f16 and tq1..tq4, tq1j..tq4j)",
-                                 tk->name, tv->name, kvq_layout_cpu_only((int)tk->type) ? tk->name : tv->name);
-    }
     struct cuda_store *s = calloc(1, sizeof *s);
     if (!s || !(s->caches = calloc((size_t)cfg->n_layers, sizeof *s->caches)) ||
         !(s->rep = malloc(cfg->max_rows * sizeof *s->rep)) || !(s->lens = malloc(cfg->max_rows * sizeof *s->lens))) {
@@ -275,8 +267,8 @@ kvq_status kvq_kv_store_cuda_create(const struct kvq_kv_store_config *cfg, kvq_k
             const char *tk = kvq_type_traits(cc.cache.type_k)->name, *tv = kvq_type_traits(cc.cache.type_v)->name;
             cuda_free_store(&s->base);
             return kvq_error_set(err, KVQ_ERR_UNSUPPORTED,
-                                 "cache types %s/%s of layer %d: the GPU encoder does not append them (it takes f32, "
-                                 "f16 and the tq types with a Hadamard rotation)",
+                                 "cache types %s/%s of layer %d: the GPU encoder does not append them (it takes "
+                                 "every type with a Hadamard rotation, or none)",
                                  tk, tv, l);
         }
         if (cc.cache.recent_f16) {

@@ -254,10 +254,10 @@ KVQ_API kvq_status kvq_cuda_cache_share(kvq_cuda_cache *c, int dst, int src, siz
 
 /** Encodes n_tokens tokens on the GPU and appends them to seq.
  *  k_dev, v_dev: [n_tokens][n_kv_heads][head_dim] floats in device memory.
- *  GPU encoding supports f32, f16 and the tq types with HADAMARD or
- *  IDENTITY rotations and the orthogonal QJL projection; other configs
- *  (DCT, Gaussian S, q8_0, q4_0) are encoded on the host
- *  (kvq_cuda_cache_upload) and give KVQ_ERR_UNSUPPORTED here.
+ *  GPU encoding supports every type with a HADAMARD or IDENTITY rotation
+ *  (or none) and the orthogonal QJL projection; the other configs (DCT,
+ *  Gaussian S) are encoded on the host (kvq_cuda_cache_upload) and give
+ *  KVQ_ERR_UNSUPPORTED here.
  *  All-or-nothing when check_input is set: every row is checked first.
  *  @return KVQ_OK; KVQ_ERR_NONFINITE / KVQ_ERR_RANGE (bad row, nothing
  *  written); KVQ_ERR_CONTEXT_FULL; KVQ_ERR_BUDGET (pool exhausted);
@@ -267,9 +267,8 @@ KVQ_API kvq_status kvq_cuda_cache_append(kvq_cuda_cache *c, int seq, size_t n_to
                                  const float *v_dev);
 
 /** @return 1 when kvq_cuda_cache_append encodes c's config on the GPU
- *  (f32, f16 and the tq types with HADAMARD or IDENTITY rotations and the
- *  orthogonal QJL projection), 0 otherwise (then only
- *  kvq_cuda_cache_upload fills it). */
+ *  (HADAMARD or IDENTITY rotations, or none, and the orthogonal QJL
+ *  projection), 0 otherwise (then only kvq_cuda_cache_upload fills it). */
 KVQ_API int kvq_cuda_cache_gpu_encodes(const kvq_cuda_cache *c);
 
 /** One decode step for a batch: appends token i of k_dev/v_dev

@@ -494,10 +494,19 @@ __device__ __forceinline__ float f16_at(const uint8_t *p, int j)
     return kvq_f16_to_f32(h);
 }
 
-/* Element j of a baseline row (f32, f16, q8_0, q4_0) in the original basis. */
+/* Value i (0..31) of a q5 block: its nibble in qs plus bit i of qh. */
+__device__ __forceinline__ int q5_level(const uint8_t *qh, const uint8_t *qs, int i)
+{
+    const int lo = i < 16 ? (qs[i] & 15) : (qs[i - 16] >> 4);
+    return lo | (((qh[i >> 3] >> (i & 7)) & 1) << 4);
+}
+
+/* Element j of a baseline row (f32, f16 and llama.cpp's block layouts, of
+ * the row itself or, for the rotated baselines, of R x) as the CPU's decode
+ * computes it. */
 __device__ __forceinline__ float baseline_elem(int type, const uint8_t *row, int j)
 {
-    switch (type) {
+    switch (kvq_layout_base_type(type)) {
     case KVQ_TYPE_F32: {
         uint32_t u = (uint32_t)row[4 * j] | ((uint32_t)row[4 * j + 1] << 8) | ((uint32_t)row[4 * j + 2] << 16) |
                      ((uint32_t)row[4 * j + 3] << 24);
@@ -516,6 +525,19 @@ __device__ __forceinline__ float baseline_elem(int type, const uint8_t *row, int
         int i = j % KVQ_QK;
         int q = i < 16 ? (blk[2 + i] & 15) : (blk[2 + i - 16] >> 4);
         return (float)(q - 8) * d;
+    }
+    case KVQ_TYPE_Q4_1: {
+        const uint8_t *blk = row + (j / KVQ_QK) * 20;
+        const int i = j % KVQ_QK, q = i < 16 ? (blk[4 + i] & 15) : (blk[4 + i - 16] >> 4);
+        return __fadd_rn(__fmul_rn((float)q, f16_at(blk, 0)), f16_at(blk, 1));
+    }
+    case KVQ_TYPE_Q5_0: {
+        const uint8_t *blk = row + (j / KVQ_QK) * 22;
+        return (float)(q5_level(blk + 2, blk + 6, j % KVQ_QK) - 16) * f16_at(blk, 0);
+    }
+    case KVQ_TYPE_Q5_1: {
+        const uint8_t *blk = row + (j / KVQ_QK) * 24;
+        return __fadd_rn(__fmul_rn((float)q5_level(blk + 4, blk + 8, j % KVQ_QK), f16_at(blk, 0)), f16_at(blk, 1));
     }
     default:
         return 0.0f;

@@ -132,26 +132,6 @@ KVQ_HD static inline int kvq_layout_base_type(int t)
     }
 }
 
-/* Whether the CUDA cache has kernels for type t: f32, f16, q8_0, q4_0 and
- * every tq type. The others (rotated baselines, q4_1, q5_0, q5_1) are
- * CPU-only for now; the CUDA cache refuses them. */
-KVQ_HD static inline int kvq_layout_on_device(int t)
-{
-    switch (t) {
-    case KVQ_TYPE_F32:
-    case KVQ_TYPE_F16:
-    case KVQ_TYPE_Q8_0:
-    case KVQ_TYPE_Q4_0: return 1;
-    default: return kvq_layout_tq_bits(t) > 0;
-    }
-}
-
-/* A valid type the CUDA cache refuses (KVQ_ERR_UNSUPPORTED). */
-KVQ_HD static inline int kvq_layout_cpu_only(int t)
-{
-    return t >= 0 && t < KVQ_TYPE_COUNT && !kvq_layout_on_device(t);
-}
-
 /* Bytes of one KVQ_QK-value block of a llama.cpp block layout; 0 for any
  * other type. */
 KVQ_HD static inline uint32_t kvq_layout_block_bytes(int t)

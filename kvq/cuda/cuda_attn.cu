@@ -490,22 +490,22 @@ group_fn group_pick(int kt, int vt)
 {
 #define KVQ_GROUP_ROW(K) \
     {group::group_kernel<D, K, group::V_TQ3>, group::group_kernel<D, K, group::V_F16>, \
-     group::group_kernel<D, K, group::V_CB>}
+     group::group_kernel<D, K, group::V_CB>, group::group_kernel<D, K, group::V_BL>}
     static const group_fn t[group::N_KT][group::N_VT] = {KVQ_GROUP_ROW(group::K_TQ3), KVQ_GROUP_ROW(group::K_TQ3J),
                                                          KVQ_GROUP_ROW(group::K_F16), KVQ_GROUP_ROW(group::K_TQ4),
-                                                         KVQ_GROUP_ROW(group::K_CB)};
+                                                         KVQ_GROUP_ROW(group::K_CB),  KVQ_GROUP_ROW(group::K_BL)};
 #undef KVQ_GROUP_ROW
     return kt >= 0 && vt >= 0 ? t[kt][vt] : NULL;
 }
 
 /* The group kernel's way of reading a codec's rows; -1: it does not read
- * them (QJL signs other than tq3j keys', the llama.cpp blocks, f32). */
+ * them (QJL signs other than tq3j keys'). */
 static int group_ktype(const kvq_dev_codec &k)
 {
     if (k.type == KVQ_TYPE_F16)
         return group::K_F16;
     if (!k.rotated)
-        return -1;
+        return group::K_BL;
     if (k.qjl)
         return k.type == KVQ_TYPE_TQ3J ? group::K_TQ3J : -1;
     return k.bits == 3 ? group::K_TQ3 : k.bits == 4 ? group::K_TQ4 : group::K_CB;
@@ -515,7 +515,9 @@ static int group_vtype(const kvq_dev_codec &v)
 {
     if (v.type == KVQ_TYPE_F16)
         return group::V_F16;
-    if (!v.rotated || v.qjl)
+    if (!v.rotated)
+        return group::V_BL;
+    if (v.qjl)
         return -1;
     return v.bits == 3 ? group::V_TQ3 : group::V_CB;
 }
@@ -530,8 +532,10 @@ group_fn group_of(const kvq_cuda_cache *c, int G)
         return group_pick<64>(kt, vt);
     case 96:
         return group_pick<96>(kt, vt);
-    case 128: /* where the fused kernel does not apply: codebooks other than 3 bits */
-        return kt == group::K_TQ4 || kt == group::K_CB || vt == group::V_CB ? group_pick<128>(kt, vt) : NULL;
+    case 128: /* where the fused kernel does not apply: codebooks other than 3 bits, f32, blocks */
+        return kt == group::K_TQ4 || kt == group::K_CB || kt == group::K_BL || vt == group::V_CB || vt == group::V_BL
+                   ? group_pick<128>(kt, vt)
+                   : NULL;
     case 256:
         return group_pick<256>(kt, vt);
     default:
@@ -761,7 +765,7 @@ static kvq_status attend_fused(kvq_cuda_cache *c, int nb, const int *seqs, const
     pc.nb = nb;
     pc.c = scale * kLog2e;
     pc.inv_alpha_k = 1.0f / c->alpha_k;
-    pc.rk = rot_arg_of(c->dk.rotated, c->dk.R, c->rk_dense);
+    pc.rk = rot_arg_of(c->dk.in_rot, c->dk.R, c->rk_dense);
     pc.sk = rot_arg_of(c->dk.qjl, c->dk.S, c->sk_dense);
     pc.k_f16 = c->dk.type == KVQ_TYPE_F16;
     pc.imma = imma;
@@ -791,7 +795,7 @@ static kvq_status attend_fused(kvq_cuda_cache *c, int nb, const int *seqs, const
         return st;
     const dim3 fgrid((unsigned)G, (unsigned)H, (unsigned)nb);
     const size_t fsmem = (size_t)p.n_splits * sizeof(float);
-    const rot_arg rv = rot_arg_of(c->dv.rotated, c->dv.R, c->rv_dense);
+    const rot_arg rv = rot_arg_of(c->dv.in_rot, c->dv.R, c->rv_dense);
     const int v_f16 = c->dv.type == KVQ_TYPE_F16;
     const bool pdl = p.pdl_used;
     return kvq_cu_launch(c->step, pdl, pdl ? finalize_kernel<true> : finalize_kernel<false>, fgrid, dim3(128), fsmem,
@@ -815,14 +819,14 @@ static kvq_status attend_cores(kvq_cuda_cache *c, int nb, const int *seqs, const
     const int H = c->cfg.cache.n_kv_heads, G = Hq / H, d = c->cfg.cache.head_dim;
     KVQ_CU_RET(kvq_cu_launch(c->step, false, ref::prep_ref_kernel, dim3((unsigned)Hq, (unsigned)nb), dim3(128),
                              2 * (size_t)d * sizeof(float), c->stream, q, Hq, d, scale,
-                             c->dk.rotated ? c->rk_dense : NULL, c->dk.qjl ? c->sk_dense : NULL, c->qprep_d));
+                             c->dk.in_rot ? c->rk_dense : NULL, c->dk.qjl ? c->sk_dense : NULL, c->qprep_d));
     ref_params rp;
     memset(&rp, 0, sizeof rp);
     rp.pg = kvq_cu_pages_of(c);
     rp.ck = c->dk;
     rp.cv = c->dv;
     rp.qprep = c->qprep_d;
-    rp.rv = c->dv.rotated ? c->rv_dense : NULL;
+    rp.rv = c->dv.in_rot ? c->rv_dense : NULL;
     rp.sv = c->dv.qjl ? c->sv_dense : NULL;
     rp.out = out;
     rp.xtra = xtra;

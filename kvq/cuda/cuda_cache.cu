@@ -77,6 +77,8 @@ kvq_status kvq_cu_codec_upload(const kvq_codec *c, float *tables, struct kvq_dev
     d->qjl = c->traits->qjl;
     d->levels = c->levels;
     d->rotated = c->traits->rotated;
+    d->in_rot = c->rot != NULL;
+    d->base = kvq_layout_base_type(d->type);
     for (int i = 0; i < c->levels && i < KVQ_CUDA_TQ_MAX_LEVELS; i++)
         d->centroids[i] = c->centroids[i];
     for (int i = 0; i + 1 < c->levels && i < KVQ_CUDA_TQ_MAX_LEVELS - 1; i++)
@@ -94,10 +96,7 @@ kvq_status kvq_cu_codec_upload(const kvq_codec *c, float *tables, struct kvq_dev
                               cudaMemcpyHostToDevice));
         d->levels_d = cursor;
     }
-    if (!d->rotated)
-        d->gpu_encode = d->type == KVQ_TYPE_F32 || d->type == KVQ_TYPE_F16;
-    else
-        d->gpu_encode = rot_gpu_exact(c->rot) && (!d->qjl || rot_gpu_exact(c->qjl));
+    d->gpu_encode = (!c->rot || rot_gpu_exact(c->rot)) && (!d->qjl || rot_gpu_exact(c->qjl));
     return KVQ_OK;
 }
 
@@ -284,11 +283,11 @@ static kvq_status cache_init(kvq_cuda_cache *c)
     c->sk_dense = c->rk_dense + dense;
     c->rv_dense = c->sk_dense + dense;
     c->sv_dense = c->rv_dense + dense;
-    st = dense_upload(c->dk.rotated ? c->ck->rot : NULL, d, 1, c->rk_dense);
+    st = dense_upload(c->dk.in_rot ? c->ck->rot : NULL, d, 1, c->rk_dense);
     if (st == KVQ_OK)
         st = dense_upload(c->dk.qjl ? c->ck->qjl : NULL, d, 1, c->sk_dense);
     if (st == KVQ_OK)
-        st = dense_upload(c->dv.rotated ? c->cv->rot : NULL, d, 0, c->rv_dense);
+        st = dense_upload(c->dv.in_rot ? c->cv->rot : NULL, d, 0, c->rv_dense);
     if (st == KVQ_OK) /* tqBj values: the reference kernel adds their QJL residual */
         st = dense_upload(c->dv.qjl ? c->cv->qjl : NULL, d, 0, c->sv_dense);
     if (st == KVQ_OK)
@@ -308,12 +307,6 @@ kvq_status kvq_cuda_cache_create(const struct kvq_cuda_cache_config *cfg, kvq_cu
         return KVQ_ERR_INVALID_ARG;
     if (cfg->cache.sink_tokens < 0 || cfg->cache.sink_tokens > KVQ_CACHE_MAX_SINK_TOKENS)
         return KVQ_ERR_INVALID_ARG;
-    /* Rotated baselines and q4_1/q5_0/q5_1 have no device kernels yet (the
-     * rotated ones would need the query rotation of the tq path with the
-     * baseline block readers and a block encoder, q4_1/q5_x their own block
-     * readers). */
-    if (kvq_layout_cpu_only((int)cfg->cache.type_k) || kvq_layout_cpu_only((int)cfg->cache.type_v))
-        return KVQ_ERR_UNSUPPORTED;
     if (kvq_cuda_require_device() != KVQ_OK)
         return KVQ_ERR_NO_DEVICE;
     kvq_cuda_cache *c = (kvq_cuda_cache *)calloc(1, sizeof *c);

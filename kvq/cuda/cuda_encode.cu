@@ -41,6 +41,118 @@ __device__ bool f16_overflows(float v)
     return (kvq_f32_to_f16(v) & 0x7c00u) == 0x7c00u;
 }
 
+/* ---- llama.cpp's block layouts (baseline.c, baseline_q5.c) ----------------
+ * A warp holds one 32-value block, lane i value i. The CPU's sequential
+ * choices become reductions that keep its tie rule: the first index wins
+ * among equal keys (which also settles the sign of a zero). */
+
+/* The lane holding the first `better` key (better(a, b): a strictly wins). */
+template <class Better>
+__device__ int warp_first(float key, int lane, Better better)
+{
+    int idx = lane;
+    for (int o = 16; o; o >>= 1) {
+        const float k2 = __shfl_xor_sync(0xffffffffu, key, o);
+        const int i2 = __shfl_xor_sync(0xffffffffu, idx, o);
+        if (better(k2, key) || (!better(key, k2) && i2 < idx)) {
+            key = k2;
+            idx = i2;
+        }
+    }
+    return idx;
+}
+
+/* kvq_block_inv_scale */
+__device__ float inv_scale(float d)
+{
+    const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+    return isinf(id) ? 0.0f : id;
+}
+
+/* The block's scale d and minimum m (0 for q8_0/q4_0/q5_0) as the CPU's
+ * q8_0_scale, q4_0_scale, min_max_par and q5_0_par compute them; v is this
+ * lane's value. */
+__device__ void block_params(int base, float v, int lane, float *d, float *m)
+{
+    *m = 0.0f;
+    if (base == KVQ_TYPE_Q4_1 || base == KVQ_TYPE_Q5_1) {
+        const float mn = __shfl_sync(0xffffffffu, v, warp_first(v, lane, [](float a, float b) { return a < b; }));
+        const float mx = __shfl_sync(0xffffffffu, v, warp_first(v, lane, [](float a, float b) { return a > b; }));
+        *d = __fdiv_rn(__fsub_rn(mx, mn), base == KVQ_TYPE_Q4_1 ? 15.0f : 31.0f);
+        *m = mn;
+        return;
+    }
+    const float a = fabsf(v);
+    const int at = warp_first(a, lane, [](float x, float y) { return x > y; });
+    const float amax = __shfl_sync(0xffffffffu, a, at), sv = __shfl_sync(0xffffffffu, v, at);
+    const float mx = amax > 0.0f ? sv : 0.0f; /* the CPU's max stays +0 when every |x| is 0 */
+    if (base == KVQ_TYPE_Q8_0)
+        *d = __fdiv_rn(amax, 127.0f);
+    else
+        *d = __fdiv_rn(mx, base == KVQ_TYPE_Q4_0 ? -8.0f : -16.0f);
+}
+
+/* Whether row y (d values, any memory) of block layout `base` stores a
+ * scale or minimum that overflows f16 (the CPU's KVQ_ERR_RANGE). */
+__device__ bool blocks_overflow(int base, const float *y, int d, int lane)
+{
+    bool over = false;
+    for (int b = 0; b < d / KVQ_QK; b++) {
+        float s, m;
+        block_params(base, y[b * KVQ_QK + lane], lane, &s, &m);
+        over |= f16_overflows(s) || f16_overflows(m);
+    }
+    return over;
+}
+
+__device__ void put_u16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)(v & 255u);
+    p[1] = (uint8_t)(v >> 8);
+}
+
+/* Row y of block layout `base` into codes, the CPU's bytes (the checks ran
+ * before: every scale fits f16). */
+__device__ void encode_blocks(int base, const float *y, int d, uint8_t *codes, int lane)
+{
+    const uint32_t bb = kvq_layout_block_bytes(base);
+    for (int b = 0; b < d / KVQ_QK; b++) {
+        uint8_t *blk = codes + (size_t)b * bb;
+        const float v = y[b * KVQ_QK + lane];
+        float s, m;
+        block_params(base, v, lane, &s, &m);
+        const float id = inv_scale(s);
+        int q; /* this lane's level, as the CPU converts it */
+        switch (base) {
+        case KVQ_TYPE_Q8_0: q = (int8_t)(int)roundf(__fmul_rn(v, id)); break;
+        case KVQ_TYPE_Q4_0: q = min((int)(int8_t)__float2int_rz(__fadd_rn(__fmul_rn(v, id), 8.5f)), 15); break;
+        case KVQ_TYPE_Q4_1: q = min((int)(int8_t)__float2int_rz(__fadd_rn(__fmul_rn(__fsub_rn(v, m), id), 0.5f)), 15); break;
+        case KVQ_TYPE_Q5_0: q = min((int)(int8_t)__float2int_rz(__fadd_rn(__fmul_rn(v, id), 16.5f)), 31); break;
+        default: q = (uint8_t)__float2int_rz(__fadd_rn(__fmul_rn(__fsub_rn(v, m), id), 0.5f)); break; /* q5_1 */
+        }
+        if (base == KVQ_TYPE_Q8_0) {
+            if (lane == 0)
+                put_u16(blk, kvq_f32_to_f16(s));
+            blk[2 + lane] = (uint8_t)(int8_t)q;
+            continue;
+        }
+        const bool has_min = base == KVQ_TYPE_Q4_1 || base == KVQ_TYPE_Q5_1, five = base == KVQ_TYPE_Q5_0 || base == KVQ_TYPE_Q5_1;
+        uint8_t *qs = blk + 2 + (has_min ? 2 : 0) + (five ? 4 : 0);
+        const int hi = __shfl_down_sync(0xffffffffu, q, 16); /* lane i < 16 packs values i and i + 16 */
+        const unsigned qh = __ballot_sync(0xffffffffu, (q & 16) != 0);
+        if (lane < 16)
+            qs[lane] = (uint8_t)((q & 15) | ((hi & 15) << 4));
+        if (lane == 0) {
+            put_u16(blk, kvq_f32_to_f16(s));
+            if (has_min)
+                put_u16(blk + 2, kvq_f32_to_f16(m));
+            if (five)
+                for (int k = 0; k < 4; k++)
+                    blk[2 + (has_min ? 2 : 0) + k] = (uint8_t)(qh >> (8 * k));
+        }
+    }
+}
+
 struct row_ref {
     const float *x;
     const kvq_dev_codec *cd;
@@ -74,7 +186,7 @@ __global__ void check_kernel(int64_t n_rows, const float *k, const float *v, kvq
     extern __shared__ float smem_f[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int dmax = ck.dim;
-    float *buf = smem_f + warp * dmax;
+    float *buf = smem_f + warp * 2 * dmax; /* the row, and a rotation's scratch */
     for (int64_t r = (int64_t)blockIdx.x * kWarps + warp; r < n_rows; r += (int64_t)gridDim.x * kWarps) {
         row_ref rr = locate(r, k, v, ck, cv, pg, NULL, NULL);
         const int d = rr.cd->dim;
@@ -91,6 +203,14 @@ __global__ void check_kernel(int64_t n_rows, const float *k, const float *v, kvq
         range = __any_sync(0xffffffffu, range);
         if (!bad && rr.cd->rotated)
             range = f16_overflows(warp_norm(buf, d, lane));
+        if (!bad && kvq_layout_block_bytes(rr.cd->base)) { /* the CPU checks R x (kvq_rotbase_check) */
+            const float *y = rr.cd->in_rot ? warp_rotate(rr.cd->R, buf, buf + dmax, lane) : buf;
+            bool inf = false;
+            for (int j = lane; j < d; j += 32)
+                inf |= !isfinite(y[j]);
+            bad = __any_sync(0xffffffffu, inf);
+            range = !bad && __any_sync(0xffffffffu, blocks_overflow(rr.cd->base, y, d, lane));
+        }
         if (lane == 0 && (bad || range))
             atomicOr(flag, bad ? 1 : 2);
         __syncwarp();
@@ -126,6 +246,18 @@ __device__ void encode_row(const kvq_dev_codec &cd, const float *x, kvq_row row,
     if (cd.type == KVQ_TYPE_F16) {
         for (int j = lane; j < d; j += 32)
             reinterpret_cast<uint16_t *>(codes)[j] = kvq_f32_to_f16(x[j]);
+        return;
+    }
+    if (!cd.rotated) { /* llama.cpp's blocks, of x or of R x */
+        const float *y = x;
+        if (cd.in_rot) {
+            for (int j = lane; j < d; j += 32)
+                buf0[j] = x[j];
+            __syncwarp();
+            y = warp_rotate(cd.R, buf0, buf1, lane);
+        }
+        encode_blocks(cd.base, y, d, codes, lane);
+        __syncwarp();
         return;
     }
     /* tq types: the codes into idx, the QJL signs into sgn, then packed */
@@ -358,7 +490,7 @@ kvq_status kvq_cu_check_rows(const kvq_cuda_cache *c, size_t n_tokens, const flo
     const int64_t n_rows = (int64_t)n_tokens * c->cfg.cache.n_kv_heads * 2;
     if (n_rows == 0)
         return KVQ_OK;
-    const size_t smem = (size_t)kWarps * c->dk.dim * sizeof(float);
+    const size_t smem = (size_t)kWarps * 2 * c->dk.dim * sizeof(float);
     return kvq_cu_launch(c->step, false, check_kernel, dim3((unsigned)grid_for(n_rows)), dim3(kWarps * 32), smem,
                          c->stream, n_rows, k, v, c->dk, c->dv, kvq_cu_pages_of(c), flag_d);
 }

@@ -2,8 +2,9 @@
  * not apply: head dims 64, 96, 256 for the fused kernel's types (K tq3j, tq3
  * or f16; V tq3 or f16), and at those dims and 128 the codebooks the fused
  * kernel does not read (it reads 3-bit codes only): tq4 keys, and keys and
- * values of any other tq type without QJL signs (tq1, tq2, tq5, tq6, tq8).
- * Included by cuda_attn.cu after ref_params.
+ * values of any other tq type without QJL signs (tq1, tq2, tq5, tq6, tq8),
+ * of f32 and of llama.cpp's block layouts, plain and rotated. Included by
+ * cuda_attn.cu after ref_params.
  *
  * The reference kernel gives a warp one token at a time: a dot product
  * spread over the lanes, two warp reductions and an exp per token and query
@@ -25,9 +26,10 @@ namespace group {
 
 constexpr int kMaxG = 8;
 /* K_CB, V_CB: any codebook without QJL signs, codes in stream order read
- * one at a time (code_stream) */
-enum { K_TQ3 = 0, K_TQ3J = 1, K_F16 = 2, K_TQ4 = 3, K_CB = 4, N_KT };
-enum { V_TQ3 = 0, V_F16 = 1, V_CB = 2, N_VT };
+ * one at a time (code_stream); K_BL, V_BL: f32 and llama.cpp's blocks, of
+ * the row or of R x, an element at a time (baseline_elem) */
+enum { K_TQ3 = 0, K_TQ3J = 1, K_F16 = 2, K_TQ4 = 3, K_CB = 4, K_BL = 5, N_KT };
+enum { V_TQ3 = 0, V_F16 = 1, V_CB = 2, V_BL = 3, N_VT };
 
 /* Code j of a row of `bits`-bit codes in stream order (code j's bit b at
  * stream bit bits * j + b, LSB first; kvq_layout.h): one or two bytes, as
@@ -126,9 +128,9 @@ __global__ void __launch_bounds__(128) group_kernel(const __grid_constant__ ref_
     for (int i = threadIdx.x; i < G * 2 * D; i += blockDim.x)
         qs[i] = src[i];
     /* the levels, looked up by code */
-    for (int i = threadIdx.x; KT != K_F16 && i < p.ck.levels; i += blockDim.x)
+    for (int i = threadIdx.x; i < p.ck.levels; i += blockDim.x)
         ck[i] = kvq_cu_centroid(p.ck, (unsigned)i);
-    for (int i = threadIdx.x; VT != V_F16 && i < p.cv.levels; i += blockDim.x)
+    for (int i = threadIdx.x; i < p.cv.levels; i += blockDim.x)
         cv[i] = kvq_cu_centroid(p.cv, (unsigned)i);
     __syncthreads();
     const kvq_dev_pages &pg = p.pg;
@@ -154,7 +156,7 @@ __global__ void __launch_bounds__(128) group_kernel(const __grid_constant__ ref_
             const kvq_row kr = kvq_dev_row(&pg.dl, pbase, 0, (uint32_t)h, slot);
             const kvq_row vr = kvq_dev_row(&pg.dl, pbase, 1, (uint32_t)h, slot);
             vcodes = vr.codes;
-            if (VT != V_F16)
+            if (VT == V_TQ3 || VT == V_CB)
                 nv = kvq_f16_to_f32(*vr.norm);
             float a[kMaxG], z[kMaxG];
 #pragma unroll
@@ -164,6 +166,10 @@ __global__ void __launch_bounds__(128) group_kernel(const __grid_constant__ ref_
                 for (int j = 0; j < D; j += 4)
                     acc4<D>(a, qs, G, j, f16_elem(kr.codes, j), f16_elem(kr.codes, j + 1),
                             f16_elem(kr.codes, j + 2), f16_elem(kr.codes, j + 3));
+            } else if (KT == K_BL) {
+                for (int j = 0; j < D; j += 4)
+                    acc4<D>(a, qs, G, j, baseline_elem(p.ck.type, kr.codes, j), baseline_elem(p.ck.type, kr.codes, j + 1),
+                            baseline_elem(p.ck.type, kr.codes, j + 2), baseline_elem(p.ck.type, kr.codes, j + 3));
             } else if (KT == K_CB) {
                 const int bits = p.ck.bits;
                 for (int j = 0; j < D; j += 4)
@@ -196,11 +202,11 @@ __global__ void __launch_bounds__(128) group_kernel(const __grid_constant__ ref_
                                 bits & 4u ? 1.0f : -1.0f, bits & 8u ? 1.0f : -1.0f); /* the S-domain half */
                     }
             }
-            const float nk = KT == K_F16 ? 1.0f : kvq_f16_to_f32(*kr.norm);
+            const float nk = KT == K_F16 || KT == K_BL ? 1.0f : kvq_f16_to_f32(*kr.norm);
             const float gam = KT == K_TQ3J ? kvq_f16_to_f32(*kr.rnorm) * p.ck.kappa : 0.0f;
 #pragma unroll
             for (int g = 0; g < kMaxG; g++)
-                sc[g] = KT == K_F16 ? a[g] : nk * fmaf(gam, z[g], a[g]);
+                sc[g] = KT == K_F16 || KT == K_BL ? a[g] : nk * fmaf(gam, z[g], a[g]);
             if (p.gain) { /* key centering: the page's q.m~ */
                 const float *gp = p.gain + ((size_t)b * p.Hq + (size_t)h * G) * p.gain_stride +
                                   (uint32_t)tok / pg.page_tokens;
@@ -246,6 +252,8 @@ __global__ void __launch_bounds__(128) group_kernel(const __grid_constant__ ref_
                     val = f16_elem(vr, lane + 32 * k);
                 } else if (VT == V_CB) {
                     val = cv[code_stream(vr, p.cv.bits, lane + 32 * k)];
+                } else if (VT == V_BL) {
+                    val = baseline_elem(p.cv.type, vr, lane + 32 * k);
                 } else {
                     uint32_t w[3];
                     load_words(vr + 12 * k, w);

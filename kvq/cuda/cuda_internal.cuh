@@ -58,7 +58,9 @@ struct kvq_dev_rot {
 /* Everything a kernel needs about one codec (passed by value). */
 struct kvq_dev_codec {
     int type, dim, bits, qjl, levels;
-    int rotated;       /* tq types */
+    int rotated;       /* tq types: a Lloyd-Max codebook */
+    int in_rot;        /* rows live in R's domain: tq types and the rotated baselines */
+    int base;          /* the row layout's type (kvq_layout_base_type): q8_0 for q8_0r */
     int gpu_encode;    /* 1 when kvq_cu_encode can reproduce the CPU bytes */
     float centroids[KVQ_CUDA_TQ_MAX_LEVELS];
     float boundaries[KVQ_CUDA_TQ_MAX_LEVELS - 1];

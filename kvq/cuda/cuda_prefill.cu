@@ -92,7 +92,7 @@ __global__ void mean_rot_kernel(kvq_dev_pages pg, kvq_dev_codec ck, int seq, int
     for (int j = lane; j < D; j += 32)
         x[j] = sc * (float)(kvq_key_mean_code(blk, j) - 8);
     __syncwarp();
-    const float *y = ck.rotated ? warp_rotate(ck.R, x, tmp, lane) : x;
+    const float *y = ck.in_rot ? warp_rotate(ck.R, x, tmp, lane) : x;
     for (int j = lane; j < D; j += 32)
         out[((size_t)page * pg.n_kv_heads + h) * D + j] = y[j];
 }
@@ -140,7 +140,7 @@ __global__ void __launch_bounds__(tile_layout<D, QJL, PIPE>::warps * 32, 1)
         for (int j = lane; j < D; j += 32)
             xw[j] = ok ? p.qscale * qr[j] : 0.0f;
         __syncwarp();
-        float *y = p.ck.rotated ? warp_rotate(p.ck.R, xw, yw, lane) : xw;
+        float *y = p.ck.in_rot ? warp_rotate(p.ck.R, xw, yw, lane) : xw;
         for (int j = lane; j < D; j += 32) {
             const __half hi = __float2half_rn(y[j]);
             Qs[r * KS + j] = hi;
@@ -442,11 +442,11 @@ __global__ void __launch_bounds__(tile_layout<D, QJL, PIPE>::warps * 32, 1)
                     __syncwarp();
                     /* the tile holds alpha-free rows: scale 1 */
                     if (pass) {
-                        const float *y = p.cv.rotated ? warp_rotate(p.cv.R, xw, yw, lane) : xw;
+                        const float *y = p.cv.in_rot ? warp_rotate(p.cv.R, xw, yw, lane) : xw;
                         for (int j = lane; j < D; j += 32)
                             Vs[i * VS + j] = __float2half_rn(y[j]);
                     } else {
-                        const float *y = p.ck.rotated ? warp_rotate(p.ck.R, xw, yw, lane) : xw;
+                        const float *y = p.ck.in_rot ? warp_rotate(p.ck.R, xw, yw, lane) : xw;
                         for (int j = lane; j < D; j += 32) {
                             const __half hi = __float2half_rn(y[j]);
                             Ks[i * KS + j] = hi;
@@ -488,7 +488,7 @@ __global__ void __launch_bounds__(tile_layout<D, QJL, PIPE>::warps * 32, 1)
         const int i = i0 + r / G;
         if (r >= ppt * G || i >= p.n)
             continue;
-        const float *y = p.cv.rotated ? warp_rotate_t(p.cv.R, os + r * D, yw, lane) : os + r * D;
+        const float *y = p.cv.in_rot ? warp_rotate_t(p.cv.R, os + r * D, yw, lane) : os + r * D;
         float *dst = p.out + ((size_t)i * p.Hq + (size_t)h * G + r % G) * D;
         for (int j = lane; j < D; j += 32)
             dst[j] = y[j];
@@ -545,8 +545,8 @@ int kvq_cuda_prefill_supported(const kvq_cuda_cache *c, int n_q_heads)
     if (c->dk.type == KVQ_TYPE_F32 || c->dv.type == KVQ_TYPE_F32 || c->dv.qjl)
         return 0;
     /* the rotations as the encoder applies them (warp_rotate) */
-    if ((c->dk.rotated && !rot_on_gpu(c->dk.R)) || (c->dk.qjl && !rot_on_gpu(c->dk.S)) ||
-        (c->dv.rotated && !rot_on_gpu(c->dv.R)))
+    if ((c->dk.in_rot && !rot_on_gpu(c->dk.R)) || (c->dk.qjl && !rot_on_gpu(c->dk.S)) ||
+        (c->dv.in_rot && !rot_on_gpu(c->dv.R)))
         return 0;
     return c->dk.gpu_encode && c->dv.gpu_encode;
 }

@@ -67,13 +67,14 @@ __device__ __forceinline__ void raw_expand(bool tq, const uint32_t w[16], const 
  * cent, in shared memory: a kernel parameter indexed by code would
  * serialise the warp. */
 /* Whether the chunk kernel gives keys of codec k a second half (its QJL
- * layout, KD = 2D): the QJL signs, or for codebooks over 4 bits what f16
- * rounding takes from each level (up to 4.5e-4 relative for 8 bits, where
- * codebook_alpha's search brings 3 bits to 2.6e-5 and 4 bits to 9.6e-5),
- * scored against the queries' f16 rows. */
+ * layout, KD = 2D): the QJL signs, or what f16 rounding takes from each
+ * element, for codebooks over 4 bits (up to 4.5e-4 relative for 8 bits,
+ * where codebook_alpha's search brings 3 bits to 2.6e-5 and 4 bits to
+ * 9.6e-5) and llama.cpp's blocks (level times scale), scored against the
+ * queries' f16 rows. */
 __host__ __device__ __forceinline__ bool kvq_prefill_split_k(const kvq_dev_codec &k)
 {
-    return k.qjl || (k.rotated && k.levels > KVQ_CUDA_TQ_MAX_LEVELS);
+    return k.qjl || (k.rotated && k.levels > KVQ_CUDA_TQ_MAX_LEVELS) || kvq_layout_block_bytes(k.base) > 0;
 }
 
 template <int D>
@@ -132,9 +133,13 @@ __device__ __forceinline__ void decode32(const kvq_dev_codec &cd, const float *c
         return;
     }
 #pragma unroll 4
-    for (int c = 0; c < 32; c += 2)
-        *reinterpret_cast<uint32_t *>(dst + c) =
-            pack_f16x2(baseline_elem(cd.type, r.codes, j0 + c), baseline_elem(cd.type, r.codes, j0 + c + 1));
+    for (int c = 0; c < 32; c += 2) {
+        const float v0 = baseline_elem(cd.type, r.codes, j0 + c), v1 = baseline_elem(cd.type, r.codes, j0 + c + 1);
+        const __half h0 = __float2half_rn(v0), h1 = __float2half_rn(v1);
+        *reinterpret_cast<__half2 *>(dst + c) = __halves2half2(h0, h1);
+        if (dst_s) /* a split key's lo halves */
+            *reinterpret_cast<uint32_t *>(dst_s + c) = pack_f16x2(v0 - __half2float(h0), v1 - __half2float(h1));
+    }
 }
 
 /* x = R^T y in place for HADAMARD / IDENTITY, one warp (warp_rotate's

@@ -117,8 +117,6 @@ kvq_status kvq_cuda_cache_create(const struct kvq_cuda_cache_config *cfg, kvq_cu
         *out = NULL;
     if (cfg && (cfg->cache.sink_tokens < 0 || cfg->cache.sink_tokens > KVQ_CACHE_MAX_SINK_TOKENS))
         return KVQ_ERR_INVALID_ARG; /* as the CUDA build: checked before the device */
-    if (cfg && (kvq_layout_cpu_only((int)cfg->cache.type_k) || kvq_layout_cpu_only((int)cfg->cache.type_v)))
-        return KVQ_ERR_UNSUPPORTED; /* the CPU-only types, likewise */
     return KVQ_ERR_NO_DEVICE;
 }
 
