@@ -219,28 +219,34 @@ static void test_ppl_matches_cpu(void)
     if (!ids || !logits)
         goto out;
     n = N;
-    /* no window; the window (the default); the window and 4 sink tokens;
-     * the window with --fast-prefill (16-bit inputs to the chunks' products);
-     * the window with key centering */
-    static const int windows[] = {0, 1, 1, 1, 1}, sinks[] = {0, 0, 4, 0, 0}, fast[] = {0, 0, 0, 1, 0},
-                     center[] = {0, 0, 0, 0, 1};
-    for (int i = 0; i < 5; i++) {
+    /* tq3j/tq3: no window; the window (the default); the window and 4 sink
+     * tokens; the window with --fast-prefill (16-bit inputs to the chunks'
+     * products); the window with key centering. Then the kernels of the
+     * other types: a wide codebook (the group kernel's K_CB/V_CB), llama.cpp
+     * blocks rotated and plain (K_BL/V_BL, the block encoder), centred */
+    static const enum kvq_type tks[] = {KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3J,
+                                        KVQ_TYPE_TQ5,  KVQ_TYPE_Q4_0R, KVQ_TYPE_Q5_1R},
+                               tvs[] = {KVQ_TYPE_TQ3, KVQ_TYPE_TQ3, KVQ_TYPE_TQ3, KVQ_TYPE_TQ3, KVQ_TYPE_TQ3,
+                                        KVQ_TYPE_TQ4, KVQ_TYPE_Q4_0R, KVQ_TYPE_Q8_0};
+    static const int windows[] = {0, 1, 1, 1, 1, 1, 0, 1}, sinks[] = {0, 0, 4, 0, 0, 0, 0, 4},
+                     fast[] = {0, 0, 0, 1, 0, 0, 0, 0}, center[] = {0, 0, 0, 0, 1, 0, 0, 1};
+    for (int i = 0; i < (int)(sizeof tks / sizeof tks[0]); i++) {
         opt_center = center[i];
-        kvq_seq *g = new_seq_opts(KVQ_DEVICE_CUDA, KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, windows[i], sinks[i], 1, fast[i]);
-        kvq_seq *c = new_seq_sinks(KVQ_DEVICE_CPU, KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, windows[i], sinks[i]);
+        kvq_seq *g = new_seq_opts(KVQ_DEVICE_CUDA, tks[i], tvs[i], windows[i], sinks[i], 1, fast[i]);
+        kvq_seq *c = new_seq_sinks(KVQ_DEVICE_CPU, tks[i], tvs[i], windows[i], sinks[i]);
         opt_center = 0;
         if (g && c) {
             double pg = exp(mean_nll(g, ids, n, logits, V)), pc = exp(mean_nll(c, ids, n, logits, V));
-            printf("  perplexity over %zu tokens, tq3j/tq3, window %d, sinks %d%s%s: GPU %.4f, CPU %.4f (%+.3f%%)\n",
-                   n, windows[i], sinks[i], fast[i] ? ", fast prefill" : "", center[i] ? ", centred keys" : "", pg, pc,
-                   100.0 * (pg / pc - 1.0));
+            printf("  perplexity over %zu tokens, %s/%s, window %d, sinks %d%s%s: GPU %.4f, CPU %.4f (%+.3f%%)\n", n,
+                   kvq_type_traits(tks[i])->name, kvq_type_traits(tvs[i])->name, windows[i], sinks[i],
+                   fast[i] ? ", fast prefill" : "", center[i] ? ", centred keys" : "", pg, pc, 100.0 * (pg / pc - 1.0));
             /* the bound is the 4K-token one: the sanitizer runs' 1024 tokens check
              * memory and races, and that the values are finite */
             if (small)
                 CHECK(isfinite(pg) && isfinite(pc));
             else
-                CHECKF(fabs(pg / pc - 1.0) <= 0.003, "GPU perplexity %.4f vs CPU %.4f (window %d, sinks %d)", pg, pc,
-                       windows[i], sinks[i]);
+                CHECKF(fabs(pg / pc - 1.0) <= 0.003, "GPU perplexity %.4f vs CPU %.4f (%s/%s, window %d, sinks %d)", pg,
+                       pc, kvq_type_traits(tks[i])->name, kvq_type_traits(tvs[i])->name, windows[i], sinks[i]);
         }
         kvq_seq_free(g);
         kvq_seq_free(c);
@@ -425,7 +431,9 @@ static void test_step_graphs(void)
                {KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, 1, 0, 1},
                {KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, 0, 0, 0},
                {KVQ_TYPE_F16, KVQ_TYPE_F16, 0, 0, 0},
-               {KVQ_TYPE_F32, KVQ_TYPE_F32, 0, 0, 0}};
+               {KVQ_TYPE_F32, KVQ_TYPE_F32, 0, 0, 0},
+               {KVQ_TYPE_TQ5, KVQ_TYPE_TQ4, 1, 0, 0},   /* the group kernel's codebooks */
+               {KVQ_TYPE_Q4_0R, KVQ_TYPE_Q4_0R, 1, 0, 1}}; /* its blocks and the block encoder */
     for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
         kvq_seq *s[2]; /* graphs on, off */
         opt_center = cfg[c].center;
