@@ -529,6 +529,20 @@ static void test_seq_budget(void)
     struct kvq_seq_plan pl;
     CHECK_OK(kvq_seq_plan_of(model, &sc, &pl));
     CHECK(pl.fixed_bytes == 4 * (size_t)(64 + KVQ_CACHE_F16_SLACK + 16) * 2 * 128 * 2 * 2);
+    /* a GPU sequence's plan counts the device's ring, a page longer (kvq_cuda_cache_f16_bytes:
+     * no device needed): the host's budget for three pages a layer holds none there */
+    struct kvq_seq_plan gp;
+    sc.device = KVQ_DEVICE_CUDA;
+    CHECK_OK(kvq_seq_plan_of(model, &sc, &gp));
+    CHECK(gp.fixed_bytes == 4 * (size_t)(2 * 64 + KVQ_CACHE_F16_SLACK + 16) * 2 * 128 * 2 * 2);
+    CHECK(gp.bytes_per_token == pl.bytes_per_token && gp.page_bytes == pl.page_bytes);
+    sc.kv_budget = pl.fixed_bytes + 4 * 3 * pl.page_bytes + 1000;
+    CHECK_OK(kvq_seq_plan_of(model, &sc, &gp));
+    CHECKF(gp.max_tokens == 0, "%zu tokens", gp.max_tokens);
+    sc.kv_budget = gp.fixed_bytes + 4 * 3 * pl.page_bytes + 1000;
+    CHECK_OK(kvq_seq_plan_of(model, &sc, &gp));
+    CHECKF(gp.max_tokens == 3 * gp.page_tokens, "%zu tokens", gp.max_tokens);
+    sc.device = KVQ_DEVICE_CPU;
     sc.kv_budget = pl.fixed_bytes + 4 * 3 * pl.page_bytes + 1000; /* three pages per layer */
     CHECK_OK(kvq_seq_plan_of(model, &sc, &pl));
     CHECK(pl.max_tokens == 3 * pl.page_tokens);

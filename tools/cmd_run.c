@@ -436,6 +436,7 @@ static int print_gpu_plan(const struct opts *o, kvq_model *m)
     printf("%-15s %14s %22s\n", "K/V", "longest context", "sequences at full ctx");
     struct kvq_seq_config sc;
     kvq_seq_config_default(&sc);
+    sc.device = KVQ_DEVICE_CUDA; /* its longer window ring (kvq_cuda_cache_f16_bytes) */
     sc.sink_tokens = o->kvx.sink_tokens;
     sc.recent_f16 = o->kvx.recent_f16;
     static const enum kvq_type pairs[][2] = {{KVQ_TYPE_F16, KVQ_TYPE_F16}, {KVQ_TYPE_Q8_0, KVQ_TYPE_Q8_0},
@@ -483,6 +484,7 @@ static int print_plan(void *user, kvq_model *m, kvq_tokenizer *tok)
     struct kvq_seq_config sc;
     kvq_seq_config_default(&sc);
     sc.kv_budget = o->kvx.budget;
+    sc.device = o->kvx.device;           /* a GPU cache's window ring is longer */
     sc.sink_tokens = o->kvx.sink_tokens; /* f16 buffers come out of the budget */
     sc.recent_f16 = o->kvx.recent_f16;   /* KVQ_WINDOW_AUTO: on for the compressed pairs */
     struct kvq_seq_plan f16;

@@ -90,13 +90,18 @@ void kvq_layer_cache_config(const struct kvq_model_config *c, const struct kvq_s
     cc->center_k = sc->center_k && cc->recent_f16 && compressed(cc->type_k);
 }
 
+size_t kvq_layer_f16_bytes(const struct kvq_cache_config *cc, enum kvq_device device)
+{
+    return device == KVQ_DEVICE_CUDA ? kvq_cuda_cache_f16_bytes(cc) : kvq_cache_bytes_for(cc, 0);
+}
+
 /* Bytes of layer l's f16 override buffers (allocated at create). */
 static size_t layer_fixed_bytes(const struct kvq_model_config *c, const struct kvq_seq_config *sc, int l,
                                 size_t max_ctx)
 {
     struct kvq_cache_config cc;
     kvq_layer_cache_config(c, sc, l, max_ctx, &cc);
-    return kvq_cache_bytes_for(&cc, 0);
+    return kvq_layer_f16_bytes(&cc, sc->device);
 }
 
 /* Layer l's exact share of the budget: its f16 buffers F_l, plus a part of
@@ -146,8 +151,8 @@ kvq_status kvq_seq_plan_of(const kvq_model *m, const struct kvq_seq_config *cfg,
             struct kvq_cache_config cc;
             kvq_layer_cache_config(c, cfg, l, max_ctx, &cc);
             size_t pt = (size_t)(cc.page_tokens ? cc.page_tokens : KVQ_DEFAULT_PAGE_TOKENS);
-            size_t fx = kvq_cache_bytes_for(&cc, 0), all = kvq_cache_bytes_for(&cc, pt);
-            size_t pb = all - fx, rb = layer_row_bytes(c, cfg, l);
+            size_t all = kvq_cache_bytes_for(&cc, pt), pb = all - kvq_cache_bytes_for(&cc, 0);
+            size_t fx = kvq_layer_f16_bytes(&cc, cfg->device), rb = layer_row_bytes(c, cfg, l);
             if (!all || !pb || !rb)
                 return KVQ_ERR_UNSUPPORTED;
             if (cc.center_k) /* the page's key means, rounded up to whole bytes per token */
@@ -163,7 +168,8 @@ kvq_status kvq_seq_plan_of(const kvq_model *m, const struct kvq_seq_config *cfg,
                     fit = f < fit ? f : fit;
                 }
             } else {
-                bytes_at += kvq_cache_bytes_for(&cc, out->max_tokens);
+                bytes_at += kvq_cache_bytes_for(&cc, out->max_tokens) - kvq_cache_bytes_for(&cc, 0) +
+                            kvq_layer_f16_bytes(&cc, cfg->device);
             }
         }
         if (pass == 0) {

@@ -119,6 +119,13 @@ KVQ_API kvq_status kvq_cuda_cache_create(const struct kvq_cuda_cache_config *cfg
 /** Frees c and its device memory; accepts NULL. */
 KVQ_API void kvq_cuda_cache_free(kvq_cuda_cache *c);
 
+/** Bytes of one sequence's f16 override rows (sinks and the recent window,
+ *  K and V) in a device cache of cfg: sink_tokens rows plus, with
+ *  recent_f16, a ring of 2 * page_tokens + KVQ_CACHE_F16_SLACK (a host
+ *  cache's ring holds page_tokens + KVQ_CACHE_F16_SLACK: kvq_cache_bytes_for).
+ *  Needs no device. @return 0 when cfg is invalid. */
+KVQ_API size_t kvq_cuda_cache_f16_bytes(const struct kvq_cache_config *cfg);
+
 KVQ_API const struct kvq_cuda_cache_config *kvq_cuda_cache_config_of(const kvq_cuda_cache *c);
 KVQ_API const struct kvq_page_layout *kvq_cuda_cache_layout(const kvq_cuda_cache *c);
 

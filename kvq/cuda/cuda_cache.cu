@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "cuda_internal.cuh"
+#include "cuda_ring.h"
 
 struct kvq_dev_pages kvq_cu_pages_of(const kvq_cuda_cache *c)
 {
@@ -254,7 +255,7 @@ static kvq_status cache_init(kvq_cuda_cache *c)
      * appended in pieces of at most page_tokens stay exact) plus the
      * truncation slack of the CPU cache */
     c->sink_rows = cfg->cache.sink_tokens;
-    c->ring = cfg->cache.recent_f16 ? (int)(2 * P + KVQ_CACHE_F16_SLACK) : 0;
+    c->ring = cfg->cache.recent_f16 ? (int)kvq_cu_ring_rows(P) : 0;
     c->ov_rows = c->sink_rows + c->ring;
     c->ring_lo = (size_t *)calloc((size_t)cfg->max_seqs, sizeof(size_t));
     c->center = cfg->cache.center_k;
