@@ -532,6 +532,38 @@ static void test_every_kernel(void)
     }
 }
 
+/* A GPU sequence holds exactly the tokens its plan says a budget allows:
+ * the plan counts the device's window ring (a page longer than the host's)
+ * and the device pool is the pages part of each layer's share. The plan's
+ * last token goes in, the next is refused and changes nothing. */
+static void test_budget_matches_plan(void)
+{
+    NEED_GPU();
+    const struct kvq_model_config *mc = kvq_model_config_of(model);
+    struct kvq_seq_config sc;
+    kvq_seq_config_default(&sc);
+    sc.device = KVQ_DEVICE_CUDA;
+    sc.max_ctx = 1024;
+    struct kvq_seq_plan pl;
+    CHECK_OK(kvq_seq_plan_of(model, &sc, &pl));
+    sc.kv_budget = pl.fixed_bytes + (size_t)mc->n_layers * 3 * pl.page_bytes + 1000; /* three pages a layer */
+    CHECK_OK(kvq_seq_plan_of(model, &sc, &pl));
+    CHECKF(pl.max_tokens == 3 * pl.page_tokens, "the plan holds %zu tokens", pl.max_tokens);
+    size_t n = 0;
+    int32_t *ids = valid_tokens(12000, pl.max_tokens + 1, &n);
+    kvq_seq *s = NULL;
+    kvq_error err = {0};
+    CHECKF(kvq_seq_create(model, &sc, &s, &err) == KVQ_OK, "%s", err.msg);
+    if (s && ids && n > pl.max_tokens) {
+        int32_t next = -1;
+        CHECK_OK(kvq_seq_forward(s, ids, pl.max_tokens, pl.max_tokens - 1, NULL, &next));
+        CHECK_STATUS(kvq_seq_forward(s, ids + pl.max_tokens, 1, 0, NULL, &next), KVQ_ERR_BUDGET);
+        CHECK(kvq_seq_pos(s) == pl.max_tokens);
+    }
+    kvq_seq_free(s);
+    free(ids);
+}
+
 static void test_refusals(void)
 {
     struct kvq_seq_config sc;
@@ -561,6 +593,7 @@ int main(void)
     model = fx.model;
     small = test_gpu_small();
     RUN(test_refusals);
+    RUN(test_budget_matches_plan);
     RUN(test_every_kernel);
     RUN(test_fixture_cases_f32);
     RUN(test_sampled_generation);

@@ -234,6 +234,13 @@ kvq_status kvq_seq_create(const kvq_model *m, const struct kvq_seq_config *cfg, 
         }
         ccs[l].seed = kvq_seed_derive(sc.seed, (uint64_t)l);
         ccs[l].max_bytes = layer_budget(c, &sc, l, s->max_ctx);
+        if (ccs[l].max_bytes && sc.device == KVQ_DEVICE_CUDA) {
+            /* a device store sizes its pool from max_bytes alone (it holds the
+             * f16 rows apart), as kvq_batch passes it: the share's pages part;
+             * at least 1, which holds no page and must not read as no limit */
+            const size_t f16 = kvq_layer_f16_bytes(&ccs[l], sc.device);
+            ccs[l].max_bytes = ccs[l].max_bytes > f16 + 1 ? ccs[l].max_bytes - f16 : 1;
+        }
     }
     struct kvq_kv_store_config kc = {.cfgs = ccs, .n_layers = c->n_layers, .max_seqs = 1, .n_heads = c->n_heads,
                                      .max_rows = (size_t)s->max_chunk, .v_norm_correct = sc.v_norm_correct};
