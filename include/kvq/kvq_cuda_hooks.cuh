@@ -476,16 +476,24 @@ __device__ __forceinline__ void accum_values16_rows(float acc[][8][4], const uin
 
 /* ---- scalar helpers (any type, any dim): used by the reference kernel - */
 
+/* Code j of a row of `bits`-bit codes (bits <= 8) in stream order (code
+ * j's bit b at stream bit bits * j + b, LSB first; kvq_layout.h): one or two
+ * bytes. The second byte is read only when the code reaches into it, so a
+ * row's last code never reads past the row. */
+__device__ __forceinline__ unsigned code_stream(const uint8_t *codes, int bits, int j)
+{
+    const unsigned pos = (unsigned)(bits * j), sh = pos & 7u;
+    unsigned v = (unsigned)codes[pos >> 3] >> sh;
+    if (sh + (unsigned)bits > 8u)
+        v |= (unsigned)codes[(pos >> 3) + 1] << (8u - sh);
+    return v & ((1u << bits) - 1u);
+}
+
 /* Code j of a row of d codes of `bits` bits as the CUDA cache stores it
  * (3 bits: device order, kvq_layout.h; else stream order). */
 __device__ __forceinline__ unsigned code_get(const uint8_t *codes, int bits, int d, int j)
 {
-    if (bits == 3)
-        return kvq_dev_code_get(codes, d, j);
-    unsigned pos = (unsigned)(bits * j), v = 0;
-    for (int b = 0; b < bits; b++, pos++)
-        v |= (unsigned)((codes[pos >> 3] >> (pos & 7)) & 1u) << b;
-    return v;
+    return bits == 3 ? kvq_dev_code_get(codes, d, j) : code_stream(codes, bits, j);
 }
 
 __device__ __forceinline__ float f16_at(const uint8_t *p, int j)
@@ -494,11 +502,17 @@ __device__ __forceinline__ float f16_at(const uint8_t *p, int j)
     return kvq_f16_to_f32(h);
 }
 
+/* Nibble i (0..31) of a 4-bit block's qs: value i in the low nibble of
+ * byte i, value i + 16 in the high one (llama.cpp's q4/q5 packing). */
+__device__ __forceinline__ int q4_nibble(const uint8_t *qs, int i)
+{
+    return i < 16 ? (qs[i] & 15) : (qs[i - 16] >> 4);
+}
+
 /* Value i (0..31) of a q5 block: its nibble in qs plus bit i of qh. */
 __device__ __forceinline__ int q5_level(const uint8_t *qh, const uint8_t *qs, int i)
 {
-    const int lo = i < 16 ? (qs[i] & 15) : (qs[i - 16] >> 4);
-    return lo | (((qh[i >> 3] >> (i & 7)) & 1) << 4);
+    return q4_nibble(qs, i) | (((qh[i >> 3] >> (i & 7)) & 1) << 4);
 }
 
 /* Element j of a baseline row (f32, f16 and llama.cpp's block layouts, of
@@ -515,29 +529,27 @@ __device__ __forceinline__ float baseline_elem(int type, const uint8_t *row, int
     case KVQ_TYPE_F16:
         return f16_at(row, j);
     case KVQ_TYPE_Q8_0: {
-        const uint8_t *blk = row + (j / KVQ_QK) * 34;
-        float d = f16_at(blk, 0);
-        return (float)(int8_t)blk[2 + j % KVQ_QK] * d;
+        const uint8_t *blk = row + (j / KVQ_QK) * sizeof(kvq_block_q8_0);
+        return (float)(int8_t)blk[offsetof(kvq_block_q8_0, qs) + j % KVQ_QK] * f16_at(blk, 0);
     }
     case KVQ_TYPE_Q4_0: {
-        const uint8_t *blk = row + (j / KVQ_QK) * 18;
-        float d = f16_at(blk, 0);
-        int i = j % KVQ_QK;
-        int q = i < 16 ? (blk[2 + i] & 15) : (blk[2 + i - 16] >> 4);
-        return (float)(q - 8) * d;
+        const uint8_t *blk = row + (j / KVQ_QK) * sizeof(kvq_block_q4_0);
+        return (float)(q4_nibble(blk + offsetof(kvq_block_q4_0, qs), j % KVQ_QK) - 8) * f16_at(blk, 0);
     }
     case KVQ_TYPE_Q4_1: {
-        const uint8_t *blk = row + (j / KVQ_QK) * 20;
-        const int i = j % KVQ_QK, q = i < 16 ? (blk[4 + i] & 15) : (blk[4 + i - 16] >> 4);
+        const uint8_t *blk = row + (j / KVQ_QK) * sizeof(kvq_block_q4_1);
+        const int q = q4_nibble(blk + offsetof(kvq_block_q4_1, qs), j % KVQ_QK);
         return __fadd_rn(__fmul_rn((float)q, f16_at(blk, 0)), f16_at(blk, 1));
     }
     case KVQ_TYPE_Q5_0: {
-        const uint8_t *blk = row + (j / KVQ_QK) * 22;
-        return (float)(q5_level(blk + 2, blk + 6, j % KVQ_QK) - 16) * f16_at(blk, 0);
+        const uint8_t *blk = row + (j / KVQ_QK) * sizeof(kvq_block_q5_0);
+        const int q = q5_level(blk + offsetof(kvq_block_q5_0, qh), blk + offsetof(kvq_block_q5_0, qs), j % KVQ_QK);
+        return (float)(q - 16) * f16_at(blk, 0);
     }
     case KVQ_TYPE_Q5_1: {
-        const uint8_t *blk = row + (j / KVQ_QK) * 24;
-        return __fadd_rn(__fmul_rn((float)q5_level(blk + 4, blk + 8, j % KVQ_QK), f16_at(blk, 0)), f16_at(blk, 1));
+        const uint8_t *blk = row + (j / KVQ_QK) * sizeof(kvq_block_q5_1);
+        const int q = q5_level(blk + offsetof(kvq_block_q5_1, qh), blk + offsetof(kvq_block_q5_1, qs), j % KVQ_QK);
+        return __fadd_rn(__fmul_rn((float)q, f16_at(blk, 0)), f16_at(blk, 1));
     }
     default:
         return 0.0f;

@@ -111,6 +111,22 @@ __device__ void put_u16(uint8_t *p, uint16_t v)
     p[1] = (uint8_t)(v >> 8);
 }
 
+/* Where a 4- or 5-bit block layout keeps its minimum, fifth bits and
+ * nibbles (byte offsets; 0: no such field), from kvq_layout.h's structs. */
+struct block_fields {
+    int m, qh, qs;
+};
+
+__device__ block_fields fields_of(int base)
+{
+    switch (base) {
+    case KVQ_TYPE_Q4_0: return {0, 0, (int)offsetof(kvq_block_q4_0, qs)};
+    case KVQ_TYPE_Q4_1: return {(int)offsetof(kvq_block_q4_1, m), 0, (int)offsetof(kvq_block_q4_1, qs)};
+    case KVQ_TYPE_Q5_0: return {0, (int)offsetof(kvq_block_q5_0, qh), (int)offsetof(kvq_block_q5_0, qs)};
+    default: return {(int)offsetof(kvq_block_q5_1, m), (int)offsetof(kvq_block_q5_1, qh), (int)offsetof(kvq_block_q5_1, qs)};
+    }
+}
+
 /* Row y of block layout `base` into codes, the CPU's bytes (the checks ran
  * before: every scale fits f16). */
 __device__ void encode_blocks(int base, const float *y, int d, uint8_t *codes, int lane)
@@ -130,25 +146,22 @@ __device__ void encode_blocks(int base, const float *y, int d, uint8_t *codes, i
         case KVQ_TYPE_Q5_0: q = min((int)(int8_t)__float2int_rz(__fadd_rn(__fmul_rn(v, id), 16.5f)), 31); break;
         default: q = (uint8_t)__float2int_rz(__fadd_rn(__fmul_rn(__fsub_rn(v, m), id), 0.5f)); break; /* q5_1 */
         }
+        if (lane == 0)
+            put_u16(blk, kvq_f32_to_f16(s)); /* every layout starts with its f16 scale */
         if (base == KVQ_TYPE_Q8_0) {
-            if (lane == 0)
-                put_u16(blk, kvq_f32_to_f16(s));
-            blk[2 + lane] = (uint8_t)(int8_t)q;
+            blk[offsetof(kvq_block_q8_0, qs) + lane] = (uint8_t)(int8_t)q;
             continue;
         }
-        const bool has_min = base == KVQ_TYPE_Q4_1 || base == KVQ_TYPE_Q5_1, five = base == KVQ_TYPE_Q5_0 || base == KVQ_TYPE_Q5_1;
-        uint8_t *qs = blk + 2 + (has_min ? 2 : 0) + (five ? 4 : 0);
+        const block_fields f = fields_of(base);
         const int hi = __shfl_down_sync(0xffffffffu, q, 16); /* lane i < 16 packs values i and i + 16 */
         const unsigned qh = __ballot_sync(0xffffffffu, (q & 16) != 0);
         if (lane < 16)
-            qs[lane] = (uint8_t)((q & 15) | ((hi & 15) << 4));
+            blk[f.qs + lane] = (uint8_t)((q & 15) | ((hi & 15) << 4));
         if (lane == 0) {
-            put_u16(blk, kvq_f32_to_f16(s));
-            if (has_min)
-                put_u16(blk + 2, kvq_f32_to_f16(m));
-            if (five)
-                for (int k = 0; k < 4; k++)
-                    blk[2 + (has_min ? 2 : 0) + k] = (uint8_t)(qh >> (8 * k));
+            if (f.m)
+                put_u16(blk + f.m, kvq_f32_to_f16(m));
+            for (int k = 0; f.qh && k < 4; k++)
+                blk[f.qh + k] = (uint8_t)(qh >> (8 * k));
         }
     }
 }
@@ -203,12 +216,15 @@ __global__ void check_kernel(int64_t n_rows, const float *k, const float *v, kvq
         range = __any_sync(0xffffffffu, range);
         if (!bad && rr.cd->rotated)
             range = f16_overflows(warp_norm(buf, d, lane));
-        if (!bad && kvq_layout_block_bytes(rr.cd->base)) { /* the CPU checks R x (kvq_rotbase_check) */
-            const float *y = rr.cd->in_rot ? warp_rotate(rr.cd->R, buf, buf + dmax, lane) : buf;
-            bool inf = false;
-            for (int j = lane; j < d; j += 32)
-                inf |= !isfinite(y[j]);
-            bad = __any_sync(0xffffffffu, inf);
+        if (!bad && kvq_layout_block_bytes(rr.cd->base)) {
+            const float *y = buf;
+            if (rr.cd->in_rot) { /* the CPU checks R x too (kvq_rotbase_check): finite x can overflow */
+                y = warp_rotate(rr.cd->R, buf, buf + dmax, lane);
+                bool inf = false;
+                for (int j = lane; j < d; j += 32)
+                    inf |= !isfinite(y[j]);
+                bad = __any_sync(0xffffffffu, inf);
+            }
             range = !bad && __any_sync(0xffffffffu, blocks_overflow(rr.cd->base, y, d, lane));
         }
         if (lane == 0 && (bad || range))

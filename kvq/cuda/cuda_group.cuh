@@ -31,19 +31,6 @@ constexpr int kMaxG = 8;
 enum { K_TQ3 = 0, K_TQ3J = 1, K_F16 = 2, K_TQ4 = 3, K_CB = 4, K_BL = 5, N_KT };
 enum { V_TQ3 = 0, V_F16 = 1, V_CB = 2, V_BL = 3, N_VT };
 
-/* Code j of a row of `bits`-bit codes in stream order (code j's bit b at
- * stream bit bits * j + b, LSB first; kvq_layout.h): one or two bytes, as
- * bits <= 8. The second byte is read only when the code reaches into it, so
- * a row's last code never reads past the row. */
-__device__ __forceinline__ unsigned code_stream(const uint8_t *codes, int bits, int j)
-{
-    const unsigned pos = (unsigned)(bits * j), sh = pos & 7u;
-    unsigned v = (unsigned)codes[pos >> 3] >> sh;
-    if (sh + (unsigned)bits > 8u)
-        v |= (unsigned)codes[(pos >> 3) + 1] << (8u - sh);
-    return v & ((1u << bits) - 1u);
-}
-
 /* The 12 bytes of 32 3-bit codes (device order) as three words: a row's
  * codes start 4-byte aligned (the code section follows the 2-byte norms of
  * 16 or 32 tokens; rows are 3d/8 bytes, d a multiple of 32). */

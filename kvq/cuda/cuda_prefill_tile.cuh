@@ -77,6 +77,16 @@ __host__ __device__ __forceinline__ bool kvq_prefill_split_k(const kvq_dev_codec
     return k.qjl || (k.rotated && k.levels > KVQ_CUDA_TQ_MAX_LEVELS) || kvq_layout_block_bytes(k.base) > 0;
 }
 
+/* v0, v1 as f16 into hi[0, 1] and, where lo is given, what that rounding
+ * lost into lo[0, 1]. */
+__device__ __forceinline__ void put_pair(__half *hi, __half *lo, float v0, float v1)
+{
+    const __half h0 = __float2half_rn(v0), h1 = __float2half_rn(v1);
+    *reinterpret_cast<__half2 *>(hi) = __halves2half2(h0, h1);
+    if (lo)
+        *reinterpret_cast<uint32_t *>(lo) = pack_f16x2(v0 - __half2float(h0), v1 - __half2float(h1));
+}
+
 template <int D>
 __device__ __forceinline__ void decode32(const kvq_dev_codec &cd, const float *cent, const tq3_lut &lut, float alpha,
                                          const kvq_row &r, int j0, __half *dst, __half *dst_s, float *scale)
@@ -92,21 +102,14 @@ __device__ __forceinline__ void decode32(const kvq_dev_codec &cd, const float *c
 #pragma unroll
             for (int i = 0; i < 4; i++)
                 o[i] = make_uint4(pr[4 * i], pr[4 * i + 1], pr[4 * i + 2], pr[4 * i + 3]);
-        } else if (dst_s && !cd.qjl) { /* hi and lo halves of each level */
-#pragma unroll 4
-            for (int c = 0; c < 32; c += 2) {
-                const float v0 = cent[code_get(r.codes, cd.bits, D, j0 + c)];
-                const float v1 = cent[code_get(r.codes, cd.bits, D, j0 + c + 1)];
-                const __half h0 = __float2half_rn(v0), h1 = __float2half_rn(v1);
-                *reinterpret_cast<__half2 *>(dst + c) = __halves2half2(h0, h1);
-                *reinterpret_cast<uint32_t *>(dst_s + c) = pack_f16x2(v0 - __half2float(h0), v1 - __half2float(h1));
-            }
-            return;
         } else {
+            const bool split = dst_s && !cd.qjl; /* kvq_prefill_split_k: the levels' hi and lo halves */
 #pragma unroll 4
             for (int c = 0; c < 32; c += 2)
-                *reinterpret_cast<uint32_t *>(dst + c) =
-                    pack_f16x2(cent[code_get(r.codes, cd.bits, D, j0 + c)], cent[code_get(r.codes, cd.bits, D, j0 + c + 1)]);
+                put_pair(dst + c, split ? dst_s + c : nullptr, cent[code_get(r.codes, cd.bits, D, j0 + c)],
+                         cent[code_get(r.codes, cd.bits, D, j0 + c + 1)]);
+            if (split)
+                return;
         }
         if (dst_s) {
             const float gam = alpha * kvq_f16_to_f32(*r.rnorm) * cd.kappa;
@@ -133,13 +136,9 @@ __device__ __forceinline__ void decode32(const kvq_dev_codec &cd, const float *c
         return;
     }
 #pragma unroll 4
-    for (int c = 0; c < 32; c += 2) {
-        const float v0 = baseline_elem(cd.type, r.codes, j0 + c), v1 = baseline_elem(cd.type, r.codes, j0 + c + 1);
-        const __half h0 = __float2half_rn(v0), h1 = __float2half_rn(v1);
-        *reinterpret_cast<__half2 *>(dst + c) = __halves2half2(h0, h1);
-        if (dst_s) /* a split key's lo halves */
-            *reinterpret_cast<uint32_t *>(dst_s + c) = pack_f16x2(v0 - __half2float(h0), v1 - __half2float(h1));
-    }
+    for (int c = 0; c < 32; c += 2) /* dst_s: a split key's lo halves */
+        put_pair(dst + c, dst_s ? dst_s + c : nullptr, baseline_elem(cd.type, r.codes, j0 + c),
+                 baseline_elem(cd.type, r.codes, j0 + c + 1));
 }
 
 /* x = R^T y in place for HADAMARD / IDENTITY, one warp (warp_rotate's
