@@ -52,6 +52,7 @@ class CacheConfig(Structure):
         ("max_bytes", c_size_t),
         ("recent_f16", c_int),
         ("sink_tokens", c_int),
+        ("center_k", c_int),
     ]
 
 
@@ -81,7 +82,8 @@ class PageLayout(Structure):
     """struct kvq_page_layout (kvq_layout.h)."""
     _fields_ = [("n_kv_heads", c_uint32), ("page_tokens", c_uint32), ("dim", c_uint32),
                 ("k", HeadLayout), ("v", HeadLayout),
-                ("k_off", c_uint64), ("v_off", c_uint64), ("page_bytes", c_uint64)]
+                ("k_off", c_uint64), ("v_off", c_uint64), ("page_bytes", c_uint64),
+                ("mean_off", c_uint64), ("mean_bytes", c_uint32)]
 
 
 class KvqError(RuntimeError):
