@@ -39,8 +39,7 @@ def run(args, k, v, window, center=False):
            "--max-tokens", str(args.windows * (args.ctx - 1)), "-ctk", k, "-ctv", v, "--kl-divergence", "--json"]
     if not window:
         cmd.append("--no-kv-recent-f16")
-    if center:
-        cmd.append("--kv-center-k")
+    cmd.append("--kv-center-k" if center else "--no-kv-center-k")  # centring is on by default with the window
     out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if out.returncode != 0:
         sys.exit("frontier: %s failed: %s" % (" ".join(cmd), out.stderr.strip().splitlines()[-1:]))

@@ -1247,8 +1247,8 @@ static void gpu_rows_free(struct gpu_rows *r)
 /* ---- GPU attention with f16 override rows ---------------------------------- */
 
 /* Sequences of WIN_LENS lengths (one shorter than the sinks), appended to the
- * device cache by the GPU encoder: all but the last piece of up to a page at
- * once, then that piece. The reference for a view of n tokens is a CPU cache
+ * device cache by the GPU encoder: all but the last page's tokens at once,
+ * then those (the longest piece whose prefix views the ring keeps exact). The reference for a view of n tokens is a CPU cache
  * with the same config (recent window, WIN_SINKS sinks) holding exactly those
  * n tokens: what token-by-token generation reads. Checked: the batch's full
  * views (attend), and every view inside the last piece of WIN_PREFIX_SEQ
@@ -1290,10 +1290,10 @@ static void *win_setup(const struct tcase *c)
     return f;
 }
 
-/* Rows of the last piece of a sequence of n tokens. */
+/* Rows of the last piece of a sequence of n tokens: its last page's. */
 static size_t win_piece(const struct win_fx *f, size_t n)
 {
-    return n < (size_t)f->P ? n : (size_t)f->P;
+    return n - (n - 1) / (size_t)f->P * (size_t)f->P;
 }
 
 /* The entries of the check: (sequence, view length) pairs. */

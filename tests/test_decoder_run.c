@@ -123,7 +123,7 @@ static void test_stream(void)
     /* the default adds the recent-token window, whose fixed f16 buffers
      * (320 KiB here) outweigh 14 tokens of rows, and says so */
     CHECK(run(6, args2) == 0);
-    CHECK(err_text && strstr(err_text, "KV cache tq3j/tq3+win:") && strstr(err_text, "x larger: the fixed f16 buffers outweigh") &&
+    CHECK(err_text && strstr(err_text, "KV cache tq3j/tq3+ctr+win:") && strstr(err_text, "x larger: the fixed f16 buffers outweigh") &&
           strstr(err_text, "f16 window/sink buffers"));
 }
 

@@ -1,8 +1,11 @@
 /* test_decoder_spec.c - n-gram speculative decoding gives exactly the greedy
  * output of plain decoding (f32 and compressed caches), accepts drafts on
- * repetitive text, and keeps the cache consistent after rollbacks. */
+ * repetitive text, and keeps the cache consistent after rollbacks: the
+ * recent-token window keeps every token of the partly filled page in f16
+ * after every step, as plain decoding does. */
 #include <stdint.h>
 
+#include "kvq_cache.h"
 #include "kvq_model.h"
 #include "kvq_safetensors.h"
 #include "test.h"
@@ -18,17 +21,46 @@ static int32_t *ref_ids(const char *name, size_t *n)
     return test_st_ints(ref, key, n);
 }
 
+/* Called with every token emitted: counts the layers whose window has lost
+ * the f16 copy of a token of the partly filled page (a rollback past the
+ * ring's rows: such tokens would be read packed, unlike plain decoding). */
+struct window_watch {
+    const kvq_seq *s;
+    size_t steps, lost;
+};
+
+static int watch_window(void *user, int32_t id)
+{
+    (void)id;
+    struct window_watch *w = user;
+    w->steps++;
+    for (int l = 0; l < kvq_model_config_of(model)->n_layers; l++) {
+        const kvq_cache *c = kvq_seq_cache(w->s, l);
+        const struct kvq_cache_config *cc = kvq_cache_config_of(c);
+        if (!cc || !cc->recent_f16)
+            continue;
+        const size_t P = (size_t)(cc->page_tokens ? cc->page_tokens : KVQ_DEFAULT_PAGE_TOKENS), n = kvq_cache_len(c);
+        size_t se, tail;
+        if (kvq_cache_f16_view(c, n, &se, &tail) != KVQ_OK || tail != n - n % P)
+            w->lost++;
+    }
+    return 0;
+}
+
 /* Generates n tokens with speculative = spec; returns the stats. */
 static struct kvq_seq_stats gen(kvq_seq *s, const int32_t *ids, size_t n_ids, int spec, int32_t *out, size_t n,
                                 size_t *n_out)
 {
+    struct window_watch w = {s, 0, 0};
     struct kvq_gen_params gp;
     kvq_gen_params_default(&gp);
     gp.max_tokens = (int)n;
     gp.speculative = spec;
     gp.stop_at_eos = 0;
     kvq_seq_reset(s);
-    CHECK_OK(kvq_seq_generate(s, ids, n_ids, &gp, out, n, n_out, NULL, NULL));
+    CHECK_OK(kvq_seq_generate(s, ids, n_ids, &gp, out, n, n_out, watch_window, &w));
+    CHECKF(w.steps == *n_out && w.lost == 0, "speculative %d: the window lost rows %zu times in %zu steps", spec,
+           w.lost, w.steps);
     struct kvq_seq_stats st;
     kvq_seq_get_stats(s, &st);
     return st;

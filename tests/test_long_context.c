@@ -547,9 +547,9 @@ static void test_budget_exhaustion(void)
 
 /* `kvq run --kv-budget`: exit 3, the message and the text so far;
  * a prompt over the budget is exit 2; --plan prints every type. The
- * default recent-token window's f16 buffers (80 KiB per layer here) come out
- * of the budget first; without the window 70000 bytes hold one 64-token page
- * per layer, and with it 400000 bytes do. */
+ * default recent-token window's f16 buffers (one page of rows, 64 KiB per
+ * layer here) come out of the budget first; without the window 70000 bytes
+ * hold one 64-token page per layer, and with it 330000 bytes do. */
 static void test_run_budget(void)
 {
     const char *args[] = {"--model", MODEL, "--prompt", "Emma Woodhouse, handsome, clever", "--max-tokens", "200",
@@ -567,16 +567,16 @@ static void test_run_budget(void)
     }
     cJSON_Delete(js);
     const char *win[] = {"--model", MODEL, "--prompt", "Emma Woodhouse, handsome, clever", "--max-tokens", "200",
-                         "--no-eos", "--kv-budget", "400000", "--json"};
+                         "--no-eos", "--kv-budget", "330000", "--json"};
     CHECK(run_cmd(cmd_run, "run", 10, win) == 3);
-    CHECK(strstr(err_text, "stopped: the KV budget of 400000 bytes is full after 64 tokens") != NULL);
+    CHECK(strstr(err_text, "stopped: the KV budget of 330000 bytes is full after 64 tokens") != NULL);
     js = cJSON_Parse(out_text);
     CHECK(js && cJSON_GetObjectItem(js, "recent_f16")->valueint == 1);
     if (js) {
         const cJSON *kv = cJSON_GetObjectItem(js, "kv_bytes");
         /* allocated counts the pages and the f16 buffers */
-        CHECK(cJSON_GetObjectItem(kv, "allocated")->valuedouble <= 400000);
-        CHECK(cJSON_GetObjectItem(kv, "f16_buffers")->valuedouble >= 4 * 80 * 1024);
+        CHECK(cJSON_GetObjectItem(kv, "allocated")->valuedouble <= 330000);
+        CHECK(cJSON_GetObjectItem(kv, "f16_buffers")->valuedouble == 4 * 64 * 1024);
     }
     cJSON_Delete(js);
     const char *tiny[] = {"--model", MODEL, "--prompt", "Emma Woodhouse", "--kv-budget", "1000"};
@@ -586,7 +586,7 @@ static void test_run_budget(void)
     CHECK(strstr(out_text, "f16/f16") && strstr(out_text, "tq3j/tq3*") && strstr(out_text, "4.31x"));
     const char *plan_win[] = {"--model", MODEL, "--plan", "--kv-budget", "8MiB"};
     CHECK(run_cmd(cmd_run, "run", 5, plan_win) == 0);
-    CHECK(strstr(out_text, "f16/f16 ") && strstr(out_text, "tq3j/tq3+win*") && strstr(out_text, "4.16x"));
+    CHECK(strstr(out_text, "f16/f16 ") && strstr(out_text, "tq3j/tq3+ctr+win*") && strstr(out_text, "4.16x"));
     const char *badb[] = {"--model", MODEL, "--plan", "--kv-budget", "lots"};
     CHECK(run_cmd(cmd_run, "run", 5, badb) == 2);
 }

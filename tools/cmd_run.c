@@ -404,15 +404,17 @@ static int is_eos(const struct kvq_model_config *c, int32_t id)
     return 0;
 }
 
-/* A plan row's label: the K/V pair or "per-layer", "+win" with the recent
- * window, "*" for the selected types. */
+/* A plan row's label: the K/V pair or "per-layer", "+ctr" with centred
+ * keys, "+win" with the recent window, "*" for the selected types. */
 static void plan_row_name(const struct kvq_seq_config *sc, int n_layers, int selected, char *name, size_t n)
 {
-    const char *win = kvq_seq_window_for(sc, n_layers) ? "+win" : "";
+    char mods[16];
+    snprintf(mods, sizeof mods, "%s%s", kv_seq_centred(sc, n_layers) ? "+ctr" : "",
+             kvq_seq_window_for(sc, n_layers) ? "+win" : "");
     if (sc->layer_types)
-        snprintf(name, n, "per-layer%s*", win);
+        snprintf(name, n, "per-layer%s*", mods);
     else
-        snprintf(name, n, "%s/%s%s%s", kvq_type_traits(sc->type_k)->name, kvq_type_traits(sc->type_v)->name, win,
+        snprintf(name, n, "%s/%s%s%s", kvq_type_traits(sc->type_k)->name, kvq_type_traits(sc->type_v)->name, mods,
                  selected ? "*" : "");
 }
 
@@ -436,9 +438,10 @@ static int print_gpu_plan(const struct opts *o, kvq_model *m)
     printf("%-15s %14s %22s\n", "K/V", "longest context", "sequences at full ctx");
     struct kvq_seq_config sc;
     kvq_seq_config_default(&sc);
-    sc.device = KVQ_DEVICE_CUDA; /* its longer window ring (kvq_cuda_cache_f16_bytes) */
+    sc.device = KVQ_DEVICE_CUDA; /* the device's window ring (kvq_cuda_cache_f16_bytes) */
     sc.sink_tokens = o->kvx.sink_tokens;
     sc.recent_f16 = o->kvx.recent_f16;
+    sc.center_k = o->kvx.center_k;
     static const enum kvq_type pairs[][2] = {{KVQ_TYPE_F16, KVQ_TYPE_F16}, {KVQ_TYPE_Q8_0, KVQ_TYPE_Q8_0},
                                              {KVQ_TYPE_Q4_0, KVQ_TYPE_Q4_0}, {KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3}};
     for (int i = -1; i < (int)(sizeof pairs / sizeof pairs[0]); i++) {
@@ -484,9 +487,10 @@ static int print_plan(void *user, kvq_model *m, kvq_tokenizer *tok)
     struct kvq_seq_config sc;
     kvq_seq_config_default(&sc);
     sc.kv_budget = o->kvx.budget;
-    sc.device = o->kvx.device;           /* a GPU cache's window ring is longer */
+    sc.device = o->kvx.device;           /* the device's window ring (kvq_cuda_cache_f16_bytes) */
     sc.sink_tokens = o->kvx.sink_tokens; /* f16 buffers come out of the budget */
     sc.recent_f16 = o->kvx.recent_f16;   /* KVQ_WINDOW_AUTO: on for the compressed pairs */
+    sc.center_k = o->kvx.center_k;       /* KVQ_CENTER_AUTO: on with the window */
     struct kvq_seq_plan f16;
     sc.type_k = sc.type_v = KVQ_TYPE_F16;
     if (kvq_seq_plan_of(m, &sc, &f16) != KVQ_OK)
@@ -525,7 +529,8 @@ static int print_plan(void *user, kvq_model *m, kvq_tokenizer *tok)
     if (any_buffers)
         printf("  +win (the recent-token f16 window, the default for compressed types; --no-kv-recent-f16\n"
                "  turns it off) and --kv-sink: their f16 buffers are taken from the budget first and\n"
-               "  included in bits/value (at the model's context) and full ctx MiB.\n");
+               "  included in bits/value (at the model's context) and full ctx MiB. +ctr (centred keys,\n"
+               "  the default with the window; --no-kv-center-k): the pages' key means are included.\n");
     return o->kvx.device == KVQ_DEVICE_CUDA ? print_gpu_plan(o, m) : 0;
 }
 

@@ -11,9 +11,9 @@
  * dims other than 32/64/96/128/256, short chunks) the decode kernel attends
  * with one entry per position over the growing prefixes
  * (kvq_cuda_cache_attend_prefix); with the recent-token f16 window such a
- * chunk goes in pieces of at most one page: the device ring holds a page
- * being filled plus one such piece, so every position of the chunk sees its
- * page's rows in f16, as on the CPU.
+ * chunk goes in pieces that end on page ends: the device ring holds the page
+ * being filled, so every position of the chunk sees its page's rows in f16,
+ * as on the CPU.
  *
  * Not on the device yet, refused at create with one line: the value-norm
  * correction.
@@ -36,7 +36,7 @@ struct cuda_store {
     int *rep;                /* [max_rows] one sequence id, repeated: a prefill chunk's entries */
     size_t *lens;            /* [max_rows] their causal prefix lengths */
     size_t max_rows;
-    size_t piece;            /* most tokens of a chunk appended at once */
+    size_t page;             /* with the window: a chunk's pieces end on multiples of it; else 0 */
     int n_kv, n_heads, head_dim;
     size_t row_bytes;        /* K + V bytes of one token of one layer, all KV heads */
 };
@@ -71,8 +71,9 @@ static kvq_status cuda_append_attend(kvq_kv_store *base, int layer, int n_seqs, 
         if (chunk_kernel)
             st = kvq_cuda_cache_prefill(c, seq, T, k + (size_t)i * T * kvd, v + (size_t)i * T * kvd,
                                         q + (size_t)i * T * qd, s->n_heads, scale, out + (size_t)i * T * qd);
-        for (size_t t0 = 0; t0 < T && st == KVQ_OK && !chunk_kernel; t0 += s->piece) {
-            const size_t n = T - t0 < s->piece ? T - t0 : s->piece, r = (size_t)i * T + t0;
+        for (size_t t0 = 0, n = 0; t0 < T && st == KVQ_OK && !chunk_kernel; t0 += n) {
+            const size_t room = s->page ? s->page - (pos0 + t0) % s->page : T, r = (size_t)i * T + t0;
+            n = T - t0 < room ? T - t0 : room;
             st = kvq_cuda_cache_append(c, seq, n, k + r * kvd, v + r * kvd);
             for (size_t t = 0; t < n; t++) {
                 s->rep[t] = seq;
@@ -228,7 +229,6 @@ kvq_status kvq_kv_store_cuda_create(const struct kvq_kv_store_config *cfg, kvq_k
         return kvq_error_set(err, KVQ_ERR_NOMEM, "out of memory");
     }
     s->max_rows = cfg->max_rows;
-    s->piece = cfg->max_rows;
     s->base.ops = &cuda_store_ops;
     s->base.n_layers = cfg->n_layers;
     s->base.max_seqs = cfg->max_seqs;
@@ -271,10 +271,8 @@ kvq_status kvq_kv_store_cuda_create(const struct kvq_kv_store_config *cfg, kvq_k
                                  "every type with a Hadamard rotation, or none)",
                                  tk, tv, l);
         }
-        if (cc.cache.recent_f16) {
-            const size_t P = kvq_cuda_cache_layout(s->caches[l])->page_tokens;
-            s->piece = P < s->piece ? P : s->piece;
-        }
+        if (cc.cache.recent_f16) /* every layer has the same pages */
+            s->page = kvq_cuda_cache_layout(s->caches[l])->page_tokens;
         if (l == 0)
             s->row_bytes = (kvq_type_row_bytes(cc.cache.type_k, c0->head_dim) +
                             kvq_type_row_bytes(cc.cache.type_v, c0->head_dim)) *

@@ -136,6 +136,16 @@ kvq_status kvq_seq_generate(kvq_seq *s, const int32_t *prompt, size_t n_prompt, 
             size_t lim = (size_t)p->speculative;
             lim = lim < room ? lim : room;
             lim = lim < want ? lim : want;
+            if (s->cfg.recent_f16) {
+                /* A verify pass must not fill the page: a rollback then stays in
+                 * the page the window's ring holds (kvq_cache.h), and a centred
+                 * page's key mean comes from accepted tokens only, so the
+                 * output is plain decoding's. The page's last two positions
+                 * take no drafts. */
+                const size_t P = KVQ_DEFAULT_PAGE_TOKENS; /* kvq_layer_cache_config */
+                const size_t left = P - 1 - pos0 % P;
+                lim = left ? (lim < left - 1 ? lim : left - 1) : 0;
+            }
             k = kvq_ngram_draft(s, pos0 + 1, buf + 1, (int)lim);
         }
         st = next_tokens(s, greedy, buf, (size_t)k + 1, 0, s->verify, row_st);

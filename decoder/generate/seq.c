@@ -28,6 +28,7 @@ void kvq_seq_config_default(struct kvq_seq_config *cfg)
     cfg->type_k = KVQ_DEFAULT_TYPE_K;
     cfg->type_v = KVQ_DEFAULT_TYPE_V;
     cfg->recent_f16 = KVQ_WINDOW_AUTO;
+    cfg->center_k = KVQ_CENTER_AUTO;
     cfg->key_outlier_f16 = 1;
     cfg->cuda_graphs = 1;
 }
@@ -63,7 +64,7 @@ int kvq_seq_window_for(const struct kvq_seq_config *cfg, int n_layers)
 
 int kvq_seq_center_ok(const struct kvq_seq_config *sc, int window)
 {
-    return sc->center_k == 0 || (sc->center_k == 1 && window);
+    return sc->center_k == 0 || sc->center_k == KVQ_CENTER_AUTO || (sc->center_k == 1 && window);
 }
 
 /* Bytes per token of layer l (all KV heads); 0 when a type does not fit. */
@@ -75,10 +76,6 @@ static size_t layer_row_bytes(const struct kvq_model_config *c, const struct kvq
     return rk && rv ? (rk + rv) * (size_t)c->n_kv_heads : 0;
 }
 
-/* The verify pass of speculative decoding appends KVQ_MAX_DRAFT + 1 tokens
- * and may roll back all but one: the recent f16 ring must survive that. */
-_Static_assert(KVQ_MAX_DRAFT + 1 <= KVQ_CACHE_F16_SLACK, "speculative rollback stays within the f16 ring");
-
 /* Layer l's cache config (types, override buffers, context) without seed and budget. */
 void kvq_layer_cache_config(const struct kvq_model_config *c, const struct kvq_seq_config *sc, int l,
                             size_t max_ctx, struct kvq_cache_config *cc)
@@ -87,7 +84,7 @@ void kvq_layer_cache_config(const struct kvq_model_config *c, const struct kvq_s
     types_of(c, sc, l, &cc->type_k, &cc->type_v);
     cc->recent_f16 = sc->recent_f16;
     cc->sink_tokens = sc->sink_tokens;
-    cc->center_k = sc->center_k && cc->recent_f16 && compressed(cc->type_k);
+    cc->center_k = sc->center_k != 0 && cc->recent_f16 && compressed(cc->type_k);
 }
 
 size_t kvq_layer_f16_bytes(const struct kvq_cache_config *cc, enum kvq_device device)

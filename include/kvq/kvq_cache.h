@@ -24,11 +24,13 @@
  * copies: a device mirror of a cache with overrides attends differently.
  * A read over the first n < len tokens (kvq_attn_decode with n_ctx < len)
  * sees the cache as kvq_cache_truncate(c, n) would leave it.
- * The recent copies live in a ring of page_tokens + KVQ_CACHE_F16_SLACK rows,
- * so truncating back by at most KVQ_CACHE_F16_SLACK tokens (speculative
- * rollback) restores exactly the view the cache had at that length; a
- * deeper truncation may lose the f16 copies of the kept tokens of the then
- * partly filled page, which are then read packed until the page fills.
+ * The recent copies live in a ring of page_tokens rows (the window is never
+ * larger, so it costs no row it does not read): a truncation that stays in
+ * the page of the last token (len - 1) restores exactly the view the cache
+ * had at that length; a truncation into an earlier page may lose the f16
+ * copies of the kept tokens of the then partly filled page, which are then
+ * read packed until the page fills. Speculative decoding keeps its verify
+ * passes within one page for this reason (kvq_model.h).
  *
  * Shared pages: kvq_cache_share lets one cache hold the whole pages of
  * another's prefix instead of its own copy (prefix sharing among sequences).
@@ -64,10 +66,6 @@ extern "C" {
 
 /* Most sink tokens a cache keeps in f16. */
 #define KVQ_CACHE_MAX_SINK_TOKENS 1024
-/* Rows of the recent-window ring beyond one page: the deepest truncation
- * that keeps the f16 view exact (covers a speculative verify of up to 16
- * tokens: kvq_model.h KVQ_MAX_DRAFT + 1). */
-#define KVQ_CACHE_F16_SLACK 16
 
 struct kvq_cache_config {
     int n_kv_heads;           /* >= 1 */
@@ -159,8 +157,8 @@ KVQ_API kvq_status kvq_cache_share(kvq_cache *dst, const kvq_cache *src, size_t 
 KVQ_API size_t kvq_cache_pages_shared(const kvq_cache *c);
 
 /** Drops tokens [n, len) (speculative decoding rollback). n > len is an error.
- *  With recent_f16, see above for what a truncation by more than
- *  KVQ_CACHE_F16_SLACK tokens does to the f16 copies.
+ *  With recent_f16, see above for what a truncation into an earlier page
+ *  does to the f16 copies.
  *  @return KVQ_OK or KVQ_ERR_INVALID_ARG. */
 KVQ_API kvq_status kvq_cache_truncate(kvq_cache *c, size_t n);
 

@@ -17,12 +17,12 @@
  *  - f16 overrides (cache.recent_f16, cache.sink_tokens; kvq_cache.h): the
  *    sink tokens and a ring of recent rows are also kept in f16 per
  *    sequence, and attention reads them from there, as the CPU cache does.
- *    The ring holds 2 * page_tokens + KVQ_CACHE_F16_SLACK rows, so the
- *    prefix views of an append of up to page_tokens tokens
- *    (kvq_cuda_cache_attend_prefix) and truncations by up to
- *    KVQ_CACHE_F16_SLACK tokens see exactly what the CPU cache would; rows
- *    the ring no longer holds (a longer append, a deeper truncation) are read
- *    packed until their page fills.
+ *    The ring holds page_tokens rows, as a host cache's does, so the prefix
+ *    views of an append that ends at or before the end of the page its first
+ *    token lands in (kvq_cuda_cache_attend_prefix) and truncations within
+ *    the page of the last token see exactly what the CPU cache would; rows
+ *    the ring no longer holds (an append across a page end, a truncation
+ *    into an earlier page) are read packed until their page fills.
  *
  * Pointers named *_dev are device memory (kvq_cuda_malloc or any cudaMalloc
  * pointer); all others are host memory. Shapes are row-major floats:
@@ -121,9 +121,9 @@ KVQ_API void kvq_cuda_cache_free(kvq_cuda_cache *c);
 
 /** Bytes of one sequence's f16 override rows (sinks and the recent window,
  *  K and V) in a device cache of cfg: sink_tokens rows plus, with
- *  recent_f16, a ring of 2 * page_tokens + KVQ_CACHE_F16_SLACK (a host
- *  cache's ring holds page_tokens + KVQ_CACHE_F16_SLACK: kvq_cache_bytes_for).
- *  Needs no device. @return 0 when cfg is invalid. */
+ *  recent_f16, a ring of page_tokens rows (as a host cache's,
+ *  kvq_cache_bytes_for, which caps the ring at max_tokens besides). Needs no
+ *  device. @return 0 when cfg is invalid. */
 KVQ_API size_t kvq_cuda_cache_f16_bytes(const struct kvq_cache_config *cfg);
 
 KVQ_API const struct kvq_cuda_cache_config *kvq_cuda_cache_config_of(const kvq_cuda_cache *c);

@@ -278,10 +278,13 @@ struct kvq_seq_config {
                              * as one CUDA graph, recorded once per batch size and
                              * replayed (kvq_cuda.h, "step graphs"); 0: every kernel
                              * launched one by one */
-    int center_k;           /* 1: key centering (kvq_cache_config.center_k) in every layer
-                             * whose K type is compressed, where the window (recent_f16)
-                             * is on; 0 (default): off. Costs a 4-bit mean per page and
-                             * KV head (0.04 bits per value at d = 128, 64-token pages) */
+    int center_k;           /* key centering (kvq_cache_config.center_k) in every layer
+                             * whose K type is compressed: KVQ_CENTER_AUTO (-1, the
+                             * default, as in the kvq command) where the window
+                             * (recent_f16) is on; 1 likewise, but a config without the
+                             * window is refused; 0: off. Costs a 4-bit mean per page and
+                             * KV head (0.03 bits per value at d = 128, 64-token pages)
+                             * and lowers the keys' error 1.2-1.7x (docs/frontier.md) */
     int fast_prefill;       /* 0 (default): on KVQ_DEVICE_CUDA a product of more than 64 rows
                              * (a prefill chunk) with 16-bit weights computes with f32 inputs
                              * (each input as two 16-bit halves, two GEMMs), matching a
@@ -292,10 +295,13 @@ struct kvq_seq_config {
 };
 /* kvq_seq_config.recent_f16: decided from the cache types. */
 #define KVQ_WINDOW_AUTO (-1)
+/* kvq_seq_config.center_k: wherever the window is on. */
+#define KVQ_CENTER_AUTO (-1)
 
 /** Fills cfg with the defaults the kvq command uses: tq3j keys, tq3 values,
  *  seed 0, the model's context, recent_f16 = KVQ_WINDOW_AUTO (so the window
- *  is on for compressed types), no sinks, no budget, CUDA graphs on. */
+ *  is on for compressed types), center_k = KVQ_CENTER_AUTO (so are centred
+ *  keys), no sinks, no budget, CUDA graphs on. */
 KVQ_API void kvq_seq_config_default(struct kvq_seq_config *cfg);
 
 /** @return the recent_f16 setting cfg resolves to (0 or 1) for a model of

@@ -116,7 +116,7 @@ static size_t pages_for(size_t n_tokens, size_t P)
  * max_tokens (a short cache needs no more). */
 static void f16_rows(const struct kvq_cache_config *cfg, size_t P, size_t *sink, size_t *ring)
 {
-    size_t s = (size_t)cfg->sink_tokens, r = cfg->recent_f16 ? P + KVQ_CACHE_F16_SLACK : 0;
+    size_t s = (size_t)cfg->sink_tokens, r = cfg->recent_f16 ? P : 0;
     *sink = s < cfg->max_tokens ? s : cfg->max_tokens;
     *ring = r < cfg->max_tokens ? r : cfg->max_tokens;
 }

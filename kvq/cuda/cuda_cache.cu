@@ -250,10 +250,8 @@ static kvq_status cache_init(kvq_cuda_cache *c)
     KVQ_CU_TRY(cudaMemset(c->ptab_d, 0, (ntab ? ntab : 1) * sizeof(int32_t)));
     KVQ_CU_TRY(cudaMalloc(&c->flag_d, sizeof(int)));
 
-    /* f16 override rows: the sinks, and a ring that holds a page being
-     * filled plus one append of up to a page (the prefix views of a chunk
-     * appended in pieces of at most page_tokens stay exact) plus the
-     * truncation slack of the CPU cache */
+    /* f16 override rows: the sinks, and a ring that holds the page being
+     * filled (cuda_ring.h) */
     c->sink_rows = cfg->cache.sink_tokens;
     c->ring = cfg->cache.recent_f16 ? (int)kvq_cu_ring_rows(P) : 0;
     c->ov_rows = c->sink_rows + c->ring;

@@ -9,12 +9,12 @@
 
 #include "kvq_cache.h"
 
-/* The recent-window ring: the page being filled, one append of up to a page
- * (the prefix views of a chunk appended in pieces of at most a page stay
- * exact), and the host cache's truncation slack. */
+/* The recent-window ring: the page being filled, as in a host cache (an
+ * append that ends past that page's end leaves the earlier rows of the
+ * append read packed: callers append in pieces that end on page ends). */
 static inline size_t kvq_cu_ring_rows(size_t page_tokens)
 {
-    return 2 * page_tokens + KVQ_CACHE_F16_SLACK;
+    return page_tokens;
 }
 
 #endif /* KVQ_CUDA_RING_H */

@@ -12,7 +12,7 @@ and nothing older; it returns ([B, T, Hq, D], None).
   mask included), then the chunk is encoded;
 - any other chunk (prefill="kvq", or a chunk after earlier tokens): encoded
   first, then its queries attend causally over the encoded pages
-  (torch.ops.kvq.attend_prefix), in pieces of one page when the f16 window is
+  (torch.ops.kvq.attend_prefix), in pieces ending on page ends when the f16 window is
   on, exactly as the C decoder's CUDA store does.
 
 Padding (batches of unequal prompts): a row's padding positions, read from
@@ -71,12 +71,14 @@ def kvq_attention_forward(module, query, key, value, attention_mask, dropout=0.0
         return out, None
 
     out = query.new_zeros(B, T, Hq, D)
-    piece = dc.piece or T
     for b in range(B):
         pos, _ = row_entries(lens0[b], [True] * T if valid is None else valid[b])
         kb, vb, qb = _rows(k, b, pos), _rows(v, b, pos), _rows(query, b, pos)
-        for p0 in range(0, len(pos), piece):
-            p1 = min(len(pos), p0 + piece)
+        p1 = 0
+        while p1 < len(pos):
+            p0 = p1
+            room = dc.piece - (lens0[b] + p0) % dc.piece if dc.piece else len(pos)
+            p1 = min(len(pos), p0 + room)
             torch.ops.kvq.append(h, b, kb[p0:p1], vb[p0:p1], anchor)
             ob = torch.ops.kvq.attend_prefix(h, b, lens0[b] + p0, qb[p0:p1], scale, anchor)
             if len(pos) == T:

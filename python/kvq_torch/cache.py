@@ -55,7 +55,8 @@ class KVQLayer(CacheLayerMixin):
             self.dc = DeviceCache(n_kv_heads=Hkv, head_dim=D, max_tokens=o.kvq_max_len, max_seqs=B,
                                   type_k=type_k, type_v=o.v, seed=layer_seed(o.seed, self.layer_idx),
                                   recent_f16=o.recent_f16, sink_tokens=o.sink_tokens, check_input=o.check_input,
-                                  max_q_per_kv=o.max_q_per_kv)
+                                  max_q_per_kv=o.max_q_per_kv,
+                                  center_k=o.center_k and type_k not in ("f16", "f32"))
         self.handle = ops.register(self.dc)
         self.batch = B
         self.is_initialized = True
@@ -151,6 +152,8 @@ class KVQCache(Cache):
     recent_f16:    keep the last, partly filled page in f16 (default: on for compressed
                    types, as the `kvq` commands do)
     sink_tokens:   also keep the first N tokens in f16
+    center_k:      key centering: each full page stores its keys' mean and encodes the keys
+                   minus it (default: on with the window, as the `kvq` commands do; needs it)
     prefill:       "sdpa" (default): a prefill chunk into an empty cache attends over
                    itself with SDPA in the model's dtype, then is encoded;
                    "kvq": every chunk is encoded first and its queries attend over the
@@ -164,7 +167,7 @@ class KVQCache(Cache):
     """
 
     def __init__(self, config, k="tq3j", v="tq3", max_cache_len=None, seed=0, recent_f16=None, sink_tokens=0,
-                 prefill="sdpa", check_input=False, f16_key_layers=()):
+                 prefill="sdpa", check_input=False, f16_key_layers=(), center_k=None):
         text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
         n_layers = int(text.num_hidden_layers)
         if prefill not in ("sdpa", "kvq"):
@@ -176,6 +179,9 @@ class KVQCache(Cache):
         compressed = not (k in ("f16", "f32") and v in ("f16", "f32"))
         self.recent_f16 = compressed if recent_f16 is None else bool(recent_f16)
         self.sink_tokens = int(sink_tokens)
+        if center_k and not self.recent_f16:
+            raise ValueError("KVQCache: center_k needs the recent-token window (recent_f16)")
+        self.center_k = self.recent_f16 if center_k is None else bool(center_k)
         self.prefill = prefill
         self.check_input = bool(check_input)
         self.f16_key_layers = frozenset(int(l) for l in f16_key_layers)

@@ -18,13 +18,15 @@ class DeviceCache:
     type_k/type_v: cache type names ("tq3j", "tq3", "f16", ...); seed: the
     cache seed (the C decoder uses layer_seed(seed, layer)); recent_f16 /
     sink_tokens: the f16 overrides of kvq_cache.h (recent_f16 on is the `kvq`
-    commands' default for compressed types); check_input: validate every
+    commands' default for compressed types); center_k: key centering
+    (kvq_cache_config.center_k; None: on where the window is and the keys are
+    compressed, the `kvq` commands' default); check_input: validate every
     appended row (one host synchronisation per append; the C decoder leaves
     it off); max_q_per_kv: the largest query-head group attend() will see."""
 
     def __init__(self, n_kv_heads, head_dim, max_tokens, max_seqs, type_k="tq3j", type_v="tq3", seed=0,
                  recent_f16=True, sink_tokens=0, check_input=False, max_q_per_kv=8, pool_pages=0,
-                 page_tokens=0):
+                 page_tokens=0, center_k=None):
         L = _lib.lib()
         cfg = _lib.CudaCacheConfig()
         L.kvq_cuda_cache_config_default(byref(cfg), int(n_kv_heads), int(head_dim), int(max_tokens),
@@ -34,6 +36,8 @@ class DeviceCache:
         cfg.cache.seed = int(seed)
         cfg.cache.recent_f16 = 1 if recent_f16 else 0
         cfg.cache.sink_tokens = int(sink_tokens)
+        # centred keys where the window is on and the keys are compressed (None), as the C decoder does
+        cfg.cache.center_k = 1 if (recent_f16 and type_k not in ("f16", "f32") if center_k is None else center_k) else 0
         if page_tokens:
             cfg.cache.page_tokens = int(page_tokens)
         cfg.check_input = 1 if check_input else 0
@@ -52,9 +56,9 @@ class DeviceCache:
         self.page_bytes = int(lay.page_bytes)
         self.pool_pages = int(L.kvq_cuda_cache_free_pages(handle))
         self.recent_f16 = bool(recent_f16)
-        # a prefill chunk goes in pieces of at most one page with the f16
-        # window, as the C decoder's CUDA store does: the device ring holds
-        # the page being filled plus one such piece (kvq_cuda.h)
+        # with the f16 window a prefill chunk goes in pieces that end on page
+        # ends, as the C decoder's CUDA store does: the device ring holds the
+        # page being filled (kvq_cuda.h)
         self.piece = self.page_tokens if recent_f16 else None
         self._all = (c_int * self.max_seqs)(*range(self.max_seqs))
         self._rep = None

@@ -9,7 +9,7 @@ from . import _lib
 
 class HostCache:
     def __init__(self, n_kv_heads, head_dim, max_tokens, type_k="tq3j", type_v="tq3", seed=0, recent_f16=False,
-                 sink_tokens=0, max_q=8):
+                 sink_tokens=0, max_q=8, center_k=None):
         L = _lib.lib()
         cfg = _lib.CacheConfig()
         L.kvq_cache_config_default(byref(cfg), int(n_kv_heads), int(head_dim), int(max_tokens))
@@ -18,6 +18,8 @@ class HostCache:
         cfg.seed = int(seed)
         cfg.recent_f16 = 1 if recent_f16 else 0
         cfg.sink_tokens = int(sink_tokens)
+        # None: as DeviceCache decides it (centred keys where the window is and the keys are compressed)
+        cfg.center_k = 1 if (recent_f16 and type_k not in ("f16", "f32") if center_k is None else center_k) else 0
         self._h, self._ws = c_void_p(), c_void_p()
         _lib.check(L.kvq_cache_create(byref(cfg), byref(self._h)), "kvq_cache_create")
         _lib.check(L.kvq_attn_workspace_create(int(head_dim), int(max_q), int(max_tokens), byref(self._ws)),
