@@ -369,9 +369,9 @@ KVQ_API kvq_status kvq_seq_forward(kvq_seq *s, const int32_t *ids, size_t n, siz
                            int32_t *argmax);
 
 /** Drops tokens [n, pos) from every cache and the history (speculative
- *  rollback). With recent_f16, a rollback by more than KVQ_CACHE_F16_SLACK
- *  tokens may leave the kept tokens of the then partly filled page read
- *  packed (kvq_cache.h). @return KVQ_OK or KVQ_ERR_INVALID_ARG (n > pos). */
+ *  rollback). With recent_f16, a rollback into a page before the one of the
+ *  last token may leave the kept tokens of the then partly filled page read
+ *  packed (kvq_cache.h); kvq_seq_generate's speculative steps never do that. @return KVQ_OK or KVQ_ERR_INVALID_ARG (n > pos). */
 KVQ_API kvq_status kvq_seq_truncate(kvq_seq *s, size_t n);
 
 /** Called once per layer and chunk with the post-RoPE q [T][n_heads][head_dim],
@@ -411,7 +411,11 @@ typedef int (*kvq_token_fn)(void *user, int32_t id);
  *  top-k / top-p distribution with the sequence's RNG. With speculative > 0,
  *  drafts from the n-gram table are verified in one forward of T = N + 1 and
  *  the longest prefix the model agrees with is kept (the caches roll back
- *  the rest), which leaves the output identical to plain decoding.
+ *  the rest), which leaves the output identical to plain decoding. With
+ *  the recent-token window a verify pass never fills a cache page (N is
+ *  cut at the page's end, the page's last two positions take no drafts), so
+ *  a rollback stays in the page the window's ring holds and a centred
+ *  page's key mean comes from kept tokens only.
  *  Generation also stops at the context end (KVQ_OK, fewer tokens).
  *  When the KV budget runs out during decoding the call returns
  *  KVQ_ERR_BUDGET, and out[0..*n_out) still holds every token produced so
