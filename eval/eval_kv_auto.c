@@ -114,14 +114,21 @@ static kvq_status calibrate(const kvq_model *m, const int32_t *ids, size_t n, st
 }
 
 /* Costs exactly as the sequence accounts them (a uniform plan split per layer). */
-static kvq_status fill_costs(const kvq_model *m, const enum kvq_type *cands, int n_cands, size_t *cost_out,
-                             kvq_error *err)
+/* Costs as kvq_seq_plan_of charges them to a sequence of base's options
+ * (window, centred keys; NULL: kvq_seq_config_default's) with pair j in
+ * every layer, per layer. */
+static kvq_status fill_costs(const kvq_model *m, const enum kvq_type *cands, int n_cands,
+                             const struct kvq_seq_config *base, size_t *cost_out, kvq_error *err)
 {
     int L = kvq_model_config_of(m)->n_layers;
     for (int j = 0; j < n_cands; j++) {
         struct kvq_seq_config sc;
         struct kvq_seq_plan pl;
         kvq_seq_config_default(&sc);
+        if (base) {
+            sc.recent_f16 = base->recent_f16;
+            sc.center_k = base->center_k;
+        }
         sc.type_k = cands[2 * j];
         sc.type_v = cands[2 * j + 1];
         kvq_status st = kvq_seq_plan_of(m, &sc, &pl);
@@ -137,14 +144,16 @@ static kvq_status fill_costs(const kvq_model *m, const enum kvq_type *cands, int
     return KVQ_OK;
 }
 
+/* base: the run's options the costs are for (fill_costs). */
 static kvq_status score(const kvq_model *m, const int32_t *ids, size_t n, const enum kvq_type *cands, int n_cands,
-                        uint64_t seed, size_t max_queries, enum kvq_kv_auto_metric metric, double *err_out,
-                        size_t *cost_out, kvq_kv_auto_progress_fn fn, void *user, kvq_error *err)
+                        uint64_t seed, size_t max_queries, enum kvq_kv_auto_metric metric,
+                        const struct kvq_seq_config *base, double *err_out, size_t *cost_out,
+                        kvq_kv_auto_progress_fn fn, void *user, kvq_error *err)
 {
     if (!m || !ids || n < 2 || !cands || n_cands < 1 || !err_out || !cost_out || metric == KVQ_KV_AUTO_NLL ||
         (int)metric < 0 || metric >= KVQ_KV_AUTO_N_METRICS)
         return KVQ_ERR_INVALID_ARG; /* nll: kvq_kv_auto_score_nll */
-    kvq_status st = fill_costs(m, cands, n_cands, cost_out, err);
+    kvq_status st = fill_costs(m, cands, n_cands, base, cost_out, err);
     if (st != KVQ_OK)
         return st;
     int L = kvq_model_config_of(m)->n_layers;
@@ -185,7 +194,7 @@ kvq_status kvq_kv_auto_score(const kvq_model *m, const int32_t *ids, size_t n, c
                              int n_cands, uint64_t seed, size_t max_queries, enum kvq_kv_auto_metric metric,
                              double *err_out, size_t *cost_out, kvq_error *err)
 {
-    return score(m, ids, n, cands, n_cands, seed, max_queries, metric, err_out, cost_out, NULL, NULL, err);
+    return score(m, ids, n, cands, n_cands, seed, max_queries, metric, NULL, err_out, cost_out, NULL, NULL, err);
 }
 
 kvq_status kvq_kv_auto_nll(const kvq_model *m, const int32_t *text, size_t n, uint64_t seed, int recent_f16,
@@ -226,10 +235,11 @@ kvq_status kvq_kv_auto_nll(const kvq_model *m, const int32_t *text, size_t n, ui
     return KVQ_OK;
 }
 
+/* base: as score's; NULL: kvq_seq_config_default's with recent_f16. */
 static kvq_status score_nll(const kvq_model *m, const int32_t *text, size_t n, uint64_t seed, int recent_f16,
-                            const enum kvq_type *cands, int n_cands, const unsigned char *measure, double *base_nll,
-                            double *err_out, size_t *cost_out, kvq_kv_auto_progress_fn fn, void *user,
-                            kvq_error *err)
+                            const struct kvq_seq_config *base, const enum kvq_type *cands, int n_cands,
+                            const unsigned char *measure, double *base_nll, double *err_out, size_t *cost_out,
+                            kvq_kv_auto_progress_fn fn, void *user, kvq_error *err)
 {
     if (!m || !text || n < 2 || !cands || n_cands < 1 || !err_out || !cost_out)
         return KVQ_ERR_INVALID_ARG;
@@ -239,15 +249,18 @@ static kvq_status score_nll(const kvq_model *m, const int32_t *text, size_t n, u
     size_t done = 0, total = 1;
     for (size_t i = 0; i < (size_t)L * (size_t)n_cands; i++)
         total += !measure || measure[i];
-    kvq_status st = fill_costs(m, cands, n_cands, cost_out, err);
-    double base = 0;
+    struct kvq_seq_config dflt;
+    kvq_seq_config_default(&dflt);
+    dflt.recent_f16 = recent_f16;
+    kvq_status st = fill_costs(m, cands, n_cands, base ? base : &dflt, cost_out, err);
+    double base_v = 0;
     if (st == KVQ_OK)
-        st = kvq_kv_auto_nll(m, text, n, seed, recent_f16, NULL, &base, err);
+        st = kvq_kv_auto_nll(m, text, n, seed, recent_f16, NULL, &base_v, err);
     if (st != KVQ_OK)
         return st;
     report(fn, user, &done, total);
     if (base_nll)
-        *base_nll = base;
+        *base_nll = base_v;
     /* every layer f32 except the one under test */
     enum kvq_type lt[2 * KVQ_KV_AUTO_MAX_LAYERS];
     for (int i = 0; i < 2 * L; i++)
@@ -264,7 +277,7 @@ static kvq_status score_nll(const kvq_model *m, const int32_t *text, size_t n, u
             double v = 0;
             if ((st = kvq_kv_auto_nll(m, text, n, seed, recent_f16, lt, &v, err)) != KVQ_OK)
                 return st;
-            err_out[at] = v - base;
+            err_out[at] = v - base_v;
             report(fn, user, &done, total);
         }
         lt[2 * l] = lt[2 * l + 1] = KVQ_TYPE_F32;
@@ -276,7 +289,7 @@ kvq_status kvq_kv_auto_score_nll(const kvq_model *m, const int32_t *text, size_t
                                  const enum kvq_type *cands, int n_cands, const unsigned char *measure,
                                  double *base_nll, double *err_out, size_t *cost_out, kvq_error *err)
 {
-    return score_nll(m, text, n, seed, recent_f16, cands, n_cands, measure, base_nll, err_out, cost_out, NULL, NULL,
+    return score_nll(m, text, n, seed, recent_f16, NULL, cands, n_cands, measure, base_nll, err_out, cost_out, NULL, NULL,
                      err);
 }
 
@@ -468,9 +481,11 @@ kvq_status kvq_kv_auto_create(const kvq_model *m, const struct kvq_kv_auto_confi
     a->budget = cfg->seq.kv_budget > fixed ? cfg->seq.kv_budget - fixed : 0;
     /* Refuse a budget no candidate fits before paying for the calibration. */
     size_t least = SIZE_MAX;
+    struct kvq_seq_config sc_run = cfg->seq;
+    sc_run.recent_f16 = a->window;
     for (int j = 0; j < a->nc; j++) {
         size_t one[KVQ_KV_AUTO_MAX_LAYERS];
-        if (fill_costs(m, a->cands + 2 * j, 1, one, NULL) == KVQ_OK && (size_t)a->L * one[0] < least)
+        if (fill_costs(m, a->cands + 2 * j, 1, &sc_run, one, NULL) == KVQ_OK && (size_t)a->L * one[0] < least)
             least = (size_t)a->L * one[0];
     }
     if (least > a->budget / a->ctx) {
@@ -531,13 +546,16 @@ kvq_status kvq_kv_auto_measure(kvq_kv_auto *a, const int32_t *ids, size_t n, kvq
     const struct kvq_kv_auto_config *cfg = &a->cfg;
     double t0 = eval_now();
     kvq_status st;
+    /* the costs of the run's options: its window as resolved, its centring */
+    struct kvq_seq_config run = cfg->seq;
+    run.recent_f16 = a->window;
     /* ids has the BOS first; the nll metric takes the text alone and adds its own */
     if (cfg->metric == KVQ_KV_AUTO_NLL)
-        st = score_nll(a->m, ids + lead, n - lead, cfg->seq.seed, a->window, a->cands, a->nc, NULL, &a->base, a->errs,
-                       a->cost, fn, user, err);
+        st = score_nll(a->m, ids + lead, n - lead, cfg->seq.seed, a->window, &run, a->cands, a->nc, NULL, &a->base,
+                       a->errs, a->cost, fn, user, err);
     else
-        st = score(a->m, ids, n, a->cands, a->nc, cfg->seq.seed, KV_AUTO_QUERIES, cfg->metric, a->errs, a->cost, fn,
-                   user, err);
+        st = score(a->m, ids, n, a->cands, a->nc, cfg->seq.seed, KV_AUTO_QUERIES, cfg->metric, &run, a->errs, a->cost,
+                   fn, user, err);
     a->seconds = eval_now() - t0;
     a->measured = st == KVQ_OK;
     return st;

@@ -343,8 +343,10 @@ KVQ_API kvq_status kvq_kv_auto_choose(kvq_kv_auto *a, struct kvq_kv_auto_choice 
  *  tokens ids[0..n) (BOS included by the caller) with an attention metric
  *  (not nll: kvq_kv_auto_score_nll), at most max_queries query positions
  *  per layer (0 = all). err_out [n_layers][n_cands] gets the metric,
- *  cost_out [n_layers][n_cands] the exact bytes per token of the layer (all
- *  KV heads, K and V). seed: the caches' codec seed.
+ *  cost_out [n_layers][n_cands] the bytes per token of the layer (all KV
+ *  heads, K and V) as kvq_seq_plan_of charges a kvq_seq_config_default
+ *  sequence of the pair: with the window, the centred keys' page means are
+ *  included. seed: the caches' codec seed.
  *  @return KVQ_OK; KVQ_ERR_INVALID_ARG (n < 2, metric nll); KVQ_ERR_NOMEM;
  *  a forward or cache error, with one line in err. */
 KVQ_API kvq_status kvq_kv_auto_score(const kvq_model *m, const int32_t *ids, size_t n, const enum kvq_type *cands,
@@ -367,7 +369,8 @@ KVQ_API kvq_status kvq_kv_auto_nll(const kvq_model *m, const int32_t *text, size
  *  cache of pair cands[j] and every other layer f32, minus the mean NLL with
  *  f32 everywhere (*base_nll, optional). measure ([n_layers][n_cands], NULL
  *  = all) skips pairs: their err_out is INFINITY (the knapsack never picks
- *  them). cost_out as kvq_kv_auto_score. One kvq_kv_auto_nll per measured
+ *  them). cost_out as kvq_kv_auto_score, for a sequence with recent_f16
+ *  (without the window: the rows alone). One kvq_kv_auto_nll per measured
  *  cell plus one for the base. @return as kvq_kv_auto_nll;
  *  KVQ_ERR_UNSUPPORTED (more than KVQ_KV_AUTO_MAX_LAYERS layers). */
 KVQ_API kvq_status kvq_kv_auto_score_nll(const kvq_model *m, const int32_t *text, size_t n, uint64_t seed,
