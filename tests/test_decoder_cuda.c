@@ -164,6 +164,50 @@ static void test_passkey_compressed(void)
     kvq_tokenizer_free(tok);
 }
 
+/* Speculative decoding on the GPU with the default cache (window, centred
+ * keys): the greedy tokens equal plain decoding's while drafts are accepted
+ * and rolled back across page ends (the verify pass goes through the
+ * store's page-aligned chunk pieces and never fills a page). */
+static void test_speculative_window(void)
+{
+    NEED_GPU();
+    kvq_tokenizer *tok = NULL;
+    CHECK_OK(kvq_tokenizer_create(TEST_MODEL_DIR "/tokenizer.json", &tok, NULL));
+    opt_center = 1;
+    kvq_seq *s = new_seq(KVQ_DEVICE_CUDA, KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, 1);
+    opt_center = 0;
+    char text[2048] = "";
+    for (int i = 0; i < 12; i++)
+        strcat(text, "The grass is green. The sky is blue. The sun is yellow. Here we go. ");
+    int32_t ids[1024];
+    size_t n_ids = 0;
+    enum { N = 160 };
+    int32_t plain[N], fast[N];
+    size_t np = 0, nf = 0;
+    if (!s || !tok)
+        goto out;
+    CHECK_OK(kvq_tokenizer_encode(tok, text, strlen(text), 1, ids, 1024, &n_ids));
+    struct kvq_gen_params gp;
+    kvq_gen_params_default(&gp);
+    gp.max_tokens = N;
+    gp.stop_at_eos = 0;
+    CHECK_OK(kvq_seq_generate(s, ids, n_ids, &gp, plain, N, &np, NULL, NULL));
+    gp.speculative = 8;
+    kvq_seq_reset(s);
+    CHECK_OK(kvq_seq_generate(s, ids, n_ids, &gp, fast, N, &nf, NULL, NULL));
+    struct kvq_seq_stats st;
+    kvq_seq_get_stats(s, &st);
+    CHECKF(np == N && nf == N && memcmp(plain, fast, N * sizeof *plain) == 0,
+           "GPU speculative greedy tokens differ from plain decoding's");
+    CHECK(st.accepted > 0 && st.accepted < st.drafted); /* both kept and rolled-back drafts */
+    printf("  %zu-token prompt, %d tokens: equal; %zu of %zu drafts accepted in %zu forwards (GPU, tq3j/tq3 + "
+           "window + centred keys)\n",
+           n_ids, N, st.accepted, st.drafted, st.decode_forwards);
+out:
+    kvq_seq_free(s);
+    kvq_tokenizer_free(tok);
+}
+
 /* The tokens (no BOS) of the first text_max bytes of valid.txt, at least
  * want of them (a failed check otherwise); *n their count. Caller frees. */
 static int32_t *valid_tokens(size_t text_max, size_t want, size_t *n)
@@ -599,6 +643,7 @@ int main(void)
     RUN(test_sampled_generation);
     RUN(test_step_graphs);
     RUN(test_passkey_compressed);
+    RUN(test_speculative_window);
     RUN(test_ppl_matches_cpu);
     RUN(test_hf_llama31_shape);
     test_fixture_close(&fx);
