@@ -6,8 +6,8 @@
  * with the model's tokenizer) cut to 512, 2048 and 4032 tokens (4K minus
  * room for decoding). For every context and cache type (f32, f16, q8_0 for
  * K and V, the library default tq3j K / tq3 V, and the same with the recent
- * f16 window, the default of the kvq commands, "tq3j/tq3+win", and that with
- * key centering, "tq3j/tq3+win+ctr"; then q4_0,
+ * f16 window, "tq3j/tq3+win", and that with key centering, the default of the
+ * kvq commands, "tq3j/tq3+win+ctr"; then q4_0,
  * the rotated q4_0r that llama.cpp users get, and tq5/tq4, whose 5-bit
  * codebook the SIMD kernels read by gathers, for what each costs):
  *   prefill  tokens/s of one forward over the whole prompt (chunks of 256);

@@ -4,12 +4,13 @@
  * random bf16 weights and runs transformers on it too).
  *
  *   bench_decoder_cuda --model DIR [--ctx 4096,32768,131072] [--batch 1,8]
- *                      [--types f16/f16,tq3j/tq3] [--steps 32]
+ *                      [--types f16/f16,tq3j/tq3,tq3j/tq3+ctr] [--steps 32]
  *                      [--prefill 4096,32768] [--sample T,K,P] [--graphs on|off|both]
  *                      [--fast-prefill off|both] [--json FILE]
  *
  * A --types entry K/V+ctr runs that pair with key centering
- * (kvq_seq_config.center_k).
+ * (kvq_seq_config.center_k), the kvq command's default with the window; a
+ * plain K/V entry runs without it.
  * Decode: a kvq_batch of B slots, each given a context of N tokens without
  * its prefill (kvq_batch_fill: seeded random K/V in every layer; what a step
  * costs does not depend on the values), then 3 warm-up and `steps` timed
@@ -171,7 +172,7 @@ static kvq_status time_steps(kvq_batch *b, const struct kvq_model_config *c, con
 
 int main(int argc, char **argv)
 {
-    const char *model_dir = NULL, *json_path = NULL, *types = "f16/f16,tq3j/tq3";
+    const char *model_dir = NULL, *json_path = NULL, *types = "f16/f16,tq3j/tq3,tq3j/tq3+ctr";
     long ctxs[MAX_LIST] = {4096, 32768, 131072}, batches[MAX_LIST] = {1, 8}, prefills[MAX_LIST] = {4096, 32768};
     int n_ctx = 3, n_batch = 2, n_prefill = 2, steps = 32, n_choose = 1, g_lo = 0, g_hi = 1, fast_hi = 0;
     kvq_sampler_params sp = kvq_sampler_params_default();
