@@ -113,10 +113,9 @@ static kvq_status calibrate(const kvq_model *m, const int32_t *ids, size_t n, st
     return st;
 }
 
-/* Costs exactly as the sequence accounts them (a uniform plan split per layer). */
-/* Costs as kvq_seq_plan_of charges them to a sequence of base's options
- * (window, centred keys; NULL: kvq_seq_config_default's) with pair j in
- * every layer, per layer. */
+/* Costs exactly as the sequence accounts them: kvq_seq_plan_of's charge to
+ * a sequence of base's window and centring (NULL: kvq_seq_config_default's)
+ * with pair j in every layer, split per layer. */
 static kvq_status fill_costs(const kvq_model *m, const enum kvq_type *cands, int n_cands,
                              const struct kvq_seq_config *base, size_t *cost_out, kvq_error *err)
 {
@@ -235,8 +234,9 @@ kvq_status kvq_kv_auto_nll(const kvq_model *m, const int32_t *text, size_t n, ui
     return KVQ_OK;
 }
 
-/* base: as score's; NULL: kvq_seq_config_default's with recent_f16. */
-static kvq_status score_nll(const kvq_model *m, const int32_t *text, size_t n, uint64_t seed, int recent_f16,
+/* base: the run's options (fill_costs), its recent_f16 resolved (0 or 1):
+ * the calibration's window too. */
+static kvq_status score_nll(const kvq_model *m, const int32_t *text, size_t n, uint64_t seed,
                             const struct kvq_seq_config *base, const enum kvq_type *cands, int n_cands,
                             const unsigned char *measure, double *base_nll, double *err_out, size_t *cost_out,
                             kvq_kv_auto_progress_fn fn, void *user, kvq_error *err)
@@ -249,10 +249,8 @@ static kvq_status score_nll(const kvq_model *m, const int32_t *text, size_t n, u
     size_t done = 0, total = 1;
     for (size_t i = 0; i < (size_t)L * (size_t)n_cands; i++)
         total += !measure || measure[i];
-    struct kvq_seq_config dflt;
-    kvq_seq_config_default(&dflt);
-    dflt.recent_f16 = recent_f16;
-    kvq_status st = fill_costs(m, cands, n_cands, base ? base : &dflt, cost_out, err);
+    const int recent_f16 = base->recent_f16;
+    kvq_status st = fill_costs(m, cands, n_cands, base, cost_out, err);
     double base_v = 0;
     if (st == KVQ_OK)
         st = kvq_kv_auto_nll(m, text, n, seed, recent_f16, NULL, &base_v, err);
@@ -289,8 +287,10 @@ kvq_status kvq_kv_auto_score_nll(const kvq_model *m, const int32_t *text, size_t
                                  const enum kvq_type *cands, int n_cands, const unsigned char *measure,
                                  double *base_nll, double *err_out, size_t *cost_out, kvq_error *err)
 {
-    return score_nll(m, text, n, seed, recent_f16, NULL, cands, n_cands, measure, base_nll, err_out, cost_out, NULL, NULL,
-                     err);
+    struct kvq_seq_config base;
+    kvq_seq_config_default(&base);
+    base.recent_f16 = recent_f16;
+    return score_nll(m, text, n, seed, &base, cands, n_cands, measure, base_nll, err_out, cost_out, NULL, NULL, err);
 }
 
 static size_t gcd(size_t a, size_t b)
@@ -389,7 +389,6 @@ struct kvq_kv_auto {
     struct kvq_kv_auto_config cfg;
     int L, nc;
     size_t ctx;            /* the context planned for */
-    int window;            /* the run's recent-token window, resolved */
     size_t budget;         /* for pages: the budget less the f16 buffers */
     enum kvq_type cands[2 * KVQ_KV_AUTO_MAX_CANDS];
     double *errs;          /* [L][nc] */
@@ -457,16 +456,17 @@ kvq_status kvq_kv_auto_create(const kvq_model *m, const struct kvq_kv_auto_confi
      * uses the same setting (the attention metrics score the packed rows
      * alone), and the window's (and sinks') fixed f16 buffers come off the
      * budget first. */
-    a->window = cfg->seq.recent_f16;
-    if (a->window == KVQ_WINDOW_AUTO) {
-        a->window = 0;
-        for (int j = 0; j < a->nc && !a->window; j++) {
+    int window = cfg->seq.recent_f16;
+    if (window == KVQ_WINDOW_AUTO) {
+        window = 0;
+        for (int j = 0; j < a->nc && !window; j++) {
             struct kvq_seq_config sc = a->cfg.seq;
             sc.type_k = a->cands[2 * j];
             sc.type_v = a->cands[2 * j + 1];
-            a->window = kvq_seq_window_for(&sc, a->L);
+            window = kvq_seq_window_for(&sc, a->L);
         }
     }
+    a->cfg.seq.recent_f16 = window; /* resolved: every plan, cost and calibration below is the run's */
     size_t fixed = 0;
     {
         struct kvq_seq_config sc = a->cfg.seq;
@@ -474,18 +474,15 @@ kvq_status kvq_kv_auto_create(const kvq_model *m, const struct kvq_kv_auto_confi
         sc.type_k = a->cands[0];
         sc.type_v = a->cands[1];
         sc.max_ctx = 0;
-        sc.recent_f16 = a->window;
         if (kvq_seq_plan_of(m, &sc, &pl) == KVQ_OK)
             fixed = pl.fixed_bytes;
     }
     a->budget = cfg->seq.kv_budget > fixed ? cfg->seq.kv_budget - fixed : 0;
     /* Refuse a budget no candidate fits before paying for the calibration. */
     size_t least = SIZE_MAX;
-    struct kvq_seq_config sc_run = cfg->seq;
-    sc_run.recent_f16 = a->window;
     for (int j = 0; j < a->nc; j++) {
         size_t one[KVQ_KV_AUTO_MAX_LAYERS];
-        if (fill_costs(m, a->cands + 2 * j, 1, &sc_run, one, NULL) == KVQ_OK && (size_t)a->L * one[0] < least)
+        if (fill_costs(m, a->cands + 2 * j, 1, &a->cfg.seq, one, NULL) == KVQ_OK && (size_t)a->L * one[0] < least)
             least = (size_t)a->L * one[0];
     }
     if (least > a->budget / a->ctx) {
@@ -546,16 +543,13 @@ kvq_status kvq_kv_auto_measure(kvq_kv_auto *a, const int32_t *ids, size_t n, kvq
     const struct kvq_kv_auto_config *cfg = &a->cfg;
     double t0 = eval_now();
     kvq_status st;
-    /* the costs of the run's options: its window as resolved, its centring */
-    struct kvq_seq_config run = cfg->seq;
-    run.recent_f16 = a->window;
     /* ids has the BOS first; the nll metric takes the text alone and adds its own */
     if (cfg->metric == KVQ_KV_AUTO_NLL)
-        st = score_nll(a->m, ids + lead, n - lead, cfg->seq.seed, a->window, &run, a->cands, a->nc, NULL, &a->base,
-                       a->errs, a->cost, fn, user, err);
+        st = score_nll(a->m, ids + lead, n - lead, cfg->seq.seed, &cfg->seq, a->cands, a->nc, NULL, &a->base, a->errs,
+                       a->cost, fn, user, err);
     else
-        st = score(a->m, ids, n, a->cands, a->nc, cfg->seq.seed, KV_AUTO_QUERIES, cfg->metric, &run, a->errs, a->cost,
-                   fn, user, err);
+        st = score(a->m, ids, n, a->cands, a->nc, cfg->seq.seed, KV_AUTO_QUERIES, cfg->metric, &cfg->seq, a->errs,
+                   a->cost, fn, user, err);
     a->seconds = eval_now() - t0;
     a->measured = st == KVQ_OK;
     return st;
@@ -610,8 +604,8 @@ kvq_status kvq_kv_auto_choose(kvq_kv_auto *a, struct kvq_kv_auto_choice *out, kv
     if (a->cfg.metric == KVQ_KV_AUTO_NLL) {
         const size_t lead = kvq_model_config_of(a->m)->bos_id >= 0 ? 1 : 0;
         double v = 0;
-        if (kvq_kv_auto_nll(a->m, a->calib + lead, a->n_calib - lead, a->cfg.seq.seed, a->window, out->layer_types, &v,
-                            NULL) == KVQ_OK)
+        if (kvq_kv_auto_nll(a->m, a->calib + lead, a->n_calib - lead, a->cfg.seq.seed, a->cfg.seq.recent_f16,
+                            out->layer_types, &v, NULL) == KVQ_OK)
             out->joint_err = v - a->base;
     }
     return KVQ_OK;
