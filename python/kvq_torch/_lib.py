@@ -198,6 +198,18 @@ def type_from_name(name):
     return t.value
 
 
+def compressed(name):
+    """Whether cache type `name` is compressed (anything but f32 and f16)."""
+    return name not in ("f32", "f16")
+
+
+def center_for(center_k, recent_f16, type_k):
+    """kvq_cache_config.center_k (0/1) of a cache: center_k None is the `kvq`
+    commands' default, centred keys where the window is on and the keys are
+    compressed."""
+    return int(bool(recent_f16 and compressed(type_k)) if center_k is None else bool(center_k))
+
+
 def row_bytes(type_id, dim):
     return lib().kvq_type_row_bytes(type_id, dim)
 

@@ -17,7 +17,7 @@ import torch
 
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from . import attention, ops
+from . import _lib, attention, ops
 from .device_cache import DeviceCache
 from .plan import layer_seed
 
@@ -56,7 +56,7 @@ class KVQLayer(CacheLayerMixin):
                                   type_k=type_k, type_v=o.v, seed=layer_seed(o.seed, self.layer_idx),
                                   recent_f16=o.recent_f16, sink_tokens=o.sink_tokens, check_input=o.check_input,
                                   max_q_per_kv=o.max_q_per_kv,
-                                  center_k=o.center_k and type_k not in ("f16", "f32"))
+                                  center_k=o.center_k and _lib.compressed(type_k))
         self.handle = ops.register(self.dc)
         self.batch = B
         self.is_initialized = True
@@ -176,7 +176,7 @@ class KVQCache(Cache):
         # not "max_cache_len": transformers' Cache has a read-only property of that name
         self.kvq_max_len = int(max_cache_len or getattr(text, "max_position_embeddings", 0) or 4096)
         self.seed = int(seed)
-        compressed = not (k in ("f16", "f32") and v in ("f16", "f32"))
+        compressed = _lib.compressed(k) or _lib.compressed(v)
         self.recent_f16 = compressed if recent_f16 is None else bool(recent_f16)
         self.sink_tokens = int(sink_tokens)
         if center_k and not self.recent_f16:

@@ -36,8 +36,7 @@ class DeviceCache:
         cfg.cache.seed = int(seed)
         cfg.cache.recent_f16 = 1 if recent_f16 else 0
         cfg.cache.sink_tokens = int(sink_tokens)
-        # centred keys where the window is on and the keys are compressed (None), as the C decoder does
-        cfg.cache.center_k = 1 if (recent_f16 and type_k not in ("f16", "f32") if center_k is None else center_k) else 0
+        cfg.cache.center_k = _lib.center_for(center_k, recent_f16, type_k)
         if page_tokens:
             cfg.cache.page_tokens = int(page_tokens)
         cfg.check_input = 1 if check_input else 0

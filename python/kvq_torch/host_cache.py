@@ -18,8 +18,7 @@ class HostCache:
         cfg.seed = int(seed)
         cfg.recent_f16 = 1 if recent_f16 else 0
         cfg.sink_tokens = int(sink_tokens)
-        # None: as DeviceCache decides it (centred keys where the window is and the keys are compressed)
-        cfg.center_k = 1 if (recent_f16 and type_k not in ("f16", "f32") if center_k is None else center_k) else 0
+        cfg.center_k = _lib.center_for(center_k, recent_f16, type_k)
         self._h, self._ws = c_void_p(), c_void_p()
         _lib.check(L.kvq_cache_create(byref(cfg), byref(self._h)), "kvq_cache_create")
         _lib.check(L.kvq_attn_workspace_create(int(head_dim), int(max_q), int(max_tokens), byref(self._ws)),
