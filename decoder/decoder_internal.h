@@ -210,8 +210,8 @@ int kvq_seq_center_ok(const struct kvq_seq_config *sc, int window);
 
 /* Bytes of one sequence's f16 override buffers (sinks, recent window) of a
  * layer cache of cc on device: the host cache's (kvq_cache_bytes_for(cc, 0))
- * or, on KVQ_DEVICE_CUDA, the device cache's longer ring
- * (kvq_cuda_cache_f16_bytes). Budgets and plans count these. */
+ * or, on KVQ_DEVICE_CUDA, the device cache's (kvq_cuda_cache_f16_bytes: the
+ * same rows, not capped at max_tokens). Budgets and plans count these. */
 size_t kvq_layer_f16_bytes(const struct kvq_cache_config *cc, enum kvq_device device);
 #define KVQ_SEQ_CENTER_WHY "key centering (center_k) needs the recent-token window (recent_f16), which is off"
 

@@ -577,8 +577,8 @@ static void test_every_kernel(void)
 }
 
 /* A GPU sequence holds exactly the tokens its plan says a budget allows:
- * the plan counts the device's window ring (a page longer than the host's)
- * and the device pool is the pages part of each layer's share. The plan's
+ * the plan counts the device's window ring (kvq_cuda_cache_f16_bytes) and
+ * the device pool is the pages part of each layer's share. The plan's
  * last token goes in, the next is refused and changes nothing. */
 static void test_budget_matches_plan(void)
 {

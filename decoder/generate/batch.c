@@ -138,7 +138,7 @@ static kvq_status plan_pool(kvq_batch *b, struct kvq_cache_config *ccs, kvq_erro
         cc->seed = kvq_seed_derive(b->cfg.seed, (uint64_t)l);
         b->page_tokens = (size_t)(cc->page_tokens ? cc->page_tokens : KVQ_DEFAULT_PAGE_TOKENS);
         size_t fx = kvq_cache_bytes_for(cc, 0), all = kvq_cache_bytes_for(cc, b->page_tokens);
-        const size_t f16 = kvq_layer_f16_bytes(cc, b->cfg.device); /* fx, or the device's longer ring */
+        const size_t f16 = kvq_layer_f16_bytes(cc, b->cfg.device); /* fx, or the device cache's rows */
         size_t rk = kvq_type_row_bytes(cc->type_k, c->head_dim), rv = kvq_type_row_bytes(cc->type_v, c->head_dim);
         if (!all || all <= fx || !rk || !rv) {
             free(page_l);
