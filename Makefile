@@ -50,6 +50,9 @@ ALL_CFLAGS = -std=c11 -D_DEFAULT_SOURCE -D_POSIX_C_SOURCE=200809L -fPIC $(WARN) 
              $(if $(filter 1,$(WERROR)),-Werror) $(addprefix -I,$(INCDIRS)) $(VIS) -MMD -MP $(CFLAGS)
 SIMD_FLAGS := -mavx2 -mfma -mf16c
 LDLIBS   := -lfftw3f -lopenblas -lcjson -lpcre2-8 -lutf8proc -lm -lpthread
+# EXTRA_LDLIBS: what a build for another machine links in besides
+# (bench/device_kit.sh: the BLAS shim's OpenMP runtime)
+LDLIBS   += $(EXTRA_LDLIBS)
 # kvq serve's HTTP (tools/serve_http.c): the command links it, the library does not.
 APP_LDLIBS := -lmicrohttpd
 
@@ -97,9 +100,11 @@ CUDART     := $(firstword $(wildcard $(CUDA_HOME)/lib64/libcudart_static.a \
                 /usr/local/cuda/lib64/libcudart_static.a \
                 /usr/lib/x86_64-linux-gnu/libcudart_static.a))
 ifneq ($(strip $(CUDART)),)
+# NVCC_GENCODE: sm_90a machine code, and PTX for other GPUs; a bundle for
+# the H100/H200 machines alone may take the first only (half the size).
+NVCC_GENCODE ?= -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=compute_80
 NVCC_FLAGS ?= -O3 -std=c++17 -lineinfo -Xcompiler -fPIC -Xcompiler -fvisibility=hidden \
-              -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=compute_80 \
-              $(addprefix -I,$(INCDIRS))
+              $(NVCC_GENCODE) $(addprefix -I,$(INCDIRS))
 LIB_OBJ    += $(CUDA_SRC:%.cu=$(BUILD)/obj/%.o)
 BENCH_CUDA_OBJ := $(BUILD)/obj/bench/bench_cuda_util.o
 ALL_CFLAGS += -DKVQ_HAVE_CUDA=1

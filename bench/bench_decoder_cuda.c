@@ -340,7 +340,9 @@ int main(int argc, char **argv)
                 for (int fast = 0; fast <= fast_hi; fast++) {
                     const size_t N = (size_t)prefills[pi], chunk = 2048;
                     b = NULL;
-                    if (make_batch(m, tk, tv, 1, N + 8, chunk, 1, fast, &b, why, sizeof why) != KVQ_OK) {
+                    /* the whole context when N is the model's maximum (131072: Llama 3.1) */
+                    const size_t fit = c->max_ctx > 0 && N + 8 > (size_t)c->max_ctx ? (size_t)c->max_ctx : N + 8;
+                    if (make_batch(m, tk, tv, 1, fit, chunk, 1, fast, &b, why, sizeof why) != KVQ_OK) {
                         printf("%-9s prefill %zu tokens: skipped (%s)\n", tp, N, why);
                         continue;
                     }

@@ -9,7 +9,11 @@
  * warm-ups, median of KVQ_BENCH_REPS (7). "TFLOP/s" counts 4 d flops per
  * (query head, attended key) pair, FlashAttention's convention (QK^T and PV),
  * so it compares with the f16 peak of the GPU and with bench/cuda_sdpa.py
- * --prefill (PyTorch's SDPA on the same chunk).
+ * --prefill (PyTorch's SDPA on the same chunk). Each row runs twice: the
+ * tile kernel ("tile": the past decoded inside the key loop, exact hi + lo
+ * products) and the dense path ("dense": a kvq_cuda_prefill_ws, the past
+ * decoded into f16 segments of 32K positions and attended as plain
+ * FlashAttention), the A/B of one run.
  *
  *   bench_prefill_cuda [--dims 64,96,128,256] [--json FILE]
  * Without a GPU it prints one line and exits 0.
@@ -84,7 +88,7 @@ int main(int argc, char **argv)
     if (js)
         fprintf(js, "{\"bench\": \"bench_prefill_cuda\", \"chunk\": %d, \"heads\": [%d, %d], \"results\": [\n", CHUNK,
                 H * G, H);
-    printf("%-16s %4s %8s %10s %10s\n", "types", "d", "context", "ms/chunk", "TFLOP/s");
+    printf("%-16s %-6s %4s %8s %10s %10s\n", "types", "path", "d", "context", "ms/chunk", "TFLOP/s");
     int first = 1;
     for (int di = 0; di < n_dims; di++)
     for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ci++) {
@@ -97,6 +101,8 @@ int main(int argc, char **argv)
         cc.max_q_per_kv = G;
         kvq_cuda_cache *c = NULL;
         TRY(kvq_cuda_cache_create(&cc, &c));
+        kvq_cuda_prefill_ws *ws = NULL;
+        TRY(kvq_cuda_prefill_ws_create(H, H * G, D, CHUNK, 32768, &ws));
         uint64_t seed = 11;
         size_t have = 0;
         for (size_t pi = 0; pi < sizeof PAST / sizeof PAST[0]; pi++) {
@@ -111,6 +117,8 @@ int main(int argc, char **argv)
             }
             TRY(bench_cuda_fill_normal(k, (size_t)CHUNK * H * D, seed++, 1.0f));
             TRY(bench_cuda_fill_normal(v, (size_t)CHUNK * H * D, seed++, 1.0f));
+            for (int path = 0; path < 2; path++) {
+            kvq_cuda_cache_set_prefill_ws(c, path ? ws : NULL);
             double t[32];
             for (int i = 0; i < reps + 2; i++) {
                 TRY(kvq_cuda_cache_truncate(c, 0, past));
@@ -121,17 +129,20 @@ int main(int argc, char **argv)
                 if (i >= 2)
                     t[i - 2] = (bench_clock_s(CLOCK_MONOTONIC) - t0) * 1e3;
             }
-            have = past + CHUNK;
             const double ms = bench_median(t, reps);
             /* pairs: sum over the chunk's positions of the keys each sees */
             const double pairs = (double)CHUNK * (double)past + (double)CHUNK * (CHUNK + 1) / 2.0;
             const double tflops = 4.0 * D * H * G * pairs / (ms * 1e-3) / 1e12;
-            printf("%-16s %4d %8zu %10.2f %10.1f\n", cfgs[ci].name, D, past + CHUNK, ms, tflops);
+            const char *pname = path ? "dense" : "tile";
+            printf("%-16s %-6s %4d %8zu %10.2f %10.1f\n", cfgs[ci].name, pname, D, past + CHUNK, ms, tflops);
             if (js)
-                fprintf(js, "%s {\"types\": \"%s\", \"d\": %d, \"context\": %zu, \"ms_per_chunk\": %.3f, \"tflops\": %.1f}\n",
-                        first ? "" : ",", cfgs[ci].name, D, past + CHUNK, ms, tflops);
+                fprintf(js, "%s {\"types\": \"%s\", \"path\": \"%s\", \"d\": %d, \"context\": %zu, \"ms_per_chunk\": %.3f, \"tflops\": %.1f}\n",
+                        first ? "" : ",", cfgs[ci].name, pname, D, past + CHUNK, ms, tflops);
             first = 0;
+            }
+            have = past + CHUNK;
         }
+        kvq_cuda_prefill_ws_free(ws);
         kvq_cuda_cache_free(c);
     }
     if (js) {

@@ -57,7 +57,7 @@
 
 /* ---- ops, backends, type classes ---------------------------------------- */
 
-enum op { OP_ENCODE, OP_DECODE, OP_SCORE, OP_ROT, OP_ROT_T, OP_CACHE, OP_ATTN, OP_CAUSAL, OP_ATTEND, OP_ATTEND_WIN, OP_PREFILL, OP_COUNT };
+enum op { OP_ENCODE, OP_DECODE, OP_SCORE, OP_ROT, OP_ROT_T, OP_CACHE, OP_ATTN, OP_CAUSAL, OP_ATTEND, OP_ATTEND_WIN, OP_PREFILL, OP_PREFILL_DENSE, OP_COUNT };
 
 enum backend { BE_SCALAR, BE_AVX2, BE_AVX512, BE_LIB, BE_CUDA, BE_CUDA_FUSED, BE_CUDA_REF, BE_COUNT, BE_REF = BE_COUNT };
 static const char *const BE_NAME[BE_COUNT + 1] = {"scalar", "avx2",       "avx512",   "lib",
@@ -72,6 +72,10 @@ static const char *const CL_NAME[CL_COUNT] = {"f32/f16/q8_0/q4_0", "tqB", "tqBj"
  * the softmax weights and the window's rotated rows rounded once): measured
  * worst 1.2e-3 on these cases, 1.8e-3 with KVQ_CUDA_TEST_SMALL (H200). */
 #define PF_TOL 2.5e-3
+/* The dense prefill path (kvq_cuda_prefill_ws): q, the decoded keys and
+ * values each rounded to f16 once (f16's unit roundoff 4.9e-4), the
+ * softmax weights too; no hi + lo halves. */
+#define PF_DENSE_TOL 5e-3
 
 /* The one tolerance table: the largest error a backend may show against the
  * reference, in the op's measure (OPS[].measure). None is looser than the
@@ -102,6 +106,7 @@ static const double TOL[OP_COUNT][CL_COUNT] = {
      * weights to f16 (FlashAttention's f16 operands, f32 sums); the bound is
      * PF_TOL below. */
     [OP_PREFILL] = {[CL_BASE] = PF_TOL, [CL_TQ] = PF_TOL, [CL_TQJ] = PF_TOL},
+    [OP_PREFILL_DENSE] = {[CL_BASE] = PF_DENSE_TOL, [CL_TQ] = PF_DENSE_TOL, [CL_TQJ] = PF_DENSE_TOL},
 };
 
 /* ---- shapes and cases ---------------------------------------------------- */
@@ -1399,12 +1404,14 @@ struct pf_fx {
     struct kvq_cache_config cfg;
     struct gpu_rows r;      /* k, v [past + n1][PF_HEADS][d] (seq 0 uses the first n0);
                                q, ref, out [n0 + n1][Hq][d]: the views', seq 0's first */
+    kvq_cuda_prefill_ws *ws; /* prefill-dense: lent to r.g */
 };
 
 static void pf_free(void *p)
 {
     struct pf_fx *f = p;
     gpu_rows_free(&f->r);
+    kvq_cuda_prefill_ws_free(f->ws);
     free(f);
 }
 
@@ -1457,7 +1464,6 @@ static void pf_ref_seq(struct pf_fx *f, size_t from, size_t n, size_t q_row, kvq
 static void pf_exec(void *p, const struct tcase *c, enum backend b)
 {
     struct pf_fx *f = p;
-    (void)c;
     const size_t row = (size_t)PF_HEADS * (size_t)f->d, per = (size_t)f->Hq * (size_t)f->d, nq = f->n0 + f->n1;
     const size_t n = f->past + f->n1 > f->n0 ? f->past + f->n1 : f->n0;
     if (b == BE_REF) {
@@ -1484,6 +1490,11 @@ static void pf_exec(void *p, const struct tcase *c, enum backend b)
     if (!f->r.g || !f->r.kd || !f->r.vd || !f->r.qd || !f->r.od)
         return;
     CHECKF(kvq_cuda_prefill_supported(f->r.g, f->Hq), "the chunk kernel takes this config");
+    if (c->op == OP_PREFILL_DENSE && !f->ws) {
+        /* segments of 128 positions: the pasts here take 2 to 5 of them */
+        CHECK_OK(kvq_cuda_prefill_ws_create(PF_HEADS, f->Hq, f->d, f->n0 > f->n1 ? f->n0 : f->n1, 128, &f->ws));
+        kvq_cuda_cache_set_prefill_ws(f->r.g, f->ws);
+    }
     const float scale = 1.0f / sqrtf((float)f->d);
     for (int s = 0; s < 2; s++)
         CHECK_OK(kvq_cuda_cache_truncate(f->r.g, s, 0));
@@ -1551,6 +1562,10 @@ static const struct op_impl OPS[OP_COUNT] = {
     [OP_PREFILL] = {"prefill", 7, "kvq_cuda_cache_prefill: chunks from position 0 and after a past, every position",
                     "max relative L2 error of a (position, KV head) group against token-by-token on a CPU cache",
                     pf_setup, pf_free, pf_supports, pf_exec, pf_error},
+    [OP_PREFILL_DENSE] = {"prefill-dense", 8,
+                          "kvq_cuda_cache_prefill with a kvq_cuda_prefill_ws (the past decoded into f16, dense "
+                          "attention), in segments of 128 positions",
+                          "as prefill", pf_setup, pf_free, pf_supports, pf_exec, pf_error},
 };
 
 /* ---- the case list and its filter ------------------------------------------ */
@@ -1606,6 +1621,9 @@ static void build_cases(void)
         add_case(OP_ATTEND_WIN, ATTEND_WIN[i].tk, ATTEND_WIN[i].tv, &ATTEND_WIN[i].sh);
     for (int i = 0; i < COUNT(PREFILL); i++)
         add_case(OP_PREFILL, PREFILL[i].tk, PREFILL[i].tv, &PREFILL[i].sh);
+    for (int i = 0; i < COUNT(PREFILL); i++) /* the dims the dense path takes */
+        if (PREFILL[i].sh.dim == 64 || PREFILL[i].sh.dim == 128)
+            add_case(OP_PREFILL_DENSE, PREFILL[i].tk, PREFILL[i].tv, &PREFILL[i].sh);
 }
 
 static const char *opt_ops, *opt_types, *opt_backends;
@@ -1658,7 +1676,7 @@ static const char *shape_label(const struct tcase *c, char *buf, size_t n)
     if (c->op == OP_ATTEND || c->op == OP_ATTEND_WIN)
         snprintf(buf + at, n - (size_t)at, " G=%d P=%d %s%s", s->G, s->page_tokens, kvq_rot_kind_name(s->rot),
                  s->center ? " centred" : "");
-    if (c->op == OP_PREFILL)
+    if (c->op == OP_PREFILL || c->op == OP_PREFILL_DENSE)
         snprintf(buf + at, n - (size_t)at, " G=%d P=%d %s%s sinks=%d%s", s->G, s->page_tokens,
                  kvq_rot_kind_name(s->rot), s->window ? " window" : "", s->sinks, s->center ? " centred" : "");
     return buf;

@@ -7,7 +7,10 @@
  * and one batched attend per layer. A prefill chunk is appended in one call
  * and attended causally by the prefill kernel (kvq_cuda_cache_prefill: the
  * chunk's queries together on tensor cores, every key tile read once per 128
- * query rows). Where that does not apply (f32 caches, V with QJL signs, head
+ * query rows); at head dims 64 and 128 through the dense path, with one
+ * kvq_cuda_prefill_ws for all layers: the past decoded into f16 rows 32K
+ * positions at a time and attended as plain FlashAttention, 2.3-3x the tile
+ * kernel's speed over long pasts (docs/attention-cuda.md). Where that does not apply (f32 caches, V with QJL signs, head
  * dims other than 32/64/96/128/256, short chunks) the decode kernel attends
  * with one entry per position over the growing prefixes
  * (kvq_cuda_cache_attend_prefix); with the recent-token f16 window such a
@@ -29,6 +32,9 @@
 /* Chunks from this many rows on take the prefill kernel (kvq_cuda_cache_prefill):
  * its blocks hold 64-128 query rows, so a shorter chunk would leave most idle. */
 enum { PREFILL_MIN_ROWS = 64 };
+/* Positions of the past the dense prefill path decodes at a time: 128 MiB
+ * of f16 K/V scratch at 8 KV heads x 128 dims; a 128K past goes in 4. */
+#define PREFILL_SEG ((size_t)32768)
 
 struct cuda_store {
     struct kvq_kv_store base;
@@ -39,6 +45,7 @@ struct cuda_store {
     size_t page;             /* with the window: a chunk's pieces end on multiples of it; else 0 */
     int n_kv, n_heads, head_dim;
     size_t row_bytes;        /* K + V bytes of one token of one layer, all KV heads */
+    kvq_cuda_prefill_ws *pws; /* the dense prefill path's scratch, lent to every layer (one stream) */
 };
 
 static kvq_status cuda_append_attend(kvq_kv_store *base, int layer, int n_seqs, const int *seqs, size_t T,
@@ -195,6 +202,7 @@ static void cuda_free_store(kvq_kv_store *base)
     for (int l = 0; s->caches && l < base->n_layers; l++)
         kvq_cuda_cache_free(s->caches[l]);
     free(s->caches);
+    kvq_cuda_prefill_ws_free(s->pws);
     free(s->rep);
     free(s->lens);
     free(s);
@@ -277,6 +285,23 @@ kvq_status kvq_kv_store_cuda_create(const struct kvq_kv_store_config *cfg, kvq_k
             s->row_bytes = (kvq_type_row_bytes(cc.cache.type_k, c0->head_dim) +
                             kvq_type_row_bytes(cc.cache.type_v, c0->head_dim)) *
                            (size_t)c0->n_kv_heads;
+    }
+    /* the dense prefill path where the chunk kernel applies: one scratch for
+     * all layers, PREFILL_SEG positions of the past at a time */
+    if (cfg->max_rows >= PREFILL_MIN_ROWS && (s->head_dim == 64 || s->head_dim == 128) &&
+        kvq_cuda_prefill_supported(s->caches[0], s->n_heads)) {
+        size_t seg = cfg->cfgs[0].max_tokens + PREFILL_MIN_ROWS - 1;
+        seg -= seg % PREFILL_MIN_ROWS;
+        seg = seg < PREFILL_SEG ? seg : PREFILL_SEG;
+        kvq_status st = kvq_cuda_prefill_ws_create(s->n_kv, s->n_heads, s->head_dim, cfg->max_rows, seg, &s->pws);
+        if (st != KVQ_OK) {
+            cuda_free_store(&s->base);
+            return kvq_error_set(err, st, "cannot create the prefill scratch (%zu bytes): %s",
+                                 kvq_cuda_prefill_ws_bytes(s->n_kv, s->n_heads, s->head_dim, cfg->max_rows, seg),
+                                 kvq_status_str(st));
+        }
+        for (int l = 0; l < cfg->n_layers; l++)
+            kvq_cuda_cache_set_prefill_ws(s->caches[l], s->pws);
     }
     *out = &s->base;
     return KVQ_OK;

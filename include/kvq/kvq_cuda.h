@@ -386,6 +386,30 @@ KVQ_API kvq_status kvq_cuda_cache_prefill(kvq_cuda_cache *c, int seq, size_t n, 
                                           const float *v_dev, const float *q_dev, int n_q_heads, float scale,
                                           float *out_dev);
 
+/** A prefill workspace: the bounded scratch of the dense prefill path, which
+ *  decodes a chunk's packed past into f16 rows (seg_tokens positions at a
+ *  time) and attends them as plain FlashAttention on f16 tensor cores,
+ *  several times faster than the tile kernel for long pasts
+ *  (docs/attention-cuda.md). One workspace serves every cache of one stream
+ *  whose geometry it has (the layers of a model): their calls are ordered.
+ *  Sizes: chunks of up to max_rows positions; seg_tokens a multiple of 64.
+ *  @return KVQ_OK; KVQ_ERR_INVALID_ARG (a size out of range: n_q_heads not
+ *  a multiple of n_kv_heads, head_dim not a multiple of 16); KVQ_ERR_NOMEM
+ *  (device memory); KVQ_ERR_NO_DEVICE. */
+typedef struct kvq_cuda_prefill_ws kvq_cuda_prefill_ws;
+KVQ_API kvq_status kvq_cuda_prefill_ws_create(int n_kv_heads, int n_q_heads, int head_dim, size_t max_rows,
+                                              size_t seg_tokens, kvq_cuda_prefill_ws **out);
+/** Frees ws (NULL: nothing). Caches that borrow it must not prefill after. */
+KVQ_API void kvq_cuda_prefill_ws_free(kvq_cuda_prefill_ws *ws);
+/** @return the device bytes kvq_cuda_prefill_ws_create allocates for these
+ *  sizes (no device needed; 0 for sizes it refuses outright). */
+KVQ_API size_t kvq_cuda_prefill_ws_bytes(int n_kv_heads, int n_q_heads, int head_dim, size_t max_rows,
+                                         size_t seg_tokens);
+/** Lends c a workspace (NULL: none): kvq_cuda_cache_prefill then takes the
+ *  dense path for chunks it fits (head_dim 64 or 128, the workspace's head
+ *  counts, n <= max_rows), the tile kernel for the rest. */
+KVQ_API void kvq_cuda_cache_set_prefill_ws(kvq_cuda_cache *c, kvq_cuda_prefill_ws *ws);
+
 #ifdef __cplusplus
 }
 #endif

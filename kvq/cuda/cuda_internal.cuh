@@ -175,7 +175,16 @@ struct kvq_cuda_cache {
     size_t *packed_len;
     float *gain_d;
     float *mrot_d; /* the prefill kernel's rotated page means: [max_pages_per_seq][H][d] */
+    kvq_cuda_prefill_ws *pws; /* kvq_cuda_cache_set_prefill_ws: the dense prefill path's scratch (borrowed) */
 };
+
+/* The dense prefill path (cuda_prefill_dense.cu): whether it takes a chunk
+ * of n rows, and the chunk's attention from pos0 (a page boundary with the
+ * window), its rows already appended. */
+int kvq_cu_prefill_dense_ok(const kvq_cuda_cache *c, const kvq_cuda_prefill_ws *ws, int n_q_heads, size_t n);
+kvq_status kvq_cu_prefill_dense(kvq_cuda_cache *c, kvq_cuda_prefill_ws *ws, int seq, size_t pos0, size_t n,
+                                const float *k, const float *v, const float *q, int n_q_heads, float scale,
+                                float *out);
 
 struct kvq_dev_pages kvq_cu_pages_of(const kvq_cuda_cache *c);
 

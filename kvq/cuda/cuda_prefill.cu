@@ -551,6 +551,12 @@ int kvq_cuda_prefill_supported(const kvq_cuda_cache *c, int n_q_heads)
     return c->dk.gpu_encode && c->dv.gpu_encode;
 }
 
+void kvq_cuda_cache_set_prefill_ws(kvq_cuda_cache *c, kvq_cuda_prefill_ws *ws)
+{
+    if (c)
+        c->pws = ws;
+}
+
 kvq_status kvq_cuda_cache_prefill(kvq_cuda_cache *c, int seq, size_t n, const float *k_dev, const float *v_dev,
                                   const float *q_dev, int n_q_heads, float scale, float *out_dev)
 {
@@ -586,7 +592,10 @@ kvq_status kvq_cuda_cache_prefill(kvq_cuda_cache *c, int seq, size_t n, const fl
     }
     if (st == KVQ_OK && head < n)
         st = kvq_cuda_cache_append(c, seq, n - head, k_dev + head * kvd, v_dev + head * kvd);
-    if (st == KVQ_OK && head < n) {
+    if (st == KVQ_OK && head < n && kvq_cu_prefill_dense_ok(c, c->pws, n_q_heads, n - head))
+        st = kvq_cu_prefill_dense(c, c->pws, seq, pos0 + head, n - head, k_dev + head * kvd, v_dev + head * kvd,
+                                  q_dev + head * qd, n_q_heads, scale, out_dev + head * qd);
+    else if (st == KVQ_OK && head < n) {
         prefill_params p;
         memset(&p, 0, sizeof p);
         p.pg = kvq_cu_pages_of(c);

@@ -233,6 +233,25 @@ kvq_status kvq_cuda_cache_prefill(kvq_cuda_cache *c, int seq, size_t n, const fl
     return KVQ_ERR_NO_DEVICE;
 }
 
+kvq_status kvq_cuda_prefill_ws_create(int n_kv_heads, int n_q_heads, int head_dim, size_t max_rows, size_t seg_tokens,
+                                      kvq_cuda_prefill_ws **out)
+{
+    (void)n_kv_heads, (void)n_q_heads, (void)head_dim, (void)max_rows, (void)seg_tokens;
+    if (out)
+        *out = NULL;
+    return KVQ_ERR_NO_DEVICE;
+}
+
+void kvq_cuda_prefill_ws_free(kvq_cuda_prefill_ws *ws)
+{
+    (void)ws;
+}
+
+void kvq_cuda_cache_set_prefill_ws(kvq_cuda_cache *c, kvq_cuda_prefill_ws *ws)
+{
+    (void)c, (void)ws;
+}
+
 kvq_status kvq_cuda_step_create(void *stream, int max_keys, kvq_cuda_step **out)
 {
     (void)stream, (void)max_keys;

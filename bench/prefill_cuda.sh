@@ -1,0 +1,87 @@
+#!/bin/sh
+# prefill_cuda.sh - the GPU prefill work in one device call (issue 37):
+#   test   test_backend_ops -o prefill,prefill-dense -b cuda: the tile kernel
+#          and the dense path (kvq_cuda_prefill_ws) against token-by-token
+#          attention on a CPU cache, every position, every case;
+#   memcheck, racecheck   compute-sanitizer on prefill-dense
+#          (KVQ_CUDA_TEST_SMALL=1);
+#   ppl    kvq ppl on the bundled model, CPU against GPU (the dense path),
+#          f16 and the default cache, 4K context;
+#   attn   bench_prefill_cuda: tile vs dense, chunk of 2048 after pasts of
+#          0 .. 126K, f16 / tq3j/tq3 / + window;
+#   ref    the 2-layer Llama-3.1-8B-shaped checkpoint: test_decoder_cuda
+#          against transformers (bench/decoder_cuda.sh ref);
+#   model  the 32-layer checkpoint: bench_decoder_cuda --prefill (f16 and
+#          the default pair, exact and --fast-prefill products).
+#
+#   sh bench/prefill_cuda.sh KIT OUT [STAGES]
+# KIT: bench/device_kit.sh's archive, made here; the build (build-dev, sm_90a)
+# is made there first. Every stage under its own timeout; a summary line per
+# stage in OUT/summary.txt.
+kit=$1
+out=$2
+stages=${3:-test,memcheck,racecheck,ppl,attn,model}
+mkdir -p "$out"
+dev=build-dev
+has() { case ",$stages," in *",$1,"*) return 0 ;; esac; return 1; }
+t0=$(date +%s)
+step() { # NAME CAP CMD...: runs CMD under CAP seconds, logs to OUT/NAME.log
+    name=$1 cap=$2
+    shift 2
+    s=$(date +%s)
+    timeout "$cap" "$@" >"$out/$name.log" 2>&1
+    rc=$?
+    echo "$name rc=$rc $(($(date +%s) - s))s" | tee -a "$out/summary.txt"
+}
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv >"$out/device.txt" 2>&1
+step build 400 sh bench/device_kit.sh --build "$kit" "$dev" all tests benches
+tail -n 3 "$out/build.log"
+if has test; then
+    step test 300 "$dev/tests/test_backend_ops" -o "${KVQ_TEST_OPS:-prefill,prefill-dense}" -b "cuda*" -v
+    grep -E "FAIL|worst|passed|prefill" "$out/test.log" | tail -n 60
+fi
+if has memcheck; then
+    KVQ_CUDA_TEST_SMALL=1 step memcheck 200 compute-sanitizer --tool memcheck --error-exitcode 9 \
+        "$dev/tests/test_backend_ops" -o prefill-dense -b cuda -t tq3j/tq3,f16/f16
+    tail -n 3 "$out/memcheck.log"
+fi
+if has racecheck; then
+    KVQ_CUDA_TEST_SMALL=1 step racecheck 300 compute-sanitizer --tool racecheck --error-exitcode 9 \
+        "$dev/tests/test_backend_ops" -o prefill-dense -b cuda -t tq3j/tq3
+    tail -n 3 "$out/racecheck.log"
+fi
+if has ppl; then
+    M=models/kvq-tiny-llama
+    for dv in ${KVQ_PPL_DEVICES:-cpu cuda}; do
+        for ty in "-ctk f16 -ctv f16" ""; do
+            tag="ppl-$dv-$(echo "${ty:-default}" | tr -d ' -')"
+            step "$tag" 120 "$dev/bin/kvq" ppl --model $M --file $M/reference/valid.txt --ctx 4096 --max-tokens 8192 \
+                --device $dv $ty
+            grep "^ppl " "$out/$tag.log" | tail -n 1
+        done
+    done
+fi
+if has attn; then
+    step attn 300 "$dev/bench/bench_prefill_cuda" --json "$out/bench_prefill_cuda.json"
+    cat "$out/attn.log"
+fi
+if has ncu; then # one attention launch over a 32K past (f16 cache): the kernel's limiter
+    KVQ_BENCH_REPS=1 step ncu 240 ncu --clock-control none -k regex:fa_kernel --launch-skip 8 -c 1 \
+        --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+        --section Occupancy --section WarpStateStats --section LaunchStats "$dev/bench/bench_prefill_cuda"
+    grep -E "Throughput|Pipe|Occupancy|Registers|Stall|Warp Cycles|Duration|Bank|Shared" "$out/ncu.log" | head -n 40
+fi
+if has model; then
+    [ -f /tmp/llama31-8b/config.json ] || step make8b 300 python3 bench/hf_llama_shape.py make --out /tmp/llama31-8b
+    step model "${KVQ_MODEL_TIMEOUT:-420}" "$dev/bench/bench_decoder_cuda" --model /tmp/llama31-8b --ctx 0 --batch 1 \
+        --types "${KVQ_PREFILL_TYPES:-f16/f16,tq3j/tq3+ctr}" --prefill "${KVQ_PREFILL_CTX:-4096,32768,131072}" \
+        --fast-prefill both --json "$out/bench_decoder_cuda.json"
+    grep -iE "prefill|error|skip" "$out/model.log" | head -n 40
+fi
+if has ref; then
+    KVQ_SHAPE_TMP=/tmp step ref 400 sh bench/decoder_cuda.sh "$dev" "$out/ref" ref
+    tail -n 20 "$out/ref.log"
+fi
+echo "total $(($(date +%s) - t0))s" | tee -a "$out/summary.txt"
+# the device tool brings back 8 files: the logs travel as one archive
+(cd "$out" && tar czf logs.tar.gz ./*.log ./*.txt ./*.json 2>/dev/null && rm -f ./*.log)
