@@ -603,6 +603,14 @@ static int run(void *user, kvq_model *m, kvq_tokenizer *tok)
         fputc('\n', stdout);
         cli_flush_stdout();
     }
+    /* A failed write to stdout ended it (on_token stops generating): that
+     * is neither a full context nor a full budget, and cli_finish_stdout
+     * reports it once, as a write error on standard output (exit status 1).
+     * The summary of a run nobody received is left out with the rest. */
+    if (!o->json && ferror(stdout)) {
+        rc = 0;
+        goto out;
+    }
     /* Why generation ended. Running out of budget or context is a clean
      * stop: every token produced so far was printed (exit status 3). */
     const char *stop_reason = "max_tokens";
