@@ -31,8 +31,8 @@ fi
 # Streamed text (run without --json) stops at the first failed write: that
 # must not be reported as a full context (it was, with exit 3), and the
 # error is said once, naming standard output.
+printf 'The quick brown fox\n' > "$tmp/ppl.txt"
 if [ -c /dev/full ]; then
-    printf 'The quick brown fox\n' > "$tmp/ppl.txt"
     for cmd in "types" "types --json" "codebook --bits 2 --dim 64" "--help" "help run" \
                "eval --synthetic --tokens 64 --queries 4 --n-layers 1 --types q8_0 --quiet" \
                "run -m $model -p The -n 2 --json" "run -m $model -p The -n 8 --no-eos" \
@@ -104,6 +104,17 @@ start=$(date +%s)
 $kvq_t run -m "$model" -p hi --dump-qkv "$tmp/nodir/d.safetensors" 2>"$tmp/err"; rc=$?
 [ "$rc" -eq 2 ] && grep -q "nodir: No such file or directory" "$tmp/err" && ! grep -q "loaded" "$tmp/err"
 check "run: --dump-qkv into a missing directory is refused before loading" $?
+# the refusal names the options to change, not the library's config fields
+for cmd in "run -m $model -p hi -n 1" "ppl -m $model -f $tmp/ppl.txt"; do
+    # shellcheck disable=SC2086
+    $kvq_t $cmd --kv-center-k --no-kv-recent-f16 2>"$tmp/err"; rc=$?
+    [ "$rc" -eq 2 ] && grep -q -- "--kv-center-k needs the recent-token window, which --no-kv-recent-f16" "$tmp/err" &&
+        ! grep -q "center_k\|recent_f16" "$tmp/err" && [ "$(wc -l < "$tmp/err")" -eq 1 ]
+    check "$(echo "$cmd" | cut -d' ' -f1): --kv-center-k --no-kv-recent-f16 is refused in the options' names" $?
+done
+$kvq_t run -m "$model" -p hi -n 1 -ctk f16 -ctv f16 --kv-center-k 2>"$tmp/err"; rc=$?
+[ "$rc" -eq 2 ] && grep -q -- "--kv-center-k needs the recent-token window, which is off for f16/f32 caches (--kv-recent-f16" "$tmp/err"
+check "run: --kv-center-k on f16 caches says --kv-recent-f16 turns the window on" $?
 $kvq_t run -m "$model" --plan --layer-types q8_0/q8_0,tq3j/tq3,f16/f16,tq2/tq2 > "$tmp/plan" 2>&1
 grep -q "^per-layer" "$tmp/plan" && grep -q "q8_0/q8_0,tq3j/tq3,f16/f16,tq2/tq2" "$tmp/plan"
 check "run --plan shows the --layer-types choice" $?
