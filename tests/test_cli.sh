@@ -46,6 +46,10 @@ if [ -c /dev/full ]; then
         check "kvq $(echo "$cmd" | sed "s|$model|M|; s|$tmp/||" | cut -c1-36) > /dev/full: exit 1, the reason once (got $rc, $n)" \
             $([ "$rc" -eq 1 ] && [ "$n" -eq 1 ] && [ "$wrong" -ne 0 ] && echo 0 || echo 1)
     done
+    # what else was asked for is still written
+    $kvq_t run -m "$model" -p The -n 8 --no-eos --dump-qkv "$tmp/full.safetensors" >/dev/full 2>"$tmp/err"; rc=$?
+    [ "$rc" -eq 1 ] && [ -s "$tmp/full.safetensors" ] && grep -q "writing to standard output" "$tmp/err"
+    check "run --dump-qkv F > /dev/full: exit 1, F written all the same" $?
 else
     echo "skip /dev/full: not a device here"; skipped=$((skipped + 1))
 fi
