@@ -1,6 +1,6 @@
 # kvq - one Makefile for the library, the kvq tool, tests, benchmarks and fuzzers.
 #
-#   make            libkvq.a, libkvq.so, kvq.pc and the kvq command in $(BUILD)/
+#   make            libkvq.a, libkvq.so, kvq.pc, kvq-uninstalled.pc and the kvq command in $(BUILD)/
 #   make test       build and run every test (closes with "N passed, N failed")
 #   make run        the main job: the bundled model answers a ~3.5K-token passkey prompt
 #   make bench      benchmarks: JSON in $(BUILD)/bench/, a table on stdout
@@ -139,13 +139,16 @@ LIB_SO := $(BUILD)/lib/libkvq.so
 LIB_SO_REAL := $(LIB_SO).$(VERSION)
 KVQ    := $(BUILD)/bin/kvq
 PC     := $(BUILD)/lib/pkgconfig/kvq.pc
+# The build tree's own .pc (pkg-config's -uninstalled convention): found
+# with PKG_CONFIG_PATH=$(BUILD)/lib, it points at $(BUILD)/lib and include/.
+PC_UNINSTALLED := $(BUILD)/lib/kvq-uninstalled.pc
 DEPS_OK := $(BUILD)/.deps-ok
 
 .PHONY: all test bench sanitize fuzz run install clean deps tests benches
 # Keep intermediate objects (test and bench .o files): no rebuilds, and no
 # "rm ..." line from make after the suite's closing "N passed, N failed".
 .SECONDARY:
-all: $(LIB_A) $(LIB_SO) $(PC) $(KVQ)
+all: $(LIB_A) $(LIB_SO) $(PC) $(PC_UNINSTALLED) $(KVQ)
 
 deps: $(DEPS_OK)
 $(DEPS_OK): mk/deps.sh
@@ -178,6 +181,12 @@ $(PC): mk/kvq.pc.in Makefile
 	@mkdir -p $(@D)
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' -e 's|@LIBS@|$(LDLIBS)|' $< > $@
 
+# Absolute paths: the .pc is read from wherever the program is built.
+$(PC_UNINSTALLED): mk/kvq-uninstalled.pc.in Makefile
+	@mkdir -p $(@D)
+	sed -e 's|@SRCDIR@|$(CURDIR)|' -e 's|@LIBDIR@|$(abspath $(BUILD))/lib|' -e 's|@VERSION@|$(VERSION)|' \
+	    -e 's|@LIBS@|$(LDLIBS)|' $< > $@
+
 $(KVQ): $(TOOL_OBJ) $(LIB_A)
 	@mkdir -p $(@D)
 	$(CC) $(LDFLAGS) -o $@ $(TOOL_OBJ) $(LIB_A) $(LDLIBS) $(APP_LDLIBS)
@@ -196,7 +205,7 @@ $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(LIB_A)
 # nvcc their header stubs.
 $(BUILD)/bench/bench_cuda $(BUILD)/bench/bench_prefill_cuda: $(BENCH_CUDA_OBJ)
 
-tests: $(TEST_BIN) $(KVQ) $(LIB_SO)
+tests: $(TEST_BIN) $(KVQ) $(LIB_SO) $(PC_UNINSTALLED)
 test: tests
 	@sh tests/tokenizer/fetch.sh build/tokenizer-data
 	@KVQ_BUILD=$(BUILD) sh tests/run.sh $(BUILD) $(TEST_BIN) tests/test_boundaries.sh tests/cuda/test_emulate_v4.sh \

@@ -273,7 +273,15 @@ static void test_bad_args_and_workspace(void)
         q[d + 17] = INFINITY;
         CHECK_STATUS(fn(f.c, 1, 10, q, 2, s, out, ws), KVQ_ERR_NONFINITE);
         q[d + 17] = 0.5f;
+        /* a scale that is not a number is a bad argument, not an answer */
+        CHECK_STATUS(fn(f.c, 1, 10, q, 2, NAN, out, ws), KVQ_ERR_INVALID_ARG);
+        CHECK_STATUS(fn(f.c, 1, 10, q, 2, INFINITY, out, ws), KVQ_ERR_INVALID_ARG);
+        CHECK_STATUS(fn(f.c, 1, 10, q, 2, -INFINITY, out, ws), KVQ_ERR_INVALID_ARG);
+        CHECK_OK(fn(f.c, 1, 10, q, 2, 0.0f, out, ws)); /* 0 is finite: uniform weights */
+        CHECK_OK(fn(f.c, 1, 10, q, 2, -s, out, ws));
     }
+    CHECK_STATUS(kvq_attn_causal(f.c, 1, 0, 4, q, 1, NAN, out, ws), KVQ_ERR_INVALID_ARG);
+    CHECK_STATUS(kvq_attn_causal(f.c, 1, 0, 4, q, 1, INFINITY, out, ws), KVQ_ERR_INVALID_ARG);
     /* the same call twice gives the same bits; head 0 differs from head 1 */
     float a[2 * 128], b[2 * 128];
     CHECK_OK(kvq_attn_decode(f.c, 1, 80, q, 2, s, a, ws));

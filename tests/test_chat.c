@@ -209,6 +209,40 @@ static void test_errors_name_the_construct(void)
     CHECK_STATUS(kvq_chat_template_load("/nonexistent", &t, NULL), KVQ_ERR_IO);
 }
 
+/* An error names the line of the template it is on, however the lines
+ * before it were written: block tags whose newline trim_blocks removes,
+ * comments over several lines, '-' trimming, tags and string literals that
+ * span lines. Each case has its error on line 5 (at parse time or when
+ * rendering). */
+static void test_error_lines(void)
+{
+    static const char *const cases[] = {
+        "a\nb\nc\nd\n{{ 1 +* 2 }}",
+        "{% if true %}\n{% set x = 1 %}\n{{ x }}\n{% endif %}\n{{ 1 +* 2 }}",
+        "{% for m in messages %}\n{% endfor %}\n{% if false %}\n{% endif %}\n{{ 'a' + 1 }}",
+        "{# a comment\nover\nthree lines #}\nx\n{{ 1 +* 2 }}",
+        "{#- one -#}\n{# two #}\n\n\n{{ x.y }}",
+        "x\n{%- if true -%}\n\n{%- endif -%}\n{{ 1 +* 2 }}",
+        "{{- 'a' -}}\n{%- set y = 2 -%}\n{{- y -}}\n\n{{ 1 +* 2 }}",
+        "{%- set x = [\n  1,\n  2,\n  3,\n  +* ] %}",
+        "{{ 'multi\nline' }}\n{{ \"b\\\nc\" }}\n{{ 1 +* 2 }}",
+        "{% if true\n%}\n\n{% endif\n%}{{ [1][\"k\"] }}",
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        kvq_chat_template *t = NULL;
+        kvq_error err = {KVQ_OK, ""};
+        kvq_status st = kvq_chat_template_create(cases[i], strlen(cases[i]), &t, &err);
+        char *out = NULL;
+        size_t len;
+        if (!st)
+            st = kvq_chat_render(t, NULL, 0, NULL, &out, &len, &err);
+        CHECKF(st == KVQ_ERR_FORMAT && strstr(err.msg, "chat template line 5:"), "case %zu: status %d, '%s' (want line 5)",
+               i, st, err.msg);
+        free(out);
+        kvq_chat_template_free(t);
+    }
+}
+
 /* A model folder: chat_template.jinja wins over tokenizer_config.json's
  * template, whose bos_token ({"content": ...} form) still applies. */
 static void test_load_model_folder(void)
@@ -259,6 +293,7 @@ int main(void)
     RUN(test_gemma3);
     RUN(test_deepseek_v3);
     RUN(test_errors_name_the_construct);
+    RUN(test_error_lines);
     RUN(test_load_model_folder);
     return TEST_END("test_chat");
 }

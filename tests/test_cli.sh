@@ -1,7 +1,7 @@
 #!/bin/sh
 # The kvq command as people type it: every write checked (> /dev/full exits 1
-# with the reason), llama.cpp's short options and --opt=value mean the same
-# as the long ones, '-' reads stdin, kvq help CMD, type names in any case,
+# with the reason, said once; streamed text too), llama.cpp's short options
+# and --opt=value mean the same as the long ones, '-' reads stdin, kvq help CMD, type names in any case,
 # errors that say why (stray argument, range, UTF-8 byte offset, output paths
 # refused before the work), --plan with --layer-types, kvq eval's --json and
 # --json-out, kvq shard's --out rules.
@@ -28,16 +28,28 @@ if [ ! -x "$kvq" ]; then
 fi
 
 # -- write errors -------------------------------------------------------
+# Streamed text (run without --json) stops at the first failed write: that
+# must not be reported as a full context (it was, with exit 3), and the
+# error is said once, naming standard output.
+printf 'The quick brown fox\n' > "$tmp/ppl.txt"
 if [ -c /dev/full ]; then
     for cmd in "types" "types --json" "codebook --bits 2 --dim 64" "--help" "help run" \
                "eval --synthetic --tokens 64 --queries 4 --n-layers 1 --types q8_0 --quiet" \
-               "run -m $model -p The -n 2 --json"; do
+               "run -m $model -p The -n 2 --json" "run -m $model -p The -n 8 --no-eos" \
+               "run -m $model --plan" "ppl -m $model -f $tmp/ppl.txt --quiet" "tokenize -m $model --text hi" \
+               "tokenize -m $model --decode 1,2" "passkey -m $model --lengths 200 --trials 1 --quiet" \
+               "shard -m $model --out $tmp/full-sh"; do
         # shellcheck disable=SC2086
         $kvq_t $cmd >/dev/full 2>"$tmp/err"; rc=$?
-        grep -q "No space left on device" "$tmp/err"; seen=$?
-        check "kvq $(echo "$cmd" | cut -c1-30) > /dev/full: exit 1 with the reason (got $rc)" \
-            $([ "$rc" -eq 1 ] && [ "$seen" -eq 0 ] && echo 0 || echo 1)
+        n=$(grep -c "error: writing to standard output: No space left on device" "$tmp/err")
+        grep -q "stopped\|context" "$tmp/err"; wrong=$?
+        check "kvq $(echo "$cmd" | sed "s|$model|M|; s|$tmp/||" | cut -c1-36) > /dev/full: exit 1, the reason once (got $rc, $n)" \
+            $([ "$rc" -eq 1 ] && [ "$n" -eq 1 ] && [ "$wrong" -ne 0 ] && echo 0 || echo 1)
     done
+    # what else was asked for is still written
+    $kvq_t run -m "$model" -p The -n 8 --no-eos --dump-qkv "$tmp/full.safetensors" >/dev/full 2>"$tmp/err"; rc=$?
+    [ "$rc" -eq 1 ] && [ -s "$tmp/full.safetensors" ] && grep -q "writing to standard output" "$tmp/err"
+    check "run --dump-qkv F > /dev/full: exit 1, F written all the same" $?
 else
     echo "skip /dev/full: not a device here"; skipped=$((skipped + 1))
 fi
@@ -96,6 +108,17 @@ start=$(date +%s)
 $kvq_t run -m "$model" -p hi --dump-qkv "$tmp/nodir/d.safetensors" 2>"$tmp/err"; rc=$?
 [ "$rc" -eq 2 ] && grep -q "nodir: No such file or directory" "$tmp/err" && ! grep -q "loaded" "$tmp/err"
 check "run: --dump-qkv into a missing directory is refused before loading" $?
+# the refusal names the options to change, not the library's config fields
+for cmd in "run -m $model -p hi -n 1" "ppl -m $model -f $tmp/ppl.txt"; do
+    # shellcheck disable=SC2086
+    $kvq_t $cmd --kv-center-k --no-kv-recent-f16 2>"$tmp/err"; rc=$?
+    [ "$rc" -eq 2 ] && grep -q -- "--kv-center-k needs the recent-token window, which --no-kv-recent-f16" "$tmp/err" &&
+        ! grep -q "center_k\|recent_f16" "$tmp/err" && [ "$(wc -l < "$tmp/err")" -eq 1 ]
+    check "$(echo "$cmd" | cut -d' ' -f1): --kv-center-k --no-kv-recent-f16 is refused in the options' names" $?
+done
+$kvq_t run -m "$model" -p hi -n 1 -ctk f16 -ctv f16 --kv-center-k 2>"$tmp/err"; rc=$?
+[ "$rc" -eq 2 ] && grep -q -- "--kv-center-k needs the recent-token window, which is off for f16/f32 caches (--kv-recent-f16" "$tmp/err"
+check "run: --kv-center-k on f16 caches says --kv-recent-f16 turns the window on" $?
 $kvq_t run -m "$model" --plan --layer-types q8_0/q8_0,tq3j/tq3,f16/f16,tq2/tq2 > "$tmp/plan" 2>&1
 grep -q "^per-layer" "$tmp/plan" && grep -q "q8_0/q8_0,tq3j/tq3,f16/f16,tq2/tq2" "$tmp/plan"
 check "run --plan shows the --layer-types choice" $?

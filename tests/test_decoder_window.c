@@ -21,6 +21,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "kvq_batch.h"
 #include "kvq_model.h"
 #include "kvq_safetensors.h"
 #include "test.h"
@@ -310,6 +311,28 @@ static void test_gemma3_runs(void)
     test_rm_dir(dir);
 }
 
+/* kvq serve's batch refuses a windowed model (not supported yet) with a
+ * reason a user can act on: the model feature and the command that runs
+ * it, not the library's type names (it said "(kvq_seq is)"). */
+static void test_batch_refusal_says_why(void)
+{
+    kvq_model *m = NULL;
+    kvq_error err = {0};
+    CHECKF(kvq_model_load(dir_win, NULL, &m, &err) == KVQ_OK, "%s", err.msg);
+    if (!m)
+        return;
+    struct kvq_batch_config bc;
+    kvq_batch_config_default(&bc);
+    kvq_batch *b = NULL;
+    kvq_status st = kvq_batch_create(m, &bc, &b, &err);
+    CHECKF(st == KVQ_ERR_UNSUPPORTED && strstr(err.msg, "sliding-window attention") && strstr(err.msg, "kvq run") &&
+               !strstr(err.msg, "kvq_"),
+           "status %d, '%s'", st, err.msg);
+    CHECK(b == NULL);
+    kvq_batch_free(b);
+    kvq_model_free(m);
+}
+
 int main(void)
 {
     snprintf(dir_plain, sizeof dir_plain, "/tmp/kvq_winplain_%d", (int)getpid());
@@ -321,6 +344,7 @@ int main(void)
     RUN(test_gemma3_runs);
     RUN(test_wide_window_equals_full);
     RUN(test_bounded_memory);
+    RUN(test_batch_refusal_says_why);
     test_rm_dir(dir_plain);
     test_rm_dir(dir_win);
     return TEST_END("test_decoder_window");

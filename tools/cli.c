@@ -271,8 +271,10 @@ int cli_finish_stdout(const char *cmd, int rc)
         return rc;
     if (!e)
         e = stdout_errno;
-    fprintf(stderr, "kvq %s: error: writing the output: %s\n", cmd, e ? strerror(e) : "write error");
-    return rc ? rc : 1;
+    fprintf(stderr, "kvq %s: error: writing to standard output: %s\n", cmd, e ? strerror(e) : "write error");
+    /* The work's output is lost: a failure (1), also where the command
+     * would have said 3 (kvq run stopped early); bad input keeps its 2. */
+    return rc == 2 ? 2 : 1;
 }
 
 long cli_utf8_invalid_at(const char *str, size_t len)

@@ -57,8 +57,9 @@ char **cli_normalize_args(int argc, char **argv, int *new_argc);
 int cli_value_less(const char *arg);
 
 /* After a command ran: flushes and closes stdout and turns a write error
- * (a full disk, a closed pipe) into "kvq CMD: error: writing the output:
- * REASON" and exit status 1. @return the status the process should end with. */
+ * (a full disk, a closed pipe) into "kvq CMD: error: writing to standard
+ * output: REASON" and exit status 1 (2, bad input, stays 2).
+ * @return the status the process should end with. */
 int cli_finish_stdout(const char *cmd, int rc);
 
 /* fflush(stdout) that remembers why it failed, for cli_finish_stdout (errno

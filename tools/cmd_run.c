@@ -603,6 +603,11 @@ static int run(void *user, kvq_model *m, kvq_tokenizer *tok)
         fputc('\n', stdout);
         cli_flush_stdout();
     }
+    /* A failed write to stdout stops generating (on_token): that is not a
+     * full context, and cli_finish_stdout reports it once, as a write error
+     * on standard output (exit status 1). The --dump-qkv file is still
+     * written; the summary of a run nobody received is left out. */
+    const int write_failed = !o->json && ferror(stdout);
     /* Why generation ended. Running out of budget or context is a clean
      * stop: every token produced so far was printed (exit status 3). */
     const char *stop_reason = "max_tokens";
@@ -613,6 +618,8 @@ static int run(void *user, kvq_model *m, kvq_tokenizer *tok)
         goto out;
     } else if (n_out && !o->no_eos && is_eos(c, out[n_out - 1]))
         stop_reason = "eos";
+    else if (write_failed)
+        stop_reason = "write_error";
     else if (n_out < (size_t)o->max_tokens)
         stop_reason = "context";
     if (st == KVQ_ERR_BUDGET)
@@ -641,7 +648,7 @@ static int run(void *user, kvq_model *m, kvq_tokenizer *tok)
     }
     if (o->json)
         rc = print_json(o, m, s, tok, &sc, prompt, n_prompt, out, n_out, stop_reason);
-    else
+    else if (!write_failed)
         print_summary(o, m, s, n_prompt);
     if (!rc && stopped)
         rc = 3;

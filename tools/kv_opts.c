@@ -206,6 +206,18 @@ int kv_opts_check(const char *cmd, const struct kv_opts *o, const kvq_model *m)
         return cli_error(cmd, "--kv-auto chooses the per-layer types itself: drop --layer-types");
     if (o->n_layer_types && o->n_layer_types != n)
         return cli_error(cmd, "--layer-types gives %d K/V pairs, the model has %d layers", o->n_layer_types, n);
+    /* Said here in the options' names: the library's refusal names its
+     * config fields (center_k, recent_f16). --kv-auto's types come later,
+     * and they are compressed (the window on) unless it was turned off. */
+    if (o->center_k == 1) {
+        struct kvq_seq_config sc;
+        kv_opts_seq_config(o, &sc);
+        if (o->recent_f16 == 0)
+            return cli_error(cmd, "--kv-center-k needs the recent-token window, which --no-kv-recent-f16 turns off");
+        if (!o->kv_auto && !kvq_seq_window_for(&sc, n))
+            return cli_error(cmd, "--kv-center-k needs the recent-token window, which is off for f16/f32 caches "
+                                  "(--kv-recent-f16 turns it on)");
+    }
     const struct kvq_model_config *c = kvq_model_config_of(m);
     char layers[256] = "";
     size_t used = 0;

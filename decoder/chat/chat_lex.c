@@ -128,6 +128,8 @@ static void lex_tag(parser *p, const char *src, size_t len, size_t *ip, int *lin
                     (*line)++;
                 if (src[j] == '\\' && j + 1 < len) {
                     char e = src[++j];
+                    if (e == '\n')
+                        (*line)++; /* a line continuation is still a line of the source */
                     switch (e) {
                     case 'n': out[w++] = '\n'; break;
                     case 't': out[w++] = '\t'; break;
@@ -221,8 +223,10 @@ kvq_status ch_lex(parser *p, const char *src, size_t len)
             char before = k > i ? src[k - 1] : 0;
             strip_next = before == '-';
             i = k + 2;
-            if (before != '-' && before != '+' && i < len && src[i] == '\n')
-                i++; /* trim_blocks */
+            if (before != '-' && before != '+' && i < len && src[i] == '\n') {
+                i++; /* trim_blocks: the newline goes from the text, not from the line count */
+                line++;
+            }
             continue;
         }
         tok open = {kind == 1 ? T_VAR : T_BLOCK, tag_line, NULL, 0, 0, 0};
@@ -236,11 +240,16 @@ kvq_status ch_lex(parser *p, const char *src, size_t len)
         char endmod = src[i] == '-' || src[i] == '+' ? src[i] : 0;
         i += 2 + (endmod != 0);
         strip_next = endmod == '-';
-        if (kind == 2 && !endmod && i < len && src[i] == '\n')
-            i++; /* trim_blocks */
         tok close = {kind == 1 ? T_VAR_END : T_BLOCK_END, line, NULL, 0, 0, 0};
         if (!push(p, close))
             break;
+        /* trim_blocks. Lines are counted over the source between tags
+         * (from i), so a newline skipped here is counted here: missing it
+         * put every error after N block tags N lines early. */
+        if (kind == 2 && !endmod && i < len && src[i] == '\n') {
+            i++;
+            line++;
+        }
     }
     tok eof = {T_EOF, line, NULL, 0, 0, 0};
     push(p, eof);

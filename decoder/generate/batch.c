@@ -209,8 +209,14 @@ kvq_status kvq_batch_create(const kvq_model *m, const struct kvq_batch_config *c
     struct kvq_cache_config *ccs = calloc((size_t)c->n_layers, sizeof *ccs);
     kvq_status st = ccs ? plan_pool(b, ccs, err) : kvq_error_set(err, KVQ_ERR_NOMEM, "out of memory");
     if (st == KVQ_OK && (c->arch.sliding_window || c->arch.attn_scale > 0)) /* the store config has neither here */
-        st = kvq_error_set(err, KVQ_ERR_UNSUPPORTED, "batches of %s models are not supported yet (kvq_seq is)",
-                           c->arch.sliding_window ? "sliding-window" : c->model_type);
+        /* Said as the model's config.json feature and the command that does
+         * run it, not the API names (the batch's users are kvq serve's). */
+        st = kvq_error_set(err, KVQ_ERR_UNSUPPORTED,
+                           "decoding several sequences at once (kvq serve) is not supported yet for %s models with "
+                           "%s; one sequence at a time (kvq run) is",
+                           c->model_type,
+                           c->arch.sliding_window ? "sliding-window attention (config.json sliding_window)"
+                                                  : "a custom attention scale (config.json query_pre_attn_scalar)");
     if (st == KVQ_OK) {
         struct kvq_kv_store_config kc = {.cfgs = ccs, .n_layers = c->n_layers, .max_seqs = bc.max_seqs,
                                          .n_heads = c->n_heads, .max_rows = b->max_rows,

@@ -61,7 +61,7 @@ KVQ_API void kvq_attn_workspace_free(kvq_attn_workspace *ws);
  *  Thread-safe for concurrent calls with separate workspaces (and out).
  *  @return KVQ_OK; KVQ_ERR_INVALID_ARG (n_ctx == 0 or > cache len, n_q or
  *  n_ctx beyond the workspace, workspace for another head_dim, bad head,
- *  NULL); KVQ_ERR_NONFINITE (NaN or Inf in q); KVQ_ERR_RANGE (a logit
+ *  NULL, a NaN or infinite scale); KVQ_ERR_NONFINITE (NaN or Inf in q); KVQ_ERR_RANGE (a logit
  *  overflowed float: queries of norm ~1e34 and more). */
 KVQ_API kvq_status kvq_attn_decode(const kvq_cache *c, int kv_head, size_t n_ctx, const float *q, int n_q,
                            float scale, float *out, kvq_attn_workspace *ws);

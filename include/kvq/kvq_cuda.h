@@ -340,8 +340,9 @@ KVQ_API int kvq_cuda_fast_supported(const kvq_cuda_cache *c, int n_q_heads);
  *  [head_dim] device floats. opts may be NULL (AUTO, automatic splits).
  *  Queued on the cache's stream; no allocation, no synchronisation.
  *  @return KVQ_OK; KVQ_ERR_INVALID_ARG (bad seq, empty seq, n_seqs beyond
- *  max_seqs, n_q_heads not a multiple of n_kv_heads or beyond max_q_per_kv,
- *  opts->kernel not one of enum kvq_cuda_kernel); KVQ_ERR_UNSUPPORTED (KVQ_CUDA_KERNEL_FUSED where it does not apply);
+ *  max_seqs, a NaN or infinite scale, n_q_heads not a multiple of
+ *  n_kv_heads or beyond max_q_per_kv, opts->kernel not one of enum
+ *  kvq_cuda_kernel); KVQ_ERR_UNSUPPORTED (KVQ_CUDA_KERNEL_FUSED where it does not apply);
  *  KVQ_ERR_DEVICE. */
 KVQ_API kvq_status kvq_cuda_cache_attend(kvq_cuda_cache *c, int n_seqs, const int *seqs, const float *q_dev,
                                  int n_q_heads, float scale, float *out_dev,

@@ -80,11 +80,14 @@ void kvq_attn_workspace_free(kvq_attn_workspace *ws)
     free(ws);
 }
 
-/* The checks every entry point shares; n_ctx is the longest context used. */
-static kvq_status check_args(const kvq_cache *c, int kv_head, size_t n_ctx, const float *q, int n_q,
+/* The checks every entry point shares; n_ctx is the longest context used.
+ * A NaN or infinite scale is the caller's bad argument, not data: it would
+ * turn every logit into NaN (or +-Inf, then NaN after max-subtraction) and
+ * return garbage with KVQ_OK. */
+static kvq_status check_args(const kvq_cache *c, int kv_head, size_t n_ctx, const float *q, int n_q, float scale,
                              const float *out, const kvq_attn_workspace *ws)
 {
-    if (!c || !q || !out || !ws)
+    if (!c || !q || !out || !ws || !isfinite(scale))
         return KVQ_ERR_INVALID_ARG;
     const struct kvq_cache_config *cfg = kvq_cache_config_of(c);
     if (kv_head < 0 || kv_head >= cfg->n_kv_heads || n_ctx == 0 || n_ctx > kvq_cache_len(c) ||
@@ -131,7 +134,7 @@ kvq_status kvq_attn_decode(const kvq_cache *c, int kv_head, size_t n_ctx, const 
 kvq_status kvq_attn_decode_kernels(const struct kvq_attn_kernels *kr, const kvq_cache *c, int kv_head, size_t n_ctx,
                                    const float *q, int n_q, float scale, float *out, kvq_attn_workspace *ws)
 {
-    kvq_status st = check_args(c, kv_head, n_ctx, q, n_q, out, ws);
+    kvq_status st = check_args(c, kv_head, n_ctx, q, n_q, scale, out, ws);
     if (st != KVQ_OK)
         return st;
     const struct kvq_page_layout *pl = kvq_cache_layout(c);
@@ -275,7 +278,7 @@ kvq_status kvq_attn_causal(const kvq_cache *c, int kv_head, size_t pos0, size_t 
 {
     if (!c || T == 0 || pos0 > SIZE_MAX - T)
         return KVQ_ERR_INVALID_ARG;
-    kvq_status st = check_args(c, kv_head, pos0 + T, q, n_q, out, ws);
+    kvq_status st = check_args(c, kv_head, pos0 + T, q, n_q, scale, out, ws);
     if (st != KVQ_OK)
         return st;
     const size_t stride = (size_t)n_q * (size_t)ws->dim;

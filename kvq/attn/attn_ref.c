@@ -59,7 +59,7 @@ static double dot_d(const float *a, const float *b, int d)
 kvq_status kvq_attn_decode_ref(const kvq_cache *c, int kv_head, size_t n_ctx, const float *q, int n_q, float scale,
                                float *out, kvq_attn_workspace *ws)
 {
-    if (!c || !q || !out || !ws)
+    if (!c || !q || !out || !ws || !isfinite(scale)) /* as kvq_attn_decode's check_args */
         return KVQ_ERR_INVALID_ARG;
     const struct kvq_cache_config *cfg = kvq_cache_config_of(c);
     const int d = cfg->head_dim;
