@@ -8,8 +8,10 @@
  *    admits queued requests by KV pages, builds each step from a decode row
  *    per running sequence plus prompt chunks, samples, detokenizes, applies
  *    stop rules and keeps the metrics.
- *  - serve_http.c: libmicrohttpd (a thread per connection), routes, the API
- *    key, bodies, JSON and server-sent-event responses, disconnects.
+ *  - serve_http.c: libmicrohttpd (a thread per connection), bodies, JSON
+ *    and server-sent-event responses, disconnects; the route, the API key
+ *    and the body's checks are serve_route.c's, /tokenize and /detokenize
+ *    serve_tokenize.c's (serve_route.h).
  * cmd_serve.c parses the flags, loads the model, waits for SIGTERM and drains.
  */
 #ifndef KVQ_SERVE_H

@@ -1,0 +1,184 @@
+#!/bin/sh
+# test_serve_http.sh - kvq serve's HTTP front under hostile and odd clients,
+# on loopback, bounded in time (every server stops by itself at the end):
+#  - the API key: any case of the Bearer scheme, a wrong key refused;
+#  - /tokenize and /detokenize equal `kvq tokenize`, every byte kept (NUL
+#    included); an id outside the vocabulary is a 400 naming the field;
+#  - Retry-After on 429 (a full queue) and on 503 (draining).
+name=test_serve_http.sh
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${KVQ_BUILD:-build}
+case $build in /*) ;; *) build=$root/$build ;; esac
+kvq=$build/bin/kvq
+model=$root/models/kvq-tiny-llama
+passed=0; failed=0; skipped=0
+ok() { echo "ok   $1"; passed=$((passed + 1)); }
+bad() { echo "FAIL $1"; failed=$((failed + 1)); }
+skip() { echo "skip $1"; skipped=$((skipped + 1)); }
+check() { if [ "$2" = "$3" ]; then ok "$1"; else bad "$1: got '$2', want '$3'"; fi; }
+finish() {
+    echo "$name: $passed passed, $failed failed, $skipped skipped"
+    exit 0
+}
+tmp=$(mktemp -d) || exit 1
+pid=""; helpers=""
+cleanup() {
+    [ -n "$pid" ] && kill -KILL "$pid" 2>/dev/null
+    for p in $helpers; do kill -KILL "$p" 2>/dev/null; done
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+if ! command -v curl >/dev/null 2>&1 || [ ! -x "$kvq" ]; then
+    skip "kvq serve: no curl or no $kvq"
+    finish
+fi
+have_node=0
+command -v node >/dev/null 2>&1 && have_node=1
+
+# start_server LOG ARGS...: kvq serve on a free port; sets pid, port, url.
+start_server() {
+    log=$1; shift
+    rm -f "$log" # not the port of an earlier server
+    "$kvq" serve --model "$model" --port 0 "$@" 2>"$log" &
+    pid=$!
+    port=""
+    i=0
+    while [ $i -lt 100 ] && [ -z "$port" ]; do
+        port=$(sed -n 's/.*listening on http:\/\/127\.0\.0\.1:\([0-9]*\).*/\1/p' "$log" 2>/dev/null)
+        [ -n "$port" ] || sleep 0.1
+        i=$((i + 1))
+    done
+    url=http://127.0.0.1:$port
+    [ -n "$port" ]
+}
+stop_server() {
+    kill -TERM "$pid" 2>/dev/null
+    wait "$pid"
+    stop_rc=$?
+    pid=""
+}
+# status METHOD PATH [BODY] [curl args]: the HTTP status; body in $tmp/body, headers in $tmp/head.
+status() {
+    m=$1; p=$2; shift 2
+    b=""
+    if [ $# -gt 0 ]; then b=$1; shift; fi
+    if [ -n "$b" ]; then
+        curl -s -o "$tmp/body" -D "$tmp/head" -w '%{http_code}' -X "$m" --max-time 30 \
+            -H 'Content-Type: application/json' --data-binary "$b" "$@" "$url$p"
+    else
+        curl -s -o "$tmp/body" -D "$tmp/head" -w '%{http_code}' -X "$m" --max-time 30 "$@" "$url$p"
+    fi
+}
+metric() { curl -s --max-time 10 "$url/metrics" | sed -n "s/^$1 //p"; }
+# wait_metric NAME VALUE: polls /metrics up to 10 s.
+wait_metric() {
+    i=0
+    while [ $i -lt 100 ]; do
+        [ "$(metric "$1")" = "$2" ] && return 0
+        sleep 0.1
+        i=$((i + 1))
+    done
+    return 1
+}
+# wait_line FILE PATTERN: polls FILE up to 10 s.
+wait_line() {
+    i=0
+    while [ $i -lt 100 ]; do
+        grep -q "$2" "$1" 2>/dev/null && return 0
+        sleep 0.1
+        i=$((i + 1))
+    done
+    return 1
+}
+# json_get FILE EXPR: a value of the JSON in FILE (node; EXPR over j).
+json_get() { node -e "const j = JSON.parse(require('fs').readFileSync('$1', 'utf8')); process.stdout.write(String($2));" 2>/dev/null; }
+
+# ---- the API key, /tokenize and /detokenize, Retry-After ---------------------------
+if start_server "$tmp/log3" --api-key sekrit --max-seqs 1 --max-queue 1; then
+    tz=/tokenize; dz=/detokenize
+    check "no key: 401" "$(status POST $tz '{"content":"x"}')" 401
+    check "a wrong key: 401" "$(status POST $tz '{"content":"x"}' -H 'Authorization: Bearer sekrit2')" 401
+    check "a key that is a prefix: 401" "$(status POST $tz '{"content":"x"}' -H 'Authorization: Bearer sekri')" 401
+    check "the key without a scheme: 401" "$(status POST $tz '{"content":"x"}' -H 'Authorization: sekrit')" 401
+    check "'Authorization: bearer KEY': 200" "$(status POST $tz '{"content":"x"}' -H 'Authorization: bearer sekrit')" 200
+    check "'Authorization: BEARER KEY' on completions: 200" "$(status POST /v1/completions \
+        '{"prompt":"x","max_tokens":2}' -H 'Authorization: BEARER sekrit')" 200
+    A='Authorization: Bearer sekrit'
+    printf 'nul \000 inside' >"$tmp/nul.txt"
+    want=$("$kvq" tokenize --model "$model" --file "$tmp/nul.txt" | tr ' ' ,)
+    want_nobos=$("$kvq" tokenize --model "$model" --file "$tmp/nul.txt" --no-bos | tr ' ' ,)
+    check "/tokenize with add_special: the ids of kvq tokenize --file (NUL kept)" \
+        "$(status POST $tz '{"content":"nul \u0000 inside","add_special":true}' -H "$A"):$(cat "$tmp/body")" \
+        "200:{\"tokens\":[$want]}"
+    check "/tokenize (add_special off, llama-server's default): the ids of --no-bos" \
+        "$(status POST $tz '{"content":"nul \u0000 inside"}' -H "$A"):$(cat "$tmp/body")" "200:{\"tokens\":[$want_nobos]}"
+    status POST $tz '{"content":"nul \u0000 inside","add_special":true}' -H "$A" >/dev/null
+    check "/tokenize gives 8 tokens for 'nul \\u0000 inside'" "$(grep -o '[0-9][0-9]*' "$tmp/body" | wc -l | tr -d ' ')" 8
+    if [ $have_node = 1 ]; then
+        status POST $tz '{"content":"nul \u0000 inside","with_pieces":true}' -H "$A" >/dev/null
+        check "/tokenize with_pieces: ids and pieces" \
+            "$(json_get "$tmp/body" "j.tokens.map((t) => t.id).join(',') + ' ' + JSON.stringify(j.tokens.map((t) => t.piece).join(''))")" \
+            "$want_nobos \" nul \\u0000 inside\""
+        "$kvq" tokenize --model "$model" --decode "$want" >"$tmp/decoded"
+        status POST $dz "{\"tokens\":[$want]}" -H "$A" >/dev/null
+        json_get "$tmp/body" "j.content + '\\n'" >"$tmp/detok"
+        cmp -s "$tmp/decoded" "$tmp/detok" && ok "/detokenize equals kvq tokenize --decode, byte for byte" ||
+            bad "/detokenize: $(od -c "$tmp/detok" | head -3) vs $(od -c "$tmp/decoded" | head -3)"
+    else
+        skip "/tokenize pieces and /detokenize bytes: node is not installed"
+    fi
+    check "/detokenize of /tokenize's ids gives the text back, NUL included" \
+        "$(status POST $dz "{\"tokens\":[$want_nobos]}" -H "$A"):$(cat "$tmp/body")" '200:{"content":"nul \u0000 inside"}'
+    check "/detokenize of an id outside the vocabulary: 400" "$(status POST $dz '{"tokens":[1,99999]}' -H "$A")" 400
+    grep -q '"param":"tokens"' "$tmp/body" && grep -q "'tokens'\[1\] = 99999" "$tmp/body" &&
+        ok "the 400 names the field and the id" || bad "OOV body: $(cat "$tmp/body")"
+    check "/detokenize of a negative id: 400" "$(status POST $dz '{"tokens":[-1]}' -H "$A")" 400
+    check "/detokenize of a non-integer id: 400" "$(status POST $dz '{"tokens":[1.5]}' -H "$A")" 400
+    check "/detokenize of nothing: 200 and empty" "$(status POST $dz '{"tokens":[]}' -H "$A"):$(cat "$tmp/body")" \
+        '200:{"content":""}'
+    check "/tokenize without content: 400" "$(status POST $tz '{"add_special":true}' -H "$A")" 400
+    grep -q '"param":"content"' "$tmp/body" && ok "the 400 names content" || bad "body: $(cat "$tmp/body")"
+    check "/tokenize with add_special not a boolean: 400" "$(status POST $tz '{"content":"x","add_special":1}' -H "$A")" 400
+    check "/tokenize with parse_special false (it would change the answer): 400" \
+        "$(status POST $tz '{"content":"x","parse_special":false}' -H "$A")" 400
+    check "/tokenize with a lone surrogate: 400" "$(status POST $tz '{"content":"\ud800"}' -H "$A")" 400
+    check "/tokenize with malformed JSON: 400" "$(status POST $tz '{"content":' -H "$A")" 400
+    check "GET /tokenize: 405" "$(status GET $tz "" -H "$A")" 405
+    grep -qi '^Allow: POST' "$tmp/head" && ok "405 says Allow: POST" || bad "405 headers: $(cat "$tmp/head")"
+
+    # 429: one sequence runs, one waits (--max-seqs 1 --max-queue 1), a third is refused
+    long='{"prompt":"x","max_tokens":4000,"ignore_eos":true}'
+    curl -s -o "$tmp/long1" --max-time 120 -H "$A" -d "$long" "$url/v1/completions" &
+    c1=$!
+    wait_metric kvq_running_sequences 1
+    curl -s -o "$tmp/long2" --max-time 120 -H "$A" -d '{"prompt":"y","max_tokens":2}' "$url/v1/completions" &
+    c2=$!
+    helpers="$helpers $c1 $c2"
+    if wait_metric kvq_waiting_requests 1; then
+        check "a full queue: 429" "$(status POST /v1/completions '{"prompt":"z","max_tokens":2}' -H "$A")" 429
+        grep -qi '^Retry-After: [0-9][0-9]*' "$tmp/head" && ok "429 carries $(grep -i '^Retry-After' "$tmp/head" | tr -d '\r')" ||
+            bad "429 without Retry-After: $(cat "$tmp/head")"
+        # SIGTERM while they run: the drain answers new requests 503
+        kill -TERM "$pid"
+        i=0; code=""
+        while [ $i -lt 50 ] && [ "$code" != 503 ]; do
+            code=$(status POST /v1/completions '{"prompt":"z","max_tokens":2}' -H "$A")
+            [ "$code" = 503 ] || sleep 0.1
+            i=$((i + 1))
+        done
+        check "draining: 503" "$code" 503
+        grep -qi '^Retry-After: [0-9][0-9]*' "$tmp/head" && ok "503 carries $(grep -i '^Retry-After' "$tmp/head" | tr -d '\r')" ||
+            bad "503 without Retry-After: $(cat "$tmp/head")"
+    else
+        bad "429: the second request never waited (the first one finished too soon?)"
+    fi
+    wait $c1 $c2
+    grep -q '"completion_tokens":4000' "$tmp/long1" && grep -q '"object":"text_completion"' "$tmp/long2" &&
+        ok "the running and the waiting request were answered" || bad "answers: $(head -c 200 "$tmp/long1") / $(head -c 200 "$tmp/long2")"
+    stop_server
+    check "the server exits 0 after the drain" "$stop_rc" 0
+else
+    bad "kvq serve did not start: $(cat "$tmp/log3")"
+fi
+finish
