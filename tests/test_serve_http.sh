@@ -1,16 +1,22 @@
 #!/bin/sh
 # test_serve_http.sh - kvq serve's HTTP front under hostile and odd clients,
 # on loopback, bounded in time (every server stops by itself at the end):
-#  - the API key: any case of the Bearer scheme, a wrong key refused;
-#  - /tokenize and /detokenize equal `kvq tokenize`, every byte kept (NUL
-#    included); an id outside the vocabulary is a 400 naming the field;
-#  - Retry-After on 429 (a full queue) and on 503 (draining).
+#  1. slow clients: a request trickled one byte a second, headers or body,
+#     is closed within --timeout, with a log line, and the server still
+#     answers meanwhile;
+#  2. connection limits: --max-conns-per-ip N and --max-conns N refuse the
+#     N+1th connection with one log line, and take it once one closes;
+#  3. the API key: any case of the Bearer scheme, a wrong key refused;
+#  4. /tokenize and /detokenize equal `kvq tokenize`, every byte kept (NUL
+#     included); an id outside the vocabulary is a 400 naming the field;
+#  5. Retry-After on 429 (a full queue) and on 503 (draining).
 name=test_serve_http.sh
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${KVQ_BUILD:-build}
 case $build in /*) ;; *) build=$root/$build ;; esac
 kvq=$build/bin/kvq
 model=$root/models/kvq-tiny-llama
+conns=$root/tests/serve_conns.cjs
 passed=0; failed=0; skipped=0
 ok() { echo "ok   $1"; passed=$((passed + 1)); }
 bad() { echo "FAIL $1"; failed=$((failed + 1)); }
@@ -94,7 +100,80 @@ wait_line() {
 # json_get FILE EXPR: a value of the JSON in FILE (node; EXPR over j).
 json_get() { node -e "const j = JSON.parse(require('fs').readFileSync('$1', 'utf8')); process.stdout.write(String($2));" 2>/dev/null; }
 
-# ---- the API key, /tokenize and /detokenize, Retry-After ---------------------------
+# ---- 1. slow clients ------------------------------------------------------------
+if [ $have_node = 0 ]; then
+    skip "slow clients: node is not installed"
+elif start_server "$tmp/log1" --timeout 2; then
+    for what in headers body; do
+        node "$conns" trickle "$port" $what 12 >"$tmp/trickle.$what" 2>&1 &
+        helpers="$helpers $!"
+    done
+    sleep 1
+    check "a request answered while two are trickled in" "$(status GET /health)" 200
+    for what in headers body; do
+        wait_line "$tmp/trickle.$what" 'closed\|still'
+        s=$(sed -n 's/^closed after \([0-9]*\).*/\1/p' "$tmp/trickle.$what")
+        # the deadline is 2 s and the check runs every 0.1 s: closed well before 5
+        [ -n "$s" ] && [ "$s" -lt 5 ] && ok "trickled $what closed within --timeout 2 ($(cat "$tmp/trickle.$what"))" ||
+            bad "trickled $what: $(cat "$tmp/trickle.$what")"
+    done
+    wait_line "$tmp/log1" 'sent no whole request within --timeout 2 s' &&
+        ok "slow clients: one log line: $(grep -m1 'no whole request' "$tmp/log1")" ||
+        bad "slow clients: no log line: $(cat "$tmp/log1")"
+    check "the server answers after the slow clients" "$(status GET /health)" 200
+    # the deadline is for receiving: an answer may take longer (here ~3x --timeout on a laptop)
+    check "a generation longer than --timeout is not cut" "$(curl -s -o "$tmp/gen" -w '%{http_code}' --max-time 120 \
+        -d '{"prompt":"x","max_tokens":3000,"ignore_eos":true}' "$url/v1/completions"):$(grep -c '"completion_tokens":3000' "$tmp/gen")" \
+        200:1
+    stop_server
+else
+    bad "kvq serve did not start: $(cat "$tmp/log1")"
+fi
+
+# ---- 2. connection limits ---------------------------------------------------------
+# hold N connections idle from 127.0.0.1, then one more must be refused
+limit_case() { # FLAG N LOGPATTERN
+    flag=$1; n=$2; pattern=$3
+    if [ $have_node = 0 ]; then
+        skip "$flag: node is not installed"
+        return
+    fi
+    extra=""
+    [ "$flag" = --max-conns ] && extra="--max-conns-per-ip 0"
+    log=$tmp/log2$flag
+    if ! start_server "$log" "$flag" "$n" $extra; then
+        bad "kvq serve $flag $n did not start: $(cat "$log")"
+        return
+    fi
+    node "$conns" hold "$port" "$n" 20 >"$tmp/hold" 2>&1 &
+    hp=$!
+    helpers="$helpers $hp"
+    if wait_line "$tmp/hold" ready; then
+        sleep 0.3 # the server has accepted them (they came first)
+        check "$flag $n: the connection past the limit is refused" \
+            "$(curl -s -o /dev/null -w '%{http_code}' --max-time 10 "$url/health")" 000
+        wait_line "$log" "$pattern" && ok "$flag $n: one log line: $(grep -m1 refused "$log")" ||
+            bad "$flag $n: no log line: $(cat "$log")"
+    else
+        bad "$flag $n: the idle connections did not connect: $(cat "$tmp/hold")"
+    fi
+    kill "$hp" 2>/dev/null
+    wait "$hp" 2>/dev/null
+    i=0; code=000
+    while [ $i -lt 50 ] && [ "$code" != 200 ]; do # their close reaches the server within a poll
+        code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 10 "$url/health")
+        [ "$code" = 200 ] || sleep 0.1
+        i=$((i + 1))
+    done
+    check "$flag $n: a connection is taken again once they closed" "$code" 200
+    stop_server
+}
+limit_case --max-conns-per-ip 3 'refused 1 connection: the client 127.0.0.1 already holds 3 (--max-conns-per-ip 3)'
+limit_case --max-conns 3 'refused 1 connection: 3 connections are open (--max-conns 3)'
+check "--max-conns 0: exit 2" \
+    "$(timeout 30 "$kvq" serve --model "$model" --port 0 --max-conns 0 2>/dev/null; echo $?)" 2
+
+# ---- 3-5. the API key, /tokenize and /detokenize, Retry-After ---------------------------
 if start_server "$tmp/log3" --api-key sekrit --max-seqs 1 --max-queue 1; then
     tz=/tokenize; dz=/detokenize
     check "no key: 401" "$(status POST $tz '{"content":"x"}')" 401

@@ -7,7 +7,9 @@
  * Streams are chunked server-sent events ending in `data: [DONE]`. Bad
  * input is answered in OpenAI's error shape with 400/401/404/405/413/429/503
  * (429 and 503 with Retry-After); 500 only when the model itself fails. What
- * to do with a request is decided by serve_route (serve_route.c, fuzzed).
+ * to do with a request is decided by serve_route (serve_route.c, fuzzed);
+ * how long a connection may take to deliver it, and how many there may be,
+ * by serve_conn.c.
  */
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
@@ -18,10 +20,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 
 #include "serve.h"
+#include "serve_conn.h"
 #include "serve_route.h"
 
 #define WAIT_MS 50
@@ -29,6 +33,9 @@
  * draining server is gone soon and a restarted one needs a moment. */
 #define RETRY_AFTER_BUSY "1"
 #define RETRY_AFTER_DRAINING "5"
+/* open files beyond the connections' sockets: stdio, the listening socket,
+ * what loading keeps */
+#define SPARE_FILES 16
 #define STOP_WAIT_S 5
 
 struct serve_http {
@@ -36,6 +43,7 @@ struct serve_http {
     struct serve_engine *e;
     struct serve_http_config cfg;
     struct serve_route_config route;
+    struct serve_conns *conns;
     pthread_mutex_t mu;
     pthread_cond_t idle;
     int in_flight; /* requests begun and not completed: their answers are still to go out */
@@ -451,6 +459,12 @@ static enum MHD_Result models(struct serve_http *h, struct MHD_Connection *c, co
     return send_json(h, c, "/v1/models", 200, root);
 }
 
+static struct serve_conn *conn_of(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
 /* The answer to a request serve_route let through (status 0). */
 static enum MHD_Result answer(struct serve_http *h, struct MHD_Connection *c, const char *url,
                               struct serve_route_out *o)
@@ -529,6 +543,8 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         *upload_size = 0;
         return MHD_YES;
     }
+    /* the whole request is here: no deadline while it is answered */
+    serve_conns_received(h->conns, conn_of(c));
     in.body = cc->body;
     in.len = cc->len;
     in.body_too_large = cc->too_large;
@@ -544,7 +560,6 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
 
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode why)
 {
-    (void)c;
     (void)why;
     struct serve_http *h = cls;
     struct conn_ctx *cc = *con_cls;
@@ -557,6 +572,48 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum 
             pthread_cond_broadcast(&h->idle);
         pthread_mutex_unlock(&h->mu);
     }
+    /* keep-alive: the next request on this connection has --timeout to arrive */
+    serve_conns_rearm(h->conns, conn_of(c));
+}
+
+static enum MHD_Result admit(void *cls, const struct sockaddr *addr, socklen_t len)
+{
+    struct serve_http *h = cls;
+    return serve_conns_admit(h->conns, addr, len) ? MHD_YES : MHD_NO;
+}
+
+static void connection_event(void *cls, struct MHD_Connection *c, void **socket_context,
+                             enum MHD_ConnectionNotificationCode what)
+{
+    struct serve_http *h = cls;
+    if (what == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *fd = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        const union MHD_ConnectionInfo *ad = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+        const struct sockaddr *a = ad ? ad->client_addr : NULL;
+        const socklen_t alen = !a ? 0 : a->sa_family == AF_INET6 ? (socklen_t)sizeof(struct sockaddr_in6)
+                                                                 : (socklen_t)sizeof(struct sockaddr_in);
+        *socket_context = fd ? serve_conns_opened(h->conns, fd->connect_fd, a, alen) : NULL;
+    } else {
+        serve_conns_closed(h->conns, *socket_context);
+        *socket_context = NULL;
+    }
+}
+
+/* Room for max_conns sockets: the soft open-file limit raised as far as the
+ * hard one allows. @return 0, or 1 with err. */
+static int files_for(int max_conns, char *err, size_t cap)
+{
+    struct rlimit rl;
+    const rlim_t need = (rlim_t)max_conns + SPARE_FILES;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= need)
+        return 0;
+    rlim_t want = rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= need ? need : rl.rlim_max;
+    rl.rlim_cur = want;
+    if (setrlimit(RLIMIT_NOFILE, &rl) == 0 && want >= need)
+        return 0;
+    snprintf(err, cap, "--max-conns %d needs %llu open files; this process may have %llu (ulimit -n)", max_conns,
+             (unsigned long long)need, (unsigned long long)(want < need ? want : rl.rlim_cur));
+    return 1;
 }
 
 int serve_http_start(struct serve_engine *e, const struct serve_http_config *cfg, struct serve_http **out,
@@ -582,15 +639,29 @@ int serve_http_start(struct serve_engine *e, const struct serve_http_config *cfg
         free(h);
         return 2;
     }
+    if (files_for(cfg->max_connections, err, cap)) {
+        free(h);
+        return 2;
+    }
+    if (!(h->conns = serve_conns_start(cfg->timeout_s, cfg->max_connections, cfg->max_per_ip, cfg->quiet))) {
+        snprintf(err, cap, "out of memory or threads");
+        free(h);
+        return 1;
+    }
     pthread_mutex_init(&h->mu, NULL);
     pthread_cond_init(&h->idle, NULL);
-    h->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD, (uint16_t)cfg->port,
-                            NULL, NULL, handler, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+    /* poll, not select: a socket numbered past FD_SETSIZE (1024) is then
+     * served too. libmicrohttpd's own limit is one above ours: it refuses
+     * before the accept policy (admit) runs, and without a log line. */
+    h->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL_INTERNAL_THREAD, (uint16_t)cfg->port, admit,
+                            h, handler, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)cfg->timeout_s,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned int)cfg->max_connections,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned int)cfg->max_connections + 1,
+                            MHD_OPTION_NOTIFY_CONNECTION, connection_event, h,
                             MHD_OPTION_NOTIFY_COMPLETED, completed, h, MHD_OPTION_END);
     if (!h->d) {
         snprintf(err, cap, "cannot listen on %s:%d: %s", cfg->host, cfg->port, strerror(errno));
+        serve_conns_stop(h->conns);
         pthread_cond_destroy(&h->idle);
         pthread_mutex_destroy(&h->mu);
         free(h);
@@ -609,7 +680,7 @@ void serve_http_stop(struct serve_http *h)
     /* After the drain the engine has finished every request, but a
      * connection may still be writing its answer (the last of the queue):
      * stopping the daemon now would cut it off. Wait for those, at most
-     * STOP_WAIT_S. */
+     * STOP_WAIT_S (a stalled client is closed by its deadline anyway). */
     struct timespec t;
     clock_gettime(CLOCK_REALTIME, &t);
     t.tv_sec += h->cfg.timeout_s < STOP_WAIT_S ? h->cfg.timeout_s : STOP_WAIT_S;
@@ -618,6 +689,7 @@ void serve_http_stop(struct serve_http *h)
         ;
     pthread_mutex_unlock(&h->mu);
     MHD_stop_daemon(h->d);
+    serve_conns_stop(h->conns);
     pthread_cond_destroy(&h->idle);
     pthread_mutex_destroy(&h->mu);
     free(h);
