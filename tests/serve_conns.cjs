@@ -7,7 +7,8 @@
 //     the connection, or "still open after LIMIT_S s" and exits 1.
 //   node serve_conns.cjs hold PORT N SECONDS
 //     opens N connections that send nothing, prints "ready" once all are
-//     connected, holds them SECONDS (or until killed), then exits 0.
+//     connected and "closed after S s" for each the server closes, holds
+//     them SECONDS (or until killed), then exits 0.
 'use strict';
 const net = require('net');
 const [mode, port, a, b] = process.argv.slice(2);
@@ -37,6 +38,7 @@ if (mode === 'trickle') {
   for (let k = 0; k < n; k++) {
     const s = net.connect(+port, '127.0.0.1', () => { if (++up === n) console.log('ready'); });
     s.on('error', () => {});
+    s.on('close', () => console.log('closed after ' + secs() + ' s'));
   }
   setTimeout(() => process.exit(0), +b * 1000);
 } else {

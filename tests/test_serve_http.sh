@@ -108,6 +108,8 @@ elif start_server "$tmp/log1" --timeout 2; then
         node "$conns" trickle "$port" $what 12 >"$tmp/trickle.$what" 2>&1 &
         helpers="$helpers $!"
     done
+    node "$conns" hold "$port" 1 12 >"$tmp/idle" 2>&1 &
+    helpers="$helpers $!"
     sleep 1
     check "a request answered while two are trickled in" "$(status GET /health)" 200
     for what in headers body; do
@@ -120,12 +122,20 @@ elif start_server "$tmp/log1" --timeout 2; then
     wait_line "$tmp/log1" 'sent no whole request within --timeout 2 s' &&
         ok "slow clients: one log line: $(grep -m1 'no whole request' "$tmp/log1")" ||
         bad "slow clients: no log line: $(cat "$tmp/log1")"
+    wait_line "$tmp/idle" closed
+    s=$(sed -n 's/^closed after \([0-9]*\).*/\1/p' "$tmp/idle")
+    [ -n "$s" ] && [ "$s" -lt 5 ] && ok "an idle connection closed after --timeout 2 ($(grep closed "$tmp/idle"))" ||
+        bad "idle connection: $(cat "$tmp/idle")"
     check "the server answers after the slow clients" "$(status GET /health)" 200
     # the deadline is for receiving: an answer may take longer (here ~3x --timeout on a laptop)
     check "a generation longer than --timeout is not cut" "$(curl -s -o "$tmp/gen" -w '%{http_code}' --max-time 120 \
         -d '{"prompt":"x","max_tokens":3000,"ignore_eos":true}' "$url/v1/completions"):$(grep -c '"completion_tokens":3000' "$tmp/gen")" \
         200:1
     stop_server
+    # the two slow clients are logged (the first at once, the second when
+    # the server stops); the idle one is closed by the idle timeout, unlogged
+    check "slow clients logged: 2 in all" \
+        "$(sed -n 's/.*closed \([0-9]*\) connections* that sent no whole request.*/\1/p' "$tmp/log1" | awk '{ n += $1 } END { print n + 0 }')" 2
 else
     bad "kvq serve did not start: $(cat "$tmp/log1")"
 fi
@@ -251,11 +261,15 @@ if start_server "$tmp/log3" --api-key sekrit --max-seqs 1 --max-queue 1; then
             bad "503 without Retry-After: $(cat "$tmp/head")"
     else
         bad "429: the second request never waited (the first one finished too soon?)"
+        kill -TERM "$pid"
     fi
     wait $c1 $c2
     grep -q '"completion_tokens":4000' "$tmp/long1" && grep -q '"object":"text_completion"' "$tmp/long2" &&
         ok "the running and the waiting request were answered" || bad "answers: $(head -c 200 "$tmp/long1") / $(head -c 200 "$tmp/long2")"
-    stop_server
+    # one SIGTERM only: a second one while it exits would kill it
+    wait "$pid"
+    stop_rc=$?
+    pid=""
     check "the server exits 0 after the drain" "$stop_rc" 0
 else
     bad "kvq serve did not start: $(cat "$tmp/log3")"

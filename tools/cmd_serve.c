@@ -39,8 +39,8 @@ static void usage(FILE *f)
                "  --chat-template FILE Jinja chat template for /v1/chat/completions (default: the\n"
                "                       model's tokenizer_config.json chat_template)\n"
                "  --max-body SIZE      largest request body (default 1MiB)\n"
-               "  --timeout S          seconds an idle or incomplete request may hold a connection\n"
-               "                       (default 30)\n"
+               "  --timeout S          seconds a connection may take to deliver a whole request, or\n"
+               "                       stay idle (default 30)\n"
                "  --max-conns N        open connections at most (default 1000)\n"
                "  --max-conns-per-ip N open connections from one client address (default 256; 0: no limit)\n"
                "  --quiet              no log lines on stderr\n");

@@ -12,6 +12,11 @@
  * reused meanwhile: libmicrohttpd calls serve_conns_closed (which takes the
  * same lock) before it closes the socket.
  *
+ * An idle connection (nothing sent) never gets here: libmicrohttpd's idle
+ * timeout of the same length started earlier (before the notification that
+ * arms the deadline) and closes it first, so what is closed and logged here
+ * is a slow client, not a pooled connection left open.
+ *
  * The limits are enforced here too, in libmicrohttpd's accept policy
  * callback, rather than by its own options: those refuse before the callback
  * runs and say nothing, and a refusal should leave a line in the log. Every
