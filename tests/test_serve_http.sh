@@ -182,6 +182,11 @@ limit_case --max-conns-per-ip 3 'refused 1 connection: the client 127.0.0.1 alre
 limit_case --max-conns 3 'refused 1 connection: 3 connections are open (--max-conns 3)'
 check "--max-conns 0: exit 2" \
     "$(timeout 30 "$kvq" serve --model "$model" --port 0 --max-conns 0 2>/dev/null; echo $?)" 2
+# more connections than the open-file limit can ever allow: refused at the start, naming both
+(ulimit -n 100 && timeout 30 "$kvq" serve --model "$model" --port 0 --max-conns 200) 2>"$tmp/nofile"
+rc=$?
+check "--max-conns over ulimit -n: exit 2 with the reason" \
+    "$rc:$(grep -c 'max-conns 200 needs 216 open files; this process may have 100' "$tmp/nofile")" 2:1
 
 # ---- 3-5. the API key, /tokenize and /detokenize, Retry-After ---------------------------
 if start_server "$tmp/log3" --api-key sekrit --max-seqs 1 --max-queue 1; then

@@ -9,7 +9,7 @@
  * thread looks every DEADLINE_TICK_MS and shuts down the socket of a
  * connection past its deadline; libmicrohttpd then sees the peer gone and
  * closes it. That is safe against the socket being closed and its number
- * reused meanwhile: libmicrohttpd calls serve_conns_closed (which takes the
+ * reused meanwhile: libmicrohttpd notifies the close (closed() takes the
  * same lock) before it closes the socket.
  *
  * An idle connection (nothing sent) never gets here: libmicrohttpd's idle
@@ -28,12 +28,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include "serve_conn.h"
 
 #define DEADLINE_TICK_MS 100
 #define LOG_EVERY_S 10.0 /* a flood of refusals gives one line per this long */
+/* open files beyond the connections' sockets: stdio, the listening socket,
+ * what loading keeps */
+#define SPARE_FILES 16
 
 struct serve_conn {
     int fd;
@@ -144,11 +148,34 @@ static void *deadline_thread(void *arg)
     return NULL;
 }
 
-struct serve_conns *serve_conns_start(int timeout_s, int max_conns, int max_per_ip, int quiet)
+/* Room for max_conns sockets: the soft open-file limit raised as far as the
+ * hard one allows. @return 0, or 2 with err. */
+static int files_for(int max_conns, char *err, size_t cap)
 {
+    struct rlimit rl;
+    const rlim_t need = (rlim_t)max_conns + SPARE_FILES;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= need)
+        return 0;
+    rlim_t want = rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= need ? need : rl.rlim_max;
+    rl.rlim_cur = want;
+    if (setrlimit(RLIMIT_NOFILE, &rl) == 0 && want >= need)
+        return 0;
+    snprintf(err, cap, "--max-conns %d needs %llu open files; this process may have %llu (ulimit -n)", max_conns,
+             (unsigned long long)need, (unsigned long long)want);
+    return 2;
+}
+
+int serve_conns_start(int timeout_s, int max_conns, int max_per_ip, int quiet, struct serve_conns **out, char *err,
+                      size_t cap)
+{
+    *out = NULL;
+    if (files_for(max_conns, err, cap))
+        return 2;
     struct serve_conns *g = calloc(1, sizeof *g);
-    if (!g)
-        return NULL;
+    if (!g) {
+        snprintf(err, cap, "out of memory");
+        return 1;
+    }
     g->timeout_s = timeout_s;
     g->max_conns = max_conns;
     g->max_per_ip = max_per_ip;
@@ -161,9 +188,11 @@ struct serve_conns *serve_conns_start(int timeout_s, int max_conns, int max_per_
         pthread_cond_destroy(&g->cond);
         pthread_mutex_destroy(&g->mu);
         free(g);
-        return NULL;
+        snprintf(err, cap, "cannot start a thread");
+        return 1;
     }
-    return g;
+    *out = g;
+    return 0;
 }
 
 void serve_conns_stop(struct serve_conns *g)
@@ -189,8 +218,9 @@ void serve_conns_stop(struct serve_conns *g)
     free(g);
 }
 
-int serve_conns_admit(struct serve_conns *g, const struct sockaddr *addr, socklen_t len)
+enum MHD_Result serve_conns_admit(void *cls, const struct sockaddr *addr, socklen_t len)
 {
+    struct serve_conns *g = cls;
     unsigned char key[16];
     const size_t kn = addr_key(addr, len, key);
     pthread_mutex_lock(&g->mu);
@@ -211,10 +241,10 @@ int serve_conns_admit(struct serve_conns *g, const struct sockaddr *addr, sockle
         }
     }
     pthread_mutex_unlock(&g->mu);
-    return ok;
+    return ok ? MHD_YES : MHD_NO;
 }
 
-struct serve_conn *serve_conns_opened(struct serve_conns *g, int fd, const struct sockaddr *addr, socklen_t len)
+static struct serve_conn *opened(struct serve_conns *g, int fd, const struct sockaddr *addr, socklen_t len)
 {
     struct serve_conn *c = calloc(1, sizeof *c);
     if (!c)
@@ -232,8 +262,15 @@ struct serve_conn *serve_conns_opened(struct serve_conns *g, int fd, const struc
     return c;
 }
 
-void serve_conns_received(struct serve_conns *g, struct serve_conn *c)
+static struct serve_conn *conn_of(struct MHD_Connection *mc)
 {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+void serve_conns_received(struct serve_conns *g, struct MHD_Connection *mc)
+{
+    struct serve_conn *c = conn_of(mc);
     if (!c)
         return;
     pthread_mutex_lock(&g->mu);
@@ -241,8 +278,9 @@ void serve_conns_received(struct serve_conns *g, struct serve_conn *c)
     pthread_mutex_unlock(&g->mu);
 }
 
-void serve_conns_rearm(struct serve_conns *g, struct serve_conn *c)
+void serve_conns_rearm(struct serve_conns *g, struct MHD_Connection *mc)
 {
+    struct serve_conn *c = conn_of(mc);
     if (!c)
         return;
     pthread_mutex_lock(&g->mu);
@@ -250,7 +288,7 @@ void serve_conns_rearm(struct serve_conns *g, struct serve_conn *c)
     pthread_mutex_unlock(&g->mu);
 }
 
-void serve_conns_closed(struct serve_conns *g, struct serve_conn *c)
+static void closed(struct serve_conns *g, struct serve_conn *c)
 {
     if (!c)
         return;
@@ -264,4 +302,22 @@ void serve_conns_closed(struct serve_conns *g, struct serve_conn *c)
     g->n--;
     pthread_mutex_unlock(&g->mu);
     free(c);
+}
+
+void serve_conns_notify(void *cls, struct MHD_Connection *mc, void **socket_context,
+                        enum MHD_ConnectionNotificationCode what)
+{
+    struct serve_conns *g = cls;
+    if (what == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *fd = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+        const union MHD_ConnectionInfo *ad = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+        const struct sockaddr *a = ad ? ad->client_addr : NULL;
+        const socklen_t alen = !a ? 0 : a->sa_family == AF_INET6 ? (socklen_t)sizeof(struct sockaddr_in6)
+                                                                 : (socklen_t)sizeof(struct sockaddr_in);
+        /* without memory the connection goes without a deadline */
+        *socket_context = fd ? opened(g, fd->connect_fd, a, alen) : NULL;
+    } else {
+        closed(g, *socket_context);
+        *socket_context = NULL;
+    }
 }

@@ -20,7 +20,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 
@@ -33,9 +32,6 @@
  * draining server is gone soon and a restarted one needs a moment. */
 #define RETRY_AFTER_BUSY "1"
 #define RETRY_AFTER_DRAINING "5"
-/* open files beyond the connections' sockets: stdio, the listening socket,
- * what loading keeps */
-#define SPARE_FILES 16
 #define STOP_WAIT_S 5
 
 struct serve_http {
@@ -459,12 +455,6 @@ static enum MHD_Result models(struct serve_http *h, struct MHD_Connection *c, co
     return send_json(h, c, "/v1/models", 200, root);
 }
 
-static struct serve_conn *conn_of(struct MHD_Connection *c)
-{
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
-    return ci ? ci->socket_context : NULL;
-}
-
 /* The answer to a request serve_route let through (status 0). */
 static enum MHD_Result answer(struct serve_http *h, struct MHD_Connection *c, const char *url,
                               struct serve_route_out *o)
@@ -544,7 +534,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         return MHD_YES;
     }
     /* the whole request is here: no deadline while it is answered */
-    serve_conns_received(h->conns, conn_of(c));
+    serve_conns_received(h->conns, c);
     in.body = cc->body;
     in.len = cc->len;
     in.body_too_large = cc->too_large;
@@ -573,47 +563,7 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum 
         pthread_mutex_unlock(&h->mu);
     }
     /* keep-alive: the next request on this connection has --timeout to arrive */
-    serve_conns_rearm(h->conns, conn_of(c));
-}
-
-static enum MHD_Result admit(void *cls, const struct sockaddr *addr, socklen_t len)
-{
-    struct serve_http *h = cls;
-    return serve_conns_admit(h->conns, addr, len) ? MHD_YES : MHD_NO;
-}
-
-static void connection_event(void *cls, struct MHD_Connection *c, void **socket_context,
-                             enum MHD_ConnectionNotificationCode what)
-{
-    struct serve_http *h = cls;
-    if (what == MHD_CONNECTION_NOTIFY_STARTED) {
-        const union MHD_ConnectionInfo *fd = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-        const union MHD_ConnectionInfo *ad = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
-        const struct sockaddr *a = ad ? ad->client_addr : NULL;
-        const socklen_t alen = !a ? 0 : a->sa_family == AF_INET6 ? (socklen_t)sizeof(struct sockaddr_in6)
-                                                                 : (socklen_t)sizeof(struct sockaddr_in);
-        *socket_context = fd ? serve_conns_opened(h->conns, fd->connect_fd, a, alen) : NULL;
-    } else {
-        serve_conns_closed(h->conns, *socket_context);
-        *socket_context = NULL;
-    }
-}
-
-/* Room for max_conns sockets: the soft open-file limit raised as far as the
- * hard one allows. @return 0, or 1 with err. */
-static int files_for(int max_conns, char *err, size_t cap)
-{
-    struct rlimit rl;
-    const rlim_t need = (rlim_t)max_conns + SPARE_FILES;
-    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= need)
-        return 0;
-    rlim_t want = rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= need ? need : rl.rlim_max;
-    rl.rlim_cur = want;
-    if (setrlimit(RLIMIT_NOFILE, &rl) == 0 && want >= need)
-        return 0;
-    snprintf(err, cap, "--max-conns %d needs %llu open files; this process may have %llu (ulimit -n)", max_conns,
-             (unsigned long long)need, (unsigned long long)(want < need ? want : rl.rlim_cur));
-    return 1;
+    serve_conns_rearm(h->conns, c);
 }
 
 int serve_http_start(struct serve_engine *e, const struct serve_http_config *cfg, struct serve_http **out,
@@ -639,25 +589,23 @@ int serve_http_start(struct serve_engine *e, const struct serve_http_config *cfg
         free(h);
         return 2;
     }
-    if (files_for(cfg->max_connections, err, cap)) {
+    int rc = serve_conns_start(cfg->timeout_s, cfg->max_connections, cfg->max_per_ip, cfg->quiet, &h->conns, err,
+                               cap);
+    if (rc) {
         free(h);
-        return 2;
-    }
-    if (!(h->conns = serve_conns_start(cfg->timeout_s, cfg->max_connections, cfg->max_per_ip, cfg->quiet))) {
-        snprintf(err, cap, "out of memory or threads");
-        free(h);
-        return 1;
+        return rc;
     }
     pthread_mutex_init(&h->mu, NULL);
     pthread_cond_init(&h->idle, NULL);
     /* poll, not select: a socket numbered past FD_SETSIZE (1024) is then
      * served too. libmicrohttpd's own limit is one above ours: it refuses
-     * before the accept policy (admit) runs, and without a log line. */
-    h->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL_INTERNAL_THREAD, (uint16_t)cfg->port, admit,
-                            h, handler, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+     * before the accept policy (serve_conns_admit) runs, and without a log
+     * line. */
+    h->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL_INTERNAL_THREAD, (uint16_t)cfg->port,
+                            serve_conns_admit, h->conns, handler, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)cfg->timeout_s,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned int)cfg->max_connections + 1,
-                            MHD_OPTION_NOTIFY_CONNECTION, connection_event, h,
+                            MHD_OPTION_NOTIFY_CONNECTION, serve_conns_notify, h->conns,
                             MHD_OPTION_NOTIFY_COMPLETED, completed, h, MHD_OPTION_END);
     if (!h->d) {
         snprintf(err, cap, "cannot listen on %s:%d: %s", cfg->host, cfg->port, strerror(errno));
