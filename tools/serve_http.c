@@ -50,7 +50,6 @@ struct conn_ctx {
     char *body;
     size_t len, cap;
     int too_large;
-    const char *route; /* for /metrics */
 };
 
 /* A streaming response in progress. */
@@ -510,10 +509,11 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         pthread_mutex_lock(&h->mu);
         h->in_flight++;
         pthread_mutex_unlock(&h->mu);
+        enum MHD_Result rc = MHD_YES;
         if (serve_route(&h->route, &in, 1, &o))
-            return send_error(h, c, o.name, o.status, o.message, o.param, o.code);
-        cc->route = o.name;
-        return MHD_YES;
+            rc = send_error(h, c, o.name, o.status, o.message, o.param, o.code);
+        serve_route_free(&o);
+        return rc;
     }
     if (*upload_size) {
         if (cc->len + *upload_size > h->cfg.max_body)
