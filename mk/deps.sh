@@ -14,6 +14,19 @@ have_lib() {
     rm -rf "$tmp"
     return $rc
 }
+# `sh mk/deps.sh fuzz`: what `make fuzz` needs instead, clang with libFuzzer
+# (its runtime is a package of its own: clang alone links no -fsanitize=fuzzer).
+have_fuzzer() {
+    tmp=$(mktemp -d) || return 1
+    printf '#include <stddef.h>\n#include <stdint.h>\nint LLVMFuzzerTestOneInput(const uint8_t *d, size_t n);\nint LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) { (void)d; (void)n; return 0; }\n' > "$tmp/f.c"
+    ${FUZZ_CC:-clang} -fsanitize=fuzzer,address,undefined "$tmp/f.c" -o "$tmp/f" >/dev/null 2>&1
+    rc=$?
+    rm -rf "$tmp"
+    return $rc
+}
+if [ "${1:-}" = fuzz ]; then
+    have_fuzzer || missing=" clang libclang-rt-dev"
+else
 have_lib fftw3.h       -lfftw3f  || missing="$missing libfftw3-dev"
 have_lib cblas.h       -lopenblas || missing="$missing libopenblas-dev"
 have_lib cjson/cJSON.h -lcjson   || missing="$missing libcjson-dev"
@@ -22,6 +35,7 @@ have_lib microhttpd.h  -lmicrohttpd || missing="$missing libmicrohttpd-dev"
 have_lib pcre2.h       -lpcre2-8 || missing="$missing libpcre2-dev"
 have_lib utf8proc.h    -lutf8proc || missing="$missing libutf8proc-dev"
 command -v gnuplot >/dev/null 2>&1 || missing="$missing gnuplot-nox"
+fi
 [ -z "$missing" ] && exit 0
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "kvq: installing missing packages:$missing" >&2

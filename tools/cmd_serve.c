@@ -32,14 +32,17 @@ static void usage(FILE *f)
                "                       (default 0: off; --chunk must be a multiple of 64)\n"
                "  --prefix-share on|off a request shares the pages of the prompt start it has in\n"
                "                       common with a running sequence (default: on)\n"
-               "  --api-key KEY        require 'Authorization: Bearer KEY' on /v1/ (default: env\n"
+               "  --api-key KEY        require 'Authorization: Bearer KEY' on /v1/, /tokenize and\n"
+               "                       /detokenize (default: env\n"
                "                       KVQ_API_KEY, else none)\n"
                "  --model-name NAME    the model id clients send and see (default: the directory name)\n"
                "  --chat-template FILE Jinja chat template for /v1/chat/completions (default: the\n"
                "                       model's tokenizer_config.json chat_template)\n"
                "  --max-body SIZE      largest request body (default 1MiB)\n"
-               "  --timeout S          seconds an idle or incomplete request may hold a connection\n"
-               "                       (default 30)\n"
+               "  --timeout S          seconds a connection may take to deliver a whole request, or\n"
+               "                       stay idle (default 30)\n"
+               "  --max-conns N        open connections at most (default 1000)\n"
+               "  --max-conns-per-ip N open connections from one client address (default 256; 0: no limit)\n"
                "  --quiet              no log lines on stderr\n");
     kv_opts_usage(f);
 }
@@ -48,6 +51,7 @@ struct opts {
     struct kv_cmd c;
     const char *host, *api_key, *model_name, *chat_template;
     long port, max_seqs, ctx, chunk, max_queue, timeout, prefix_cache;
+    long max_conns, max_conns_per_ip;
     int prefix_share;
     size_t max_body;
 };
@@ -81,6 +85,10 @@ static int own_option(void *user, const char *a, const char *v)
         return cli_parse_int(v, 1, 1 << 20, &o->max_queue) ? 1 : 0;
     else if (strcmp(a, "--timeout") == 0)
         return cli_parse_int(v, 1, 86400, &o->timeout) ? 1 : 0;
+    else if (strcmp(a, "--max-conns") == 0)
+        return cli_parse_int(v, 1, 1 << 16, &o->max_conns) ? 1 : 0;
+    else if (strcmp(a, "--max-conns-per-ip") == 0)
+        return cli_parse_int(v, 0, 1 << 16, &o->max_conns_per_ip) ? 1 : 0;
     else if (strcmp(a, "--max-body") == 0)
         return cli_parse_size(v, &o->max_body) || o->max_body == 0 ? 1 : 0;
     else
@@ -168,7 +176,8 @@ static int serve(void *user, kvq_model *m, kvq_tokenizer *tok)
         cli_error(CMD, "%s", err);
         return rc;
     }
-    struct serve_http_config hc = {o->host, (int)o->port, o->api_key, o->max_body, (int)o->timeout, 1024};
+    struct serve_http_config hc = {o->host, (int)o->port, o->api_key, o->max_body, (int)o->timeout, (int)o->max_conns,
+                                   (int)o->max_conns_per_ip, o->c.quiet};
     struct serve_http *h = NULL;
     int port = 0;
     if ((rc = serve_http_start(e, &hc, &h, &port, err, sizeof err)) != 0) {
@@ -204,6 +213,8 @@ int cmd_serve(int argc, char **argv)
     o.prefix_share = 1;
     o.max_queue = 128;
     o.timeout = 30;
+    o.max_conns = 1000;
+    o.max_conns_per_ip = 256;
     o.max_body = 1u << 20;
     int rc = kv_cmd_parse(CMD, argc, argv, &o.c, usage, own_option, &o);
     if (rc)

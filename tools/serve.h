@@ -8,8 +8,11 @@
  *    admits queued requests by KV pages, builds each step from a decode row
  *    per running sequence plus prompt chunks, samples, detokenizes, applies
  *    stop rules and keeps the metrics.
- *  - serve_http.c: libmicrohttpd (a thread per connection), routes, the API
- *    key, bodies, JSON and server-sent-event responses, disconnects.
+ *  - serve_http.c: libmicrohttpd (a thread per connection), bodies, JSON
+ *    and server-sent-event responses, disconnects; the route, the API key
+ *    and the body's checks are serve_route.c's, /tokenize and /detokenize
+ *    serve_tokenize.c's (serve_route.h), the connection deadline and limits
+ *    serve_conn.c's.
  * cmd_serve.c parses the flags, loads the model, waits for SIGTERM and drains.
  */
 #ifndef KVQ_SERVE_H
@@ -173,6 +176,8 @@ struct serve_http_config {
     size_t max_body;           /* bytes */
     int timeout_s;             /* idle connection timeout (a request that never completes) */
     int max_connections;
+    int max_per_ip;            /* open connections from one client address (0: no limit) */
+    int quiet;                 /* no log lines (a limit hit, slow clients closed) */
 };
 struct serve_http;
 /** Starts listening. @return 0 and *out (the bound port in *port), or 1 with err. */

@@ -5,27 +5,44 @@
  * closed the socket (recv MSG_PEEK returns 0); a client that went away
  * cancels its request, whose pages the engine frees before its next step.
  * Streams are chunked server-sent events ending in `data: [DONE]`. Bad
- * input is answered in OpenAI's error shape with 400/401/404/405/413/429/503;
- * 500 only when the model itself fails.
+ * input is answered in OpenAI's error shape with 400/401/404/405/413/429/503
+ * (429 and 503 with Retry-After); 500 only when the model itself fails. What
+ * to do with a request is decided by serve_route (serve_route.c, fuzzed);
+ * how long a connection may take to deliver it, and how many there may be,
+ * by serve_conn.c.
  */
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 
 #include "serve.h"
+#include "serve_conn.h"
+#include "serve_route.h"
 
 #define WAIT_MS 50
+/* Retry-After seconds: a full queue frees a place within a few steps; a
+ * draining server is gone soon and a restarted one needs a moment. */
+#define RETRY_AFTER_BUSY "1"
+#define RETRY_AFTER_DRAINING "5"
+#define STOP_WAIT_S 5
 
 struct serve_http {
     struct MHD_Daemon *d;
     struct serve_engine *e;
     struct serve_http_config cfg;
+    struct serve_route_config route;
+    struct serve_conns *conns;
+    pthread_mutex_t mu;
+    pthread_cond_t idle;
+    int in_flight; /* requests begun and not completed: their answers are still to go out */
 };
 
 /* Per connection and request: the body as it arrives. */
@@ -33,7 +50,6 @@ struct conn_ctx {
     char *body;
     size_t len, cap;
     int too_large;
-    const char *route; /* for /metrics */
 };
 
 /* A streaming response in progress. */
@@ -57,8 +73,8 @@ static int peer_closed(struct MHD_Connection *c)
     return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
-static enum MHD_Result send_text(struct serve_http *h, struct MHD_Connection *c, const char *route, int status,
-                                 const char *type, char *text)
+static enum MHD_Result send_text_allow(struct serve_http *h, struct MHD_Connection *c, const char *route,
+                                       int status, const char *type, char *text, const char *allow)
 {
     if (!text)
         return MHD_NO;
@@ -68,12 +84,20 @@ static enum MHD_Result send_text(struct serve_http *h, struct MHD_Connection *c,
         return MHD_NO;
     }
     MHD_add_response_header(resp, "Content-Type", type);
-    if (status == 405)
-        MHD_add_response_header(resp, "Allow", strstr(route, "completions") ? "POST" : "GET");
+    if (allow)
+        MHD_add_response_header(resp, "Allow", allow);
+    if (status == 429 || status == 503)
+        MHD_add_response_header(resp, "Retry-After", status == 429 ? RETRY_AFTER_BUSY : RETRY_AFTER_DRAINING);
     enum MHD_Result rc = MHD_queue_response(c, (unsigned)status, resp);
     MHD_destroy_response(resp);
     serve_count_request(h->e, route, status);
     return rc;
+}
+
+static enum MHD_Result send_text(struct serve_http *h, struct MHD_Connection *c, const char *route, int status,
+                                 const char *type, char *text)
+{
+    return send_text_allow(h, c, route, status, type, text, NULL);
 }
 
 static enum MHD_Result send_json(struct serve_http *h, struct MHD_Connection *c, const char *route, int status,
@@ -352,23 +376,15 @@ static void stream_free(void *cls)
 
 /* ---- routes -------------------------------------------------------------- */
 
-static enum MHD_Result generate(struct serve_http *h, struct MHD_Connection *c, const char *route, int chat,
-                                struct conn_ctx *cc)
+/* A completion of the parsed params p (serve_route checked them). */
+static enum MHD_Result generate(struct serve_http *h, struct MHD_Connection *c, const char *route,
+                                struct serve_params *p)
 {
-    char err[512], param[64];
-    struct serve_params p;
-    int status = serve_params_parse(cc->body, cc->len, chat, &p, err, sizeof err, param, sizeof param);
-    if (status)
-        return send_error(h, c, route, status, err, param, NULL);
-    if (p.model && strcmp(p.model, serve_model_name(h->e)) != 0) {
-        snprintf(err, sizeof err, "The model '%.200s' does not exist; this server serves '%.200s'", p.model,
-                 serve_model_name(h->e));
-        serve_params_free(&p);
-        return send_error(h, c, route, 404, err, "model", "model_not_found");
-    }
-    const int stream = p.stream;
-    struct serve_req *r = serve_req_create(h->e, &p, &status, err, sizeof err);
-    serve_params_free(&p);
+    char err[512];
+    int status;
+    const int stream = p->stream;
+    struct serve_req *r = serve_req_create(h->e, p, &status, err, sizeof err);
+    serve_params_free(p);
     if (!r)
         return send_error(h, c, route, status, err, NULL, status == 400 ? "context_length_exceeded" : NULL);
     if ((status = serve_submit(h->e, r, err, sizeof err)) != 0) {
@@ -430,32 +446,47 @@ static enum MHD_Result models(struct serve_http *h, struct MHD_Connection *c, co
     cJSON_AddStringToObject(m, "object", "model");
     cJSON_AddNumberToObject(m, "created", 0);
     cJSON_AddStringToObject(m, "owned_by", "kvq");
-    if (url[10] == '/') {
-        if (strcmp(url + 11, name) != 0) {
-            cJSON_Delete(m);
-            return send_error(h, c, "/v1/models", 404, "The model does not exist", "model", "model_not_found");
-        }
+    if (url[10] == '/') /* serve_route checked that it names this model */
         return send_json(h, c, "/v1/models", 200, m);
-    }
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "object", "list");
     cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "data"), m);
     return send_json(h, c, "/v1/models", 200, root);
 }
 
-static int authorized(const struct serve_http *h, struct MHD_Connection *c)
+/* The answer to a request serve_route let through (status 0). */
+static enum MHD_Result answer(struct serve_http *h, struct MHD_Connection *c, const char *url,
+                              struct serve_route_out *o)
 {
-    if (!h->cfg.api_key)
-        return 1;
-    const char *a = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
-    if (!a || strncmp(a, "Bearer ", 7) != 0)
-        return 0;
-    a += 7;
-    size_t n = strlen(a), k = strlen(h->cfg.api_key);
-    unsigned diff = (unsigned)(n ^ k);
-    for (size_t i = 0; i < n; i++) /* time independent of where they differ */
-        diff |= (unsigned char)a[i] ^ (unsigned char)h->cfg.api_key[i % (k ? k : 1)];
-    return diff == 0;
+    switch (o->route) {
+    case SERVE_ROUTE_HEALTH: {
+        const int draining = serve_draining(h->e);
+        return send_text(h, c, o->name, draining ? 503 : 200, "application/json",
+                         strdup(draining ? "{\"status\":\"draining\"}" : "{\"status\":\"ok\"}"));
+    }
+    case SERVE_ROUTE_METRICS:
+        return send_text(h, c, o->name, 200, "text/plain; version=0.0.4", serve_metrics_text(h->e));
+    case SERVE_ROUTE_MODELS:
+        return models(h, c, url);
+    case SERVE_ROUTE_COMPLETIONS:
+    case SERVE_ROUTE_CHAT:
+        return generate(h, c, o->name, &o->params);
+    case SERVE_ROUTE_TOKENIZE:
+    case SERVE_ROUTE_DETOKENIZE: {
+        char err[256];
+        int status = 0;
+        char *json = serve_tok_answer(serve_tokenizer(h->e), o->route == SERVE_ROUTE_DETOKENIZE, &o->tok, &status,
+                                      err, sizeof err);
+        if (!json)
+            return send_error(h, c, o->name, status, err, status != 400                           ? NULL
+                              : o->route == SERVE_ROUTE_DETOKENIZE ? "tokens"
+                                                                   : "content",
+                              NULL);
+        return send_text(h, c, o->name, 200, "application/json", json);
+    }
+    default:
+        return MHD_NO; /* serve_route answers every other route with an error */
+    }
 }
 
 static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, const char *method,
@@ -464,25 +495,25 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     (void)version;
     struct serve_http *h = cls;
     struct conn_ctx *cc = *con_cls;
-    const int post = strcmp(method, "POST") == 0, get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
-    const int compl = strcmp(url, "/v1/completions") == 0, chat = strcmp(url, "/v1/chat/completions") == 0;
-    const char *route = compl ? "/v1/completions" : chat ? "/v1/chat/completions"
-                        : strncmp(url, "/v1/models", 10) == 0 && (url[10] == 0 || url[10] == '/') ? "/v1/models"
-                        : strcmp(url, "/health") == 0 ? "/health"
-                        : strcmp(url, "/metrics") == 0 ? "/metrics"
-                                                       : "other";
+    struct serve_route_in in = {
+        .method = method,
+        .url = url,
+        .authorization = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization"),
+        .content_length = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length"),
+    };
+    struct serve_route_out o;
     if (!cc) { /* headers only: checks that need no body */
         if (!(cc = calloc(1, sizeof *cc)))
             return MHD_NO;
         *con_cls = cc;
-        cc->route = route;
-        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
-        if (cl && strtoull(cl, NULL, 10) > h->cfg.max_body) {
-            char msg[128];
-            snprintf(msg, sizeof msg, "the request body is larger than %zu bytes", h->cfg.max_body);
-            return send_error(h, c, route, 413, msg, NULL, NULL);
-        }
-        return MHD_YES;
+        pthread_mutex_lock(&h->mu);
+        h->in_flight++;
+        pthread_mutex_unlock(&h->mu);
+        enum MHD_Result rc = MHD_YES;
+        if (serve_route(&h->route, &in, 1, &o))
+            rc = send_error(h, c, o.name, o.status, o.message, o.param, o.code);
+        serve_route_free(&o);
+        return rc;
     }
     if (*upload_size) {
         if (cc->len + *upload_size > h->cfg.max_body)
@@ -502,47 +533,37 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         *upload_size = 0;
         return MHD_YES;
     }
-    if (cc->too_large) {
-        char msg[128];
-        snprintf(msg, sizeof msg, "the request body is larger than %zu bytes", h->cfg.max_body);
-        return send_error(h, c, route, 413, msg, NULL, NULL);
-    }
-    if (strcmp(route, "other") == 0) {
-        char msg[300];
-        snprintf(msg, sizeof msg, "no route %.8s %.200s", method, url);
-        return send_error(h, c, route, 404, msg, NULL, "unknown_url");
-    }
-    if (strcmp(route, "/health") == 0 && get) {
-        const int draining = serve_draining(h->e);
-        return send_text(h, c, route, draining ? 503 : 200, "application/json",
-                         strdup(draining ? "{\"status\":\"draining\"}" : "{\"status\":\"ok\"}"));
-    }
-    if (strcmp(route, "/metrics") == 0 && get)
-        return send_text(h, c, route, 200, "text/plain; version=0.0.4", serve_metrics_text(h->e));
-    const int wants_post = compl || chat;
-    if ((wants_post && !post) || (!wants_post && !get)) {
-        char msg[160];
-        snprintf(msg, sizeof msg, "%.8s is not allowed on %s", method, route);
-        return send_error(h, c, route, 405, msg, NULL, "method_not_allowed");
-    }
-    if (!authorized(h, c))
-        return send_error(h, c, route, 401, "Incorrect API key provided", NULL, "invalid_api_key");
-    if (!wants_post)
-        return models(h, c, url);
-    return generate(h, c, route, chat, cc);
+    /* the whole request is here: no deadline while it is answered */
+    serve_conns_received(h->conns, c);
+    in.body = cc->body;
+    in.len = cc->len;
+    in.body_too_large = cc->too_large;
+    enum MHD_Result rc;
+    if (serve_route(&h->route, &in, 0, &o))
+        rc = send_text_allow(h, c, o.name, o.status, "application/json",
+                             serve_error_json(o.status, o.message, o.param, o.code), o.allow);
+    else
+        rc = answer(h, c, url, &o);
+    serve_route_free(&o);
+    return rc;
 }
 
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode why)
 {
-    (void)cls;
-    (void)c;
     (void)why;
+    struct serve_http *h = cls;
     struct conn_ctx *cc = *con_cls;
     if (cc) {
         free(cc->body);
         free(cc);
         *con_cls = NULL;
+        pthread_mutex_lock(&h->mu);
+        if (--h->in_flight == 0)
+            pthread_cond_broadcast(&h->idle);
+        pthread_mutex_unlock(&h->mu);
     }
+    /* keep-alive: the next request on this connection has --timeout to arrive */
+    serve_conns_rearm(h->conns, c);
 }
 
 int serve_http_start(struct serve_engine *e, const struct serve_http_config *cfg, struct serve_http **out,
@@ -555,6 +576,10 @@ int serve_http_start(struct serve_engine *e, const struct serve_http_config *cfg
     }
     h->e = e;
     h->cfg = *cfg;
+    h->route.api_key = cfg->api_key;
+    h->route.max_body = cfg->max_body;
+    h->route.model_name = serve_model_name(e);
+    h->route.vocab = kvq_tokenizer_vocab_size(serve_tokenizer(e));
     struct sockaddr_in sa;
     memset(&sa, 0, sizeof sa);
     sa.sin_family = AF_INET;
@@ -564,13 +589,29 @@ int serve_http_start(struct serve_engine *e, const struct serve_http_config *cfg
         free(h);
         return 2;
     }
-    h->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD, (uint16_t)cfg->port,
-                            NULL, NULL, handler, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+    int rc = serve_conns_start(cfg->timeout_s, cfg->max_connections, cfg->max_per_ip, cfg->quiet, &h->conns, err,
+                               cap);
+    if (rc) {
+        free(h);
+        return rc;
+    }
+    pthread_mutex_init(&h->mu, NULL);
+    pthread_cond_init(&h->idle, NULL);
+    /* poll, not select: a socket numbered past FD_SETSIZE (1024) is then
+     * served too. libmicrohttpd's own limit is one above ours: it refuses
+     * before the accept policy (serve_conns_admit) runs, and without a log
+     * line. */
+    h->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL_INTERNAL_THREAD, (uint16_t)cfg->port,
+                            serve_conns_admit, h->conns, handler, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)cfg->timeout_s,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned int)cfg->max_connections,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned int)cfg->max_connections + 1,
+                            MHD_OPTION_NOTIFY_CONNECTION, serve_conns_notify, h->conns,
                             MHD_OPTION_NOTIFY_COMPLETED, completed, h, MHD_OPTION_END);
     if (!h->d) {
         snprintf(err, cap, "cannot listen on %s:%d: %s", cfg->host, cfg->port, strerror(errno));
+        serve_conns_stop(h->conns);
+        pthread_cond_destroy(&h->idle);
+        pthread_mutex_destroy(&h->mu);
         free(h);
         return 1;
     }
@@ -584,6 +625,20 @@ void serve_http_stop(struct serve_http *h)
 {
     if (!h)
         return;
+    /* After the drain the engine has finished every request, but a
+     * connection may still be writing its answer (the last of the queue):
+     * stopping the daemon now would cut it off. Wait for those, at most
+     * STOP_WAIT_S (a stalled client is closed by its deadline anyway). */
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    t.tv_sec += h->cfg.timeout_s < STOP_WAIT_S ? h->cfg.timeout_s : STOP_WAIT_S;
+    pthread_mutex_lock(&h->mu);
+    while (h->in_flight > 0 && pthread_cond_timedwait(&h->idle, &h->mu, &t) == 0)
+        ;
+    pthread_mutex_unlock(&h->mu);
     MHD_stop_daemon(h->d);
+    serve_conns_stop(h->conns);
+    pthread_cond_destroy(&h->idle);
+    pthread_mutex_destroy(&h->mu);
     free(h);
 }
