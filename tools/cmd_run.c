@@ -431,10 +431,18 @@ static int print_gpu_plan(const struct opts *o, kvq_model *m)
     struct kvq_model_info mi;
     kvq_model_get_info(m, &mi);
     const size_t embed = mi.file_bytes > mi.weight_bytes ? mi.file_bytes - mi.weight_bytes : 0;
-    const size_t need = mi.weight_bytes + embed + ((size_t)1 << 30);
+    /* the dense prefill path's scratch (kvq_cuda_prefill_ws, decoder/backend/kv_store_cuda.c):
+     * chunks of kvq_seq_config.max_chunk's default (256), the past 32K positions at a time */
+    const size_t chunk = 256, seg = c->max_ctx < 32768 ? (size_t)c->max_ctx : 32768;
+    const size_t prefill_ws = (c->head_dim == 64 || c->head_dim == 128)
+                                  ? kvq_cuda_prefill_ws_bytes(c->n_kv_heads, c->n_heads, c->head_dim, chunk, seg)
+                                  : 0;
+    const size_t need = mi.weight_bytes + embed + ((size_t)1 << 30) + prefill_ws;
     const size_t room = fr > need ? fr - need : 0;
-    printf("\nOn this GPU (%s): %.2f GiB free, the model ~%.2f GiB -> %.2f GiB for the KV cache\n", name,
-           (double)fr / (1 << 30), (double)(need - ((size_t)1 << 30)) / (1 << 30), (double)room / (1 << 30));
+    printf("\nOn this GPU (%s): %.2f GiB free, the model ~%.2f GiB, the prefill scratch %.2f GiB -> %.2f GiB for the "
+           "KV cache\n",
+           name, (double)fr / (1 << 30), (double)(need - ((size_t)1 << 30) - prefill_ws) / (1 << 30),
+           (double)prefill_ws / (1 << 30), (double)room / (1 << 30));
     printf("%-15s %14s %22s\n", "K/V", "longest context", "sequences at full ctx");
     struct kvq_seq_config sc;
     kvq_seq_config_default(&sc);
