@@ -138,8 +138,24 @@ __device__ __forceinline__ void mma16816(float c[4], uint4 a, uint32_t b0, uint3
 #endif
 }
 
-/* Four 8x8 f16 matrices from shared memory, transposed (ldmatrix.trans):
- * lane l supplies the address of row l % 8 of matrix l / 8. */
+/* Four 8x8 f16 matrices from shared memory (ldmatrix): lane l supplies the
+ * address of row l % 8 of matrix l / 8; register i holds matrix i's row
+ * l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 (an MMA fragment). */
+__device__ __forceinline__ void ldsm_x4(uint32_t smem_addr, uint32_t r[4])
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr)
+                 : "memory");
+#else
+    (void)smem_addr;
+    r[0] = r[1] = r[2] = r[3] = 0;
+    __trap();
+#endif
+}
+
+/* The same, transposed (ldmatrix.trans). */
 __device__ __forceinline__ void ldsm_x4_trans(uint32_t smem_addr, uint32_t r[4])
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800

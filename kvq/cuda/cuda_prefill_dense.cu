@@ -267,19 +267,6 @@ __device__ __forceinline__ void cp_wait()
 #endif
 }
 
-__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t r[4])
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr)
-                 : "memory");
-#else
-    (void)addr;
-    r[0] = r[1] = r[2] = r[3] = 0u;
-#endif
-}
-
 template <int D>
 struct fa_layout {
     static constexpr int S = D + 8; /* row stride in halves: ldmatrix rows on distinct banks */
