@@ -1,13 +1,14 @@
 /* serve.h - `kvq serve`: an OpenAI-compatible HTTP server over one kvq_batch.
  *
- * Three parts, one file each:
+ * Three parts:
  *  - serve_request.c: an untrusted JSON body -> struct serve_params, or an
  *    HTTP status and one message naming the field (fuzzed:
  *    tests/fuzz/fuzz_serve_request.c); OpenAI's error JSON.
  *  - serve_engine.c: the scheduler thread. It owns the batch (kvq_batch.h),
- *    admits queued requests by KV pages, builds each step from a decode row
- *    per running sequence plus prompt chunks, samples, detokenizes, applies
- *    stop rules and keeps the metrics.
+ *    builds each step from a decode row per running sequence plus prompt
+ *    chunks, samples, detokenizes and applies stop rules; serve_admit.c
+ *    keeps the wait queue and admits by KV pages, serve_metrics.c writes
+ *    /metrics (the three share serve_engine_int.h).
  *  - serve_http.c: libmicrohttpd (a thread per connection), routes, the API
  *    key, bodies, JSON and server-sent-event responses, disconnects.
  * cmd_serve.c parses the flags, loads the model, waits for SIGTERM and drains.
