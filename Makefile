@@ -214,7 +214,7 @@ $(BUILD)/fuzz/%: $(BUILD)/obj/tests/fuzz/%.o $(LIB_A)
 	@mkdir -p $(@D)
 	$(CC) -fsanitize=fuzzer,address,undefined -o $@ $(filter %.o,$^) $(LIB_A) $(LDLIBS)
 # kvq serve's request parser lives with the command (tools/).
-$(BUILD)/fuzz/fuzz_serve_request: $(BUILD)/obj/tools/serve_request.o
+$(BUILD)/fuzz/fuzz_serve_request: $(BUILD)/obj/tools/serve_request.o $(BUILD)/obj/tools/serve_json.o
 
 run: all
 	@sh mk/run-demo.sh $(BUILD)

@@ -35,9 +35,11 @@ struct serve_params {
     int chat;               /* /v1/chat/completions */
     char *model;            /* NULL when absent */
     char *prompt;           /* completions: text prompt; chat: the rendered messages */
+    size_t prompt_len;      /* its bytes: a "\u0000" in the JSON is a byte of the prompt too */
     int32_t *prompt_ids;    /* completions: a prompt given as token ids (else NULL) */
     size_t n_prompt_ids;
-    void *messages;         /* chat: the messages (a cJSON array, owned) */
+    void *messages;         /* chat: the messages (a cJSON array, owned; each content one
+                             * string, text parts joined, lengths by serve_json_strlen) */
     int max_tokens;         /* -1: the endpoint's default */
     float temperature, top_p;
     int top_k;
@@ -50,11 +52,15 @@ struct serve_params {
     int logprobs;           /* top-N alternatives per token; -1 = no logprobs */
     int has_types;          /* the "kvq" extension named cache types */
     int type_k, type_v;     /* enum kvq_type */
+    const char *code;       /* after a failed parse: the error's OpenAI code (static), or NULL */
 };
 
 /** Parses body[0..len) for the completions (chat = 0) or chat endpoint.
- *  @return 0, or 400 with a message in err and the offending field in
- *  param (may be ""), p then holding nothing to free beyond serve_params_free. */
+ *  @return 0, or 400 (503: out of memory) with a message in err, the
+ *  offending field in param (may be "") and the code in p->code
+ *  ("invalid_json", "invalid_type", "invalid_value", "invalid_utf8",
+ *  "missing_required_parameter", "unsupported_parameter",
+ *  "unsupported_value"), p then holding nothing else. */
 int serve_params_parse(const char *body, size_t len, int chat, struct serve_params *p, char *err, size_t cap,
                        char *param, size_t param_cap);
 void serve_params_free(struct serve_params *p);
@@ -62,6 +68,18 @@ void serve_params_free(struct serve_params *p);
 /** OpenAI's error object for status: {"error": {"message", "type", "param",
  *  "code"}}; malloc'ed JSON text. */
 char *serve_error_json(int status, const char *message, const char *param, const char *code);
+
+/* JSON strings with every byte (serve_json.c): cJSON keeps a "\u0000" as a
+ * NUL inside valuestring but no length. serve_json_lengths records each
+ * string's length in the tree parsed from text; serve_json_strlen reads it
+ * (strlen for a node it has not seen); serve_json_string makes a string node
+ * of s[0..n). serve_utf8_check: the offset of the first byte of s[0..n) that
+ * is not valid UTF-8, or n. */
+struct cJSON;
+void serve_json_lengths(const char *text, size_t len, struct cJSON *root);
+size_t serve_json_strlen(const struct cJSON *s);
+struct cJSON *serve_json_string(const char *s, size_t n);
+size_t serve_utf8_check(const char *s, size_t n);
 
 /* ---- engine ------------------------------------------------------------ */
 
@@ -132,11 +150,17 @@ int serve_engine_start(const kvq_model *m, const kvq_tokenizer *tok, const struc
 /** Stops the thread (after serve_engine_drain) and frees everything. */
 void serve_engine_stop(struct serve_engine *e);
 
-/** A request for parsed params: tokenizes, checks the context and the pool.
+/** A request for parsed params: renders the chat, tokenizes, checks the
+ *  context and the pool.
  *  @return the request (refs 1, not queued), or NULL with an HTTP status
- *  (400, 503) and message. */
+ *  (400, 503), message and OpenAI code (*code, static; NULL for a 503):
+ *  "context_length_exceeded" (prompt + max_tokens over the context),
+ *  "kv_pool_exceeded" (more pages than the whole pool), "chat_template_missing",
+ *  "chat_template_error", "invalid_utf8", "token_id_out_of_vocabulary",
+ *  "unsupported_character" (no token for it), "empty_prompt",
+ *  "cache_type_mismatch" (the kvq extension). */
 struct serve_req *serve_req_create(struct serve_engine *e, struct serve_params *p, int *status, char *err,
-                                   size_t cap);
+                                   size_t cap, const char **code);
 /** Queues r. @return 0, or 429 (queue full) / 503 (draining) with the message. */
 int serve_submit(struct serve_engine *e, struct serve_req *r, char *err, size_t cap);
 /** Marks r cancelled (the client went away): its pages are freed within one step. */

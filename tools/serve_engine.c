@@ -54,16 +54,6 @@ void serve_unlock(struct serve_engine *e)
     pthread_mutex_unlock(&e->mu);
 }
 
-/* Request conditions run on CLOCK_MONOTONIC, as serve_wait's deadlines. */
-static void cond_init(pthread_cond_t *c)
-{
-    pthread_condattr_t a;
-    pthread_condattr_init(&a);
-    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
-    pthread_cond_init(c, &a);
-    pthread_condattr_destroy(&a);
-}
-
 void serve_wait(struct serve_engine *e, struct serve_req *r, int ms)
 {
     struct timespec ts;
@@ -104,7 +94,7 @@ static int is_eos(const struct kvq_model_config *c, int32_t id)
 
 /* ---- requests -------------------------------------------------------- */
 
-static void req_free(struct serve_req *r)
+void serve_req_free(struct serve_req *r)
 {
     serve_params_free(&r->p);
     free(r->ids);
@@ -116,133 +106,6 @@ static void req_free(struct serve_req *r)
     kvq_detok_free(r->detok);
     pthread_cond_destroy(&r->cond);
     free(r);
-}
-
-/* Chat messages -> prompt text through the model's template (kvq_chat.h),
- * BOS/EOS spelled as the tokenizer spells them. The text is tokenized
- * without an added BOS, as transformers' apply_chat_template(tokenize=True):
- * a template that wants one writes bos_token itself. */
-static int render_chat(struct serve_engine *e, struct serve_req *r, char *err, size_t cap)
-{
-    if (!e->cfg.chat) {
-        snprintf(err, cap, "%s", e->cfg.chat_missing ? e->cfg.chat_missing : "this server has no chat template");
-        return 400;
-    }
-    char *msgs = cJSON_PrintUnformatted((const cJSON *)r->p.messages);
-    if (!msgs) {
-        snprintf(err, cap, "out of memory");
-        return 400;
-    }
-    kvq_chat_options opt = kvq_chat_options_default();
-    const char *piece;
-    size_t n;
-    char bos[64] = "", eos[64] = "";
-    if (kvq_tokenizer_piece(e->tok, kvq_tokenizer_bos_id(e->tok), &piece, &n) == KVQ_OK && n < sizeof bos)
-        memcpy(bos, piece, n), bos[n] = 0, opt.bos_token = bos;
-    if (kvq_tokenizer_piece(e->tok, kvq_tokenizer_eos_id(e->tok), &piece, &n) == KVQ_OK && n < sizeof eos)
-        memcpy(eos, piece, n), eos[n] = 0, opt.eos_token = eos;
-    kvq_error kerr = {0};
-    size_t len;
-    kvq_status st = kvq_chat_render_json(e->cfg.chat, msgs, &opt, &r->p.prompt, &len, &kerr);
-    free(msgs);
-    if (st != KVQ_OK) {
-        snprintf(err, cap, "the chat template cannot render these messages: %s", kerr.msg);
-        return 400;
-    }
-    return 0;
-}
-
-struct serve_req *serve_req_create(struct serve_engine *e, struct serve_params *p, int *status, char *err,
-                                   size_t cap)
-{
-    const struct kvq_model_config *c = kvq_model_config_of(e->m);
-    struct serve_req *r = calloc(1, sizeof *r);
-    *status = 400;
-    if (!r) {
-        snprintf(err, cap, "out of memory");
-        *status = 503;
-        return NULL;
-    }
-    cond_init(&r->cond);
-    r->e = e;
-    r->refs = 1;
-    r->p = *p;
-    memset(p, 0, sizeof *p); /* r owns the params now */
-    r->slot = -1;
-    kvq_status st = KVQ_OK;
-    if (r->p.has_types && (r->p.type_k != (int)e->cfg.batch.seq.type_k || r->p.type_v != (int)e->cfg.batch.seq.type_v)) {
-        snprintf(err, cap, "this server's page pool holds %s caches; 'kvq' asked for %s/%s", e->cfg.cache_name,
-                 kvq_type_traits((enum kvq_type)r->p.type_k)->name, kvq_type_traits((enum kvq_type)r->p.type_v)->name);
-        goto fail;
-    }
-    if (r->p.chat && render_chat(e, r, err, cap))
-        goto fail;
-    if (r->p.prompt_ids) {
-        r->ids = r->p.prompt_ids;
-        r->n_prompt = r->p.n_prompt_ids;
-        r->p.prompt_ids = NULL;
-        for (size_t i = 0; i < r->n_prompt; i++)
-            if (r->ids[i] >= c->vocab) {
-                snprintf(err, cap, "prompt token id %d is outside the vocabulary [0, %d)", r->ids[i], c->vocab);
-                goto fail;
-            }
-    } else {
-        st = kvq_tokenizer_encode_alloc(e->tok, r->p.prompt, strlen(r->p.prompt), !r->p.chat, &r->ids,
-                                        &r->n_prompt);
-        if (st != KVQ_OK) {
-            snprintf(err, cap, "the prompt cannot be tokenized: %s", kvq_status_str(st));
-            goto fail;
-        }
-    }
-    if (r->n_prompt == 0) {
-        snprintf(err, cap, "the prompt is empty");
-        goto fail;
-    }
-    r->max_tokens = r->p.max_tokens > 0 ? r->p.max_tokens : r->p.chat ? 256 : 16;
-    if (r->n_prompt >= e->max_ctx || (size_t)r->max_tokens > e->max_ctx - r->n_prompt) {
-        snprintf(err, cap,
-                 "this model's maximum context length is %zu tokens; the prompt has %zu tokens and max_tokens is "
-                 "%d",
-                 e->max_ctx, r->n_prompt, r->max_tokens);
-        *status = 400;
-        goto fail_code;
-    }
-    r->pages = kvq_batch_pages_for(e->b, r->n_prompt + (size_t)r->max_tokens);
-    if (r->pages > e->pages_total) {
-        snprintf(err, cap,
-                 "the request needs %zu KV pages (%zu prompt tokens + max_tokens %d) and the whole pool (--kv-budget) "
-                 "holds %zu: it can never run",
-                 r->pages, r->n_prompt, r->max_tokens, e->pages_total);
-        goto fail;
-    }
-    kvq_sampler_params sp = kvq_sampler_params_default();
-    sp.temperature = r->p.temperature;
-    sp.top_k = r->p.top_k;
-    sp.top_p = r->p.top_p;
-    serve_lock(e);
-    sp.seed = r->p.has_seed ? r->p.seed : (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull + ++e->seq_no;
-    snprintf(r->id, sizeof r->id, "%s-%lx%lu", r->p.chat ? "chatcmpl" : "cmpl", (unsigned long)time(NULL),
-             ++e->seq_no);
-    e->n_live++;
-    serve_unlock(e);
-    r->created = (long)time(NULL);
-    int need_logits = r->p.logprobs >= 0;
-    if (kvq_sampler_create(c->vocab, &sp, &r->smp) != KVQ_OK ||
-        kvq_detok_create(e->tok, KVQ_DETOK_SKIP_CONTROL, &r->detok) != KVQ_OK ||
-        !(r->out = malloc((size_t)r->max_tokens * sizeof *r->out)) ||
-        (r->p.logprobs >= 0 && !(r->lps = calloc((size_t)r->max_tokens, sizeof *r->lps))) ||
-        (need_logits && !(r->logits = malloc((size_t)c->vocab * sizeof *r->logits)))) {
-        snprintf(err, cap, "out of memory for the request");
-        *status = 503;
-        serve_req_release(e, r);
-        return NULL;
-    }
-    return r;
-fail:
-    *status = 400;
-fail_code:
-    req_free(r);
-    return NULL;
 }
 
 void serve_cancel(struct serve_engine *e, struct serve_req *r)
@@ -260,7 +123,7 @@ static void unref(struct serve_engine *e, struct serve_req *r)
 {
     if (--r->refs > 0)
         return;
-    req_free(r);
+    serve_req_free(r);
     e->n_live--;
     pthread_cond_broadcast(&e->idle);
 }

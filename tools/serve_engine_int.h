@@ -1,5 +1,6 @@
-/* serve_engine_int.h - what the engine's three files share (not an API):
- *  - serve_engine.c: requests, the scheduler thread, start/drain/stop;
+/* serve_engine_int.h - what the engine's files share (not an API):
+ *  - serve_req.c: a request from parsed params (chat, tokens, checks);
+ *  - serve_engine.c: the requests' lives, the scheduler thread, start/drain/stop;
  *  - serve_admit.c: the wait queue, admission by pages, the prefix cache;
  *  - serve_metrics.c: the Prometheus text and the HTTP counts.
  * Everything here is behind e->mu unless it says otherwise.
@@ -67,6 +68,8 @@ struct serve_engine {
 };
 double serve_now(void); /* CLOCK_MONOTONIC seconds */
 
+/* serve_engine.c: frees r and all it holds (refs not looked at). */
+void serve_req_free(struct serve_req *r);
 /* serve_engine.c: ends r (why: "stop", "length", "cancelled", "error"): its
  * slot and pages go back at once, its connection is woken, the engine's
  * reference is dropped (r may be freed on return). */

@@ -359,7 +359,7 @@ static enum MHD_Result generate(struct serve_http *h, struct MHD_Connection *c, 
     struct serve_params p;
     int status = serve_params_parse(cc->body, cc->len, chat, &p, err, sizeof err, param, sizeof param);
     if (status)
-        return send_error(h, c, route, status, err, param, NULL);
+        return send_error(h, c, route, status, err, param, p.code);
     if (p.model && strcmp(p.model, serve_model_name(h->e)) != 0) {
         snprintf(err, sizeof err, "The model '%.200s' does not exist; this server serves '%.200s'", p.model,
                  serve_model_name(h->e));
@@ -367,10 +367,11 @@ static enum MHD_Result generate(struct serve_http *h, struct MHD_Connection *c, 
         return send_error(h, c, route, 404, err, "model", "model_not_found");
     }
     const int stream = p.stream;
-    struct serve_req *r = serve_req_create(h->e, &p, &status, err, sizeof err);
+    const char *code;
+    struct serve_req *r = serve_req_create(h->e, &p, &status, err, sizeof err, &code);
     serve_params_free(&p);
     if (!r)
-        return send_error(h, c, route, status, err, NULL, status == 400 ? "context_length_exceeded" : NULL);
+        return send_error(h, c, route, status, err, NULL, code);
     if ((status = serve_submit(h->e, r, err, sizeof err)) != 0) {
         serve_req_release(h->e, r);
         return send_error(h, c, route, status, err, NULL, NULL);
