@@ -5,15 +5,17 @@
 #  1. the issue's reproduction: clients that give up while queued behind two
 #     long answers, which are themselves cut while decoding;
 #  2. random disconnects while prefilling long prompts (--chunk 64: many
-#     steps each, some sharing a prompt start that another is still prefilling);
+#     steps each, some sharing a prompt start that another is still prefilling,
+#     some taking over a prefix that --prefix-cache kept from one that completed);
 #  3. random disconnects while decoding;
 #  4. random disconnects while streaming;
 #  after each round every request is accounted for (completed or cancelled,
 #  none failed), a fresh request gets exactly the solo run's answer, and
 #  /metrics shows nothing waiting or running and every page of the pool free;
-#  5. SIGTERM with requests in flight and --drain-timeout 2: the server exits
-#     within the deadline with the status `kvq help serve` states, and every
-#     client gets an answer (503) instead of a hang.
+#  5. SIGTERM with a stream in flight inside --drain-timeout: it finishes,
+#     exit 0; with requests in flight past --drain-timeout 2: the server exits
+#     within the deadline (and a margin) with the status `kvq help serve`
+#     states (1), and the cut clients get a 503 instead of a hang.
 # The disconnect times come from awk's generator with a fixed seed
 # (KVQ_CHAOS_SEED, printed), so a failing run can be repeated.
 name=test_serve_chaos.sh
@@ -69,7 +71,7 @@ stop_within() {
 # start_server LOG ARGS...: starts kvq serve on a free port; sets pid, port, url.
 start_server() {
     log=$1; shift
-    "$kvq" serve --model "$model" --port 0 --quiet "$@" 2>"$log" &
+    "$kvq" serve --model "$model" --port 0 "$@" 2>"$log" &
     pid=$!
     port=""
     i=0
@@ -86,15 +88,16 @@ metrics() { curl -s --max-time 10 "$url/metrics" >"$tmp/metrics"; }
 m() { sed -n "s/^$1 //p" "$tmp/metrics"; }
 finished() { m "kvq_sequences_finished_total{how=\"$1\"}"; }
 
-# idle: nothing waiting or running, nothing reserved, every page free; polls
+# idle: nothing waiting or running, every page free but those the prefix
+# cache keeps (the pool's idle count), nothing reserved beyond them; polls
 # for up to 10 s (a disconnect is seen within 50 ms, its pages go within a step).
 idle() {
     i=0
     while [ $i -lt 100 ]; do
         metrics
         if [ "$(m kvq_waiting_requests)" = 0 ] && [ "$(m kvq_running_sequences)" = 0 ] &&
-            [ "$(m kvq_kv_pages_reserved)" = 0 ] && [ -n "$(m kvq_kv_pages_total)" ] &&
-            [ "$(m kvq_kv_pages_free)" = "$(m kvq_kv_pages_total)" ]; then
+            [ "$(m kvq_kv_pages_reserved)" = "$(m kvq_prefix_cache_pages)" ] && [ -n "$(m kvq_kv_pages_total)" ] &&
+            [ $(($(m kvq_kv_pages_free) + $(m kvq_prefix_cache_pages))) = "$(m kvq_kv_pages_total)" ]; then
             return 0
         fi
         sleep 0.1
@@ -135,8 +138,8 @@ round() {
     clients=""
     gaveup=$(cat "$tmp"/rc.* 2>/dev/null | grep -c '^28$')
     rm -f "$tmp"/rc.*
-    if idle; then ok "$1: nothing waiting or running, every page free"
-    else bad "$1: the engine is not idle: $(grep -E '^kvq_(kv_pages|running|waiting)' "$tmp/metrics" | tr '\n' ' ')"; fi
+    if idle; then ok "$1: nothing waiting or running, the pool at its idle count ($(m kvq_prefix_cache_pages) cached)"
+    else bad "$1: the engine is not idle: $(grep -E '^kvq_(kv_pages|running|waiting|prefix_cache_pages)' "$tmp/metrics" | tr '\n' ' ')"; fi
     c=$(finished completed); x=$(finished cancelled); f=$(finished failed)
     check "$1: $2 requests, $gaveup gave up: each completed or cancelled, none failed" \
         "$((c - c0 + x - x0)):$((f - f0))" "$2:0"
@@ -146,7 +149,7 @@ round() {
 
 echo "  chaos seed $seed (KVQ_CHAOS_SEED)"
 t_start=$(date +%s)
-if ! start_server "$tmp/log" --max-seqs 2 --chunk 64; then
+if ! start_server "$tmp/log" --max-seqs 2 --chunk 64 --prefix-cache 2 --drain-timeout 10; then
     bad "kvq serve did not start: $(cat "$tmp/log")"
     finish
 fi
@@ -171,7 +174,7 @@ round "queued" 8
 # ---- 2. give up while prefilling ---------------------------------------------
 before
 k=0
-for t in $(timeouts 6 0.1 0.8 2); do
+for t in $(timeouts 6 0.1 2.5 2); do
     off=$(((k % 3) * 400 + 1)) # three prompts, two clients each: one may wait to share the other's start
     printf '{"prompt":"%s","max_tokens":4,"temperature":0}' "$(printf '%s' "$long" | cut -c "$off-$((off + 2400))")" \
         >"$tmp/p$k.json"
@@ -200,7 +203,63 @@ for t in $(timeouts 8 0.2 1.2 4); do
 done
 round "streaming" 8
 
-stop_within 10
-check "the chaos server drains and exits 0" "$stop_rc" 0
+# ---- 5. SIGTERM with requests in flight --------------------------------------
+# within the deadline: the running stream finishes, exit 0
+curl -s -N --max-time 30 -H 'Content-Type: application/json' \
+    -d '{"prompt":"Once upon a time","max_tokens":40,"ignore_eos":true,"stream":true}' \
+    "$url/v1/completions" >"$tmp/drain0.out" 2>/dev/null &
+cpid=$!
+clients=$cpid
+i=0
+while [ $i -lt 100 ] && ! grep -q '^data: {' "$tmp/drain0.out" 2>/dev/null; do sleep 0.05; i=$((i + 1)); done
+stop_within 15
+wait $cpid
+clients=""
+check "SIGTERM inside --drain-timeout 10: exit 0" "$stop_rc" 0
+grep -q '"finish_reason":"length"' "$tmp/drain0.out" && tail -n 2 "$tmp/drain0.out" | grep -q '^data: \[DONE\]' &&
+    ok "the running stream finished before the exit" || bad "drained stream: $(tail -c 300 "$tmp/drain0.out")"
+
+# past the deadline: two long streams and two queued requests are cut with
+# 503, the server exits 1 (kvq help serve) within the deadline and a margin
+if start_server "$tmp/log5" --max-seqs 2 --drain-timeout 2; then
+    for k in 1 2; do
+        curl -s -N --max-time 30 -H 'Content-Type: application/json' \
+            -d '{"prompt":"Once upon a time","max_tokens":3000,"ignore_eos":true,"stream":true}' \
+            "$url/v1/completions" >"$tmp/cut$k.out" 2>/dev/null &
+        clients="$clients $!"
+    done
+    for k in 3 4; do
+        curl -s -o "$tmp/cut$k.out" -w '%{http_code}' --max-time 30 -H 'Content-Type: application/json' \
+            -d '{"prompt":"Once upon a time","max_tokens":3000,"ignore_eos":true}' "$url/v1/completions" \
+            >"$tmp/cut$k.code" 2>/dev/null &
+        clients="$clients $!"
+    done
+    i=0
+    while [ $i -lt 100 ] && ! { grep -q '^data: {' "$tmp/cut1.out" 2>/dev/null && grep -q '^data: {' "$tmp/cut2.out" 2>/dev/null; }; do
+        sleep 0.05; i=$((i + 1))
+    done
+    metrics
+    check "two streams running, two requests queued" "$(m kvq_running_sequences):$(m kvq_waiting_requests)" "2:2"
+    stop_within 8
+    t_clients=$(date +%s)
+    wait $clients
+    clients=""
+    check "past --drain-timeout 2: exit 1" "$stop_rc" 1
+    [ "$stop_s" -le 4 ] && ok "it exited in $stop_s s (deadline 2 s)" || bad "it took $stop_s s to exit"
+    [ $(($(date +%s) - t_clients)) -le 2 ] && ok "every client had its answer by then" || bad "clients hung after the exit"
+    n=0
+    for k in 1 2; do
+        grep -q '"message":"the server shut down before the request finished' "$tmp/cut$k.out" &&
+            tail -n 2 "$tmp/cut$k.out" | grep -q '^data: \[DONE\]' && n=$((n + 1))
+    done
+    check "the cut streams end with the 503 error event and [DONE]" "$n" 2
+    n=0
+    for k in 3 4; do [ "$(cat "$tmp/cut$k.code")" = 503 ] && n=$((n + 1)); done
+    echo "  queued requests answered 503 before the exit: $n of 2 (a response queued as the listener closes may be lost)"
+    grep -q 'drain-timeout 2 s passed: 4 requests cancelled' "$tmp/log5" && ok "the log says 4 requests were cut" ||
+        bad "log: $(cat "$tmp/log5")"
+else
+    bad "kvq serve did not start: $(cat "$tmp/log5")"
+fi
 echo "  chaos rounds: $(($(date +%s) - t_start)) s"
 finish

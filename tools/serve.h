@@ -174,8 +174,11 @@ void serve_unlock(struct serve_engine *e);
 void serve_wait(struct serve_engine *e, struct serve_req *r, int ms);
 
 /** Stops taking requests (503) and waits until every queued and running
- *  request is finished and released. */
-void serve_engine_drain(struct serve_engine *e);
+ *  request is finished and released, for at most timeout_s seconds (<= 0:
+ *  no limit); then cancels what is left, each client getting 503, and waits
+ *  for their release (at most 2 s more).
+ *  @return how many requests the deadline cut (0: all drained). */
+int serve_engine_drain(struct serve_engine *e, double timeout_s);
 
 /* Read-only facts for responses and metrics. */
 const char *serve_model_name(const struct serve_engine *e);

@@ -444,7 +444,11 @@ int serve_engine_start(const kvq_model *m, const kvq_tokenizer *tok, const struc
     e->item_req = calloc(S, sizeof *e->item_req);
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->work, NULL);
-    pthread_cond_init(&e->idle, NULL);
+    pthread_condattr_t ca; /* the drain deadline runs on CLOCK_MONOTONIC */
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&e->idle, &ca);
+    pthread_condattr_destroy(&ca);
     if (!e->run || !e->cached || !e->items || !e->item_req || pthread_create(&e->thread, NULL, engine_main, e) != 0) {
         snprintf(err, cap, "cannot start the scheduler thread");
         serve_engine_stop(e);
@@ -455,13 +459,51 @@ int serve_engine_start(const kvq_model *m, const kvq_tokenizer *tok, const struc
     return 0;
 }
 
-void serve_engine_drain(struct serve_engine *e)
+/* Waits on e->idle until no request is live or until the monotonic time t
+ * (t <= 0: no limit). @return 1 when none is live. */
+static int wait_idle(struct serve_engine *e, double t)
+{
+    while (e->n_live > 0) {
+        if (t <= 0) {
+            pthread_cond_wait(&e->idle, &e->mu);
+            continue;
+        }
+        if (t <= serve_now())
+            return 0;
+        struct timespec ts = {(time_t)t, (long)((t - (double)(time_t)t) * 1e9)}; /* serve_now's clock */
+        pthread_cond_timedwait(&e->idle, &e->mu, &ts);
+    }
+    return 1;
+}
+
+/* Ends r at the drain deadline: cancelled (its pages go at the next step)
+ * with a 503 for its client, which is still there. */
+static void cut(struct serve_req *r)
+{
+    r->cancelled = 1;
+    r->status = 503;
+    snprintf(r->error, sizeof r->error, "the server shut down before the request finished (--drain-timeout)");
+}
+
+int serve_engine_drain(struct serve_engine *e, double timeout_s)
 {
     serve_lock(e);
     e->draining = 1;
-    while (e->n_live > 0)
-        pthread_cond_wait(&e->idle, &e->mu);
+    int n = 0;
+    if (!wait_idle(e, timeout_s > 0 ? serve_now() + timeout_s : 0)) {
+        for (struct serve_req *r = e->head; r; r = r->next)
+            if (!r->cancelled)
+                cut(r), n++;
+        for (int s = 0; s < e->cfg.batch.max_seqs; s++)
+            if (e->run[s] && !e->run[s]->cancelled)
+                cut(e->run[s]), n++;
+        pthread_cond_signal(&e->work);
+        /* every connection sees its request done within one wait (50 ms) and
+         * lets go; the bound only guards against a stuck client socket */
+        wait_idle(e, serve_now() + 2.0);
+    }
     serve_unlock(e);
+    return n;
 }
 
 void serve_engine_stop(struct serve_engine *e)
