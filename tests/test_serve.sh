@@ -186,13 +186,25 @@ if start_server "$tmp/log2" --ctx 512 --max-body 64KiB --timeout 2 -ctk f16 -ctv
     status POST /v1/completions '{"prompt":"x","max_tokens":2,"max_completion_tokens":5,"ignore_eos":true}' >/dev/null
     check "max_completion_tokens wins over max_tokens" "$(sed -n 's/.*"completion_tokens":\([0-9]*\).*/\1/p' "$tmp/body")" 5
     # fields that would change the answer: refused, naming the field; their neutral values accepted
-    for f in '"presence_penalty":0.5' '"frequency_penalty":1' '"repetition_penalty":1.2' '"logit_bias":{"5":10}' \
+    for f in '"presence_penalty":0.5' '"frequency_penalty":1' '"repetition_penalty":1.2' \
         '"response_format":{"type":"json_object"}' '"tools":[{"type":"function","function":{"name":"f"}}]' \
         '"tool_choice":"required"' '"echo":true' '"best_of":2' '"n":2' '"suffix":"end"' '"min_p":0.1'; do
         field=$(echo "$f" | sed 's/^"\([a-z_]*\)".*/\1/')
         s=$(status POST /v1/completions "{\"prompt\":\"x\",\"max_tokens\":1,$f}")
         check "$field that changes the answer: 400 naming it" "$s:$(param_of):$(code_of)" "400:$field:unsupported_value"
     done
+    # logit_bias (OpenAI's): +100 on one token makes it the answer, greedy or sampled
+    force=$("$kvq" tokenize --model "$model" --no-bos --text " the")
+    want=$("$kvq" tokenize --model "$model" --decode "$force,$force,$force" --json | sed -n 's/.*"text": *\("[^"]*"\).*/\1/p')
+    for s in '"temperature":0' '"temperature":1,"seed":5'; do
+        status POST /v1/completions "{\"prompt\":\"The pass key is\",\"max_tokens\":3,$s,\"logit_bias\":{\"$force\":100}}" >/dev/null
+        check "logit_bias +100 on token $force ($s): the answer is it three times" \
+            "$(sed -n 's/.*"text":\("[^"]*"\).*/\1/p' "$tmp/body")" "$want"
+    done
+    check "logit_bias with a token id outside the vocabulary: 400" \
+        "$(status POST /v1/completions '{"prompt":"x","logit_bias":{"99999":1}}'):$(code_of)" "400:token_id_out_of_vocabulary"
+    check "logit_bias over 100: 400 naming it" \
+        "$(status POST /v1/completions '{"prompt":"x","logit_bias":{"1":101}}'):$(param_of):$(code_of)" "400:logit_bias:invalid_value"
     check "neutral values of those fields: 200" "$(status POST /v1/completions \
         '{"prompt":"x","max_tokens":1,"n":1,"best_of":1,"presence_penalty":0,"frequency_penalty":0,"repetition_penalty":1,"logit_bias":{},"response_format":{"type":"text"},"tools":[],"tool_choice":"none","echo":false}')" 200
     check "huge max_tokens: 400" "$(status POST /v1/completions '{"prompt":"x","max_tokens":1000000}')" 400

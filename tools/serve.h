@@ -29,6 +29,7 @@
 #define SERVE_MAX_STOP 4
 #define SERVE_MAX_LOGPROBS 20
 #define SERVE_STOP_MAX_LEN 256
+#define SERVE_MAX_BIAS 1024 /* logit_bias entries */
 
 /* A request body as parsed (serve_request.c). Strings are malloc'ed. */
 struct serve_params {
@@ -50,6 +51,9 @@ struct serve_params {
     int stream, include_usage;
     int ignore_eos;         /* vLLM's extension: EOS does not end the answer (benchmarks) */
     int logprobs;           /* top-N alternatives per token; -1 = no logprobs */
+    int32_t *bias_ids;      /* logit_bias: added to these tokens' logits before the pick */
+    float *bias;
+    int n_bias;
     int has_types;          /* the "kvq" extension named cache types */
     int type_k, type_v;     /* enum kvq_type */
     const char *code;       /* after a failed parse: the error's OpenAI code (static), or NULL */

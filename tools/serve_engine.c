@@ -239,6 +239,13 @@ static void take_token(struct serve_engine *e, struct serve_req *r)
 {
     const struct kvq_model_config *c = kvq_model_config_of(e->m);
     int32_t tok = r->next_tok;
+    if (r->p.n_bias) { /* logit_bias: the step brought the logits here; the pick is made from them biased */
+        for (int i = 0; i < r->p.n_bias; i++)
+            r->logits[r->p.bias_ids[i]] += r->p.bias[i];
+        kvq_best best = kvq_best_none();
+        if (r->p.temperature == 0)
+            tok = kvq_argmax(r->logits, c->vocab, 0, &best) == KVQ_OK ? best.token : -1;
+    }
     if (r->p.temperature > 0 && r->logits && kvq_sampler_sample(r->smp, r->logits, &tok) != KVQ_OK)
         tok = -1;
     if (tok < 0) {

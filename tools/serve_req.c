@@ -151,6 +151,12 @@ struct serve_req *serve_req_create(struct serve_engine *e, struct serve_params *
         (*status = prompt_ids(e, r, err, cap, code)) != 0)
         goto fail;
     *status = 400;
+    for (int i = 0; i < r->p.n_bias; i++)
+        if (r->p.bias_ids[i] >= c->vocab) {
+            snprintf(err, cap, "logit_bias token id %d is outside the vocabulary [0, %d)", r->p.bias_ids[i], c->vocab);
+            *code = "token_id_out_of_vocabulary";
+            goto fail;
+        }
     if (r->n_prompt == 0) {
         snprintf(err, cap, "the prompt is empty");
         *code = "empty_prompt";
@@ -185,7 +191,7 @@ struct serve_req *serve_req_create(struct serve_engine *e, struct serve_params *
     e->n_live++;
     serve_unlock(e);
     r->created = (long)time(NULL);
-    int need_logits = r->p.logprobs >= 0;
+    int need_logits = r->p.logprobs >= 0 || r->p.n_bias > 0; /* the bias is added on the host */
     if (kvq_sampler_create(c->vocab, &sp, &r->smp) != KVQ_OK ||
         kvq_detok_create(e->tok, KVQ_DETOK_SKIP_CONTROL, &r->detok) != KVQ_OK ||
         !(r->out = malloc((size_t)r->max_tokens * sizeof *r->out)) ||

@@ -342,6 +342,39 @@ static int parse_stream_logprobs(const cJSON *root, struct serve_params *p, cons
     return 0;
 }
 
+/* logit_bias: {"token id": bias in [-100, 100], ...}, as OpenAI takes it;
+ * the ids are checked against the vocabulary by serve_req_create. */
+static int parse_bias(const cJSON *root, struct serve_params *p, const struct perr *e)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "logit_bias"), *x;
+    if (!v || cJSON_IsNull(v))
+        return 0;
+    if (!cJSON_IsObject(v))
+        return bad(e, "logit_bias", E_TYPE, "'logit_bias' must be an object of token id -> bias");
+    const int n = cJSON_GetArraySize(v);
+    if (n > SERVE_MAX_BIAS)
+        return bad(e, "logit_bias", E_VALUE, "'logit_bias' takes at most %d tokens", SERVE_MAX_BIAS);
+    if (n == 0)
+        return 0;
+    p->bias_ids = malloc((size_t)n * sizeof *p->bias_ids);
+    p->bias = malloc((size_t)n * sizeof *p->bias);
+    if (!p->bias_ids || !p->bias)
+        return oom(e, "logit_bias");
+    cJSON_ArrayForEach(x, v)
+    {
+        char *end;
+        const char *k = x->string;
+        long id = k[0] >= '0' && k[0] <= '9' ? strtol(k, &end, 10) : -1;
+        if (id < 0 || *end || id > 2147483647L)
+            return bad(e, "logit_bias", E_VALUE, "'logit_bias' keys must be token ids; '%.40s' is not", k);
+        if (!cJSON_IsNumber(x) || !(x->valuedouble >= -100 && x->valuedouble <= 100))
+            return bad(e, "logit_bias", num_code(x), "'logit_bias' values must be numbers in [-100, 100]");
+        p->bias_ids[p->n_bias] = (int32_t)id;
+        p->bias[p->n_bias++] = (float)x->valuedouble;
+    }
+    return 0;
+}
+
 /* A number field whose only value here leaves the answer as it is. */
 static int neutral_number(const cJSON *root, const char *name, double neutral, const char *what,
                           const struct perr *e)
@@ -380,12 +413,6 @@ static int parse_refused(const cJSON *root, const struct perr *e)
             return bad(e, "echo", E_TYPE, "'echo' must be a boolean");
         if (cJSON_IsTrue(v))
             return bad(e, "echo", E_UNSUPPORTED, "kvq serve does not implement 'echo' (the prompt in the answer)");
-    }
-    if ((v = cJSON_GetObjectItemCaseSensitive(root, "logit_bias")) && !cJSON_IsNull(v)) {
-        if (!cJSON_IsObject(v))
-            return bad(e, "logit_bias", E_TYPE, "'logit_bias' must be an object");
-        if (v->child)
-            return bad(e, "logit_bias", E_UNSUPPORTED, "kvq serve does not implement 'logit_bias': it must be empty");
     }
     if ((v = cJSON_GetObjectItemCaseSensitive(root, "response_format")) && !cJSON_IsNull(v)) {
         const cJSON *t = cJSON_GetObjectItemCaseSensitive(v, "type");
@@ -464,6 +491,8 @@ int serve_params_parse(const char *body, size_t len, int chat, struct serve_para
     if (!rc)
         rc = parse_refused(root, &e);
     if (!rc)
+        rc = parse_bias(root, p, &e);
+    if (!rc)
         rc = parse_stop(cJSON_GetObjectItemCaseSensitive(root, "stop"), p, &e);
     if (!rc)
         rc = parse_stream_logprobs(root, p, &e);
@@ -485,6 +514,8 @@ void serve_params_free(struct serve_params *p)
     free(p->model);
     free(p->prompt);
     free(p->prompt_ids);
+    free(p->bias_ids);
+    free(p->bias);
     cJSON_Delete(p->messages);
     for (int i = 0; i < p->n_stop; i++)
         free(p->stop[i]);
