@@ -2,13 +2,15 @@
  *
  * Three parts:
  *  - serve_request.c: an untrusted JSON body -> struct serve_params, or an
- *    HTTP status and one message naming the field (fuzzed:
- *    tests/fuzz/fuzz_serve_request.c); OpenAI's error JSON.
+ *    HTTP status, one message naming the field and an OpenAI code (fuzzed:
+ *    tests/fuzz/fuzz_serve_request.c); OpenAI's error JSON. serve_json.c
+ *    keeps the byte length of JSON strings (a "\u0000" included).
  *  - serve_engine.c: the scheduler thread. It owns the batch (kvq_batch.h),
  *    builds each step from a decode row per running sequence plus prompt
- *    chunks, samples, detokenizes and applies stop rules; serve_admit.c
- *    keeps the wait queue and admits by KV pages, serve_metrics.c writes
- *    /metrics (the three share serve_engine_int.h).
+ *    chunks, samples, detokenizes and applies stop rules; serve_req.c
+ *    makes a request from its params (chat template, tokens, checks),
+ *    serve_admit.c keeps the wait queue and admits by KV pages,
+ *    serve_metrics.c writes /metrics (they share serve_engine_int.h).
  *  - serve_http.c: libmicrohttpd (a thread per connection), routes, the API
  *    key, bodies, JSON and server-sent-event responses, disconnects.
  * cmd_serve.c parses the flags, loads the model, waits for SIGTERM and drains.
