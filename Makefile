@@ -209,7 +209,7 @@ tests: $(TEST_BIN) $(KVQ) $(LIB_SO) $(PC_UNINSTALLED)
 test: tests
 	@sh tests/tokenizer/fetch.sh build/tokenizer-data
 	@KVQ_BUILD=$(BUILD) sh tests/run.sh $(BUILD) $(TEST_BIN) tests/test_boundaries.sh tests/cuda/test_emulate_v4.sh \
-	    tests/test_serve.sh tests/test_serve_http.sh tests/test_cli.sh tests/test_readme.sh tests/test_python.sh
+	    tests/test_serve.sh tests/test_serve_http.sh tests/test_serve_chaos.sh tests/test_cli.sh tests/test_readme.sh tests/test_python.sh
 
 benches: $(BENCH_BIN) $(KVQ)
 bench: benches
@@ -229,9 +229,9 @@ $(BUILD)/fuzz/%: $(BUILD)/obj/tests/fuzz/%.o $(LIB_A)
 	@mkdir -p $(@D)
 	$(CC) -fsanitize=fuzzer,address,undefined -o $@ $(filter %.o,$^) $(LIB_A) $(LDLIBS)
 # kvq serve's request parser lives with the command (tools/).
-$(BUILD)/fuzz/fuzz_serve_request: $(BUILD)/obj/tools/serve_request.o
+$(BUILD)/fuzz/fuzz_serve_request: $(BUILD)/obj/tools/serve_request.o $(BUILD)/obj/tools/serve_json.o
 $(BUILD)/fuzz/fuzz_serve_http: $(BUILD)/obj/tools/serve_route.o $(BUILD)/obj/tools/serve_tokenize.o \
-    $(BUILD)/obj/tools/serve_request.o
+    $(BUILD)/obj/tools/serve_request.o $(BUILD)/obj/tools/serve_json.o
 
 run: all
 	@sh mk/run-demo.sh $(BUILD)

@@ -79,6 +79,12 @@ status() {
     fi
 }
 
+# The error body's code and param.
+code_of() { sed -n 's/.*"code":"\([^"]*\)".*/\1/p' "$tmp/body"; }
+param_of() { sed -n 's/.*"param":"\([^"]*\)".*/\1/p' "$tmp/body"; }
+# tokens FILE [--no-bos]: how many ids kvq tokenize gives for FILE's bytes.
+tokens() { f=$1; shift; "$kvq" tokenize --model "$model" --file "$f" "$@" | wc -w | tr -d ' '; }
+
 metric() { curl -s --max-time 10 "$url/metrics" | sed -n "s/^$1 //p"; }
 
 # All pages back and nothing running: polls for up to 5 s (a cancelled
@@ -130,6 +136,27 @@ if start_server "$tmp/log1" --api-key sekrit --cache-type-k f32 --cache-type-v f
     grep -q '"object":"chat.completion"' "$tmp/body" && ok "chat body" || bad "chat body: $(cat "$tmp/body")"
     check "chat template error (a message without content): 400" "$(status POST /v1/chat/completions \
         '{"messages":[{"role":"assistant","content":null}],"max_tokens":3}' -H 'Authorization: Bearer sekrit')" 400
+    check "a template error's code" "$(code_of)" chat_template_error
+    # content as text parts: joined with "\n" (vLLM) before the template renders
+    check "chat content as text parts: 200" "$(status POST /v1/chat/completions \
+        '{"messages":[{"role":"user","content":[{"type":"text","text":"Hi"},{"type":"text","text":"there"}]}],"max_tokens":4,"temperature":0}' \
+        -H 'Authorization: Bearer sekrit')" 200
+    parts=$(sed -n 's/.*"choices":\(.*\),"kvq".*/\1/p' "$tmp/body")
+    status POST /v1/chat/completions '{"messages":[{"role":"user","content":"Hi\nthere"}],"max_tokens":4,"temperature":0}' \
+        -H 'Authorization: Bearer sekrit' >/dev/null
+    joined=$(sed -n 's/.*"choices":\(.*\),"kvq".*/\1/p' "$tmp/body")
+    [ -n "$parts" ] && [ "$parts" = "$joined" ] && ok "text parts answer as their join with a newline" ||
+        bad "text parts: '$parts' vs '$joined'"
+    check "a non-text part: 400" "$(status POST /v1/chat/completions \
+        '{"messages":[{"role":"user","content":[{"type":"text","text":"Hi"},{"type":"image_url","image_url":{"url":"x"}}]}]}' \
+        -H 'Authorization: Bearer sekrit')" 400
+    check "a non-text part: named" "$(param_of):$(code_of)" "messages[0].content[1]:unsupported_value"
+    # a NUL in a chat message is a byte of the rendered prompt too
+    printf '<|im_start|>user\nnul \000 inside<|im_end|>\n<|im_start|>assistant\n' >"$tmp/chatnul.txt"
+    status POST /v1/chat/completions '{"messages":[{"role":"user","content":"nul \u0000 inside"}],"max_tokens":1}' \
+        -H 'Authorization: Bearer sekrit' >/dev/null
+    check "a NUL in chat content keeps the rest of it" \
+        "$(sed -n 's/.*"prompt_tokens":\([0-9]*\).*/\1/p' "$tmp/body")" "$(tokens "$tmp/chatnul.txt" --no-bos)"
     stop_server
     check "SIGTERM on an idle server exits 0" "$stop_rc" 0
 else
@@ -139,6 +166,7 @@ fi
 # ---- 2. bad input, faults ---------------------------------------------------
 if start_server "$tmp/log2" --ctx 512 --max-body 64KiB --timeout 2 -ctk f16 -ctv f16 --max-seqs 4; then
     check "malformed JSON: 400" "$(status POST /v1/completions '{"prompt": "x",')" 400
+    check "malformed JSON: its code" "$(code_of)" invalid_json
     grep -q '"type":"invalid_request_error"' "$tmp/body" && ok "400 body in OpenAI's shape" || bad "400 body: $(cat "$tmp/body")"
     check "wrong type: 400" "$(status POST /v1/completions '{"prompt":"x","max_tokens":"ten"}')" 400
     grep -q '"param":"max_tokens"' "$tmp/body" && ok "400 names the field" || bad "400 param: $(cat "$tmp/body")"
@@ -146,10 +174,44 @@ if start_server "$tmp/log2" --ctx 512 --max-body 64KiB --timeout 2 -ctk f16 -ctv
     check "a JSON array body: 400" "$(status POST /v1/completions '[1,2]')" 400
     check "n=2: 400" "$(status POST /v1/completions '{"prompt":"x","n":2}')" 400
     check "token id out of range: 400" "$(status POST /v1/completions '{"prompt":[1,99999]}')" 400
+    check "token id out of range: its code" "$(code_of)" token_id_out_of_vocabulary
+    check "invalid UTF-8: 400" "$(status POST /v1/completions "$(printf '{"prompt":"bad \377 byte"}')")" 400
+    check "invalid UTF-8: named" "$(param_of):$(code_of)" "prompt:invalid_utf8"
+    # a NUL is a byte of the prompt: tokenized as kvq tokenize tokenizes the same bytes
+    printf 'nul \000 inside' >"$tmp/nul.txt"
+    check "a prompt with a NUL: 200" "$(status POST /v1/completions '{"prompt":"nul \u0000 inside","max_tokens":1}')" 200
+    check "a prompt with a NUL keeps every byte" "$(sed -n 's/.*"prompt_tokens":\([0-9]*\).*/\1/p' "$tmp/body")" \
+        "$(tokens "$tmp/nul.txt")"
+    # max_completion_tokens wins over max_tokens (OpenAI, vLLM)
+    status POST /v1/completions '{"prompt":"x","max_tokens":2,"max_completion_tokens":5,"ignore_eos":true}' >/dev/null
+    check "max_completion_tokens wins over max_tokens" "$(sed -n 's/.*"completion_tokens":\([0-9]*\).*/\1/p' "$tmp/body")" 5
+    # fields that would change the answer: refused, naming the field; their neutral values accepted
+    for f in '"presence_penalty":0.5' '"frequency_penalty":1' '"repetition_penalty":1.2' \
+        '"response_format":{"type":"json_object"}' '"tools":[{"type":"function","function":{"name":"f"}}]' \
+        '"tool_choice":"required"' '"echo":true' '"best_of":2' '"n":2' '"suffix":"end"' '"min_p":0.1'; do
+        field=$(echo "$f" | sed 's/^"\([a-z_]*\)".*/\1/')
+        s=$(status POST /v1/completions "{\"prompt\":\"x\",\"max_tokens\":1,$f}")
+        check "$field that changes the answer: 400 naming it" "$s:$(param_of):$(code_of)" "400:$field:unsupported_value"
+    done
+    # logit_bias (OpenAI's): +100 on one token makes it the answer, greedy or sampled
+    force=$("$kvq" tokenize --model "$model" --no-bos --text " the")
+    want=$("$kvq" tokenize --model "$model" --decode "$force,$force,$force" --json | sed -n 's/.*"text": *\("[^"]*"\).*/\1/p')
+    for s in '"temperature":0' '"temperature":1,"seed":5'; do
+        status POST /v1/completions "{\"prompt\":\"The pass key is\",\"max_tokens\":3,$s,\"logit_bias\":{\"$force\":100}}" >/dev/null
+        check "logit_bias +100 on token $force ($s): the answer is it three times" \
+            "$(sed -n 's/.*"text":\("[^"]*"\).*/\1/p' "$tmp/body")" "$want"
+    done
+    check "logit_bias with a token id outside the vocabulary: 400" \
+        "$(status POST /v1/completions '{"prompt":"x","logit_bias":{"99999":1}}'):$(code_of)" "400:token_id_out_of_vocabulary"
+    check "logit_bias over 100: 400 naming it" \
+        "$(status POST /v1/completions '{"prompt":"x","logit_bias":{"1":101}}'):$(param_of):$(code_of)" "400:logit_bias:invalid_value"
+    check "neutral values of those fields: 200" "$(status POST /v1/completions \
+        '{"prompt":"x","max_tokens":1,"n":1,"best_of":1,"presence_penalty":0,"frequency_penalty":0,"repetition_penalty":1,"logit_bias":{},"response_format":{"type":"text"},"tools":[],"tool_choice":"none","echo":false}')" 200
     check "huge max_tokens: 400" "$(status POST /v1/completions '{"prompt":"x","max_tokens":1000000}')" 400
     long=$(head -c 3000 "$root/models/passkey-3500.txt" | tr -d '"\\')
     check "prompt over the context: 400" "$(status POST /v1/completions "{\"prompt\":\"$long\",\"max_tokens\":4}")" 400
     grep -q 'maximum context length' "$tmp/body" && ok "context error says why" || bad "context body: $(cat "$tmp/body")"
+    check "prompt over the context: its code" "$(code_of)" context_length_exceeded
     big=$(head -c 100000 /dev/zero | tr '\0' a)
     check "body over --max-body: 413" "$(status POST /v1/completions "{\"prompt\":\"$big\"}")" 413
     check "unknown route: 404" "$(status GET /v2/nothing)" 404
@@ -170,6 +232,7 @@ if start_server "$tmp/log2" --ctx 512 --max-body 64KiB --timeout 2 -ctk f16 -ctv
         ok "ignore_eos decodes all 24 tokens" || bad "ignore_eos: $(cat "$tmp/body")"
     check "chat without a template: 400" \
         "$(status POST /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}]}')" 400
+    check "chat without a template: its code" "$(code_of)" chat_template_missing
     check "chat with a bad role: 400" \
         "$(status POST /v1/chat/completions '{"messages":[{"role":"robot","content":"hi"}]}')" 400
     after "bad input"

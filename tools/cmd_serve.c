@@ -1,6 +1,8 @@
 /* cmd_serve.c - `kvq serve`: the OpenAI-compatible server (serve.h).
  * Flags, model loading, then the main thread waits for SIGTERM or SIGINT,
- * drains every queued and running request (new ones get 503), and exits 0.
+ * drains every queued and running request (new ones get 503) for at most
+ * --drain-timeout seconds, and exits 0, or 1 when the deadline cut requests
+ * (an operator's log then shows that clients lost answers).
  * The listening address goes to stderr as one line, so that scripts started
  * with --port 0 learn the port. */
 #include <signal.h>
@@ -43,14 +45,19 @@ static void usage(FILE *f)
                "                       stay idle (default 30)\n"
                "  --max-conns N        open connections at most (default 1000)\n"
                "  --max-conns-per-ip N open connections from one client address (default 256; 0: no limit)\n"
+               "  --drain-timeout S    on SIGTERM/SIGINT, let queued and running requests finish for\n"
+               "                       at most S seconds, then cancel the rest (their clients get\n"
+               "                       503) (default 0: no limit)\n"
                "  --quiet              no log lines on stderr\n");
     kv_opts_usage(f);
+    fprintf(f, "\nExit status: 0 after a drain that finished every request; 1 when --drain-timeout\n"
+               "cut requests, or the server could not start; 2 for bad usage.\n");
 }
 
 struct opts {
     struct kv_cmd c;
     const char *host, *api_key, *model_name, *chat_template;
-    long port, max_seqs, ctx, chunk, max_queue, timeout, prefix_cache;
+    long port, max_seqs, ctx, chunk, max_queue, timeout, drain_timeout, prefix_cache;
     long max_conns, max_conns_per_ip;
     int prefix_share;
     size_t max_body;
@@ -89,6 +96,8 @@ static int own_option(void *user, const char *a, const char *v)
         return cli_parse_int(v, 1, 1 << 16, &o->max_conns) ? 1 : 0;
     else if (strcmp(a, "--max-conns-per-ip") == 0)
         return cli_parse_int(v, 0, 1 << 16, &o->max_conns_per_ip) ? 1 : 0;
+    else if (strcmp(a, "--drain-timeout") == 0)
+        return cli_parse_int(v, 0, 86400, &o->drain_timeout) ? 1 : 0;
     else if (strcmp(a, "--max-body") == 0)
         return cli_parse_size(v, &o->max_body) || o->max_body == 0 ? 1 : 0;
     else
@@ -193,13 +202,16 @@ static int serve(void *user, kvq_model *m, kvq_tokenizer *tok)
     sigwait(&set, &sig);
     if (!o->c.quiet)
         fprintf(stderr, "kvq serve: %s: draining\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
-    serve_engine_drain(e);
+    const int n_cut = serve_engine_drain(e, (double)o->drain_timeout);
+    if (n_cut && !o->c.quiet)
+        fprintf(stderr, "kvq serve: --drain-timeout %ld s passed: %d request%s cancelled (503)\n", o->drain_timeout,
+                n_cut, n_cut == 1 ? "" : "s");
     serve_http_stop(h);
     serve_engine_stop(e);
     kvq_chat_template_free(chat);
     if (!o->c.quiet)
         fprintf(stderr, "kvq serve: stopped\n");
-    return 0;
+    return n_cut ? 1 : 0;
 }
 
 int cmd_serve(int argc, char **argv)

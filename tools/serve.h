@@ -1,13 +1,16 @@
 /* serve.h - `kvq serve`: an OpenAI-compatible HTTP server over one kvq_batch.
  *
- * Three parts, one file each:
+ * Three parts:
  *  - serve_request.c: an untrusted JSON body -> struct serve_params, or an
- *    HTTP status and one message naming the field (fuzzed:
- *    tests/fuzz/fuzz_serve_request.c); OpenAI's error JSON.
+ *    HTTP status, one message naming the field and an OpenAI code (fuzzed:
+ *    tests/fuzz/fuzz_serve_request.c); OpenAI's error JSON. serve_json.c
+ *    keeps the byte length of JSON strings (a "\u0000" included).
  *  - serve_engine.c: the scheduler thread. It owns the batch (kvq_batch.h),
- *    admits queued requests by KV pages, builds each step from a decode row
- *    per running sequence plus prompt chunks, samples, detokenizes, applies
- *    stop rules and keeps the metrics.
+ *    builds each step from a decode row per running sequence plus prompt
+ *    chunks, samples, detokenizes and applies stop rules; serve_req.c
+ *    makes a request from its params (chat template, tokens, checks),
+ *    serve_admit.c keeps the wait queue and admits by KV pages,
+ *    serve_metrics.c writes /metrics (they share serve_engine_int.h).
  *  - serve_http.c: libmicrohttpd (a thread per connection), bodies, JSON
  *    and server-sent-event responses, disconnects; the route, the API key
  *    and the body's checks are serve_route.c's, /tokenize and /detokenize
@@ -31,15 +34,18 @@
 #define SERVE_MAX_STOP 4
 #define SERVE_MAX_LOGPROBS 20
 #define SERVE_STOP_MAX_LEN 256
+#define SERVE_MAX_BIAS 1024 /* logit_bias entries */
 
 /* A request body as parsed (serve_request.c). Strings are malloc'ed. */
 struct serve_params {
     int chat;               /* /v1/chat/completions */
     char *model;            /* NULL when absent */
     char *prompt;           /* completions: text prompt; chat: the rendered messages */
+    size_t prompt_len;      /* its bytes: a "\u0000" in the JSON is a byte of the prompt too */
     int32_t *prompt_ids;    /* completions: a prompt given as token ids (else NULL) */
     size_t n_prompt_ids;
-    void *messages;         /* chat: the messages (a cJSON array, owned) */
+    void *messages;         /* chat: the messages (a cJSON array, owned; each content one
+                             * string, text parts joined, lengths by serve_json_strlen) */
     int max_tokens;         /* -1: the endpoint's default */
     float temperature, top_p;
     int top_k;
@@ -50,13 +56,20 @@ struct serve_params {
     int stream, include_usage;
     int ignore_eos;         /* vLLM's extension: EOS does not end the answer (benchmarks) */
     int logprobs;           /* top-N alternatives per token; -1 = no logprobs */
+    int32_t *bias_ids;      /* logit_bias: added to these tokens' logits before the pick */
+    float *bias;
+    int n_bias;
     int has_types;          /* the "kvq" extension named cache types */
     int type_k, type_v;     /* enum kvq_type */
+    const char *code;       /* after a failed parse: the error's OpenAI code (static), or NULL */
 };
 
 /** Parses body[0..len) for the completions (chat = 0) or chat endpoint.
- *  @return 0, or 400 with a message in err and the offending field in
- *  param (may be ""), p then holding nothing to free beyond serve_params_free. */
+ *  @return 0, or 400 (503: out of memory) with a message in err, the
+ *  offending field in param (may be "") and the code in p->code
+ *  ("invalid_json", "invalid_type", "invalid_value", "invalid_utf8",
+ *  "missing_required_parameter", "unsupported_parameter",
+ *  "unsupported_value"), p then holding nothing else. */
 int serve_params_parse(const char *body, size_t len, int chat, struct serve_params *p, char *err, size_t cap,
                        char *param, size_t param_cap);
 void serve_params_free(struct serve_params *p);
@@ -64,6 +77,18 @@ void serve_params_free(struct serve_params *p);
 /** OpenAI's error object for status: {"error": {"message", "type", "param",
  *  "code"}}; malloc'ed JSON text. */
 char *serve_error_json(int status, const char *message, const char *param, const char *code);
+
+/* JSON strings with every byte (serve_json.c): cJSON keeps a "\u0000" as a
+ * NUL inside valuestring but no length. serve_json_lengths records each
+ * string's length in the tree parsed from text; serve_json_strlen reads it
+ * (strlen for a node it has not seen); serve_json_string makes a string node
+ * of s[0..n). serve_utf8_check: the offset of the first byte of s[0..n) that
+ * is not valid UTF-8, or n. */
+struct cJSON;
+void serve_json_lengths(const char *text, size_t len, struct cJSON *root);
+size_t serve_json_strlen(const struct cJSON *s);
+struct cJSON *serve_json_string(const char *s, size_t n);
+size_t serve_utf8_check(const char *s, size_t n);
 
 /* ---- engine ------------------------------------------------------------ */
 
@@ -134,11 +159,17 @@ int serve_engine_start(const kvq_model *m, const kvq_tokenizer *tok, const struc
 /** Stops the thread (after serve_engine_drain) and frees everything. */
 void serve_engine_stop(struct serve_engine *e);
 
-/** A request for parsed params: tokenizes, checks the context and the pool.
+/** A request for parsed params: renders the chat, tokenizes, checks the
+ *  context and the pool.
  *  @return the request (refs 1, not queued), or NULL with an HTTP status
- *  (400, 503) and message. */
+ *  (400, 503), message and OpenAI code (*code, static; NULL for a 503):
+ *  "context_length_exceeded" (prompt + max_tokens over the context),
+ *  "kv_pool_exceeded" (more pages than the whole pool), "chat_template_missing",
+ *  "chat_template_error", "invalid_utf8", "token_id_out_of_vocabulary",
+ *  "unsupported_character" (no token for it), "empty_prompt",
+ *  "cache_type_mismatch" (the kvq extension). */
 struct serve_req *serve_req_create(struct serve_engine *e, struct serve_params *p, int *status, char *err,
-                                   size_t cap);
+                                   size_t cap, const char **code);
 /** Queues r. @return 0, or 429 (queue full) / 503 (draining) with the message. */
 int serve_submit(struct serve_engine *e, struct serve_req *r, char *err, size_t cap);
 /** Marks r cancelled (the client went away): its pages are freed within one step. */
@@ -152,8 +183,11 @@ void serve_unlock(struct serve_engine *e);
 void serve_wait(struct serve_engine *e, struct serve_req *r, int ms);
 
 /** Stops taking requests (503) and waits until every queued and running
- *  request is finished and released. */
-void serve_engine_drain(struct serve_engine *e);
+ *  request is finished and released, for at most timeout_s seconds (<= 0:
+ *  no limit); then cancels what is left, each client getting 503, and waits
+ *  for their release (at most 2 s more).
+ *  @return how many requests the deadline cut (0: all drained). */
+int serve_engine_drain(struct serve_engine *e, double timeout_s);
 
 /* Read-only facts for responses and metrics. */
 const char *serve_model_name(const struct serve_engine *e);

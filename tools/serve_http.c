@@ -383,10 +383,11 @@ static enum MHD_Result generate(struct serve_http *h, struct MHD_Connection *c, 
     char err[512];
     int status;
     const int stream = p->stream;
-    struct serve_req *r = serve_req_create(h->e, p, &status, err, sizeof err);
+    const char *code;
+    struct serve_req *r = serve_req_create(h->e, p, &status, err, sizeof err, &code);
     serve_params_free(p);
     if (!r)
-        return send_error(h, c, route, status, err, NULL, status == 400 ? "context_length_exceeded" : NULL);
+        return send_error(h, c, route, status, err, NULL, code);
     if ((status = serve_submit(h->e, r, err, sizeof err)) != 0) {
         serve_req_release(h->e, r);
         return send_error(h, c, route, status, err, NULL, NULL);

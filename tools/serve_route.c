@@ -123,8 +123,10 @@ int serve_route(const struct serve_route_config *cfg, const struct serve_route_i
     case SERVE_ROUTE_CHAT:
         o->status = serve_params_parse(in->body, in->len, o->route == SERVE_ROUTE_CHAT, &o->params, o->message,
                                        sizeof o->message, o->param, sizeof o->param);
-        if (o->status)
+        if (o->status) {
+            o->code = o->params.code; /* the parser's precise code (serve_request.c) */
             return o->status;
+        }
         o->has_params = 1;
         model = o->params.model;
         break;
