@@ -123,6 +123,19 @@ $kvq_t run -m "$model" --plan --layer-types q8_0/q8_0,tq3j/tq3,f16/f16,tq2/tq2 >
 grep -q "^per-layer" "$tmp/plan" && grep -q "q8_0/q8_0,tq3j/tq3,f16/f16,tq2/tq2" "$tmp/plan"
 check "run --plan shows the --layer-types choice" $?
 
+# -- kvq tokenize: a NUL byte survives both ways ------------------------------
+printf 'nul \000 inside' > "$tmp/nul.txt"
+ids=$($kvq_t tokenize -m "$model" --file "$tmp/nul.txt" --no-bos | tr ' ' ',')
+$kvq_t tokenize -m "$model" --decode "$ids" --json > "$tmp/nul.json"
+grep -q '^{"text": "nul \\u0000 inside"}$' "$tmp/nul.json"
+check "tokenize --decode --json: the text after a NUL is kept (\\u0000)" $?
+$kvq_t tokenize -m "$model" --decode "$ids" > "$tmp/nul.out"
+printf 'nul \000 inside\n' | cmp -s - "$tmp/nul.out"
+check "tokenize --decode: every byte, the NUL included" $?
+$kvq_t tokenize -m "$model" --decode 1,2 --json > "$tmp/plain.json"
+grep -q '^{"text": ".*"}$' "$tmp/plain.json"
+check "tokenize --decode --json: one JSON object" $?
+
 # -- kvq eval: --json on stdout, --json-out FILE, the old --json FILE -----
 ev="eval --synthetic --tokens 64 --queries 4 --n-layers 1 --types q8_0 --quiet"
 # shellcheck disable=SC2086

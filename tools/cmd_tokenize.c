@@ -1,6 +1,5 @@
 /* cmd_tokenize.c - `kvq tokenize`: text -> ids, or ids -> text, with a
  * model's tokenizer.json and no model weights (kvq_tokenizer.h). */
-#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,6 +62,27 @@ static int parse_ids(const char *s, int32_t **ids, size_t *n, const char **bad)
         s += k;
     }
     return 0;
+}
+
+/* s[0..n) as a JSON string, every byte kept: cJSON's escapes for quotes,
+ * backslashes and control bytes, but from a length, so a NUL the ids decode
+ * to is written as \u0000 instead of ending the text (cJSON_CreateString
+ * stops there). */
+static void print_json_string(const char *s, size_t n)
+{
+    putchar('"');
+    for (size_t i = 0; i < n; i++) {
+        const unsigned char c = (unsigned char)s[i];
+        const char *e = c == '"' ? "\\\"" : c == '\\' ? "\\\\" : c == '\b' ? "\\b" : c == '\f' ? "\\f"
+                      : c == '\n' ? "\\n" : c == '\r' ? "\\r" : c == '\t' ? "\\t" : NULL;
+        if (e)
+            fputs(e, stdout);
+        else if (c < 0x20)
+            printf("\\u%04x", c);
+        else
+            putchar(c);
+    }
+    putchar('"');
 }
 
 static int print_json_ids(const int32_t *ids, size_t n)
@@ -160,14 +180,9 @@ int cmd_tokenize(int argc, char **argv)
                                                  kvq_tokenizer_vocab_size(tok))
                                      : cli_status_error("tokenize", st, "decoding");
         } else if (json) {
-            cJSON *s = cJSON_CreateString(out);
-            char *js = s ? cJSON_PrintUnformatted(s) : NULL;
-            if (js)
-                printf("{\"text\": %s}\n", js);
-            else
-                rc = cli_status_error("tokenize", KVQ_ERR_NOMEM, "printing JSON");
-            free(js);
-            cJSON_Delete(s);
+            fputs("{\"text\": ", stdout);
+            print_json_string(out, len);
+            fputs("}\n", stdout);
         } else {
             fwrite(out, 1, len, stdout);
             fputc('\n', stdout);
