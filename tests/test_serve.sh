@@ -43,21 +43,8 @@ if ! command -v curl >/dev/null 2>&1 || [ ! -x "$kvq" ]; then
     finish
 fi
 
-# start_server LOG ARGS...: starts kvq serve on a free port; sets pid, port, url.
-start_server() {
-    log=$1; shift
-    "$kvq" serve --model "$model" --port 0 "$@" 2>"$log" &
-    pid=$!
-    port=""
-    i=0
-    while [ $i -lt 100 ] && [ -z "$port" ]; do
-        port=$(sed -n 's/.*listening on http:\/\/127\.0\.0\.1:\([0-9]*\).*/\1/p' "$log" 2>/dev/null)
-        [ -n "$port" ] || sleep 0.1
-        i=$((i + 1))
-    done
-    url=http://127.0.0.1:$port
-    [ -n "$port" ]
-}
+# start_server LOG ARGS...: tests/serve_lib.sh
+. "$root/tests/serve_lib.sh"
 
 # stop_server: SIGTERM, waits; sets stop_rc.
 stop_server() {

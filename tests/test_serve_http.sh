@@ -42,22 +42,8 @@ fi
 have_node=0
 command -v node >/dev/null 2>&1 && have_node=1
 
-# start_server LOG ARGS...: kvq serve on a free port; sets pid, port, url.
-start_server() {
-    log=$1; shift
-    rm -f "$log" # not the port of an earlier server
-    "$kvq" serve --model "$model" --port 0 "$@" 2>"$log" &
-    pid=$!
-    port=""
-    i=0
-    while [ $i -lt 100 ] && [ -z "$port" ]; do
-        port=$(sed -n 's/.*listening on http:\/\/127\.0\.0\.1:\([0-9]*\).*/\1/p' "$log" 2>/dev/null)
-        [ -n "$port" ] || sleep 0.1
-        i=$((i + 1))
-    done
-    url=http://127.0.0.1:$port
-    [ -n "$port" ]
-}
+# start_server LOG ARGS...: tests/serve_lib.sh
+. "$root/tests/serve_lib.sh"
 stop_server() {
     kill -TERM "$pid" 2>/dev/null
     wait "$pid"
