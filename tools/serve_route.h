@@ -102,10 +102,5 @@ char *serve_tok_answer(const kvq_tokenizer *tok, int detok, const struct serve_t
 char *serve_tok_json(const int32_t *ids, size_t n, const char *const *pieces, const size_t *piece_len);
 char *serve_detok_json(const char *text, size_t len);
 
-/** Decodes the JSON string escapes of a body so that cJSON keeps NUL bytes:
- *  a copy of body in which every \u0000 inside a string is the byte 0xFF
- *  (never in UTF-8, and refused in the body). @return the copy (malloc'ed,
- *  *n bytes) or NULL: a raw 0xFF in body (*bad = 1) or no memory. */
-char *serve_json_mark_nul(const char *body, size_t len, size_t *n, int *bad);
 
 #endif

@@ -2,11 +2,9 @@
  * (serve_route.h), and the JSON text of their answers.
  *
  * Every byte of the text is kept, NUL included: cJSON decodes "\u0000" into a
- * NUL inside its NUL-terminated strings, which would end the text there, so
- * the body is first copied with each \u0000 escape turned into the byte 0xFF
- * (serve_json_mark_nul), which UTF-8 never contains and a body holding one is
- * refused; the parsed string then has its 0xFFs turned back into NULs. The
- * answers are written here rather than by cJSON for the same reason. */
+ * NUL inside its NUL-terminated strings, so the content's length comes from
+ * serve_json_lengths (serve_json.c, as for the completion endpoints' prompts).
+ * The answers are written here rather than by cJSON for the same reason. */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdarg.h>
@@ -14,46 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "serve.h"
 #include "serve_route.h"
 
-#define NUL_MARK 0xFFu
 #define MAX_IDS (1u << 24)
-
-char *serve_json_mark_nul(const char *body, size_t len, size_t *n, int *bad)
-{
-    *bad = 0;
-    *n = 0;
-    if (memchr(body, (int)NUL_MARK, len)) {
-        *bad = 1;
-        return NULL;
-    }
-    char *o = malloc(len + 1);
-    if (!o)
-        return NULL;
-    size_t k = 0;
-    int in_str = 0;
-    for (size_t i = 0; i < len; i++) {
-        const char c = body[i];
-        if (!in_str) {
-            in_str = c == '"';
-            o[k++] = c;
-        } else if (c == '"') {
-            in_str = 0;
-            o[k++] = c;
-        } else if (c == '\\' && i + 5 < len && memcmp(body + i + 1, "u0000", 5) == 0) {
-            o[k++] = (char)NUL_MARK;
-            i += 5;
-        } else if (c == '\\' && i + 1 < len) { /* an escape: its second byte is never a quote's end */
-            o[k++] = c;
-            o[k++] = body[++i];
-        } else {
-            o[k++] = c;
-        }
-    }
-    o[k] = 0;
-    *n = k;
-    return o;
-}
 
 /* 1 when s[0..n) is UTF-8 (NUL included), as RFC 3629 defines it. */
 static int utf8_valid(const unsigned char *s, size_t n)
@@ -137,11 +99,11 @@ static int parse_tokenize(const cJSON *root, struct serve_tok_params *p, const s
     if (!parse_special) /* it would change the answer: refused rather than ignored */
         return bad(e, "parse_special", "'parse_special': false is not supported: special token text is always "
                                        "matched as the tokenizer's added tokens");
-    const size_t n = strlen(c->valuestring);
+    const size_t n = serve_json_strlen(c);
     if (!(p->content = malloc(n + 1)))
         return bad(e, "content", "out of memory");
-    for (size_t i = 0; i <= n; i++)
-        p->content[i] = (unsigned char)c->valuestring[i] == NUL_MARK ? 0 : c->valuestring[i];
+    memcpy(p->content, c->valuestring, n);
+    p->content[n] = 0;
     p->content_len = n;
     if (!utf8_valid((const unsigned char *)p->content, n))
         return bad(e, "content", "'content' is not valid UTF-8");
@@ -183,14 +145,9 @@ int serve_tok_parse(const char *body, size_t len, int detok, int32_t vocab, stru
         param[0] = 0;
     if (!body || !len)
         return bad(&e, "", "the request body is not valid JSON");
-    size_t n;
-    int raw_mark;
-    char *text = serve_json_mark_nul(body, len, &n, &raw_mark);
-    if (!text)
-        return raw_mark ? bad(&e, "", "the request body is not valid UTF-8 (it has the byte 0xFF)")
-                        : bad(&e, "", "out of memory");
-    cJSON *root = cJSON_ParseWithLength(text, n);
-    free(text);
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    if (root)
+        serve_json_lengths(body, len, root);
     int rc;
     if (!root)
         rc = bad(&e, "", "the request body is not valid JSON");
