@@ -129,8 +129,11 @@ static void attend_task(void *p, int task, int w)
 {
     struct attend_job *j = p;
     struct cpu_store *s = j->s;
-    const int d = s->head_dim, G = s->n_heads / s->n_kv, g = (int)((size_t)task / j->n_tiles);
-    const size_t gd = (size_t)G * d, qd = (size_t)s->n_heads * d, t0 = (size_t)task % j->n_tiles * ATTN_TASK_POS;
+    /* The last tiles (the longest prefixes) first, so the pool's threads,
+     * taking tasks in order, finish together. */
+    const int d = s->head_dim, G = s->n_heads / s->n_kv, g = task % s->n_kv;
+    const size_t gd = (size_t)G * d, qd = (size_t)s->n_heads * d;
+    const size_t t0 = (j->n_tiles - 1 - (size_t)task / (size_t)s->n_kv) * ATTN_TASK_POS;
     const size_t T = j->T - t0 < ATTN_TASK_POS ? j->T - t0 : ATTN_TASK_POS;
     const float scale = s->scale;
     kvq_status (*causal)(const kvq_cache *, int, size_t, size_t, const float *, int, float, float *,
