@@ -169,6 +169,34 @@ static void widen_par(const struct kvq_wmat *w, int r0, int n, float *dst)
     kvq_par_for((n + per - 1) / per, threads, widen_task, &j);
 }
 
+/* y[T][ldy] (+)= x[T][K] . w[n][K]^T through sgemm, in slices of SGEMM_SLICE
+ * weight rows over the pool, OpenBLAS itself single-threaded (kvq_set_threads):
+ * its own threads spin for a while after each call and took the second core
+ * from the attention's workers that follow (issue 44). The slices do not
+ * depend on the thread count, so neither do the bits. */
+#define SGEMM_SLICE 128
+struct sgemm_job {
+    int T, n, K, ldy;
+    const float *x, *w;
+    float beta;
+    float *y;
+};
+
+static void sgemm_task(void *p, int i, int w)
+{
+    (void)w;
+    const struct sgemm_job *j = p;
+    const int a = i * SGEMM_SLICE, n = j->n - a < SGEMM_SLICE ? j->n - a : SGEMM_SLICE;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->T, n, j->K, 1.0f, j->x, j->K,
+                j->w + (size_t)a * (size_t)j->K, j->K, j->beta, j->y + a, j->ldy);
+}
+
+static void sgemm_par(int T, int n, int K, const float *x, const float *w, float beta, float *y, int ldy)
+{
+    struct sgemm_job j = {T, n, K, ldy, x, w, beta, y};
+    kvq_par_for((n + SGEMM_SLICE - 1) / SGEMM_SLICE, kvq_par_threads(), sgemm_task, &j);
+}
+
 /* y[T][ldy] (+)= x[T][cols] . w[rows][cols]^T, block by block. Few rows: the
  * batch-invariant kernel widens the weights as it loads them. More: sgemm,
  * straight over an aligned f32 block, else over tiles of WTILE_ROWS rows
@@ -184,14 +212,12 @@ static void matmul(struct cpu_backend *cb, const struct kvq_wmat *w, const float
         if (T <= KVQ_MATVEC_MAX_M) {
             matvec_par(x, b, K, y + r0, ldy, (int)T, accumulate);
         } else if (b->dtype == KVQ_ST_F32 && (uintptr_t)b->data % sizeof(float) == 0) {
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, b->rows, K, 1.0f, x, K, b->data, K, beta,
-                        y + r0, ldy);
+            sgemm_par((int)T, b->rows, K, x, b->data, beta, y + r0, ldy);
         } else {
             for (int t0 = 0; t0 < b->rows; t0 += WTILE_ROWS) {
                 int n = b->rows - t0 < WTILE_ROWS ? b->rows - t0 : WTILE_ROWS;
                 widen_par(w, r0 + t0, n, cb->wtile);
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, n, K, 1.0f, x, K, cb->wtile, K, beta,
-                            y + r0 + t0, ldy);
+                sgemm_par((int)T, n, K, x, cb->wtile, beta, y + r0 + t0, ldy);
             }
         }
         r0 += b->rows;
