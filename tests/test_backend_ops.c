@@ -57,7 +57,7 @@
 
 /* ---- ops, backends, type classes ---------------------------------------- */
 
-enum op { OP_ENCODE, OP_DECODE, OP_SCORE, OP_ROT, OP_ROT_T, OP_CACHE, OP_ATTN, OP_CAUSAL, OP_ATTEND, OP_ATTEND_WIN, OP_PREFILL, OP_PREFILL_DENSE, OP_COUNT };
+enum op { OP_ENCODE, OP_DECODE, OP_SCORE, OP_ROT, OP_ROT_T, OP_CACHE, OP_ATTN, OP_CAUSAL, OP_CAUSAL_TILED, OP_ATTEND, OP_ATTEND_WIN, OP_PREFILL, OP_PREFILL_DENSE, OP_COUNT };
 
 enum backend { BE_SCALAR, BE_AVX2, BE_AVX512, BE_LIB, BE_CUDA, BE_CUDA_FUSED, BE_CUDA_REF, BE_COUNT, BE_REF = BE_COUNT };
 static const char *const BE_NAME[BE_COUNT + 1] = {"scalar", "avx2",       "avx512",   "lib",
@@ -76,6 +76,14 @@ static const char *const CL_NAME[CL_COUNT] = {"f32/f16/q8_0/q4_0", "tqB", "tqBj"
  * values each rounded to f16 once (f16's unit roundoff 4.9e-4), the
  * softmax weights too; no hi + lo halves. */
 #define PF_DENSE_TOL 5e-3
+/* kvq_attn_causal (decoded f32 blocks, f32 products, exp_ps) against
+ * kvq_attn_causal_ref (the fused decode: scores from the codes and the
+ * fixed-point sign tables): both form each score in float, so a score carries
+ * ~1e-7 of |q| |k| in absolute error, which becomes the relative error of its
+ * softmax weight; with these outlier rows (K x8, q x4) |scale q.k| reaches
+ * ~30, i.e. a few 1e-6. Measured worst 5.7e-6; the bound is the causal op's
+ * against the exact reference (the same float-score error budget). */
+#define TILED_TOL 1e-5
 
 /* The one tolerance table: the largest error a backend may show against the
  * reference, in the op's measure (OPS[].measure). None is looser than the
@@ -99,6 +107,9 @@ static const double TOL[OP_COUNT][CL_COUNT] = {
      * the reference in double throughout: ~1e-6 relative (test_attn). */
     [OP_ATTN] = {[CL_BASE] = 1e-5, [CL_TQ] = 1e-5, [CL_TQJ] = 1e-5},
     [OP_CAUSAL] = {[CL_BASE] = 1e-5, [CL_TQ] = 1e-5, [CL_TQJ] = 1e-5}, /* one decode per position */
+    /* The tiled chunk kernels against the per-position fused decode they
+     * replace: TILED_TOL below. */
+    [OP_CAUSAL_TILED] = {[CL_BASE] = TILED_TOL, [CL_TQ] = TILED_TOL, [CL_TQJ] = TILED_TOL},
     /* The fused GPU kernel multiplies in f16 on tensor cores (test_cuda TOL). */
     [OP_ATTEND] = {[CL_BASE] = 1e-3, [CL_TQ] = 1e-3, [CL_TQJ] = 1e-3},
     [OP_ATTEND_WIN] = {[CL_BASE] = 1e-3, [CL_TQ] = 1e-3, [CL_TQJ] = 1e-3}, /* the same kernels, + f16 rows in fp32 */
@@ -207,6 +218,19 @@ static const struct probe PR_CAUSAL[] = {{2, 80}};
 static const struct shape SH_CAUSAL[] = {{.dim = 64, .n_tokens = 140, .pos0 = 50, PROBES(PR_CAUSAL)},
                                          {.dim = 96, .n_tokens = 140, .pos0 = 50, PROBES(PR_CAUSAL)},
                                          {.dim = 128, .n_tokens = 140, .pos0 = 50, PROBES(PR_CAUSAL)}};
+/* causal-tiled: several query tiles (G = 4: 32 positions a tile), queries
+ * inside the sinks, and with the recent window chunks in the cache's last
+ * page (the only one whose f16 copies it keeps), one ending as the page fills
+ * (its last query reads the page packed); key centring (window on). */
+static const struct probe PR_TILED_2[] = {{2, 64}}, PR_TILED_4[] = {{4, 290}}, PR_TILED_S[] = {{2, 297}},
+                          PR_TILED_W[] = {{4, 20}};
+static const struct shape SH_TILED[] = {
+    {.dim = 128, .n_tokens = 300, .pos0 = 10, PROBES(PR_TILED_4)},
+    {.dim = 96, .n_tokens = 300, .pos0 = 3, .sinks = 8, PROBES(PR_TILED_S)},
+    {.dim = 128, .n_tokens = 192, .pos0 = 128, .window = 1, PROBES(PR_TILED_2)},
+    {.dim = 64, .page_tokens = 32, .n_tokens = 150, .pos0 = 130, .window = 1, .sinks = 4, PROBES(PR_TILED_W)}};
+static const struct shape SH_TILED_CENTER[] = {{.dim = 128, .n_tokens = 256, .pos0 = 192, .center = 1, PROBES(PR_TILED_2)}};
+static const struct shape SH_TILED_D100[] = {{.dim = 100, .n_tokens = 300, .pos0 = 10, .sinks = 8, PROBES(PR_TILED_4)}};
 static const struct shape SH_CAUSAL_D100[] = {{.dim = 100, .n_tokens = 140, .pos0 = 50, PROBES(PR_CAUSAL)}};
 
 enum { F32 = KVQ_TYPE_F32, F16 = KVQ_TYPE_F16, Q8 = KVQ_TYPE_Q8_0, Q4 = KVQ_TYPE_Q4_0, T1 = KVQ_TYPE_TQ1,
@@ -335,6 +359,9 @@ static const struct scene SCENES[] = {
     SCENE(OP_ATTN, PAIRS_CENTER, SH_ATTN_CENTER),
     SCENE(OP_CAUSAL, PAIRS_CAUSAL, SH_CAUSAL),
     SCENE(OP_CAUSAL, PAIR_F32_F16, SH_CAUSAL_D100),
+    SCENE(OP_CAUSAL_TILED, PAIRS_CAUSAL, SH_TILED),
+    SCENE(OP_CAUSAL_TILED, PAIRS_CENTER, SH_TILED_CENTER),
+    SCENE(OP_CAUSAL_TILED, PAIR_F32_F16, SH_TILED_D100),
 };
 
 static enum tclass type_class(int t)
@@ -413,6 +440,10 @@ static void case_cache_config(const struct tcase *c, int kv_heads, size_t max_to
     cfg->page_tokens = c->sh->page_tokens;
     if (c->sh->center)
         cfg->recent_f16 = cfg->center_k = 1;
+    if (c->op == OP_CAUSAL_TILED) {
+        cfg->recent_f16 |= c->sh->window;
+        cfg->sink_tokens = c->sh->sinks;
+    }
 }
 
 /* An empty CPU cache of kv_heads heads for the case's pair and shape. */
@@ -993,7 +1024,7 @@ static void attn_free(void *p)
 static size_t probe_floats(const struct tcase *c, int i)
 {
     const struct probe *pr = &c->sh->probes[i];
-    return (size_t)pr->n_q * (size_t)c->sh->dim * (c->op == OP_CAUSAL ? pr->ctx : 1);
+    return (size_t)pr->n_q * (size_t)c->sh->dim * (c->op == OP_CAUSAL || c->op == OP_CAUSAL_TILED ? pr->ctx : 1);
 }
 
 static void *attn_setup(const struct tcase *c)
@@ -1026,6 +1057,37 @@ static const struct kvq_attn_kernels *kernel_set(enum backend b)
     return b == BE_AVX512 ? &kvq_attn_kernels_avx512 : b == BE_AVX2 ? &kvq_attn_kernels_avx2 : &kvq_attn_kernels_scalar;
 }
 
+/* causal-tiled: the reference is the per-position path; scalar, avx2 and
+ * avx512 the chunk kernels; lib kvq_attn_causal, also over the chunk cut into uneven
+ * pieces, which must give the same bits (kv_store_cpu.c splits chunks by
+ * position across threads and relies on it). */
+static void causal_tiled_exec(struct attn_fx *f, const struct tcase *c, enum backend b, int i, const float *q,
+                              float *out)
+{
+    const struct shape *s = c->sh;
+    const int nq = s->probes[i].n_q;
+    const size_t T = s->probes[i].ctx, stride = (size_t)nq * (size_t)f->d;
+    if (b == BE_REF) {
+        CHECK_OK(kvq_attn_causal_ref(f->c, ATTN_HEAD, s->pos0, T, q, nq, f->scale, out, f->ws));
+    } else if (b != BE_LIB) {
+        const struct kvq_attn_chunk_kernels *kr = b == BE_AVX512 ? &kvq_attn_chunk_kernels_avx512
+                                                  : b == BE_AVX2 ? &kvq_attn_chunk_kernels_avx2
+                                                                 : &kvq_attn_chunk_kernels_scalar;
+        CHECK_OK(kvq_attn_causal_kernels(kr, f->c, ATTN_HEAD, s->pos0, T, q, nq, f->scale, out, f->ws));
+    } else {
+        CHECK_OK(kvq_attn_causal(f->c, ATTN_HEAD, s->pos0, T, q, nq, f->scale, out, f->ws));
+        float *part = malloc(T * stride * sizeof *part);
+        for (size_t t = 0, n = 1; t < T; t += n, n = n * 3 % 37 + 1) {
+            n = n < T - t ? n : T - t;
+            CHECK_OK(kvq_attn_causal(f->c, ATTN_HEAD, s->pos0 + t, n, q + t * stride, nq, f->scale,
+                                     part + t * stride, f->ws));
+        }
+        CHECKF(!memcmp(part, out, T * stride * sizeof *part), "causal-tiled d=%d: a split chunk's rows differ",
+               s->dim);
+        free(part);
+    }
+}
+
 static void attn_exec(void *p, const struct tcase *c, enum backend b)
 {
     struct attn_fx *f = p;
@@ -1034,7 +1096,9 @@ static void attn_exec(void *p, const struct tcase *c, enum backend b)
         const int nq = s->probes[i].n_q;
         const float *q = f->q + f->off[i];
         float *out = f->out[b != BE_REF] + f->off[i];
-        if (c->op == OP_CAUSAL && b != BE_REF) {
+        if (c->op == OP_CAUSAL_TILED) {
+            causal_tiled_exec(f, c, b, i, q, out);
+        } else if (c->op == OP_CAUSAL && b != BE_REF) {
             CHECK_OK(kvq_attn_causal(f->c, ATTN_HEAD, s->pos0, s->probes[i].ctx, q, nq, f->scale, out, f->ws));
         } else if (c->op == OP_CAUSAL) {
             const size_t stride = (size_t)nq * (size_t)f->d;
@@ -1072,6 +1136,8 @@ static int attn_supports(const struct tcase *c, enum backend b)
     const int d = c->sh->dim;
     if (c->op == OP_CAUSAL)
         return b == attn_dispatch(d);
+    if (c->op == OP_CAUSAL_TILED)
+        return b == BE_SCALAR || b == BE_LIB || (b == BE_AVX2 && d % 8 == 0) || (b == BE_AVX512 && d % 16 == 0);
     return b == BE_SCALAR || (b == BE_AVX2 && d % 8 == 0) || (b == BE_AVX512 && d % 16 == 0);
 }
 
@@ -1553,6 +1619,8 @@ static const struct op_impl OPS[OP_COUNT] = {
                  "max relative L2 error of a group's outputs", ATTN_OP},
     [OP_CAUSAL] = {"causal", 4, "kvq_attn_causal over a chunk of positions",
                    "max relative L2 error of a position's outputs", ATTN_OP},
+    [OP_CAUSAL_TILED] = {"causal-tiled", 4, "kvq_attn_causal's tiled chunk kernels against one fused decode per position",
+                         "max relative L2 error of a position's outputs", ATTN_OP},
     [OP_ATTEND] = {"attend", 5, "kvq_cuda_cache_attend: a batch of sequences, every KV head",
                    "max relative L2 error of a (sequence, KV head) group", attend_setup, attend_free, attend_supports,
                    attend_exec, attend_error},
@@ -1669,10 +1737,10 @@ static const char *shape_label(const struct tcase *c, char *buf, size_t n)
         at += snprintf(buf + at, n - (size_t)at, " P=%d", s->page_tokens);
     if (c->op <= OP_SCORE && s->rot != KVQ_ROT_HADAMARD)
         at += snprintf(buf + at, n - (size_t)at, " %s", kvq_rot_kind_name(s->rot));
-    if (c->op == OP_CACHE || c->op == OP_ATTN || c->op == OP_CAUSAL)
-        at += snprintf(buf + at, n - (size_t)at, " P=%d n=%zu%s",
+    if (c->op == OP_CACHE || c->op == OP_ATTN || c->op == OP_CAUSAL || c->op == OP_CAUSAL_TILED)
+        at += snprintf(buf + at, n - (size_t)at, " P=%d n=%zu%s%s sinks=%d",
                        s->page_tokens ? s->page_tokens : KVQ_DEFAULT_PAGE_TOKENS, s->n_tokens,
-                       s->center ? " centred" : "");
+                       s->center ? " centred" : "", s->window ? " window" : "", s->sinks);
     if (c->op == OP_ATTEND || c->op == OP_ATTEND_WIN)
         snprintf(buf + at, n - (size_t)at, " G=%d P=%d %s%s", s->G, s->page_tokens, kvq_rot_kind_name(s->rot),
                  s->center ? " centred" : "");

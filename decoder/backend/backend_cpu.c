@@ -147,32 +147,47 @@ static void matvec_par(const float *x, const struct kvq_wblock *b, int K, float 
     kvq_par_for((b->rows + per - 1) / per, threads, mv_task, &j);
 }
 
-/* Rows [r0, r0 + n) of w widened into dst, in row ranges over the pool. */
-struct widen_job {
-    const struct kvq_wmat *w;
-    int r0, n, per;
-    float *dst;
+/* y[T][ldy] (+)= x[T][K] . w[n][K]^T through sgemm, in slices of SGEMM_SLICE
+ * weight rows over the pool, OpenBLAS itself single-threaded (kvq_set_threads):
+ * its own threads spin for a while after each call and took the second core
+ * from the attention's workers that follow (issue 44). The slices do not
+ * depend on the thread count, so neither do the bits. */
+#define SGEMM_SLICE 128
+struct sgemm_job {
+    int T, n, K, ldy;
+    const float *x, *w;
+    float beta;
+    float *y;
+    const struct kvq_wmat *wide; /* not NULL: widen rows r0 + a.. of it into w first */
+    int r0;
 };
 
-static void widen_task(void *p, int i, int w)
+static void sgemm_task(void *p, int i, int w)
 {
     (void)w;
-    const struct widen_job *j = p;
-    const int a = i * j->per, n = j->n - a < j->per ? j->n - a : j->per;
-    kvq_wmat_rows_f32(j->w, j->r0 + a, n, j->dst + (size_t)a * (size_t)j->w->cols);
+    const struct sgemm_job *j = p;
+    const int a = i * SGEMM_SLICE, n = j->n - a < SGEMM_SLICE ? j->n - a : SGEMM_SLICE;
+    float *wa = (float *)(uintptr_t)(j->w + (size_t)a * (size_t)j->K); /* this task's own rows of the tile */
+    if (j->wide)
+        kvq_wmat_rows_f32(j->wide, j->r0 + a, n, wa);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->T, n, j->K, 1.0f, j->x, j->K, wa, j->K, j->beta,
+                j->y + a, j->ldy);
 }
 
-static void widen_par(const struct kvq_wmat *w, int r0, int n, float *dst)
+/* wide: the weights' rows r0.. are widened into w by the tasks themselves,
+ * each its own slice (one pool loop, not two). */
+static void sgemm_par(int T, int n, int K, const float *x, const float *w, float beta, float *y, int ldy,
+                      const struct kvq_wmat *wide, int r0)
 {
-    const int threads = kvq_par_threads(), per = (n + threads - 1) / threads;
-    struct widen_job j = {w, r0, n, per, dst};
-    kvq_par_for((n + per - 1) / per, threads, widen_task, &j);
+    struct sgemm_job j = {T, n, K, ldy, x, w, beta, y, wide, r0};
+    kvq_par_for((n + SGEMM_SLICE - 1) / SGEMM_SLICE, kvq_par_threads(), sgemm_task, &j);
 }
 
 /* y[T][ldy] (+)= x[T][cols] . w[rows][cols]^T, block by block. Few rows: the
  * batch-invariant kernel widens the weights as it loads them. More: sgemm,
  * straight over an aligned f32 block, else over tiles of WTILE_ROWS rows
- * widened into cb->wtile (prefill pays one widening per chunk, not per row). */
+ * widened into cb->wtile by the sgemm tasks, each its slice (prefill pays one
+ * widening per chunk, not per row). */
 static void matmul(struct cpu_backend *cb, const struct kvq_wmat *w, const float *x, float *y, int ldy, size_t T,
                    int accumulate)
 {
@@ -184,14 +199,11 @@ static void matmul(struct cpu_backend *cb, const struct kvq_wmat *w, const float
         if (T <= KVQ_MATVEC_MAX_M) {
             matvec_par(x, b, K, y + r0, ldy, (int)T, accumulate);
         } else if (b->dtype == KVQ_ST_F32 && (uintptr_t)b->data % sizeof(float) == 0) {
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, b->rows, K, 1.0f, x, K, b->data, K, beta,
-                        y + r0, ldy);
+            sgemm_par((int)T, b->rows, K, x, b->data, beta, y + r0, ldy, NULL, 0);
         } else {
             for (int t0 = 0; t0 < b->rows; t0 += WTILE_ROWS) {
                 int n = b->rows - t0 < WTILE_ROWS ? b->rows - t0 : WTILE_ROWS;
-                widen_par(w, r0 + t0, n, cb->wtile);
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, n, K, 1.0f, x, K, cb->wtile, K, beta,
-                            y + r0 + t0, ldy);
+                sgemm_par((int)T, n, K, x, cb->wtile, beta, y + r0 + t0, ldy, w, r0 + t0);
             }
         }
         r0 += b->rows;

@@ -3,8 +3,9 @@
  * Attention goes only through kvq's public API: a chunk's keys and values
  * are appended to the layer's cache, then kvq_attn_causal (T > 1) or
  * kvq_attn_decode (T = 1) reads them back from the packed pages, once per KV
- * head for its group of query heads, the heads in parallel (parallel.h). With the recent f16 window a chunk is
- * appended and attended one position at a time instead (append_attend_each).
+ * head for its group of query heads; a chunk's work is split into (KV head x
+ * query tile) tasks over the pool (parallel.h). With the recent f16 window a
+ * chunk is appended and attended a page at a time (append_attend_each).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -13,6 +14,7 @@
 #include "kv_store.h"
 #include "kvq_attn.h"
 #include "kvq_codec.h"
+#include "matvec_internal.h"
 #include "parallel.h"
 
 /* Pool threads one store attends on at most. */
@@ -99,70 +101,97 @@ static kvq_status norm_correct_v(struct cpu_store *s, const kvq_cache *c, float 
     return KVQ_OK;
 }
 
-/* One KV head's attention (attend's task). */
+/* Query positions per attention task of a chunk: a row's result does not
+ * depend on the tile it is computed in (kvq_attn_causal), so the split, and
+ * the thread count, leave the bits alone; 64 positions keep one tile of the
+ * kernel's 128 rows busy at G = 2 and give a 3.5K prompt ~110 tasks. */
+#define ATTN_TASK_POS 64
+
+/* Chunks of at most this many positions (decode, speculative verification)
+ * attend as one decode per position (kvq_attn_causal_ref), like the few-row
+ * matrix kernel they go through: a verified draft then gets exactly the bits
+ * of plain decoding. Longer chunks (prefill) take the tiled kernel, equal to
+ * rounding, as their sgemm products are. */
+#define PER_POSITION_MAX KVQ_MATVEC_MAX_M
+
+/* One KV head's attention over one tile of the chunk's positions (attend's task). */
 struct attend_job {
     struct cpu_store *s;
     const kvq_cache *cache;
-    size_t pos0, T;
+    size_t pos0, T, n_tiles;
+    int tiled; /* kvq_attn_causal, else kvq_attn_causal_ref (PER_POSITION_MAX) */
     const float *q;
     float *out;
     kvq_status st[KVQ_ATTN_MAX_WORKERS]; /* per pool thread: no two write one slot */
 };
 
-static void attend_head(void *p, int g, int w)
+static void attend_task(void *p, int task, int w)
 {
     struct attend_job *j = p;
     struct cpu_store *s = j->s;
-    const int d = s->head_dim, G = s->n_heads / s->n_kv;
-    const size_t gd = (size_t)G * d, qd = (size_t)s->n_heads * d, T = j->T;
+    /* The last tiles (the longest prefixes) first, so the pool's threads,
+     * taking tasks in order, finish together. */
+    const int d = s->head_dim, G = s->n_heads / s->n_kv, g = task % s->n_kv;
+    const size_t gd = (size_t)G * d, qd = (size_t)s->n_heads * d;
+    const size_t t0 = (j->n_tiles - 1 - (size_t)task / (size_t)s->n_kv) * ATTN_TASK_POS;
+    const size_t T = j->T - t0 < ATTN_TASK_POS ? j->T - t0 : ATTN_TASK_POS;
     const float scale = s->scale;
+    kvq_status (*causal)(const kvq_cache *, int, size_t, size_t, const float *, int, float, float *,
+                         kvq_attn_workspace *) = j->tiled ? kvq_attn_causal : kvq_attn_causal_ref;
     kvq_status st;
-    if (T == 1) {
+    if (j->T == 1) {
         st = kvq_attn_decode(j->cache, g, j->pos0 + 1, j->q + g * gd, G, scale, j->out + g * gd, s->ws[w]);
     } else if (s->n_kv == 1) {
-        st = kvq_attn_causal(j->cache, g, j->pos0, T, j->q, G, scale, j->out, s->ws[w]);
+        st = causal(j->cache, g, j->pos0 + t0, T, j->q + t0 * qd, G, scale, j->out + t0 * qd, s->ws[w]);
     } else {
         /* The heads of one group are contiguous within a token, not across tokens. */
         for (size_t t = 0; t < T; t++)
-            memcpy(s->qg[w] + t * gd, j->q + t * qd + g * gd, gd * sizeof(float));
-        st = kvq_attn_causal(j->cache, g, j->pos0, T, s->qg[w], G, scale, s->og[w], s->ws[w]);
+            memcpy(s->qg[w] + t * gd, j->q + (t0 + t) * qd + g * gd, gd * sizeof(float));
+        st = causal(j->cache, g, j->pos0 + t0, T, s->qg[w], G, scale, s->og[w], s->ws[w]);
         for (size_t t = 0; t < T; t++)
-            memcpy(j->out + t * qd + g * gd, s->og[w] + t * gd, gd * sizeof(float));
+            memcpy(j->out + (t0 + t) * qd + g * gd, s->og[w] + t * gd, gd * sizeof(float));
     }
     if (st != KVQ_OK)
         j->st[w] = st;
 }
 
 /* out[T][n_heads][d] for queries at positions pos0.. of a cache that already
- * holds them: the KV heads in parallel over the pool (each head's result
- * does not depend on the thread that computes it). */
-static kvq_status attend(struct cpu_store *s, const kvq_cache *cache, size_t pos0, size_t T, const float *q,
-                         float *out)
+ * holds them: (KV head x query tile) tasks in parallel over the pool (each
+ * task writes its own rows, whose values do not depend on the thread). */
+static kvq_status attend(struct cpu_store *s, const kvq_cache *cache, size_t pos0, size_t T, int tiled,
+                         const float *q, float *out)
 {
-    struct attend_job j = {s, cache, pos0, T, q, out, {KVQ_OK}};
-    /* a head's work must outweigh a wake-up of the pool */
+    struct attend_job j = {s, cache, pos0, T, (T + ATTN_TASK_POS - 1) / ATTN_TASK_POS, tiled, q, out, {KVQ_OK}};
+    /* a task's work must outweigh a wake-up of the pool */
     const int work = T * kvq_cache_len(cache) >= 256 ? s->n_work : 1;
-    kvq_par_for(s->n_kv, work, attend_head, &j);
+    kvq_par_for((int)((size_t)s->n_kv * j.n_tiles), work, attend_task, &j);
     for (int i = 0; i < s->n_work; i++)
         if (j.st[i] != KVQ_OK)
             return j.st[i];
     return KVQ_OK;
 }
 
-/* Generation order for a chunk (recent f16 window): append token t, then
- * attend for query t, so every query sees the f16 window exactly as it was
- * when its own token was the newest (pages filled later in the chunk are
- * not yet read packed). */
+/* Generation order for a chunk (recent f16 window): each query must see the
+ * f16 rows of its own page as they were when its token was the newest, and
+ * the cache keeps the copies of its last page only. So a chunk goes in a page
+ * at a time: append the tokens up to the page's end, then attend their
+ * queries (kvq_attn_causal gives each the view of a decode at its position,
+ * the page's earlier tokens from the f16 copies the cache still holds).
+ * Short chunks (PER_POSITION_MAX) go a position at a time. */
 static kvq_status append_attend_each(struct cpu_store *s, kvq_cache *cache, size_t pos0, size_t T, const float *k,
                                      const float *v, const float *q, float *out)
 {
     const size_t kvd = (size_t)s->n_kv * s->head_dim, qd = (size_t)s->n_heads * s->head_dim;
-    for (size_t t = 0; t < T; t++) {
-        kvq_status st = kvq_cache_append(cache, 1, k + t * kvd, v + t * kvd);
+    const size_t P = kvq_cache_layout(cache)->page_tokens;
+    const int tiled = T > PER_POSITION_MAX;
+    for (size_t t = 0; t < T;) {
+        const size_t p = pos0 + t, n = !tiled ? 1 : P - p % P < T - t ? P - p % P : T - t;
+        kvq_status st = kvq_cache_append(cache, n, k + t * kvd, v + t * kvd);
         if (st == KVQ_OK)
-            st = attend(s, cache, pos0 + t, 1, q + t * qd, out + t * qd);
+            st = attend(s, cache, p, n, tiled, q + t * qd, out + t * qd);
         if (st != KVQ_OK)
             return st;
+        t += n;
     }
     return KVQ_OK;
 }
@@ -293,7 +322,7 @@ static kvq_status cpu_append_attend(kvq_kv_store *base, int layer, int n_seqs, c
             else if (s->recent_f16 && T > 1)
                 st = append_attend_each(s, cache, pos0, T, ki, vi, qi, oi);
             else if ((st = kvq_cache_append(cache, T, ki, vi)) == KVQ_OK)
-                st = attend(s, cache, pos0, T, qi, oi);
+                st = attend(s, cache, pos0, T, T > PER_POSITION_MAX, qi, oi);
         }
         if (st != KVQ_OK) { /* all or nothing over the call's sequences */
             truncate_to(s, layer, seqs[i], pos0);
@@ -486,7 +515,7 @@ kvq_status kvq_kv_store_cpu_create(const struct kvq_kv_store_config *cfg, kvq_kv
                                  kvq_status_str(st));
         }
     }
-    s->n_work = kvq_par_threads() < s->n_kv ? kvq_par_threads() : s->n_kv;
+    s->n_work = kvq_par_threads();
     s->n_work = s->n_work < KVQ_ATTN_MAX_WORKERS ? s->n_work : KVQ_ATTN_MAX_WORKERS;
     s->ws = calloc((size_t)s->n_work, sizeof *s->ws);
     s->qg = calloc((size_t)s->n_work, sizeof *s->qg);

@@ -108,6 +108,8 @@ static void init_default(void)
 {
     pthread_atfork(NULL, NULL, after_fork_child);
     start_workers(cores_available());
+    /* the products split their sgemm calls over this pool (backend_cpu.c) */
+    openblas_set_num_threads(1);
 }
 
 int kvq_par_threads(void)
@@ -155,7 +157,7 @@ int kvq_set_threads(int n)
         start_workers(n);
     }
     pthread_mutex_unlock(&P.lock);
-    openblas_set_num_threads(n);
+    openblas_set_num_threads(1); /* see init_default */
     return P.n_workers + 1;
 }
 

@@ -1,7 +1,8 @@
 /* parallel.h - one process-wide pool of worker threads for the CPU
  * backend's loops (few-row products, attention over KV heads).
  *
- * kvq_set_threads (kvq_model.h) sizes it and OpenBLAS's own pool; by default
+ * kvq_set_threads (kvq_model.h) sizes it (OpenBLAS stays single-threaded:
+ * backend_cpu.c splits its sgemm calls over this pool); by default
  * it has as many threads as the process may run on (sched_getaffinity).
  * Work is split into tasks whose results do not depend on which thread runs
  * them or in what order, so output is identical for any thread count.

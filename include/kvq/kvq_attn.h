@@ -49,7 +49,8 @@ typedef struct kvq_attn_workspace kvq_attn_workspace;
 /** Allocates the scratch of one thread for heads of head_dim, up to max_q
  *  query heads per KV head and contexts up to max_ctx tokens. Its size does
  *  not depend on max_ctx (blocks are streamed); about
- *  max_q * head_dim * 170 bytes (mostly the QJL sign tables) plus a few KiB.
+ *  max_q * head_dim * 170 bytes (mostly the QJL sign tables) plus, for
+ *  kvq_attn_causal, about max(max_q, 128) * head_dim * 8 + head_dim * 776 + 40 KiB.
  *  @return KVQ_OK and *out; KVQ_ERR_INVALID_ARG (NULL out, head_dim, max_q or
  *  max_ctx < 1); KVQ_ERR_UNSUPPORTED (head_dim > KVQ_MAX_DIM, max_q >
  *  KVQ_ATTN_MAX_Q); KVQ_ERR_NOMEM. */
@@ -73,16 +74,33 @@ KVQ_API kvq_status kvq_attn_decode_ref(const kvq_cache *c, int kv_head, size_t n
                                float scale, float *out, kvq_attn_workspace *ws);
 
 /** Causal attention for T consecutive query positions (prefill, speculative
- *  verification): query t (0 <= t < T) sits at position pos0 + t and attends
- *  over tokens [0, pos0 + t]. With a recent f16 window this is not what
- *  generation sees (the tokens of pages filled within the chunk are read
- *  packed, or from the ring where it still holds them); append and decode
- *  one position at a time for that. q and out are [T][n_q][head_dim].
+ *  verification): query t (0 <= t < T) sits at position pos0 + t and sees
+ *  exactly what kvq_attn_decode(c, kv_head, pos0 + t + 1, ...) sees: tokens
+ *  [0, pos0 + t], the f16 overrides as kvq_cache_f16_view gives them for
+ *  pos0 + t + 1 tokens. With a recent f16 window that is generation's view
+ *  only while the cache still holds the f16 copies of the query's page, i.e.
+ *  when the chunk stays within one page after the cache's last full page
+ *  (append a page at a time and attend each; a query whose page's copies are
+ *  gone gets KVQ_ERR_INTERNAL). q and out are [T][n_q][head_dim].
  *  The cache must already hold tokens up to pos0 + T - 1, and the workspace
- *  must admit contexts of pos0 + T. Computed as one decode per position.
+ *  must admit contexts of pos0 + T.
+ *  Computed in query tiles of up to 128 rows (positions x n_q heads): each
+ *  block of up to 64 keys/values is decoded once per tile into f32, then
+ *  scored against every row of the tile with f32 products (AVX-512 or
+ *  AVX2/FMA, picked as kvq_attn_decode picks its kernels), with an online
+ *  softmax per row. A row's result depends only on its own position and
+ *  query, not on T, pos0 or its tile (the blocks sit on absolute positions),
+ *  so a chunk may be split by position, e.g. across threads, with the same
+ *  bits. It agrees with kvq_attn_causal_ref to float rounding (~5e-6
+ *  relative on outlier-heavy rows; not bit for bit).
  *  @return as kvq_attn_decode; KVQ_ERR_INVALID_ARG also for T == 0. */
 KVQ_API kvq_status kvq_attn_causal(const kvq_cache *c, int kv_head, size_t pos0, size_t T, const float *q, int n_q,
                            float scale, float *out, kvq_attn_workspace *ws);
+
+/** The reference of kvq_attn_causal: one kvq_attn_decode per position (each
+ *  block re-read for every row). Same arguments, views and errors. */
+KVQ_API kvq_status kvq_attn_causal_ref(const kvq_cache *c, int kv_head, size_t pos0, size_t T, const float *q,
+                                       int n_q, float scale, float *out, kvq_attn_workspace *ws);
 
 #ifdef __cplusplus
 }

@@ -209,9 +209,12 @@ struct kvq_model_info {
 };
 KVQ_API void kvq_model_get_info(const kvq_model *m, struct kvq_model_info *info);
 
-/** Threads of the CPU decoder, process-wide: OpenBLAS's products (prefill,
- *  perplexity chunks), the few-row kernel of decode steps and the LM head
- *  (row ranges), and attention (KV heads in parallel). n <= 0: the cores this
+/** Threads of the CPU decoder, process-wide, in one pool: the products of
+ *  chunks (prefill, perplexity; sgemm in slices of weight rows, OpenBLAS
+ *  itself kept single-threaded so that its spinning threads do not take the
+ *  cores from the attention that follows), the few-row kernel of decode
+ *  steps and the LM head (row ranges), and attention ((KV head x query tile)
+ *  tasks of a chunk, KV heads of a decode step). n <= 0: the cores this
  *  process may run on, which is also the default. Results do not depend on
  *  it. Call it while no forward runs. @return the threads now in use. */
 KVQ_API int kvq_set_threads(int n);

@@ -48,8 +48,19 @@ kvq_status kvq_attn_workspace_create(int head_dim, int max_q, size_t max_ctx, kv
     ws->l = alloc64(nq * sizeof(double));
     ws->alpha = alloc64(nq * sizeof(double));
     ws->row = alloc64(nq * 2 * d * sizeof(float));
+    /* the chunk kernels' (attn_chunk.c): one block of K, K^T and V, a tile's rows */
+    const size_t crows = nq > KVQ_ATTN_CHUNK_ROWS ? nq : KVQ_ATTN_CHUNK_ROWS;
+    ws->ck = alloc64(B * d * sizeof(float));
+    ws->cv = alloc64(B * d * sizeof(float));
+    ws->ckt = alloc64(B * d * sizeof(float));
+    ws->crow = alloc64((KVQ_ATTN_CHUNK_ROWS * B + 2 * d) * sizeof(float));
+    ws->cacc = alloc64(crows * d * sizeof(double));
+    ws->cm = alloc64(crows * sizeof(double));
+    ws->cl = alloc64(crows * sizeof(double));
+    ws->cr = alloc64(sizeof *ws->cr);
     if (!ws->qprep || !ws->qsum || !ws->qint || !ws->lut || !ws->lut_inv || !ws->dot || !ws->w || !ws->wv || !ws->wg || !ws->ssum ||
-        !ws->acc || !ws->acc_s || !ws->m || !ws->l || !ws->alpha || !ws->row) {
+        !ws->acc || !ws->acc_s || !ws->m || !ws->l || !ws->alpha || !ws->row || !ws->ck || !ws->cv || !ws->ckt ||
+        !ws->crow || !ws->cacc || !ws->cm || !ws->cl || !ws->cr) {
         kvq_attn_workspace_free(ws);
         return KVQ_ERR_NOMEM;
     }
@@ -77,6 +88,14 @@ void kvq_attn_workspace_free(kvq_attn_workspace *ws)
     free(ws->l);
     free(ws->alpha);
     free(ws->row);
+    free(ws->ck);
+    free(ws->cv);
+    free(ws->ckt);
+    free(ws->crow);
+    free(ws->cacc);
+    free(ws->cm);
+    free(ws->cl);
+    free(ws->cr);
     free(ws);
 }
 
@@ -84,7 +103,7 @@ void kvq_attn_workspace_free(kvq_attn_workspace *ws)
  * A NaN or infinite scale is the caller's bad argument, not data: it would
  * turn every logit into NaN (or +-Inf, then NaN after max-subtraction) and
  * return garbage with KVQ_OK. */
-static kvq_status check_args(const kvq_cache *c, int kv_head, size_t n_ctx, const float *q, int n_q, float scale,
+kvq_status kvq_attn_check_args(const kvq_cache *c, int kv_head, size_t n_ctx, const float *q, int n_q, float scale,
                              const float *out, const kvq_attn_workspace *ws)
 {
     if (!c || !q || !out || !ws || !isfinite(scale))
@@ -96,7 +115,7 @@ static kvq_status check_args(const kvq_cache *c, int kv_head, size_t n_ctx, cons
     return KVQ_OK;
 }
 
-static kvq_status check_queries(const float *q, size_t n, int d)
+kvq_status kvq_attn_check_queries(const float *q, size_t n, int d)
 {
     for (size_t i = 0; i < n; i++)
         if (!kvq_all_finite(q + i * (size_t)d, d))
@@ -134,12 +153,12 @@ kvq_status kvq_attn_decode(const kvq_cache *c, int kv_head, size_t n_ctx, const 
 kvq_status kvq_attn_decode_kernels(const struct kvq_attn_kernels *kr, const kvq_cache *c, int kv_head, size_t n_ctx,
                                    const float *q, int n_q, float scale, float *out, kvq_attn_workspace *ws)
 {
-    kvq_status st = check_args(c, kv_head, n_ctx, q, n_q, scale, out, ws);
+    kvq_status st = kvq_attn_check_args(c, kv_head, n_ctx, q, n_q, scale, out, ws);
     if (st != KVQ_OK)
         return st;
     const struct kvq_page_layout *pl = kvq_cache_layout(c);
     const int d = (int)pl->dim;
-    if ((st = check_queries(q, (size_t)n_q, d)) != KVQ_OK)
+    if ((st = kvq_attn_check_queries(q, (size_t)n_q, d)) != KVQ_OK)
         return st;
 
     struct kvq_attn_job job = {kvq_cache_codec_k(c), kvq_cache_codec_v(c), &pl->k, &pl->v, d, n_q, scale, ws};
@@ -270,25 +289,5 @@ kvq_status kvq_attn_merge_f16(const struct kvq_attn_kernels *kr, const kvq_cache
             if (!isfinite(o) || !isfinite((float)o))
                 return KVQ_ERR_RANGE;
         }
-    return KVQ_OK;
-}
-
-kvq_status kvq_attn_causal(const kvq_cache *c, int kv_head, size_t pos0, size_t T, const float *q, int n_q,
-                           float scale, float *out, kvq_attn_workspace *ws)
-{
-    if (!c || T == 0 || pos0 > SIZE_MAX - T)
-        return KVQ_ERR_INVALID_ARG;
-    kvq_status st = check_args(c, kv_head, pos0 + T, q, n_q, scale, out, ws);
-    if (st != KVQ_OK)
-        return st;
-    const size_t stride = (size_t)n_q * (size_t)ws->dim;
-    if ((st = check_queries(q, T * (size_t)n_q, ws->dim)) != KVQ_OK)
-        return st;
-    /* Each position is one decode over its own prefix: exact causal masking. */
-    for (size_t t = 0; t < T; t++) {
-        st = kvq_attn_decode(c, kv_head, pos0 + t + 1, q + t * stride, n_q, scale, out + t * stride, ws);
-        if (st != KVQ_OK)
-            return st;
-    }
     return KVQ_OK;
 }

@@ -54,6 +54,13 @@ struct kvq_attn_workspace {
     double *acc_s;   /* [max_q][dim]: tqBj V, the S-domain part */
     double *m, *l, *alpha; /* [max_q] */
     float *row;      /* [max_q][2 dim] scratch */
+    /* chunk path (attn_chunk.c) */
+    float *ck, *cv;  /* [KVQ_ATTN_BLOCK][dim]: one block's decoded keys, values */
+    float *ckt;      /* [dim][KVQ_ATTN_BLOCK]: the keys transposed */
+    float *crow;     /* [KVQ_ATTN_CHUNK_ROWS * KVQ_ATTN_BLOCK + 2 dim] the block step's scratch */
+    double *cacc;    /* [max(max_q, KVQ_ATTN_CHUNK_ROWS)][dim] a tile's rows */
+    double *cm, *cl; /* [max(max_q, KVQ_ATTN_CHUNK_ROWS)] their maxima, weight sums */
+    struct kvq_attn_chunk_rows *cr; /* the rows of one block step */
 };
 
 /* One decode call, as the kernels see it. */
@@ -166,5 +173,54 @@ static inline struct kvq_row kvq_attn_row(const struct kvq_head_layout *hl, cons
     /* Rows are only read; kvq_row's pointers are non-const by type only. */
     return kvq_head_row(hl, (uint8_t *)(uintptr_t)chunk, slot);
 }
+
+/* ---- chunk (prefill) attention: attn_chunk.c, attn_chunk_avx2.c ----
+ * A query tile holds kvq_attn_chunk_positions(n_q) positions of n_q heads
+ * (at most KVQ_ATTN_CHUNK_ROWS rows): enough rows that decoding a block once
+ * for all of them costs little next to their products, few enough that the
+ * rows' accumulators stay in L2. */
+#define KVQ_ATTN_CHUNK_ROWS 128
+#define KVQ_ATTN_CHUNK_POS 64
+static inline size_t kvq_attn_chunk_positions(int n_q)
+{
+    size_t p = KVQ_ATTN_CHUNK_ROWS / (size_t)n_q;
+    return p < 1 ? 1 : p > KVQ_ATTN_CHUNK_POS ? KVQ_ATTN_CHUNK_POS : p;
+}
+
+/* The rows of a tile that meet one block, as the block step sees them. */
+struct kvq_attn_chunk_rows {
+    int n;
+    const float *q[KVQ_ATTN_CHUNK_ROWS];           /* [dim] each */
+    uint32_t lo[KVQ_ATTN_CHUNK_ROWS], hi[KVQ_ATTN_CHUNK_ROWS]; /* keys [lo, hi) of the block, lo < hi */
+    double *m[KVQ_ATTN_CHUNK_ROWS], *l[KVQ_ATTN_CHUNK_ROWS], *acc[KVQ_ATTN_CHUNK_ROWS]; /* acc: [dim] */
+};
+
+/* One block's step for every row given: scores s_j = scale q . k_j for the
+ * row's keys j in [lo, hi) (kt: [dim][KVQ_ATTN_BLOCK], the keys as columns),
+ * then the online softmax: m = max(m, max s), l = alpha l + sum e^(s_j - m),
+ * acc = alpha acc + sum_j e^(s_j - m) v_j (v: [KVQ_ATTN_BLOCK][dim]; the
+ * block's sum in float, acc in double), alpha = e^(m_old - m). Each row's
+ * arithmetic is its own (rows are only paired to share loads), so a row's
+ * result does not depend on the others. tmp: KVQ_ATTN_CHUNK_ROWS *
+ * KVQ_ATTN_BLOCK + 2 dim floats of scratch, 64-byte aligned. */
+struct kvq_attn_chunk_kernels {
+    void (*block)(const struct kvq_attn_chunk_rows *r, const float *kt, const float *v, int dim, float scale,
+                  float *tmp);
+};
+extern const struct kvq_attn_chunk_kernels kvq_attn_chunk_kernels_scalar;
+extern const struct kvq_attn_chunk_kernels kvq_attn_chunk_kernels_avx2; /* AVX2/FMA, dim % 8 == 0 */
+/* kvq_attn_avx512_usable() and dim % 16 == 0 */
+extern const struct kvq_attn_chunk_kernels kvq_attn_chunk_kernels_avx512;
+
+/* kvq_attn_causal() with the kernels given (tests compare both sets). */
+kvq_status kvq_attn_causal_kernels(const struct kvq_attn_chunk_kernels *kr, const kvq_cache *c, int kv_head,
+                                   size_t pos0, size_t T, const float *q, int n_q, float scale, float *out,
+                                   kvq_attn_workspace *ws);
+
+/* attn.c: the argument checks of every entry point (n_ctx: the longest
+ * context used), and the queries' finiteness. */
+kvq_status kvq_attn_check_args(const kvq_cache *c, int kv_head, size_t n_ctx, const float *q, int n_q, float scale,
+                               const float *out, const kvq_attn_workspace *ws);
+kvq_status kvq_attn_check_queries(const float *q, size_t n, int d);
 
 #endif /* KVQ_ATTN_INTERNAL_H */
