@@ -1,5 +1,9 @@
 #!/bin/sh
 # device_round.sh - everything pending on the GPU machine in two `run` calls
+# (2026-12: its prebuilt bundle no longer fits a call beside the ~58 MiB
+# tracked tree, each binary carrying ~12 MB of sm_90a code; `prepare` warns.
+# bench/device_kit.sh builds on the GPU machine instead, as
+# bench/prefill_cuda.sh does)
 # of at most 9 minutes each, with the results coming back as a few files.
 #
 #   sh bench/device_round.sh prepare      HERE (nvcc, npm): builds BUILD (default
