@@ -26,6 +26,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "attn_exp_avx2.h"
 #include "attn_internal.h"
 #include "codec_avx2_internal.h"
 
@@ -369,26 +370,6 @@ static void score_avx2(const struct kvq_attn_job *job, const struct kvq_attn_blo
 
 /* ---- softmax ---- */
 
-/* e^x for x <= 0 (inputs below -87.3 give ~1e-38, not 0): Cody-Waite
- * reduction by ln 2 and the degree-6 polynomial of Cephes' expf, ~1 ulp. */
-INLINE __m256 exp_ps(__m256 x)
-{
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.33654f));
-    __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
-
 INLINE float hmax(__m256 v)
 {
     __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -426,7 +407,7 @@ static void softmax_avx2(const struct kvq_attn_job *job, uint32_t n)
         __m256 sum = _mm256_setzero_ps();
         for (uint32_t i = 0; i < n8; i += 8) {
             __m256 live = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - i)), lane));
-            __m256 e = _mm256_and_ps(live, exp_ps(_mm256_sub_ps(_mm256_mul_ps(sc, _mm256_load_ps(dot + i)), m)));
+            __m256 e = _mm256_and_ps(live, kvq_exp_ps(_mm256_sub_ps(_mm256_mul_ps(sc, _mm256_load_ps(dot + i)), m)));
             _mm256_store_ps(w + i, e);
             sum = _mm256_add_ps(sum, e);
         }

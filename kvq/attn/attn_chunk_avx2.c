@@ -8,30 +8,11 @@
 #include <math.h>
 #include <string.h>
 
+#include "attn_exp_avx2.h"
 #include "attn_internal.h"
 
 #define INLINE static inline __attribute__((always_inline))
 #define B KVQ_ATTN_BLOCK
-
-/* e^x for x <= 0: Cody-Waite reduction by ln 2 and the degree-6 polynomial of
- * Cephes' expf, ~1 ulp (the decode kernels' exp_ps, attn_avx2.c). */
-INLINE __m256 exp_ps(__m256 x)
-{
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.33654f));
-    __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
 
 /* Unscaled scores of rows q0, q1 (q1 may repeat q0) for keys [32 h, 32 h + 32). */
 INLINE void score2(const float *q0, const float *q1, const float *kt, int d, int h, float *s0, float *s1)
@@ -90,7 +71,7 @@ static double softmax_row(const struct kvq_attn_chunk_rows *R, int r, float scal
         const __m256 live = _mm256_and_ps(_mm256_cmp_ps(j, flo, _CMP_GE_OQ), _mm256_cmp_ps(j, fhi, _CMP_LT_OQ));
         __m256 e = _mm256_setzero_ps();
         if (g + 8 > lo && g < hi)
-            e = _mm256_and_ps(live, exp_ps(_mm256_sub_ps(_mm256_mul_ps(_mm256_load_ps(s + g), sc), mf)));
+            e = _mm256_and_ps(live, kvq_exp_ps(_mm256_sub_ps(_mm256_mul_ps(_mm256_load_ps(s + g), sc), mf)));
         _mm256_store_ps(s + g, e);
         vs = _mm256_add_ps(vs, e);
     }

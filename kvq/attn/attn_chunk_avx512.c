@@ -17,7 +17,7 @@
 #define INLINE static inline __attribute__((always_inline, target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 #define B KVQ_ATTN_BLOCK
 
-/* e^x for x <= 0: attn_chunk_avx2.c's exp_ps (Cephes' expf), 16 lanes. */
+/* e^x for x <= 0: attn_exp_avx2.h's kvq_exp_ps (Cephes' expf), 16 lanes. */
 INLINE __m512 exp512(__m512 x)
 {
     x = _mm512_max_ps(x, _mm512_set1_ps(-87.33654f));
