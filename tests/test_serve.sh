@@ -21,15 +21,7 @@ case $build in /*) ;; *) build=$root/$build ;; esac
 kvq=$build/bin/kvq
 model=$root/models/kvq-tiny-llama
 OPENAI_VERSION=4.104.0
-passed=0; failed=0; skipped=0
-ok() { echo "ok   $1"; passed=$((passed + 1)); }
-bad() { echo "FAIL $1"; failed=$((failed + 1)); }
-skip() { echo "skip $1"; skipped=$((skipped + 1)); }
-check() { if [ "$2" = "$3" ]; then ok "$1"; else bad "$1: got '$2', want '$3'"; fi; }
-finish() {
-    echo "$name: $passed passed, $failed failed, $skipped skipped"
-    exit 0
-}
+. "$root/tests/serve_lib.sh" # ok, bad, skip, check, finish, start_server
 tmp=$(mktemp -d) || exit 1
 pid=""
 cleanup() {
@@ -43,8 +35,6 @@ if ! command -v curl >/dev/null 2>&1 || [ ! -x "$kvq" ]; then
     finish
 fi
 
-# start_server LOG ARGS...: tests/serve_lib.sh
-. "$root/tests/serve_lib.sh"
 
 # stop_server: SIGTERM, waits; sets stop_rc.
 stop_server() {

@@ -25,15 +25,7 @@ case $build in /*) ;; *) build=$root/$build ;; esac
 kvq=$build/bin/kvq
 model=$root/models/kvq-tiny-llama
 seed=${KVQ_CHAOS_SEED:-36}
-passed=0; failed=0; skipped=0
-ok() { echo "ok   $1"; passed=$((passed + 1)); }
-bad() { echo "FAIL $1"; failed=$((failed + 1)); }
-skip() { echo "skip $1"; skipped=$((skipped + 1)); }
-check() { if [ "$2" = "$3" ]; then ok "$1"; else bad "$1: got '$2', want '$3'"; fi; }
-finish() {
-    echo "$name: $passed passed, $failed failed, $skipped skipped"
-    exit 0
-}
+. "$root/tests/serve_lib.sh" # ok, bad, skip, check, finish, start_server
 tmp=$(mktemp -d) || exit 1
 pid=""
 clients=""
@@ -68,8 +60,6 @@ stop_within() {
     pid=""
 }
 
-# start_server LOG ARGS...: tests/serve_lib.sh
-. "$root/tests/serve_lib.sh"
 
 metrics() { curl -s --max-time 10 "$url/metrics" >"$tmp/metrics"; }
 m() { sed -n "s/^$1 //p" "$tmp/metrics"; }

@@ -17,15 +17,7 @@ case $build in /*) ;; *) build=$root/$build ;; esac
 kvq=$build/bin/kvq
 model=$root/models/kvq-tiny-llama
 conns=$root/tests/serve_conns.cjs
-passed=0; failed=0; skipped=0
-ok() { echo "ok   $1"; passed=$((passed + 1)); }
-bad() { echo "FAIL $1"; failed=$((failed + 1)); }
-skip() { echo "skip $1"; skipped=$((skipped + 1)); }
-check() { if [ "$2" = "$3" ]; then ok "$1"; else bad "$1: got '$2', want '$3'"; fi; }
-finish() {
-    echo "$name: $passed passed, $failed failed, $skipped skipped"
-    exit 0
-}
+. "$root/tests/serve_lib.sh" # ok, bad, skip, check, finish, start_server
 tmp=$(mktemp -d) || exit 1
 pid=""; helpers=""
 cleanup() {
@@ -42,8 +34,6 @@ fi
 have_node=0
 command -v node >/dev/null 2>&1 && have_node=1
 
-# start_server LOG ARGS...: tests/serve_lib.sh
-. "$root/tests/serve_lib.sh"
 stop_server() {
     kill -TERM "$pid" 2>/dev/null
     wait "$pid"
