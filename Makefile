@@ -203,7 +203,7 @@ $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(LIB_A)
 # The benchmarks' GPU helpers (timer, fill, plain read) are bench-only code,
 # linked into bench_cuda and bench_prefill_cuda when nvcc builds them; without
 # nvcc their header stubs.
-$(BUILD)/bench/bench_cuda $(BUILD)/bench/bench_prefill_cuda: $(BENCH_CUDA_OBJ)
+$(BUILD)/bench/bench_cuda $(BUILD)/bench/bench_prefill_cuda $(BUILD)/bench/bench_decoder_cuda: $(BENCH_CUDA_OBJ)
 
 tests: $(TEST_BIN) $(KVQ) $(LIB_SO) $(PC_UNINSTALLED)
 test: tests

@@ -1,6 +1,7 @@
 /* bench_cuda_util.cu - the benchmarks' GPU helpers (bench_cuda_util.h):
  * device-event timer, deterministic random fill, plain read. Compiled with
  * nvcc into the CUDA benchmark only, never into libkvq. */
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 #include <stdlib.h>
 
@@ -132,4 +133,9 @@ kvq_status bench_cuda_timer_stop(bench_cuda_timer *t, double *ms)
     KVQ_CU_TRY(cudaEventElapsedTime(&f, t->a, t->b));
     *ms = (double)f;
     return KVQ_OK;
+}
+
+extern "C" kvq_status bench_cuda_profile(int on)
+{
+    return (on ? cudaProfilerStart() : cudaProfilerStop()) == cudaSuccess ? KVQ_OK : KVQ_ERR_DEVICE;
 }

@@ -47,6 +47,11 @@ kvq_status bench_cuda_fill_normal(float *x_dev, size_t n, uint64_t seed, float s
  *  KVQ_ERR_DEVICE. */
 kvq_status bench_cuda_touch(const void *dev, size_t bytes);
 
+/** Starts (on) or stops the profiler's collection (cudaProfilerStart/Stop):
+ *  under `ncu --profile-from-start off` only the work in between is
+ *  profiled. @return KVQ_OK or KVQ_ERR_DEVICE. */
+kvq_status bench_cuda_profile(int on);
+
 #else /* built without nvcc: no device */
 
 static inline kvq_status bench_cuda_timer_create(bench_cuda_timer **out)
@@ -72,6 +77,11 @@ static inline kvq_status bench_cuda_timer_stop(bench_cuda_timer *t, double *ms)
 static inline kvq_status bench_cuda_fill_normal(float *x_dev, size_t n, uint64_t seed, float sigma)
 {
     (void)x_dev, (void)n, (void)seed, (void)sigma;
+    return KVQ_ERR_NO_DEVICE;
+}
+static inline kvq_status bench_cuda_profile(int on)
+{
+    (void)on;
     return KVQ_ERR_NO_DEVICE;
 }
 static inline kvq_status bench_cuda_touch(const void *dev, size_t bytes)

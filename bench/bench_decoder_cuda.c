@@ -40,6 +40,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_cuda_util.h"
 #include "bench_util.h"
 #include "decoder_internal.h"
 #include "kvq_batch.h"
@@ -153,9 +154,16 @@ static kvq_status time_steps(kvq_batch *b, const struct kvq_model_config *c, con
         else
             it[i].logits = logits + (size_t)i * V;
     }
+    /* KVQ_BENCH_PROFILE: the last step alone under the profiler (ncu
+     * --profile-from-start off): one step's kernels, graph nodes included */
+    const int prof = getenv("KVQ_BENCH_PROFILE") != NULL;
     for (int s = 0; s < 3 + steps && st == KVQ_OK; s++) {
+        if (prof && s == 2 + steps)
+            bench_cuda_profile(1);
         double ts = now_s();
         st = kvq_batch_step(b, it, B, err);
+        if (prof && s == 2 + steps)
+            bench_cuda_profile(0);
         for (int i = 0; i < B && st == KVQ_OK && choose == ON_HOST; i++)
             st = kvq_sampler_sample(smp[i], logits + (size_t)i * V, &next[i]);
         if (s >= 3)

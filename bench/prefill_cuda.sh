@@ -25,15 +25,8 @@ mkdir -p "$out"
 dev=build-dev
 has() { case ",$stages," in *",$1,"*) return 0 ;; esac; return 1; }
 t0=$(date +%s)
-step() { # NAME CAP CMD...: runs CMD under CAP seconds, logs to OUT/NAME.log
-    name=$1 cap=$2
-    shift 2
-    s=$(date +%s)
-    timeout "$cap" "$@" >"$out/$name.log" 2>&1
-    rc=$?
-    echo "$name rc=$rc $(($(date +%s) - s))s" | tee -a "$out/summary.txt"
-}
-nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv >"$out/device.txt" 2>&1
+. bench/device_step.sh
+device_info
 step build 400 sh bench/device_kit.sh --build "$kit" "$dev" all tests benches
 tail -n 3 "$out/build.log"
 if has test; then
