@@ -1,0 +1,88 @@
+#!/bin/sh
+# Every relative link and image of every Markdown page resolves to a file of
+# the tree, and every docs/... path that a page, script, benchmark or source
+# comment names exists. Written when the result data moved from docs/ into
+# docs/results/ and the measurement logs into docs/history/: a path missed in
+# a page, a gnuplot script or bench/frontier.py would otherwise only show as
+# a broken link on the web, or a plot written to the old place.
+# Outputs a command would write (not files of the tree) are listed in
+# `outputs` below. No build needed.
+name=test_doc_links.sh
+root=$(cd "$(dirname "$0")/.." && pwd)
+passed=0; failed=0; skipped=0
+ok() { echo "ok   $1"; passed=$((passed + 1)); }
+bad() { echo "FAIL $1"; failed=$((failed + 1)); }
+finish() { echo "$name: $passed passed, $failed failed, $skipped skipped"; [ "$failed" -eq 0 ]; exit $?; }
+cd "$root" || exit 1
+# Paths named as what a command writes (docs/eval.md: kvq eval --plot PREFIX.png
+# writes PREFIX-DATASET.png).
+outputs=" docs/results/eval.png "
+
+# The tree's own files: git's list in a clone, else every file outside the
+# build directories (a copy without .git).
+if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    files() { git ls-files -- "$@"; }
+else
+    files() { find . \( -name 'build*' -o -name .git -o -name node_modules -o -name '.venv*' \) -prune -o -type f -print |
+              sed 's|^\./||' | while read -r f; do for p in "$@"; do case $f in $p) echo "$f"; break ;; esac; done; done; }
+fi
+
+# 1. Links and images: [text](target) and ![alt](target), relative ones only.
+n=0; broken=0
+for md in $(files '*.md'); do
+    dir=$(dirname "$md")
+    # one target a line: what sits between "](" and the next ")" or space
+    for t in $(grep -o '\](\([^)[:space:]]*\)' "$md" | sed 's/^](//'); do
+        case $t in http://*|https://*|mailto:*|\#*) continue ;; esac
+        path=${t%%#*}
+        n=$((n + 1))
+        if [ ! -e "$dir/$path" ]; then
+            bad "$md: link '$t' ($dir/$path does not exist)"
+            broken=$((broken + 1))
+        fi
+    done
+done
+[ "$n" -gt 100 ] || bad "only $n relative links found: is the link pattern still right?"
+[ "$broken" -eq 0 ] && ok "Markdown: $n relative links and images resolve"
+
+# 2. docs/... paths named in pages, scripts, benchmarks, tests, the Makefile
+#    and source comments (a path followed by a file extension).
+n=0; broken=0
+for f in $(files '*.md' '*.sh' '*.py' '*.gp' '*.c' '*.h' '*.cu' '*.cuh' 'Makefile' 'mk/*' '.ci/*'); do
+    for p in $(grep -oE '(^|[^A-Za-z0-9_./-])docs/[A-Za-z0-9_./-]*\.(md|json|dat|png|log|gp|c|txt)' "$f" |
+               sed -E 's|^[^d]*docs/|docs/|' | sort -u); do
+        n=$((n + 1))
+        case $outputs in *" $p "*) continue ;; esac
+        if [ ! -e "$p" ]; then
+            bad "$f names $p, which does not exist"
+            broken=$((broken + 1))
+        fi
+    done
+done
+[ "$n" -gt 20 ] || bad "only $n docs/ paths found: is the path pattern still right?"
+[ "$broken" -eq 0 ] && ok "paths: $n docs/... names in pages, scripts and sources exist"
+
+# 3. The layout: result data under docs/results/, none left at the top of
+#    docs/ (where pages are), and an index line for every file there.
+stray=$(files 'docs/*' | grep -E '^docs/[^/]*\.(json|dat|log|gp)$')
+if [ -z "$stray" ]; then
+    ok "docs/: no result data or log at the top (pages only)"
+else
+    bad "docs/: result data or logs at the top, not in docs/results/ or docs/history/: $(echo $stray)"
+fi
+if [ -f docs/results/README.md ]; then
+    missing=
+    for r in $(files 'docs/results/*'); do
+        b=${r#docs/results/}
+        [ "$b" = README.md ] && continue
+        grep -q "](${b})" docs/results/README.md || missing="$missing $b"
+    done
+    if [ -z "$missing" ]; then
+        ok "docs/results/README.md indexes every file of docs/results/"
+    else
+        bad "docs/results/README.md has no line linking:$missing"
+    fi
+else
+    bad "no docs/results/README.md"
+fi
+finish
