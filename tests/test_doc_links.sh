@@ -45,6 +45,57 @@ done
 [ "$n" -gt 100 ] || bad "only $n relative links found: is the link pattern still right?"
 [ "$broken" -eq 0 ] && ok "Markdown: $n relative links and images resolve"
 
+# 1b. Their #anchors name a heading of the page linked (GitHub's ids: lower
+#     case, punctuation dropped, spaces to '-', "-1", "-2" for repeats), so a
+#     heading renamed or moved to docs/history/ cannot leave a dead anchor.
+#     Python for the Unicode classes of GitHub's rule.
+if command -v python3 >/dev/null 2>&1; then
+    out=$(files '*.md' | python3 -c '
+import os, re, sys, unicodedata
+def slugs(path, cache={}):
+    if path not in cache:
+        seen, ids, fence = {}, set(), False
+        for line in open(path, encoding="utf-8"):
+            if line.startswith("```"):
+                fence = not fence
+            m = None if fence else re.match(r"#{1,6} +(.*?) *#* *$", line)
+            if not m:
+                continue
+            text = re.sub(r"`|\*\*|\[([^]]*)\]\([^)]*\)", lambda g: g.group(1) or "", m.group(1)).lower()
+            s = "".join(c for c in text if c in " -_" or unicodedata.category(c)[0] in "LMN").replace(" ", "-")
+            k = seen.get(s, 0); seen[s] = k + 1
+            ids.add(s if k == 0 else "%s-%d" % (s, k))
+        cache[path] = ids
+    return cache[path]
+n = bad = 0
+for md in sys.stdin.read().split():
+    for t in re.findall(r"\]\(([^)\s]*#[^)\s]*)\)", open(md, encoding="utf-8").read()):
+        if re.match(r"(https?|mailto):", t):
+            continue
+        path, anchor = t.split("#", 1)
+        target = os.path.normpath(os.path.join(os.path.dirname(md), path)) if path else md
+        if not target.endswith(".md") or not os.path.isfile(target):
+            continue
+        n += 1
+        if anchor not in slugs(target):
+            bad += 1
+            print("FAIL %s: anchor \"%s\" is no heading of %s" % (md, t, target))
+print("ANCHORS %d %d" % (n, bad))
+')
+    echo "$out" | grep '^FAIL'
+    set -- $(echo "$out" | sed -n 's/^ANCHORS //p')
+    nfail=$(echo "$out" | grep -c '^FAIL')
+    failed=$((failed + nfail))
+    if [ "${1:-0}" -lt 20 ]; then
+        bad "only ${1:-0} links with anchors found: is the pattern still right?"
+    elif [ "$nfail" -eq 0 ]; then
+        ok "Markdown: $1 #anchors name headings of their pages"
+    fi
+else
+    echo "skip: #anchors (no python3)"
+    skipped=$((skipped + 1))
+fi
+
 # 2. docs/... paths named in pages, scripts, benchmarks, tests, the Makefile
 #    and source comments (a path followed by a file extension).
 n=0; broken=0
