@@ -268,7 +268,7 @@ tests: $(TEST_BIN) $(KVQ) $(LIB_SO) $(PC_UNINSTALLED)
 test: tests
 	@sh tests/tokenizer/fetch.sh build/tokenizer-data
 	@KVQ_BUILD=$(BUILD) sh tests/run.sh $(BUILD) $(TEST_BIN) tests/test_boundaries.sh tests/cuda/test_emulate_v4.sh \
-	    tests/test_serve.sh tests/test_serve_http.sh tests/test_serve_chaos.sh tests/test_cli.sh tests/test_readme.sh tests/test_doc_links.sh tests/test_python.sh
+	    tests/test_serve.sh tests/test_serve_http.sh tests/test_serve_chaos.sh tests/test_cli.sh tests/test_readme.sh tests/test_example.sh tests/test_doc_links.sh tests/test_python.sh
 
 benches: $(BENCH_BIN) $(KVQ)
 bench: benches
