@@ -195,13 +195,19 @@ $(DEPS_OK): mk/deps.sh
 	@sh mk/deps.sh
 	@mkdir -p $(@D) && touch $@
 
-$(BUILD)/obj/%_avx2.o: %_avx2.c | $(DEPS_OK)
-	@mkdir -p $(@D)
-	$(CC) $(ALL_CFLAGS) $(SIMD_FLAGS) -c $< -o $@
+# The C rules of each object tree: $(BUILD)/obj, and $(BUILD)/cpu/obj for
+# the CPU-only variants of `make run` (without CUDA_DEFS).
+define c_rules
+$(1)/%_avx2.o: %_avx2.c | $$(DEPS_OK)
+	@mkdir -p $$(@D)
+	$$(CC) $$(ALL_CFLAGS) $$(SIMD_FLAGS) -c $$< -o $$@
 
-$(BUILD)/obj/%.o: %.c | $(DEPS_OK)
-	@mkdir -p $(@D)
-	$(CC) $(ALL_CFLAGS) -c $< -o $@
+$(1)/%.o: %.c | $$(DEPS_OK)
+	@mkdir -p $$(@D)
+	$$(CC) $$(ALL_CFLAGS) -c $$< -o $$@
+endef
+$(foreach t,$(OBJ_TREES),$(eval $(call c_rules,$(t))))
+$(BUILD)/cpu/obj/%.o: CUDA_DEFS :=
 
 $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(@D)
@@ -232,15 +238,6 @@ $(KVQ): $(TOOL_OBJ) $(LIB_A)
 	$(CC) $(LDFLAGS) -o $@ $(TOOL_OBJ) $(LIB_A) $(LDLIBS) $(APP_LDLIBS)
 
 ifeq ($(KVQ_CUDA_ON),1)
-$(CPU_BUILD)/obj/%.o: CUDA_DEFS :=
-$(CPU_BUILD)/obj/%_avx2.o: %_avx2.c | $(DEPS_OK)
-	@mkdir -p $(@D)
-	$(CC) $(ALL_CFLAGS) $(SIMD_FLAGS) -c $< -o $@
-
-$(CPU_BUILD)/obj/%.o: %.c | $(DEPS_OK)
-	@mkdir -p $(@D)
-	$(CC) $(ALL_CFLAGS) -c $< -o $@
-
 $(CPU_LIB_A): $(CPU_LIB_OBJ)
 	@mkdir -p $(@D)
 	rm -f $@ && ar rcs $@ $^

@@ -13,6 +13,8 @@ passed=0; failed=0; skipped=0
 ok() { echo "ok   $1"; passed=$((passed + 1)); }
 bad() { echo "FAIL $1"; failed=$((failed + 1)); }
 finish() { echo "$name: $passed passed, $failed failed, $skipped skipped"; [ "$failed" -eq 0 ]; exit $?; }
+# dead WHAT: one more broken link or path
+dead() { bad "$1"; broken=$((broken + 1)); }
 cd "$root" || exit 1
 # Paths named as what a command writes (docs/eval.md: kvq eval --plot PREFIX.png
 # writes PREFIX-DATASET.png).
@@ -36,10 +38,7 @@ for md in $(files '*.md'); do
         case $t in http://*|https://*|mailto:*|\#*) continue ;; esac
         path=${t%%#*}
         n=$((n + 1))
-        if [ ! -e "$dir/$path" ]; then
-            bad "$md: link '$t' ($dir/$path does not exist)"
-            broken=$((broken + 1))
-        fi
+        [ -e "$dir/$path" ] || dead "$md: link '$t' ($dir/$path does not exist)"
     done
 done
 [ "$n" -gt 100 ] || bad "only $n relative links found: is the link pattern still right?"
@@ -104,10 +103,7 @@ for f in $(files '*.md' '*.sh' '*.py' '*.gp' '*.c' '*.h' '*.cu' '*.cuh' 'Makefil
                sed -E 's|^[^d]*docs/|docs/|' | sort -u); do
         n=$((n + 1))
         case $outputs in *" $p "*) continue ;; esac
-        if [ ! -e "$p" ]; then
-            bad "$f names $p, which does not exist"
-            broken=$((broken + 1))
-        fi
+        [ -e "$p" ] || dead "$f names $p, which does not exist"
     done
 done
 [ "$n" -gt 20 ] || bad "only $n docs/ paths found: is the path pattern still right?"
