@@ -9,10 +9,7 @@
 # `outputs` below. No build needed.
 name=test_doc_links.sh
 root=$(cd "$(dirname "$0")/.." && pwd)
-passed=0; failed=0; skipped=0
-ok() { echo "ok   $1"; passed=$((passed + 1)); }
-bad() { echo "FAIL $1"; failed=$((failed + 1)); }
-finish() { echo "$name: $passed passed, $failed failed, $skipped skipped"; [ "$failed" -eq 0 ]; exit $?; }
+. "$root/tests/tally.sh"
 # dead WHAT: one more broken link or path
 dead() { bad "$1"; broken=$((broken + 1)); }
 cd "$root" || exit 1
@@ -91,8 +88,7 @@ print("ANCHORS %d %d" % (n, bad))
         ok "Markdown: $1 #anchors name headings of their pages"
     fi
 else
-    echo "skip: #anchors (no python3)"
-    skipped=$((skipped + 1))
+    skip "#anchors (no python3)"
 fi
 
 # 2. docs/... paths named in pages, scripts, benchmarks, tests, the Makefile

@@ -14,12 +14,9 @@ build=${KVQ_BUILD:-build}
 case $build in /*) ;; *) build=$root/$build ;; esac
 example=$root/docs/examples/generate.c
 model=$root/models/kvq-tiny-llama
-passed=0; failed=0; skipped=0
-ok() { echo "ok   $1"; passed=$((passed + 1)); }
-bad() { echo "FAIL $1"; failed=$((failed + 1)); }
+. "$root/tests/tally.sh"
 tmp=$(mktemp -d) || exit 1
 trap 'rm -rf "$tmp"' EXIT
-finish() { echo "$name: $passed passed, $failed failed, $skipped skipped"; [ "$failed" -eq 0 ]; exit $?; }
 
 # 1. What the page shows is the file (no build needed).
 awk '/^```c$/ { inside = 1; next } inside && /^```$/ { exit } inside { print }' "$root/docs/api.md" > "$tmp/page.c"
@@ -32,8 +29,7 @@ fi
 
 if ! command -v pkg-config >/dev/null 2>&1 || ! command -v cc >/dev/null 2>&1 || [ ! -f "$build/lib/libkvq.so" ] ||
    [ ! -f "$build/lib/kvq-uninstalled.pc" ]; then
-    echo "skip: needs pkg-config, cc, $build/lib/libkvq.so and kvq-uninstalled.pc"
-    skipped=1
+    skip "needs pkg-config, cc, $build/lib/libkvq.so and kvq-uninstalled.pc"
     finish
 fi
 
@@ -85,8 +81,7 @@ if [ -x "$build/bin/kvq" ]; then
         bad "differs from kvq run: '$(head -c 80 "$tmp/ex.out")' vs '$(head -c 80 "$tmp/run.out")'"
     fi
 else
-    echo "skip: no $build/bin/kvq to compare with"
-    skipped=$((skipped + 1))
+    skip "no $build/bin/kvq to compare with"
 fi
 # "N prompt + M generated tokens; KV cache U bytes, F as f16": the packed
 # cache (window included) must hold these tokens in fewer bytes than f16.
