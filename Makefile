@@ -3,6 +3,7 @@
 #   make            libkvq.a, libkvq.so, kvq.pc, kvq-uninstalled.pc and the kvq command in $(BUILD)/
 #   make test       build and run every test (closes with "N passed, N failed")
 #   make run        the main job: the bundled model answers a ~3.5K-token passkey prompt
+#                   (builds the CPU library and kvq only: $(BUILD)/cpu/ when CUDA is on)
 #   make bench      benchmarks: JSON in $(BUILD)/bench/, a table on stdout
 #   make sanitize   the tests under ASan + UBSan (in build-san/)
 #   make fuzz       the parsers of untrusted bytes under libFuzzer (FUZZ_SECONDS each)
@@ -47,12 +48,18 @@ INCDIRS  := $(KVQ_INC) $(DEC_INC) eval tools tests
 WARN     := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wvla -Wformat=2 -Wundef
 CFLAGS   ?= -O2 -g
 ALL_CFLAGS = -std=c11 -D_DEFAULT_SOURCE -D_POSIX_C_SOURCE=200809L -fPIC $(WARN) \
-             $(if $(filter 1,$(WERROR)),-Werror) $(addprefix -I,$(INCDIRS)) $(VIS) -MMD -MP $(CFLAGS)
+             $(if $(filter 1,$(WERROR)),-Werror) $(addprefix -I,$(INCDIRS)) $(VIS) $(CUDA_DEFS) -MMD -MP $(CFLAGS)
+# -DKVQ_HAVE_CUDA / -DKVQ_HAVE_CUBLAS when the CUDA parts are built (below);
+# a variable of its own so that the CPU-only objects of `make run` can drop it.
+CUDA_DEFS :=
 SIMD_FLAGS := -mavx2 -mfma -mf16c
 LDLIBS   := -lfftw3f -lopenblas -lcjson -lpcre2-8 -lutf8proc -lm -lpthread
 # EXTRA_LDLIBS: what a build for another machine links in besides
 # (bench/device_kit.sh: the BLAS shim's OpenMP runtime)
 LDLIBS   += $(EXTRA_LDLIBS)
+# What the CPU-only library and command of `make run` link: LDLIBS before
+# the CUDA runtime and cuBLAS join it.
+CPU_LDLIBS := $(LDLIBS)
 # kvq serve's HTTP (tools/serve_http.c): the command links it, the library does not.
 APP_LDLIBS := -lmicrohttpd
 
@@ -68,12 +75,14 @@ DEC_CUDA_SRC := $(sort $(wildcard decoder/*/*.cu))
 LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 
 # Library objects: their own include paths, and hidden symbols unless a
-# public header marks them KVQ_API (kvq_export.h).
-$(BUILD)/obj/kvq/%.o $(BUILD)/obj/codebooks/%.o: INCDIRS := $(KVQ_INC)
-$(BUILD)/obj/decoder/%.o: INCDIRS := $(DEC_INC)
-$(BUILD)/obj/eval/%.o: INCDIRS := $(EVAL_INC)
-$(BUILD)/obj/tools/%.o: INCDIRS := $(TOOL_INC)
-$(BUILD)/obj/kvq/%.o $(BUILD)/obj/codebooks/%.o $(BUILD)/obj/decoder/%.o $(BUILD)/obj/eval/%.o: VIS := -fvisibility=hidden
+# public header marks them KVQ_API (kvq_export.h). The same for the CPU-only
+# variants of `make run` under $(BUILD)/cpu/obj (CPU_ONLY_SRC below).
+OBJ_TREES := $(BUILD)/obj $(BUILD)/cpu/obj
+$(foreach t,$(OBJ_TREES),$(t)/kvq/%.o $(t)/codebooks/%.o): INCDIRS := $(KVQ_INC)
+$(foreach t,$(OBJ_TREES),$(t)/decoder/%.o): INCDIRS := $(DEC_INC)
+$(foreach t,$(OBJ_TREES),$(t)/eval/%.o): INCDIRS := $(EVAL_INC)
+$(foreach t,$(OBJ_TREES),$(t)/tools/%.o): INCDIRS := $(TOOL_INC)
+$(foreach t,$(OBJ_TREES),$(t)/kvq/%.o $(t)/codebooks/%.o $(t)/decoder/%.o $(t)/eval/%.o): VIS := -fvisibility=hidden
 TOOL_OBJ  := $(TOOL_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
@@ -107,7 +116,7 @@ NVCC_FLAGS ?= -O3 -std=c++17 -lineinfo -Xcompiler -fPIC -Xcompiler -fvisibility=
               $(NVCC_GENCODE) $(addprefix -I,$(INCDIRS))
 LIB_OBJ    += $(CUDA_SRC:%.cu=$(BUILD)/obj/%.o)
 BENCH_CUDA_OBJ := $(BUILD)/obj/bench/bench_cuda_util.o
-ALL_CFLAGS += -DKVQ_HAVE_CUDA=1
+CUDA_DEFS  += -DKVQ_HAVE_CUDA=1
 LDLIBS     += $(CUDART) -ldl -lrt -lstdc++
 # The decoder's CUDA backend needs cuBLAS (shared: the toolkit ships no
 # static cuBLAS here); without it the decoder builds its CPU backend only.
@@ -115,7 +124,7 @@ CUBLAS_DIR := $(firstword $(patsubst %/libcublas.so,%,$(wildcard $(CUDA_HOME)/li
                 $(CUDA_HOME)/targets/*/lib/libcublas.so)))
 ifneq ($(strip $(CUBLAS_DIR)),)
 LIB_OBJ    += $(DEC_CUDA_SRC:%.cu=$(BUILD)/obj/%.o)
-ALL_CFLAGS += -DKVQ_HAVE_CUBLAS=1
+CUDA_DEFS  += -DKVQ_HAVE_CUBLAS=1
 LDLIBS     += -L$(CUBLAS_DIR) -Wl,-rpath,$(CUBLAS_DIR) -lcublas
 endif
 KVQ_CUDA_ON := 1
@@ -132,6 +141,37 @@ else
 KVQ_CUDA_LINE := kvq: CUDA off: $(or $(KVQ_CUDA_WHY),$(if $(filter 0,$(CUDA)),CUDA=0,$(if $(filter command line,$(KVQ_NVCC_ORIGIN)),NVCC= given,no nvcc found))); CPU-only build
 endif
 $(info $(KVQ_CUDA_LINE))
+
+# `make run` (the main job, a demo on the CPU) needs the CPU library and the
+# kvq command only, and should not wait for nvcc: on 2 cores the .cu files
+# take about 4.5 of the 5 minutes a fresh clone's full build takes. With
+# CUDA on, those two are $(BUILD)/cpu/lib/libkvq.a and $(BUILD)/cpu/bin/kvq,
+# made of the C objects of $(BUILD)/obj (shared with `make`: their code does
+# not depend on -DKVQ_HAVE_CUDA/-DKVQ_HAVE_CUBLAS) plus, compiled again
+# without the defines under $(BUILD)/cpu/obj, the sources that read them
+# (CPU_ONLY_SRC: today the two stubs); no .cu object. Without CUDA they are
+# the build's own library and command.
+ifeq ($(KVQ_CUDA_ON),1)
+CPU_BUILD := $(BUILD)/cpu
+# Found by grep, so that a new #ifdef cannot make the shared objects wrong;
+# a header that reads the defines changes whatever includes it, and then
+# every library and tool source is compiled again.
+KVQ_HAVE_RE  := KVQ_HAVE_CU(DA|BLAS)
+KVQ_HAVE_HDR := $(shell grep -rlE '$(KVQ_HAVE_RE)' include kvq decoder codebooks eval tools --include='*.h' 2>/dev/null)
+CPU_ONLY_SRC := $(if $(KVQ_HAVE_HDR),$(LIB_SRC) $(TOOL_SRC),$(shell grep -lE '$(KVQ_HAVE_RE)' $(LIB_SRC) $(TOOL_SRC) 2>/dev/null))
+cpu_objs = $(foreach s,$(1),$(if $(filter $(s),$(CPU_ONLY_SRC)),$(CPU_BUILD)/obj,$(BUILD)/obj)/$(s:.c=.o))
+CPU_LIB_OBJ  := $(call cpu_objs,$(LIB_SRC))
+CPU_TOOL_OBJ := $(call cpu_objs,$(TOOL_SRC))
+CPU_LIB_A    := $(CPU_BUILD)/lib/libkvq.a
+KVQ_CPU      := $(CPU_BUILD)/bin/kvq
+ifneq ($(filter run,$(MAKECMDGOALS)),)
+$(info kvq: make run builds the CPU library and command only, in $(CPU_BUILD)/ (make builds the CUDA parts))
+endif
+else
+CPU_BUILD := $(BUILD)
+CPU_LIB_A := $(LIB_A)
+KVQ_CPU   := $(KVQ)
+endif
 
 LIB_A  := $(BUILD)/lib/libkvq.a
 LIB_SO := $(BUILD)/lib/libkvq.so
@@ -155,13 +195,19 @@ $(DEPS_OK): mk/deps.sh
 	@sh mk/deps.sh
 	@mkdir -p $(@D) && touch $@
 
-$(BUILD)/obj/%_avx2.o: %_avx2.c | $(DEPS_OK)
-	@mkdir -p $(@D)
-	$(CC) $(ALL_CFLAGS) $(SIMD_FLAGS) -c $< -o $@
+# The C rules of each object tree: $(BUILD)/obj, and $(BUILD)/cpu/obj for
+# the CPU-only variants of `make run` (without CUDA_DEFS).
+define c_rules
+$(1)/%_avx2.o: %_avx2.c | $$(DEPS_OK)
+	@mkdir -p $$(@D)
+	$$(CC) $$(ALL_CFLAGS) $$(SIMD_FLAGS) -c $$< -o $$@
 
-$(BUILD)/obj/%.o: %.c | $(DEPS_OK)
-	@mkdir -p $(@D)
-	$(CC) $(ALL_CFLAGS) -c $< -o $@
+$(1)/%.o: %.c | $$(DEPS_OK)
+	@mkdir -p $$(@D)
+	$$(CC) $$(ALL_CFLAGS) -c $$< -o $$@
+endef
+$(foreach t,$(OBJ_TREES),$(eval $(call c_rules,$(t))))
+$(BUILD)/cpu/obj/%.o: CUDA_DEFS :=
 
 $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(@D)
@@ -191,6 +237,16 @@ $(KVQ): $(TOOL_OBJ) $(LIB_A)
 	@mkdir -p $(@D)
 	$(CC) $(LDFLAGS) -o $@ $(TOOL_OBJ) $(LIB_A) $(LDLIBS) $(APP_LDLIBS)
 
+ifeq ($(KVQ_CUDA_ON),1)
+$(CPU_LIB_A): $(CPU_LIB_OBJ)
+	@mkdir -p $(@D)
+	rm -f $@ && ar rcs $@ $^
+
+$(KVQ_CPU): $(CPU_TOOL_OBJ) $(CPU_LIB_A)
+	@mkdir -p $(@D)
+	$(CC) $(LDFLAGS) -o $@ $(CPU_TOOL_OBJ) $(CPU_LIB_A) $(CPU_LDLIBS) $(APP_LDLIBS)
+endif
+
 # Tests link the tool objects too (except main), so subcommands are testable.
 TOOL_LIB_OBJ := $(filter-out $(BUILD)/obj/tools/kvq.o,$(TOOL_OBJ))
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TOOL_LIB_OBJ) $(LIB_A)
@@ -209,7 +265,7 @@ tests: $(TEST_BIN) $(KVQ) $(LIB_SO) $(PC_UNINSTALLED)
 test: tests
 	@sh tests/tokenizer/fetch.sh build/tokenizer-data
 	@KVQ_BUILD=$(BUILD) sh tests/run.sh $(BUILD) $(TEST_BIN) tests/test_boundaries.sh tests/cuda/test_emulate_v4.sh \
-	    tests/test_serve.sh tests/test_serve_http.sh tests/test_serve_chaos.sh tests/test_cli.sh tests/test_readme.sh tests/test_python.sh
+	    tests/test_serve.sh tests/test_serve_http.sh tests/test_serve_chaos.sh tests/test_cli.sh tests/test_readme.sh tests/test_example.sh tests/test_doc_links.sh tests/test_python.sh
 
 benches: $(BENCH_BIN) $(KVQ)
 bench: benches
@@ -233,8 +289,8 @@ $(BUILD)/fuzz/fuzz_serve_request: $(BUILD)/obj/tools/serve_request.o $(BUILD)/ob
 $(BUILD)/fuzz/fuzz_serve_http: $(BUILD)/obj/tools/serve_route.o $(BUILD)/obj/tools/serve_tokenize.o \
     $(BUILD)/obj/tools/serve_request.o $(BUILD)/obj/tools/serve_json.o
 
-run: all
-	@sh mk/run-demo.sh $(BUILD)
+run: $(KVQ_CPU)
+	@sh mk/run-demo.sh $(CPU_BUILD)
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/include/kvq $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin
@@ -250,4 +306,4 @@ install: all
 clean:
 	rm -rf $(BUILD) build-san build-fuzz
 
--include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+-include $(shell find $(OBJ_TREES) -name '*.d' 2>/dev/null)

@@ -5,7 +5,7 @@ window, and with the window and key centering (--kv-center-k), on held-out
 text (issue 25).
 
     python3 bench/frontier.py [--kvq BUILD/bin/kvq] [--model DIR] [--text FILE]
-                              [--ctx 4096] [--windows 2] [--out docs/frontier] [--plot-only]
+                              [--ctx 4096] [--windows 2] [--out docs/results/frontier] [--plot-only]
 
 Each configuration is one `kvq ppl --kl-divergence --json` run (the f32 cache
 of the same windows is the reference of both measures). Writes OUT.json (every
@@ -123,7 +123,7 @@ def main():
     ap.add_argument("--text", default="models/kvq-tiny-llama/reference/valid.txt")
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--windows", type=int, default=2)
-    ap.add_argument("--out", default="docs/frontier")
+    ap.add_argument("--out", default="docs/results/frontier")
     ap.add_argument("--plot-only", action="store_true", help="redraw OUT.png from OUT.json")
     args = ap.parse_args()
 

@@ -6,6 +6,8 @@
 # The prompt (models/passkey-3500.txt) follows the fixture's passkey format
 # (models/kvq-tiny-llama/FIXTURES.md); the model answers " KEY." greedily.
 set -eu
+# BUILD: the directory whose bin/kvq runs (the Makefile passes build/cpu
+# when CUDA is on: the demo runs on the CPU and needs no .cu object).
 build=${1:-build}
 kvq="$build/bin/kvq"
 model=models/kvq-tiny-llama

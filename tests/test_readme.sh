@@ -14,16 +14,12 @@ name=test_readme.sh
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${KVQ_BUILD:-build}
 case $build in /*) ;; *) build=$root/$build ;; esac
-passed=0; failed=0; skipped=0
-ok() { echo "ok   $1"; passed=$((passed + 1)); }
-bad() { echo "FAIL $1"; failed=$((failed + 1)); }
+. "$root/tests/tally.sh"
 tmp=$(mktemp -d) || exit 1
 trap 'rm -rf "$tmp"' EXIT
-finish() { echo "$name: $passed passed, $failed failed, $skipped skipped"; [ "$failed" -eq 0 ]; exit $?; }
 
 if ! command -v pkg-config >/dev/null 2>&1 || ! command -v cc >/dev/null 2>&1 || [ ! -f "$build/lib/libkvq.so" ]; then
-    echo "skip: needs pkg-config, cc and $build/lib/libkvq.so"
-    skipped=1
+    skip "needs pkg-config, cc and $build/lib/libkvq.so"
     finish
 fi
 
