@@ -8,6 +8,7 @@
 
 #include "kvq_cache.h"
 #include "kvq_model.h"
+#include "kvq_ngram.h"
 #include "kvq_safetensors.h"
 #include "kvq_sampler.h"
 
@@ -153,36 +154,57 @@ kvq_status kvq_rope_table(const struct kvq_model_config *c, size_t n_pos, float 
 typedef struct kvq_batch kvq_batch;
 kvq_status kvq_batch_fill(kvq_batch *b, int slot, size_t n, uint64_t seed);
 
+/* engine.c: the KV store (max_seqs sequences, calls of up to max_rows rows;
+ * layer l's budget max_bytes[l], max_bytes NULL: none) and the backend of
+ * an engine, attached; the device's refusals (kvq_kv_store_cuda_supports,
+ * kvq_backend_cuda_supports) asked first. sc resolved (kvq_engine_config);
+ * specs from kvq_layers_plan (read at create only). */
+struct kvq_backend;
+struct kvq_kv_store;
+kvq_status kvq_engine_open(const kvq_model *m, const struct kvq_seq_config *sc, size_t max_ctx, int max_seqs,
+                           size_t max_rows, const struct kvq_layer_spec *specs, const size_t *max_bytes,
+                           struct kvq_kv_store **kv, struct kvq_backend **be, kvq_error *err);
+
 /* Time accumulators of one sequence (seconds). */
 struct kvq_seq_timers {
     double matmul, attn, lm_head;
 };
 
-struct kvq_backend;
-struct kvq_kv_store;
+/* batch.c: the one engine under kvq_seq. A sequence state is slot 0 of a
+ * batch of one whose layers hold their budget shares themselves
+ * (kvq_layer_budget_share), created by kvq_batch_create_one (sc resolved);
+ * the slot is taken. chunk() runs T rows of slot at its length through
+ * every layer (no LM head: the final hidden states stay in the backend's
+ * acts.x) and appends them; on error nothing changed. rollback() drops
+ * tokens [n, len) and keeps the caches' pages (a speculative rollback takes
+ * them again at once: no allocation in the decode loop). The rest lends
+ * the batch's parts. */
+kvq_status kvq_batch_create_one(const kvq_model *m, const struct kvq_seq_config *sc, size_t max_ctx,
+                                size_t max_rows, kvq_batch **out, kvq_error *err);
+kvq_status kvq_batch_chunk(kvq_batch *b, int slot, const int32_t *ids, size_t T);
+void kvq_batch_rollback(kvq_batch *b, int slot, size_t n);
+void kvq_batch_set_hook(kvq_batch *b, kvq_qkv_hook fn, void *user);
+struct kvq_backend *kvq_batch_backend(const kvq_batch *b);
+struct kvq_kv_store *kvq_batch_store(const kvq_batch *b);
+struct kvq_seq_timers *kvq_batch_timers(kvq_batch *b);
 
 struct kvq_seq {
     const struct kvq_model *m;
     struct kvq_seq_config cfg;   /* recent_f16 resolved (0 or 1) */
     size_t max_ctx;
     int max_chunk;
-    struct kvq_backend *be;      /* the ops and activation buffers (backend.h) */
-    struct kvq_kv_store *kv;     /* every layer's keys and values (kv_store.h); this sequence is its seq 0 */
+    kvq_batch *b;                /* the engine: this sequence is its slot 0 */
+    struct kvq_backend *be;      /* the batch's ops and activation buffers (backend.h) */
+    struct kvq_kv_store *kv;     /* the batch's store: every layer's keys and values (kv_store.h) */
+    struct kvq_seq_timers *tm;   /* the batch's */
     size_t pos;                  /* tokens in the caches */
     int32_t *tokens;             /* [max_ctx + 1] history: cached tokens, then a pending one */
     kvq_sampler *sampler;        /* owns the sequence's RNG */
-    /* n-gram table: hash of the n tokens ending at position p -> p + 1 */
-    int32_t *ngram_pos;
-    size_t ngram_mask;
-    size_t ngram_indexed;        /* history positions already in the table */
+    kvq_ngram *ngram;            /* the drafts' n-gram table over tokens (kvq_ngram.h) */
     int32_t *draft;              /* [KVQ_MAX_DRAFT + 1] pending token + draft */
     int32_t *verify;             /* [KVQ_MAX_DRAFT + 1] the model's tokens for them */
     int decoding;                /* forward time counts as decode (else prefill) */
-    kvq_qkv_hook hook;
-    void *hook_user;
-    struct kvq_seq_timers tm;
     struct kvq_seq_stats st;
-    int32_t *row_pos;            /* [max_chunk] positions of a forward's rows (host scratch) */
 };
 
 /* T rows of store sequence seq, at positions pos0 .. pos0 + T - 1. */
@@ -215,10 +237,41 @@ int kvq_seq_center_ok(const struct kvq_seq_config *sc, int window);
 size_t kvq_layer_f16_bytes(const struct kvq_cache_config *cc, enum kvq_device device);
 #define KVQ_SEQ_CENTER_WHY "key centering (center_k) needs the recent-token window (recent_f16), which is off"
 
-/* seq.c: layer l's cache config (types, override buffers, context) for a
- * sequence config whose recent_f16 is resolved; without seed and budget. */
+/* layer_spec.c: layer l's cache config (types, override buffers, context)
+ * for a sequence config whose recent_f16 is resolved; without seed and
+ * budget. */
 void kvq_layer_cache_config(const struct kvq_model_config *c, const struct kvq_seq_config *sc, int l,
                             size_t max_ctx, struct kvq_cache_config *cc);
+
+/* 1 when t is a compressed type (not f32 or f16): such a layer gets the
+ * recent window by default and centred keys (KVQ_WINDOW_AUTO,
+ * KVQ_CENTER_AUTO). */
+static inline int kvq_type_compressed(enum kvq_type t)
+{
+    return t != KVQ_TYPE_F32 && t != KVQ_TYPE_F16;
+}
+
+/* layer_spec.c: every layer's cache config (ccs, may be NULL; without seed
+ * and budget) and memory spec (kvq_model.h) for a resolved sequence config
+ * (kvq_engine_config) and a context of max_ctx tokens. */
+kvq_status kvq_layers_plan(const struct kvq_model_config *c, const struct kvq_seq_config *sc, size_t max_ctx,
+                           struct kvq_cache_config *ccs, struct kvq_layer_spec *specs, kvq_error *err);
+
+/* Layer l's exact share of a budget of `budget` bytes (0: none, returns 0):
+ * its per-sequence state (the f16 buffers) F_l, plus a part of the rest
+ * R = budget - sum F proportional to its bytes per token b_l: floor(R * b_l /
+ * sum b) computed as q * b_l + r * b_l / sum (R = q * sum + r) so nothing
+ * overflows and the shares never add up to more than the budget. A share
+ * below one page still must not read as "no limit" (max_bytes 0), so it is
+ * at least one byte: such a cache holds no page and every append reports
+ * KVQ_ERR_BUDGET. */
+size_t kvq_layer_budget_share(const struct kvq_layer_spec *specs, int n_layers, size_t budget, int l);
+
+/* The checks both engines (kvq_seq, kvq_batch) make of a sequence config at
+ * create, with one line in err: cfg (NULL: defaults) resolved into *out
+ * (recent_f16 0 or 1) and the context into *max_ctx. */
+kvq_status kvq_engine_config(const struct kvq_model_config *c, const struct kvq_seq_config *cfg,
+                             struct kvq_seq_config *out, size_t *max_ctx, kvq_error *err);
 
 /* forward.c: rows ids[0..sum T) of the segments (in order) through all
  * layers, appending each segment's keys and values to its store sequence;
@@ -226,17 +279,6 @@ void kvq_layer_cache_config(const struct kvq_model_config *c, const struct kvq_s
  * rolled back to its pos0. */
 kvq_status kvq_forward_rows(const struct kvq_fwd *f, const int32_t *ids, const struct kvq_fwd_seg *segs, int n_segs);
 
-/* forward.c: one chunk of T <= max_chunk tokens through all layers; leaves
- * the final hidden states in s->be->acts.x. On error the caches are rolled
- * back to s->pos. Does not advance s->pos. */
-kvq_status kvq_forward_chunk(kvq_seq *s, const int32_t *ids, size_t T);
-
-/* ngram.c: the n-gram table over s->tokens. */
-void kvq_ngram_clear(kvq_seq *s);
-/* Indexes history positions up to len - 2 (those with a known successor). */
-void kvq_ngram_update(kvq_seq *s, size_t len);
-/* Drafts up to max tokens continuing tokens[0..len) into out. @return count. */
-int kvq_ngram_draft(const kvq_seq *s, size_t len, int32_t *out, int max);
 
 /* seq.c: what kvq_seq_forward_out returns for rows first_out..n-1: host
  * logits and/or argmax as kvq_seq_forward, or (tok set; at most
@@ -258,10 +300,10 @@ kvq_status kvq_seq_forward_out(kvq_seq *s, const int32_t *ids, size_t n, size_t 
  * sampler's scratch and settings; its RNG untouched; greedy ignores u);
  * errors as kvq_sampler_sample. peek() gives the next n uniforms of the
  * RNG without advancing it (zeros when greedy: greedy draws nothing);
- * skip() advances it past n of them. sample() = peek 1, pick, skip 1. */
+ * skip() (kvq_sampler.h) advances it past n of them. sample() = peek 1,
+ * pick, skip 1. */
 kvq_status kvq_sampler_pick(kvq_sampler *s, const float *logits, double u, int32_t *token);
 void kvq_sampler_peek(const kvq_sampler *s, double *u, int n);
-void kvq_sampler_skip(kvq_sampler *s, int n);
 
 double kvq_now(void);
 

@@ -103,7 +103,7 @@ static void run_batch(const struct kvq_seq_config *sc, int share, int cancel, st
         for (int i = 0; i < joined; i++)
             if (!(gone & 1 << i) && done[i] == prompt_len[i] && gen[i] > 0 && gen[i] < GEN) {
                 next[i] = argmax_of(o->logits[i] + (gen[i] - 1) * vocab());
-                items[n++] = (struct kvq_batch_item){slot[i], &next[i], 1, o->logits[i] + gen[i] * vocab(), &am[i], NULL, NULL};
+                items[n++] = (struct kvq_batch_item){slot[i], &next[i], 1, o->logits[i] + gen[i] * vocab(), &am[i], NULL, NULL, 0};
                 rows++;
             }
         for (int i = 0; i < joined; i++)
@@ -113,7 +113,7 @@ static void run_batch(const struct kvq_seq_config *sc, int share, int cancel, st
                     continue;
                 int last = done[i] + c == prompt_len[i];
                 items[n++] = (struct kvq_batch_item){slot[i], prompts[i] + done[i], c, last ? o->logits[i] : NULL,
-                                                     last ? &am[i] : NULL, NULL, NULL};
+                                                     last ? &am[i] : NULL, NULL, NULL, 0};
                 rows += c;
             }
         if (n == 0)
@@ -291,20 +291,20 @@ static void test_budget(void)
     int s[3];
     for (int i = 0; i < 3; i++)
         CHECK_OK(kvq_batch_add(b, &s[i]));
-    struct kvq_batch_item it = {s[0], prompts[0], 4 * P, NULL, NULL, NULL, NULL};
+    struct kvq_batch_item it = {s[0], prompts[0], 4 * P, NULL, NULL, NULL, NULL, 0};
     CHECK_OK(kvq_batch_step(b, &it, 1, NULL));
-    struct kvq_batch_item two[2] = {{s[1], prompts[1], 4 * P + 1, NULL, NULL, NULL, NULL}, {s[2], prompts[2], 4 * P + 1, NULL, NULL, NULL, NULL}};
+    struct kvq_batch_item two[2] = {{s[1], prompts[1], 4 * P + 1, NULL, NULL, NULL, NULL, 0}, {s[2], prompts[2], 4 * P + 1, NULL, NULL, NULL, NULL, 0}};
     CHECK_STATUS(kvq_batch_step(b, two, 2, NULL), KVQ_ERR_BUDGET); /* unshared: 4 + 10 pages */
     CHECK_OK(kvq_batch_share(b, s[1], s[0], 4 * P, NULL));
     CHECK_OK(kvq_batch_share(b, s[2], s[0], 4 * P, NULL));
-    two[0] = (struct kvq_batch_item){s[1], prompts[1], 1, NULL, NULL, NULL, NULL};
-    two[1] = (struct kvq_batch_item){s[2], prompts[2], 1, NULL, NULL, NULL, NULL};
+    two[0] = (struct kvq_batch_item){s[1], prompts[1], 1, NULL, NULL, NULL, NULL, 0};
+    two[1] = (struct kvq_batch_item){s[2], prompts[2], 1, NULL, NULL, NULL, NULL, 0};
     CHECK_OK(kvq_batch_step(b, two, 2, NULL));
     kvq_batch_get_stats(b, &st);
     CHECK(st.pages_used == 6 && st.pages_shared == 4 && st.page_refs == 14);
     CHECK(kvq_batch_len(b, s[1]) == 4 * P + 1 && kvq_batch_len(b, s[0]) == 4 * P);
     /* the pool is full: the source cannot grow, removing it frees nothing */
-    it = (struct kvq_batch_item){s[0], prompts[0], 1, NULL, NULL, NULL, NULL};
+    it = (struct kvq_batch_item){s[0], prompts[0], 1, NULL, NULL, NULL, NULL, 0};
     CHECK_STATUS(kvq_batch_step(b, &it, 1, NULL), KVQ_ERR_BUDGET);
     kvq_batch_remove(b, s[0]);
     kvq_batch_get_stats(b, &st);
@@ -336,9 +336,9 @@ static void copy_on_write(struct kvq_batch_config bc)
     CHECK_OK(kvq_batch_add(b, &ref_src));
     CHECK_OK(kvq_batch_add(b, &ref_sh));
     /* the source and two references that hold the same bytes unshared */
-    struct kvq_batch_item three[3] = {{src, prompts[0], 2 * P, NULL, NULL, NULL, NULL},
-                                      {ref_src, prompts[0], 2 * P, NULL, NULL, NULL, NULL},
-                                      {ref_sh, prompts[0], 2 * P, NULL, NULL, NULL, NULL}};
+    struct kvq_batch_item three[3] = {{src, prompts[0], 2 * P, NULL, NULL, NULL, NULL, 0},
+                                      {ref_src, prompts[0], 2 * P, NULL, NULL, NULL, NULL, 0},
+                                      {ref_sh, prompts[0], 2 * P, NULL, NULL, NULL, NULL, 0}};
     for (int i = 0; i < 3; i++)
         CHECK_OK(kvq_batch_step(b, &three[i], 1, NULL)); /* the same chunk each: same bytes */
     CHECK_STATUS(kvq_batch_share(b, sh, src, P + 1, NULL), KVQ_ERR_INVALID_ARG); /* not whole pages */
@@ -354,12 +354,12 @@ static void copy_on_write(struct kvq_batch_config bc)
     CHECK(st.pages_used == 6 && st.pages_shared == 2);
     float *lg = calloc(4 * V, sizeof(float));
     int32_t tok = 17;
-    struct kvq_batch_item w[2] = {{sh, &tok, 1, lg, NULL, NULL, NULL}, {ref_sh, &tok, 1, lg + V, NULL, NULL, NULL}};
+    struct kvq_batch_item w[2] = {{sh, &tok, 1, lg, NULL, NULL, NULL, 0}, {ref_sh, &tok, 1, lg + V, NULL, NULL, NULL, 0}};
     CHECK_OK(kvq_batch_step(b, w, 2, NULL));
     kvq_batch_get_stats(b, &st);
     CHECK(st.pages_used == 7 && st.pages_shared == 1); /* page 1 copied, page 0 still shared */
     CHECK(memcmp(lg, lg + V, V * sizeof(float)) == 0);
-    struct kvq_batch_item r[2] = {{src, &tok, 1, lg + 2 * V, NULL, NULL, NULL}, {ref_src, &tok, 1, lg + 3 * V, NULL, NULL, NULL}};
+    struct kvq_batch_item r[2] = {{src, &tok, 1, lg + 2 * V, NULL, NULL, NULL, 0}, {ref_src, &tok, 1, lg + 3 * V, NULL, NULL, NULL, 0}};
     CHECK_OK(kvq_batch_step(b, r, 2, NULL));
     CHECKF(memcmp(lg + 2 * V, lg + 3 * V, V * sizeof(float)) == 0, "the source's logits changed");
     free(lg);
@@ -476,10 +476,10 @@ static void test_cuda_budget_window(void)
     CHECK_OK(kvq_batch_add(b, &s0));
     CHECK_OK(kvq_batch_add(b, &s1));
     kvq_error err = {0};
-    struct kvq_batch_item a[2] = {{s0, prompts[0], 3 * P, NULL, NULL, NULL, NULL}, {s1, prompts[1], 2 * P, NULL, NULL, NULL, NULL}};
+    struct kvq_batch_item a[2] = {{s0, prompts[0], 3 * P, NULL, NULL, NULL, NULL, 0}, {s1, prompts[1], 2 * P, NULL, NULL, NULL, NULL, 0}};
     CHECKF(kvq_batch_step(b, a, 2, &err) == KVQ_OK, "5 pages in a 5-page pool: %s", err.msg);
     int32_t tok = 7;
-    struct kvq_batch_item one = {s1, &tok, 1, NULL, NULL, NULL, NULL};
+    struct kvq_batch_item one = {s1, &tok, 1, NULL, NULL, NULL, NULL, 0};
     CHECK_STATUS(kvq_batch_step(b, &one, 1, &err), KVQ_ERR_BUDGET);
     CHECK(kvq_batch_len(b, s0) == 3 * P && kvq_batch_len(b, s1) == 2 * P);
     kvq_batch_free(b);

@@ -311,10 +311,11 @@ static void test_gemma3_runs(void)
     test_rm_dir(dir);
 }
 
-/* kvq serve's batch refuses a windowed model (not supported yet) with a
- * reason a user can act on: the model feature and the command that runs
- * it, not the library's type names (it said "(kvq_seq is)"). */
-static void test_batch_refusal_says_why(void)
+/* A batch of a windowed model runs on the CPU (test_batch_window.c checks
+ * what it computes); on the GPU, whose store ignored windows it was handed,
+ * create refuses it before touching a device, with a reason a user can act
+ * on: the model feature and what does run it, not the library's names. */
+static void test_batch_window_devices(void)
 {
     kvq_model *m = NULL;
     kvq_error err = {0};
@@ -323,12 +324,26 @@ static void test_batch_refusal_says_why(void)
         return;
     struct kvq_batch_config bc;
     kvq_batch_config_default(&bc);
+    bc.seq.max_ctx = 1500; /* the window of 1000 then restricts something */
     kvq_batch *b = NULL;
+    CHECKF(kvq_batch_create(m, &bc, &b, &err) == KVQ_OK, "%s", err.msg);
+    struct kvq_batch_stats bs;
+    kvq_batch_get_stats(b, &bs);
+    CHECK(b && !bs.can_share && !bs.can_rollback);
+    kvq_batch_free(b);
+    b = NULL;
+    bc.seq.device = KVQ_DEVICE_CUDA;
     kvq_status st = kvq_batch_create(m, &bc, &b, &err);
-    CHECKF(st == KVQ_ERR_UNSUPPORTED && strstr(err.msg, "sliding-window attention") && strstr(err.msg, "kvq run") &&
+    CHECKF(st == KVQ_ERR_UNSUPPORTED && strstr(err.msg, "sliding-window attention") && strstr(err.msg, "--device cpu") &&
                !strstr(err.msg, "kvq_"),
            "status %d, '%s'", st, err.msg);
     CHECK(b == NULL);
+    kvq_batch_free(b);
+    /* a window that holds the whole context restricts nothing: no refusal
+     * for the window (without a GPU: no device) */
+    bc.seq.max_ctx = 1000;
+    st = kvq_batch_create(m, &bc, &b, &err);
+    CHECKF(st != KVQ_ERR_UNSUPPORTED, "status %d, '%s'", st, err.msg);
     kvq_batch_free(b);
     kvq_model_free(m);
 }
@@ -344,7 +359,7 @@ int main(void)
     RUN(test_gemma3_runs);
     RUN(test_wide_window_equals_full);
     RUN(test_bounded_memory);
-    RUN(test_batch_refusal_says_why);
+    RUN(test_batch_window_devices);
     test_rm_dir(dir_plain);
     test_rm_dir(dir_win);
     return TEST_END("test_decoder_window");

@@ -13,7 +13,9 @@
 #     completes with exactly its solo tokens or gets an honest 429/503;
 #  4. prefix reuse (--prefix-cache) leaves a second turn's answer unchanged.
 #  5. prefix sharing: concurrent requests with one long prompt give the solo
-#     answer and hold its pages once.
+#     answer and hold its pages once;
+#  6. sliding windows and Gemma 3: kvq serve answers what kvq run answers;
+#  7. speculative decoding (--speculative) answers what plain decoding does.
 name=test_serve.sh
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${KVQ_BUILD:-build}
@@ -387,6 +389,86 @@ if start_server "$tmp/log6" --max-seqs 4; then
 else
     bad "kvq serve did not start: $(cat "$tmp/log6")"
 fi
+# like_run NAME DIR IDS N SEED [SERVER ARGS]: kvq serve on DIR (--max-seqs 4,
+# --seed SEED: kvq run's seed is the codecs' too) answers the prompt IDS
+# (token ids) with exactly the text kvq run prints for N tokens, greedy (3
+# requests at once) and sampled with seed SEED (one more at once). Leaves
+# the server running (0) for the caller's checks, or returns 1.
+like_run() {
+    lname=$1; ldir=$2; lids=$3; ln=$4; lseed=$5; shift 5
+    text_of() { sed -n 's/.*"text":"\([^"]*\)".*/\1/p' "$@"; }
+    want_g=$("$kvq" run --model "$ldir" --prompt-ids "$lids" -n "$ln" --seed "$lseed" --json 2>/dev/null | text_of)
+    want_s=$("$kvq" run --model "$ldir" --prompt-ids "$lids" -n "$ln" --temp 0.8 --seed "$lseed" --json 2>/dev/null |
+        text_of)
+    keep=$model; model=$ldir
+    start_server "$tmp/log_like" --max-seqs 4 --seed "$lseed" "$@"; started=$?
+    model=$keep
+    if [ $started -ne 0 ]; then
+        bad "$lname: kvq serve did not start: $(cat "$tmp/log_like")"
+        return 1
+    fi
+    printf '{"prompt":[%s],"max_tokens":%d,"temperature":0}' "$lids" "$ln" >"$tmp/like.json"
+    printf '{"prompt":[%s],"max_tokens":%d,"temperature":0.8,"seed":%d}' "$lids" "$ln" "$lseed" >"$tmp/like_s.json"
+    jobs=""
+    for k in 1 2 3; do
+        curl -s --max-time 60 -H 'Content-Type: application/json' --data-binary "@$tmp/like.json" \
+            "$url/v1/completions" >"$tmp/like.$k" &
+        jobs="$jobs $!"
+    done
+    curl -s --max-time 60 -H 'Content-Type: application/json' --data-binary "@$tmp/like_s.json" \
+        "$url/v1/completions" >"$tmp/like_s" &
+    wait $jobs $!
+    same=0
+    for k in 1 2 3; do
+        [ -n "$want_g" ] && [ "$(text_of "$tmp/like.$k")" = "$want_g" ] && same=$((same + 1))
+    done
+    check "$lname: 3 greedy answers at once equal kvq run's" "$same" 3
+    check "$lname: a seeded answer equals kvq run's" "$(text_of "$tmp/like_s")" "${want_s:-(kvq run printed no text)}"
+    return 0
+}
+# ids N M: N token ids, (7919 i + 3) mod M
+ids() { awk -v n="$1" -v v="$2" 'BEGIN { for (i = 0; i < n; i++) printf "%s%d", i ? "," : "", (i * 7919 + 3) % v }'; }
+
+# ---- 6. sliding windows and Gemma 3 ---------------------------------------
+# A Mistral config with a 32-token window (the bundled weights; a prompt of
+# 600 tokens: 3 chunks) and Gemma 3 (tests/models/gemma3_text: 8-token
+# windows, sandwich norms, the attention scale; a tokenizer written here
+# spells its 256 ids t000..t255), which kvq serve refused before.
+mkdir -p "$tmp/mw" "$tmp/g3"
+for f in "$root"/models/kvq-tiny-llama/*; do
+    [ "${f##*/}" = config.json ] || ln -s "$f" "$tmp/mw/"
+done
+sed 's/"model_type": *"llama"/"model_type": "mistral", "sliding_window": 32/' \
+    "$root/models/kvq-tiny-llama/config.json" >"$tmp/mw/config.json"
+ln -s "$root/tests/models/gemma3_text/config.json" "$root/tests/models/gemma3_text/model.safetensors" "$tmp/g3/"
+awk 'BEGIN { printf "{\"version\":\"1.0\",\"added_tokens\":[],\"decoder\":{\"type\":\"Fuse\"},\"model\":{\"type\":\"BPE\",\"vocab\":{"
+             for (i = 0; i < 256; i++) printf "%s\"t%03d\":%d", i ? "," : "", i, i
+             printf "},\"merges\":[]}}\n" }' >"$tmp/g3/tokenizer.json"
+if like_run "mistral, 32-token window" "$tmp/mw" "$(ids 600 3700)" 24 0; then
+    after "mistral, 32-token window"
+    stop_server
+fi
+if like_run "gemma 3" "$tmp/g3" "$(ids 100 256)" 24 0; then
+    after "gemma 3"
+    stop_server
+fi
+
+# ---- 7. speculative decoding ----------------------------------------------
+# --speculative 8: requests verify n-gram drafts in their decode rows (the
+# sampled one draws each row at its next uniforms); a prompt that repeats
+# itself gives drafts the model keeps. The answers are kvq run's plain
+# decoding, and drafts were verified and kept.
+if like_run "speculative" "$model" "$(awk 'BEGIN { for (i = 0; i < 240; i++) printf "%s%d", i ? "," : "", 300 + (i % 24) * 37 }')" \
+    40 3 --speculative 8; then
+    drafted=$(metric kvq_speculative_drafted_tokens_total); kept=$(metric kvq_speculative_accepted_tokens_total)
+    [ "${kept:-0}" -gt 0 ] && [ "${drafted:-0}" -ge "${kept:-0}" ] &&
+        ok "speculative: $kept of $drafted drafts kept" || bad "speculative: drafted '$drafted', kept '$kept'"
+    after "speculative"
+    stop_server
+fi
+check "--speculative past 15: exit 2" \
+    "$(timeout 30 "$kvq" serve --model "$model" --port 0 --speculative 16 2>/dev/null; echo $?)" 2
+
 check "--prefix-share with a bad value: exit 2" \
     "$(timeout 30 "$kvq" serve --model "$model" --port 0 --prefix-share maybe 2>/dev/null; echo $?)" 2
 check "--prefix-cache with a chunk off the page grid: exit 2" \

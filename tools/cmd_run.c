@@ -396,20 +396,12 @@ static int get_prompt(const struct opts *o, const kvq_tokenizer *tok, int32_t **
     return 0;
 }
 
-static int is_eos(const struct kvq_model_config *c, int32_t id)
-{
-    for (int i = 0; i < c->n_eos; i++)
-        if (c->eos_ids[i] == id)
-            return 1;
-    return 0;
-}
-
 /* A plan row's label: the K/V pair or "per-layer", "+ctr" with centred
  * keys, "+win" with the recent window, "*" for the selected types. */
 static void plan_row_name(const struct kvq_seq_config *sc, int n_layers, int selected, char *name, size_t n)
 {
     char mods[16];
-    snprintf(mods, sizeof mods, "%s%s", kv_seq_centred(sc, n_layers) ? "+ctr" : "",
+    snprintf(mods, sizeof mods, "%s%s", kvq_seq_centred(sc, n_layers) ? "+ctr" : "",
              kvq_seq_window_for(sc, n_layers) ? "+win" : "");
     if (sc->layer_types)
         snprintf(name, n, "per-layer%s*", mods);
@@ -432,8 +424,8 @@ static int print_gpu_plan(const struct opts *o, kvq_model *m)
     kvq_model_get_info(m, &mi);
     const size_t embed = mi.file_bytes > mi.weight_bytes ? mi.file_bytes - mi.weight_bytes : 0;
     /* the dense prefill path's scratch (kvq_cuda_prefill_ws, decoder/backend/kv_store_cuda.c):
-     * chunks of kvq_seq_config.max_chunk's default (256), the past 32K positions at a time */
-    const size_t chunk = 256, seg = c->max_ctx < 32768 ? (size_t)c->max_ctx : 32768;
+     * chunks of kvq_seq_config.max_chunk's default, the past 32K positions at a time */
+    const size_t chunk = KVQ_DEFAULT_MAX_CHUNK, seg = c->max_ctx < 32768 ? (size_t)c->max_ctx : 32768;
     const size_t prefill_ws = (c->head_dim == 64 || c->head_dim == 128)
                                   ? kvq_cuda_prefill_ws_bytes(c->n_kv_heads, c->n_heads, c->head_dim, chunk, seg)
                                   : 0;
@@ -624,7 +616,7 @@ static int run(void *user, kvq_model *m, kvq_tokenizer *tok)
     else if (st != KVQ_OK) {
         rc = cli_status_error(CMD, st, "generation failed");
         goto out;
-    } else if (n_out && !o->no_eos && is_eos(c, out[n_out - 1]))
+    } else if (n_out && !o->no_eos && kvq_model_is_eos(c, out[n_out - 1]))
         stop_reason = "eos";
     else if (write_failed)
         stop_reason = "write_error";

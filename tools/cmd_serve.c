@@ -33,7 +33,11 @@ static void usage(FILE *f)
                "  --prefix-cache N     keep up to N finished sequences' prompts for prefix reuse\n"
                "                       (default 0: off; --chunk must be a multiple of 64)\n"
                "  --prefix-share on|off a request shares the pages of the prompt start it has in\n"
-               "                       common with a running sequence (default: on)\n"
+               "                       common with a running sequence (default: on; off for\n"
+               "                       sliding-window models, whose layers keep no prefix)\n"
+               "  --speculative N      n-gram speculative decoding with up to N drafts a step\n"
+               "                       (0..15, default 0: off; not for requests with logprobs or\n"
+               "                       logit_bias); the answers are plain decoding's\n"
                "  --api-key KEY        require 'Authorization: Bearer KEY' on /v1/, /tokenize and\n"
                "                       /detokenize (default: env\n"
                "                       KVQ_API_KEY, else none)\n"
@@ -57,7 +61,7 @@ static void usage(FILE *f)
 struct opts {
     struct kv_cmd c;
     const char *host, *api_key, *model_name, *chat_template;
-    long port, max_seqs, ctx, chunk, max_queue, timeout, drain_timeout, prefix_cache;
+    long port, max_seqs, ctx, chunk, max_queue, timeout, drain_timeout, prefix_cache, speculative;
     long max_conns, max_conns_per_ip;
     int prefix_share;
     size_t max_body;
@@ -82,6 +86,8 @@ static int own_option(void *user, const char *a, const char *v)
         return cli_parse_int(v, 2, 1 << 24, &o->ctx) ? 1 : 0;
     else if (strcmp(a, "--chunk") == 0)
         return cli_parse_int(v, 1, 1 << 16, &o->chunk) ? 1 : 0;
+    else if (strcmp(a, "--speculative") == 0)
+        return cli_parse_int(v, 0, KVQ_MAX_DRAFT, &o->speculative) ? 1 : 0;
     else if (strcmp(a, "--prefix-cache") == 0)
         return cli_parse_int(v, 0, 4096, &o->prefix_cache) ? 1 : 0;
     else if (strcmp(a, "--prefix-share") == 0) {
@@ -158,6 +164,7 @@ static int serve(void *user, kvq_model *m, kvq_tokenizer *tok)
     ec.max_queue = (int)o->max_queue;
     ec.prefix_cache = (int)(o->prefix_cache < o->max_seqs ? o->prefix_cache : o->max_seqs);
     ec.prefix_share = o->prefix_share;
+    ec.speculative = (int)o->speculative;
     ec.model_name = o->model_name ? o->model_name : base_name(o->c.model);
     kv_opts_name(&o->c.kv, ec.cache_name, sizeof ec.cache_name);
     kvq_chat_template *chat = NULL;
@@ -221,7 +228,7 @@ int cmd_serve(int argc, char **argv)
     o.host = "127.0.0.1";
     o.port = 8080;
     o.max_seqs = 16;
-    o.chunk = 256;
+    o.chunk = KVQ_DEFAULT_MAX_CHUNK;
     o.prefix_share = 1;
     o.max_queue = 128;
     o.timeout = 30;

@@ -254,7 +254,7 @@ void kv_opts_name(const struct kv_opts *o, char *buf, size_t cap)
     struct kvq_seq_config sc;
     kv_opts_seq_config(o, &sc);
     const int window = kvq_seq_window_for(&sc, o->n_layer_types);
-    if (kv_seq_centred(&sc, o->n_layer_types) && used < cap) {
+    if (kvq_seq_centred(&sc, o->n_layer_types) && used < cap) {
         int w = snprintf(buf + used, cap - used, "+ctr");
         used += w > 0 ? (size_t)w : 0;
     }
@@ -264,18 +264,6 @@ void kv_opts_name(const struct kv_opts *o, char *buf, size_t cap)
     }
     if (o->sink_tokens && used < cap)
         snprintf(buf + used, cap - used, "+sink%d", o->sink_tokens);
-}
-
-int kv_seq_centred(const struct kvq_seq_config *sc, int n_layers)
-{
-    if (!sc->center_k || !kvq_seq_window_for(sc, n_layers))
-        return 0;
-    for (int l = 0; l < (sc->layer_types ? n_layers : 1); l++) {
-        enum kvq_type tk = sc->layer_types ? sc->layer_types[2 * l] : sc->type_k;
-        if (tk != KVQ_TYPE_F32 && tk != KVQ_TYPE_F16)
-            return 1;
-    }
-    return 0;
 }
 
 double kv_bits_per_value(const struct kvq_seq_plan *pl, const struct kvq_model_config *c)

@@ -70,15 +70,10 @@ int kv_cmd_parse(const char *cmd, int argc, char **argv, struct kv_cmd *c, void 
 int kv_opts_check(const char *cmd, const struct kv_opts *o, const kvq_model *m);
 
 /* "tq3j/tq3", "q8_0/tq3,tq3j/tq3,..." for per-layer types, then "+vnc" for
- * value norm correction, "+ctr" for centred keys (kv_seq_centred), "+win"
+ * value norm correction, "+ctr" for centred keys (kvq_seq_centred), "+win"
  * for the recent f16 window (when kvq_seq_window_for turns it on) and
  * "+sinkN" for N sink tokens. */
 void kv_opts_name(const struct kv_opts *o, char *buf, size_t cap);
-
-/* 1 when a sequence of sc (n_layers entries in sc->layer_types, if any)
- * centres keys: center_k not 0, the window on, and some K type compressed,
- * as kvq_seq_create decides it per layer (key-outlier layers aside). */
-int kv_seq_centred(const struct kvq_seq_config *sc, int n_layers);
 
 /* Bits per cached value over all layers (K and V), from the plan: the pages
  * alone (bytes per token). */

@@ -28,6 +28,7 @@
 #include "kvq_batch.h"
 #include "kvq_chat.h"
 #include "kvq_model.h"
+#include "kvq_ngram.h"
 #include "kvq_sampler.h"
 #include "kvq_tokenizer.h"
 
@@ -129,6 +130,15 @@ struct serve_req {
     int32_t next_tok;          /* the step's token: its argmax, or drawn where the logits are */
     kvq_sampler *smp;
     kvq_detok *detok;
+    /* speculative decoding (serve_engine_config.speculative; requests whose
+     * logits stay where they are: no logprobs, no logit_bias): the history
+     * the drafts continue, its n-gram
+     * table (NULL: plain decoding), the step's verify pass */
+    int32_t *hist;             /* [n_prompt + max_tokens] the prompt, then out */
+    kvq_ngram *ngram;
+    int32_t draft[KVQ_MAX_DRAFT + 1]; /* the pending token, then the drafts */
+    int32_t verify[KVQ_MAX_DRAFT + 1]; /* the model's token after each */
+    int n_draft;               /* drafts in the step's item (0: a plain decode row) */
     char *text;                /* generated text so far (after stop truncation) */
     size_t text_len, text_cap;
     const char *finish;        /* "stop" / "length" once done */
@@ -145,7 +155,8 @@ struct serve_engine_config {
     int max_queue;             /* waiting requests before 429 (default 128) */
     int prefix_cache;          /* finished sequences kept for prefix reuse (0: off) */
     int prefix_share;          /* a request shares the pages of a running sequence's prompt
-                                * start it has too (kvq_batch_share; 0: off; CPU only) */
+                                * start it has too (kvq_batch_share; 0: off) */
+    int speculative;           /* n-gram drafts per decode step of a request (0: off) */
     const char *model_name;    /* what /v1/models and responses call the model */
     const kvq_chat_template *chat; /* renders /v1/chat/completions messages; NULL: 400 */
     const char *chat_missing;  /* the 400's message without a template */

@@ -23,6 +23,12 @@
  * meanwhile). Pages are admitted against what the pool holds plus what every
  * running sequence may still take in pages of its own.
  *
+ * Speculative decoding (--speculative N): a decode row becomes the pending
+ * token and up to N drafts from the request's n-gram table (kvq_ngram.h),
+ * verified in the same step (kvq_batch_item.n_out); the drafts the model
+ * agrees with are taken one by one as if decoded alone, the rest rolled
+ * back, so the answer is plain decoding's, greedy or seeded.
+ *
  * Every request field is behind the one mutex; the batch is touched only by
  * this thread, outside the mutex during the forward.
  */
@@ -84,14 +90,6 @@ int serve_draining(const struct serve_engine *e)
     return e->draining;
 }
 
-static int is_eos(const struct kvq_model_config *c, int32_t id)
-{
-    for (int i = 0; i < c->n_eos; i++)
-        if (c->eos_ids[i] == id)
-            return 1;
-    return 0;
-}
-
 /* ---- requests -------------------------------------------------------- */
 
 void serve_req_free(struct serve_req *r)
@@ -104,6 +102,8 @@ void serve_req_free(struct serve_req *r)
     free(r->text);
     kvq_sampler_free(r->smp);
     kvq_detok_free(r->detok);
+    free(r->hist);
+    kvq_ngram_free(r->ngram);
     pthread_cond_destroy(&r->cond);
     free(r);
 }
@@ -234,8 +234,10 @@ static void logprobs_of(const float *logits, int V, int32_t id, int n, struct se
 }
 
 /* The output of a step for r (mu held): picks the token, detokenizes,
- * applies EOS, stop strings, max_tokens and the context end. */
-static void take_token(struct serve_engine *e, struct serve_req *r)
+ * applies EOS, stop strings, max_tokens and the context end (len: the
+ * slot's length plain decoding would have now). @return 0 when r finished
+ * (it may be freed), 1 while it runs. */
+static int take_token(struct serve_engine *e, struct serve_req *r, size_t len)
 {
     const struct kvq_model_config *c = kvq_model_config_of(e->m);
     int32_t tok = r->next_tok;
@@ -252,7 +254,7 @@ static void take_token(struct serve_engine *e, struct serve_req *r)
         r->status = 500;
         snprintf(r->error, sizeof r->error, "the model produced non-finite logits");
         serve_finish(e, r, "error");
-        return;
+        return 0;
     }
     if (r->n_out == 0) {
         r->t_first = serve_now();
@@ -265,13 +267,15 @@ static void take_token(struct serve_engine *e, struct serve_req *r)
     }
     e->gen_tokens++;
     count_rate(e, 1);
-    if (!r->p.ignore_eos && is_eos(c, tok)) {
+    if (!r->p.ignore_eos && kvq_model_is_eos(c, tok)) {
         serve_finish(e, r, "stop");
-        return;
+        return 0;
     }
     if (r->lps)
         logprobs_of(r->logits, c->vocab, tok, r->p.logprobs, &r->lps[r->n_out]);
     r->out[r->n_out++] = tok;
+    if (r->hist)
+        r->hist[r->n_prompt + r->n_out - 1] = tok;
     const char *s;
     size_t n;
     size_t before = r->text_len;
@@ -285,21 +289,69 @@ static void take_token(struct serve_engine *e, struct serve_req *r)
                 r->text[at] = 0;
                 r->finish = "stop";
                 serve_finish(e, r, "stop");
-                return;
+                return 0;
             }
     }
-    if (r->n_out >= (size_t)r->max_tokens || kvq_batch_len(e->b, r->slot) >= e->max_ctx)
+    if (r->n_out >= (size_t)r->max_tokens || len >= e->max_ctx) {
         serve_finish(e, r, "length");
-    else
-        pthread_cond_broadcast(&r->cond);
+        return 0;
+    }
+    pthread_cond_broadcast(&r->cond);
+    return 1;
 }
+
+/* The drafts of r's next step, at most cap (mu held; greedy or sampled,
+ * when no logits come to the host): what its n-gram
+ * table continues the history with, as kvq_seq_generate drafts (up to
+ * --speculative, not past max_tokens or the context, not past the page
+ * with the window: kvq_draft_limit). r->draft[0] is the pending token. */
+static int draft_for(struct serve_engine *e, struct serve_req *r, size_t cap)
+{
+    const size_t len = r->n_prompt + r->n_out, pos0 = len - 1; /* the pending token's position */
+    r->draft[0] = r->out[r->n_out - 1];
+    r->n_draft = 0;
+    if (!r->ngram || pos0 + 1 >= e->max_ctx || r->n_out + 1 >= (size_t)r->max_tokens)
+        return 0;
+    kvq_ngram_update(r->ngram, r->hist, len);
+    size_t lim = (size_t)e->cfg.speculative, room = e->max_ctx - pos0 - 1, want = (size_t)r->max_tokens - r->n_out - 1;
+    lim = lim < room ? lim : room;
+    lim = lim < want ? lim : want;
+    lim = lim < cap ? lim : cap;
+    lim = kvq_draft_limit(pos0, e->window, e->bs.page_tokens, lim);
+    return r->n_draft = kvq_ngram_draft(r->ngram, r->hist, len, r->draft + 1, (int)lim);
+}
+
+/* The tokens of r's verify pass (mu held): the drafts the model agrees
+ * with, then its own token after them; the rest rolled back. Each goes
+ * through take_token as if decoded alone, so the answer is plain
+ * decoding's. */
+static void take_verified(struct serve_engine *e, struct serve_req *r)
+{
+    const size_t pos0 = r->n_prompt + r->n_out - 1;
+    const int k = r->n_draft;
+    int a = 0;
+    while (a < k && r->verify[a] == r->draft[a + 1])
+        a++;
+    e->drafted += (unsigned long)k;
+    e->accepted += (unsigned long)a;
+    if (r->p.temperature > 0) /* the draws of rows 0..a are kept, as plain decoding draws them */
+        kvq_sampler_skip(r->smp, a + 1);
+    if (a < k)
+        kvq_batch_truncate(e->b, r->slot, pos0 + 1 + (size_t)a);
+    for (int j = 0; j <= a; j++) {
+        r->next_tok = j < a ? r->draft[j + 1] : r->verify[a];
+        if (!take_token(e, r, pos0 + 1 + (size_t)j))
+            return;
+    }
+}
+
 
 /* r's rows ids[0..n) as a step's item; with last, it asks for the next
  * token: drawn where the logits are, unless logprobs bring them to the host
  * (the draw is then made there, from the same logits). */
 static struct kvq_batch_item item_of(struct serve_req *r, const int32_t *ids, size_t n, int last)
 {
-    struct kvq_batch_item it = {r->slot, ids, n, NULL, NULL, NULL, NULL};
+    struct kvq_batch_item it = {r->slot, ids, n, NULL, NULL, NULL, NULL, 0};
     if (!last)
         return it;
     it.logits = r->logits;
@@ -318,13 +370,23 @@ static int build_step(struct serve_engine *e, size_t *rows_out)
     const int S = e->cfg.batch.max_seqs;
     int n = 0;
     size_t rows = 0;
+    int n_dec = 0;
+    for (int s = 0; s < S; s++)
+        n_dec += e->run[s] && e->run[s]->state == SERVE_DECODE;
     for (int s = 0; s < S; s++) {
         struct serve_req *r = e->run[s];
         if (!r || r->state != SERVE_DECODE)
             continue;
+        /* drafts leave a row for each decode row still to come */
+        const int k = draft_for(e, r, e->bs.max_rows - rows - (size_t)(n_dec - n));
         e->items[n] = item_of(r, &r->out[r->n_out - 1], 1, 1);
+        if (k > 0) { /* a verify pass: the model's token after each row, as item_of picks it */
+            const int sampled = r->p.temperature > 0;
+            e->items[n] = (struct kvq_batch_item){r->slot, r->draft, (size_t)k + 1, NULL, sampled ? NULL : r->verify,
+                                                  sampled ? r->smp : NULL, sampled ? r->verify : NULL, (size_t)k + 1};
+        }
         e->item_req[n++] = r;
-        rows++;
+        rows += (size_t)k + 1;
     }
     /* prompts in admission order: the oldest first */
     for (int pass = 0; pass < S; pass++) {
@@ -397,8 +459,10 @@ static void *engine_main(void *arg)
             }
             if (r->cancelled)
                 serve_finish(e, r, "cancelled");
+            else if (r->state == SERVE_DECODE && r->n_draft > 0)
+                take_verified(e, r);
             else
-                take_token(e, r);
+                take_token(e, r, kvq_batch_len(e->b, r->slot));
         }
     }
     serve_unlock(e);
@@ -417,7 +481,7 @@ int serve_engine_start(const kvq_model *m, const kvq_tokenizer *tok, const struc
     e->tok = tok;
     e->cfg = *cfg;
     if (e->cfg.chunk <= 0)
-        e->cfg.chunk = 256;
+        e->cfg.chunk = KVQ_DEFAULT_MAX_CHUNK; /* kvq run's chunks: the same bits */
     if (e->cfg.max_queue <= 0)
         e->cfg.max_queue = 128;
     if (!e->cfg.batch.max_rows)
@@ -430,6 +494,18 @@ int serve_engine_start(const kvq_model *m, const kvq_tokenizer *tok, const struc
         return st == KVQ_ERR_NOMEM || st == KVQ_ERR_DEVICE ? 1 : 2;
     }
     kvq_batch_get_stats(e->b, &e->bs);
+    /* Sliding-window layers keep a ring of their last tokens, not a prefix:
+     * there is nothing to share (the answers are the same without), and a
+     * finished sequence cannot go back to a kept prefix. */
+    e->cfg.prefix_share &= e->bs.can_share;
+    e->window = kvq_seq_window_for(&e->cfg.batch.seq, kvq_model_config_of(m)->n_layers);
+    if (e->cfg.prefix_cache && !e->bs.can_rollback) {
+        snprintf(err, cap, "--prefix-cache: the sliding-window layers of this model keep only their last tokens, "
+                           "so a finished sequence cannot go back to a kept prefix");
+        kvq_batch_free(e->b);
+        free(e);
+        return 2;
+    }
     if (e->cfg.prefix_cache && e->cfg.chunk % (int)e->bs.page_tokens) {
         /* a kept prefix must end on a page boundary, where the recent f16
          * window of the next token starts empty, as in a fresh prefill */

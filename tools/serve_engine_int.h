@@ -52,6 +52,8 @@ struct serve_engine {
     int n_cached;
     size_t cached_pages;
     unsigned long reused_tokens, reuse_hits, shared_tokens, share_hits;
+    unsigned long drafted, accepted; /* speculative draft tokens verified / kept */
+    int window;                /* the recent-token f16 window is on (drafts stop at page ends) */
     size_t unit;               /* prefix lengths reused or shared: multiples of the chunk and the page */
     size_t pages_committed, pages_peak, shared_peak;
     unsigned long seq_no;

@@ -124,10 +124,15 @@ char *serve_metrics_text(struct serve_engine *e)
         "# TYPE kvq_prefix_share_hits_total counter\nkvq_prefix_share_hits_total %lu\n"
         "# HELP kvq_steps_total Batched forwards.\n# TYPE kvq_steps_total counter\nkvq_steps_total %zu\n"
         "# HELP kvq_step_rows_total Rows through them.\n# TYPE kvq_step_rows_total counter\n"
-        "kvq_step_rows_total %zu\n",
+        "kvq_step_rows_total %zu\n"
+        "# HELP kvq_speculative_drafted_tokens_total Draft tokens verified (--speculative).\n"
+        "# TYPE kvq_speculative_drafted_tokens_total counter\nkvq_speculative_drafted_tokens_total %lu\n"
+        "# HELP kvq_speculative_accepted_tokens_total Of those, the tokens the model agreed with.\n"
+        "# TYPE kvq_speculative_accepted_tokens_total counter\nkvq_speculative_accepted_tokens_total %lu\n",
         bs->page_tokens, now.pages_total, now.pages_used, now.pages_total - now.pages_used, e->pages_committed,
         now.pages_shared, now.page_refs, e->pages_peak, e->shared_peak, now.bytes_allocated, e->cfg.cache_name, now.bytes_per_token, e->cfg.cache_name, now.page_bytes,
-        now.kv_budget, e->n_cached, e->cached_pages, e->reused_tokens, e->reuse_hits, e->shared_tokens, e->share_hits, now.steps, now.rows);
+        now.kv_budget, e->n_cached, e->cached_pages, e->reused_tokens, e->reuse_hits, e->shared_tokens, e->share_hits, now.steps, now.rows,
+        e->drafted, e->accepted);
     out(&buf, &len, &cap,
         "# HELP kvq_time_to_first_token_seconds From queueing to the first generated token.\n"
         "# TYPE kvq_time_to_first_token_seconds histogram\n");

@@ -196,13 +196,18 @@ struct serve_req *serve_req_create(struct serve_engine *e, struct serve_params *
         kvq_detok_create(e->tok, KVQ_DETOK_SKIP_CONTROL, &r->detok) != KVQ_OK ||
         !(r->out = malloc((size_t)r->max_tokens * sizeof *r->out)) ||
         (r->p.logprobs >= 0 && !(r->lps = calloc((size_t)r->max_tokens, sizeof *r->lps))) ||
-        (need_logits && !(r->logits = malloc((size_t)c->vocab * sizeof *r->logits)))) {
+        (need_logits && !(r->logits = malloc((size_t)c->vocab * sizeof *r->logits))) ||
+        (e->cfg.speculative && !need_logits &&
+         (!(r->hist = malloc((r->n_prompt + (size_t)r->max_tokens) * sizeof *r->hist)) ||
+          kvq_ngram_create(0, r->n_prompt + (size_t)r->max_tokens, &r->ngram) != KVQ_OK))) {
         snprintf(err, cap, "out of memory for the request");
         *status = 503;
         *code = NULL;
         serve_req_release(e, r);
         return NULL;
     }
+    if (r->hist)
+        memcpy(r->hist, r->ids, r->n_prompt * sizeof *r->hist);
     return r;
 fail:
     if (*status != 400)

@@ -15,7 +15,8 @@
  * query head h reads KV head h / (n_heads / n_kv_heads).
  *
  * Adding a store (a new device, another cache organisation): implement these
- * ops, and create it where the sequence state picks its backend (seq.c).
+ * ops, refuse what it cannot do at create (as kvq_kv_store_cuda_supports),
+ * and create it where the engine picks its backend (batch.c).
  */
 #ifndef KVQ_KV_STORE_H
 #define KVQ_KV_STORE_H
@@ -23,6 +24,7 @@
 #include <stddef.h>
 
 #include "kvq_cache.h"
+#include "kvq_model.h"
 #include "kvq_status.h"
 
 typedef struct kvq_kv_store kvq_kv_store;
@@ -84,8 +86,9 @@ struct kvq_kv_store_config {
     int n_heads;        /* query heads (GQA groups of n_heads / n_kv_heads) */
     size_t max_rows;    /* most tokens of one call over all its sequences */
     int v_norm_correct; /* kvq_seq_config.v_norm_correct */
-    const int *windows; /* [n_layers] sliding window of each layer in tokens (a query at p
-                         * sees (p - W, p]), 0 = all; NULL = no window anywhere */
+    const struct kvq_layer_spec *specs; /* [n_layers] each layer's memory spec (layer_spec.c):
+                         * its sliding window (a query at p sees (p - W, p]) and, where a
+                         * store sizes a pool, its page bytes */
     float attn_scale;   /* score scale; 0 = 1 / sqrt(head_dim) */
 };
 
@@ -105,10 +108,16 @@ kvq_status kvq_kv_store_cpu_create(const struct kvq_kv_store_config *cfg, kvq_kv
  * reset a segment its first queries still read. */
 #define KVQ_WINDOW_SEGMENT(w) ((size_t)(w) + 256 + 16)
 
+/** What the device store cannot do yet, asked before anything is allocated
+ *  (kvq_kv_store_cuda_create asks it first): sliding windows, a custom
+ *  attention scale, the value-norm correction. @return KVQ_OK, or
+ *  KVQ_ERR_UNSUPPORTED with one line saying what and what runs it. */
+kvq_status kvq_kv_store_cuda_supports(const struct kvq_kv_store_config *cfg, kvq_error *err);
+
 /** A store of kvq_cuda_cache pages on the current GPU, one device cache per
  *  layer holding all max_seqs sequences (kv_store_cuda.c); k, v, q and out
- *  are device memory. @return KVQ_OK and *out; KVQ_ERR_UNSUPPORTED (recent
- *  window, sinks or the value-norm correction: not on the device yet);
+ *  are device memory. @return KVQ_OK and *out; KVQ_ERR_UNSUPPORTED
+ *  (kvq_kv_store_cuda_supports);
  *  KVQ_ERR_BUDGET (a layer's budget share holds no page); a
  *  kvq_cuda_cache_create error (KVQ_ERR_NO_DEVICE without a GPU). */
 kvq_status kvq_kv_store_cuda_create(const struct kvq_kv_store_config *cfg, kvq_kv_store **out, kvq_error *err);

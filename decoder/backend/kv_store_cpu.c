@@ -496,8 +496,8 @@ kvq_status kvq_kv_store_cpu_create(const struct kvq_kv_store_config *cfg, kvq_kv
         const int l = (int)(i / RING / (size_t)cfg->max_seqs);
         struct kvq_cache_config wc = cfg->cfgs[l];
         const struct kvq_cache_config *cc = &wc;
-        const int W = cfg->windows ? cfg->windows[l] : 0;
-        if (W > 0 && (size_t)W < wc.max_tokens) { /* a ring of segments, without sinks */
+        const int W = cfg->specs ? cfg->specs[l].window : 0; /* 0 where it holds the context */
+        if (W > 0) { /* a ring of segments, without sinks */
             s->window[l] = W;
             s->seg[l] = KVQ_WINDOW_SEGMENT(W);
             max_window = (size_t)W > max_window ? (size_t)W : max_window;

@@ -18,8 +18,9 @@
  * being filled, so every position of the chunk sees its page's rows in f16,
  * as on the CPU.
  *
- * Not on the device yet, refused at create with one line: the value-norm
- * correction.
+ * Not on the device yet, refused at create with one line
+ * (kvq_kv_store_cuda_supports): sliding windows, a custom attention scale
+ * (Gemma's query_pre_attn_scalar), the value-norm correction.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -222,13 +223,33 @@ static const struct kvq_kv_store_ops cuda_store_ops = {
     .free = cuda_free_store,
 };
 
-kvq_status kvq_kv_store_cuda_create(const struct kvq_kv_store_config *cfg, kvq_kv_store **out, kvq_error *err)
+kvq_status kvq_kv_store_cuda_supports(const struct kvq_kv_store_config *cfg, kvq_error *err)
 {
-    if (!cfg || !cfg->cfgs || cfg->n_layers < 1 || cfg->max_seqs < 1 || !out)
-        return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "kvq_kv_store_cuda_create: bad arguments");
-    const struct kvq_cache_config *c0 = &cfg->cfgs[0];
+    /* Said as the model's config.json feature and what runs it: the users
+     * of the message are the commands' (kvq run, kvq serve). */
+    for (int l = 0; cfg->specs && l < cfg->n_layers; l++)
+        if (cfg->specs[l].window)
+            return kvq_error_set(err, KVQ_ERR_UNSUPPORTED,
+                                 "sliding-window attention (config.json sliding_window %d, layer %d) is not on the "
+                                 "GPU yet: --device cpu runs it",
+                                 cfg->specs[l].window, l);
+    if (cfg->attn_scale > 0)
+        return kvq_error_set(err, KVQ_ERR_UNSUPPORTED,
+                             "a custom attention scale (config.json query_pre_attn_scalar) is not on the GPU yet: "
+                             "--device cpu runs it");
     if (cfg->v_norm_correct)
         return kvq_error_set(err, KVQ_ERR_UNSUPPORTED, "the value-norm correction is not on the GPU yet");
+    return KVQ_OK;
+}
+
+kvq_status kvq_kv_store_cuda_create(const struct kvq_kv_store_config *cfg, kvq_kv_store **out, kvq_error *err)
+{
+    if (!cfg || !cfg->cfgs || !cfg->specs || cfg->n_layers < 1 || cfg->max_seqs < 1 || !out)
+        return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "kvq_kv_store_cuda_create: bad arguments");
+    const struct kvq_cache_config *c0 = &cfg->cfgs[0];
+    kvq_status refused = kvq_kv_store_cuda_supports(cfg, err);
+    if (refused != KVQ_OK)
+        return refused;
     struct cuda_store *s = calloc(1, sizeof *s);
     if (!s || !(s->caches = calloc((size_t)cfg->n_layers, sizeof *s->caches)) ||
         !(s->rep = malloc(cfg->max_rows * sizeof *s->rep)) || !(s->lens = malloc(cfg->max_rows * sizeof *s->lens))) {
@@ -253,12 +274,10 @@ kvq_status kvq_kv_store_cuda_create(const struct kvq_kv_store_config *cfg, kvq_k
          * which the LM head reports (KVQ_ERR_NONFINITE), as on the CPU */
         cc.check_input = 0;
         if (cfg->cfgs[l].max_bytes) { /* the layer's budget share, in whole pages */
-            struct kvq_cache_config one = cfg->cfgs[l];
-            size_t pt = one.page_tokens ? one.page_tokens : KVQ_DEFAULT_PAGE_TOKENS;
-            /* a page alone: without the f16 buffers (window, sinks) that
-             * kvq_cache_bytes_for counts too, which the device holds apart;
-             * with them the pool came out smaller than the batch's count */
-            size_t pb = kvq_cache_bytes_for(&one, pt) - kvq_cache_bytes_for(&one, 0);
+            /* a page alone (the spec's page bytes): the f16 buffers (window,
+             * sinks) the device holds apart are not in it; counted with them
+             * the pool came out smaller than the batch's count */
+            const size_t pb = cfg->specs[l].page_bytes;
             cc.pool_pages = pb ? cfg->cfgs[l].max_bytes / pb : 0;
             if (!cc.pool_pages) {
                 cuda_free_store(&s->base);

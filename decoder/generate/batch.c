@@ -1,8 +1,10 @@
-/* batch.c - slots of one KV store advanced together (kvq_batch.h).
+/* batch.c - slots of one KV store advanced together (kvq_batch.h): the one
+ * engine, also under kvq_seq (a batch of one, slot 0: seq.c).
  *
  * The store holds max_seqs sequences; a step lays its items' tokens out as
  * consecutive rows, one forward segment per item (forward.c), and runs the
- * LM head on the last row of each item that wants an output. Pages are
+ * LM head on the last row of each item that wants an output (on each of the
+ * last n_out rows of a verify item: speculative decoding). Pages are
  * counted here, over all slots, against one pool; the CPU caches have no
  * budget of their own (they allocate pages on demand and the batch never
  * lets them exceed the pool), the device caches get the pool as theirs.
@@ -24,7 +26,6 @@
 #include "matvec_internal.h"
 
 #define DEFAULT_SEQS 8
-#define DEFAULT_CHUNK 256
 
 struct kvq_batch {
     const kvq_model *m;
@@ -46,17 +47,22 @@ struct kvq_batch {
     uint32_t *free_ids;        /* stack of unused ids */
     size_t n_free, n_ids;
     size_t pages_shared;       /* ids held by two slots or more */
+    int can_share;             /* every layer's pages can be shared (no sliding window) */
+    int can_rollback;          /* every layer keeps any truncation exact (no sliding window) */
     int32_t *ids;              /* [max_rows] a step's tokens */
     struct kvq_fwd_seg *segs;  /* [max_seqs] */
     int *seq_ids;              /* [max_seqs] */
     float *logits;             /* [max_seqs][vocab] */
     int32_t *argmax;           /* [max_seqs] */
+    size_t *verify_rows;       /* [max_seqs * (KVQ_MAX_DRAFT + 1)] rows of items with n_out > 1 */
+    int32_t *verify_tok;       /* [max_seqs * (KVQ_MAX_DRAFT + 1)] their greedy tokens */
     size_t *out_rows;          /* [max_seqs] rows whose LM head a step runs */
-    size_t *draw_rows;         /* [max_seqs] rows a step draws a token for (items with a sampler) */
-    kvq_sampler **draw_smp;    /* [max_seqs] their samplers */
-    double *draw_u;            /* [max_seqs] the uniforms they draw at */
-    int32_t *draw_tok;         /* [max_seqs] */
-    kvq_status *draw_st;       /* [max_seqs] */
+    /* [max_seqs * (KVQ_MAX_DRAFT + 1)]: a row per item with a sampler, n_out of a verify item */
+    size_t *draw_rows;         /* rows a step draws a token for */
+    kvq_sampler **draw_smp;    /* their samplers */
+    double *draw_u;            /* the uniforms they draw at */
+    int32_t *draw_tok;
+    kvq_status *draw_st;
     struct kvq_seq_timers tm;
     size_t steps, rows;
     double t_total;
@@ -120,120 +126,88 @@ static void grow_pages(kvq_batch *b, int slot, size_t len, size_t n)
         take_page(b, slot, i);
 }
 
-/* Pool size and per-layer cache configs from the budget: every slot's f16
- * buffers first, then whole pages of page_tokens tokens in every layer. */
-static kvq_status plan_pool(kvq_batch *b, struct kvq_cache_config *ccs, kvq_error *err)
+/* Layer l's budget share as its store takes it in a batch of one with
+ * per-layer shares (kvq_seq): a device store sizes its pool from max_bytes
+ * alone (it holds the f16 rows apart): the share's pages part; at least 1,
+ * which holds no page and must not read as no limit. */
+static size_t share_budget(const struct kvq_seq_config *sc, const struct kvq_layer_spec *specs, int n_layers, int l)
+{
+    const size_t share = kvq_layer_budget_share(specs, n_layers, sc->kv_budget, l), f16 = specs[l].state_bytes;
+    if (!share || sc->device != KVQ_DEVICE_CUDA)
+        return share;
+    return share > f16 + 1 ? share - f16 : 1;
+}
+
+/* Pool size from the budget (the layers' specs): every slot's f16 buffers
+ * first, then whole pages of page_tokens tokens in every layer. A windowed
+ * layer is counted as if it kept every page (its ring holds fewer), so the
+ * pool never promises more than the caches take. The device store sizes
+ * its pool from max_bytes[l]; the host caches get no budget of their own
+ * (0) and are held to the pool here. With shares (a batch of one under
+ * kvq_seq) each layer's cache gets its share of the budget instead and the
+ * pool is every page of the context. */
+static kvq_status plan_pool(kvq_batch *b, const struct kvq_layer_spec *specs, int shares, size_t *max_bytes,
+                            kvq_error *err)
 {
     const struct kvq_model_config *c = &b->m->cfg;
-    size_t page_set = 0, fixed = 0, *page_l = calloc((size_t)c->n_layers, sizeof *page_l);
-    if (!page_l)
-        return kvq_error_set(err, KVQ_ERR_NOMEM, "out of memory");
+    size_t page_set = 0, fixed = 0;
+    b->can_share = 1;
     for (int l = 0; l < c->n_layers; l++) {
-        struct kvq_cache_config *cc = &ccs[l];
-        kvq_layer_cache_config(c, &b->cfg, l, b->max_ctx, cc);
-        if (!kvq_type_traits(cc->type_k) || !kvq_type_traits(cc->type_v)) {
-            free(page_l);
-            return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "unknown cache type for layer %d", l);
-        }
-        cc->seed = kvq_seed_derive(b->cfg.seed, (uint64_t)l);
-        b->page_tokens = (size_t)(cc->page_tokens ? cc->page_tokens : KVQ_DEFAULT_PAGE_TOKENS);
-        size_t fx = kvq_cache_bytes_for(cc, 0), all = kvq_cache_bytes_for(cc, b->page_tokens);
-        const size_t f16 = kvq_layer_f16_bytes(cc, b->cfg.device); /* fx, or the device cache's rows */
-        size_t rk = kvq_type_row_bytes(cc->type_k, c->head_dim), rv = kvq_type_row_bytes(cc->type_v, c->head_dim);
-        if (!all || all <= fx || !rk || !rv) {
-            free(page_l);
-            return kvq_error_set(err, KVQ_ERR_UNSUPPORTED, "cache types %s/%s do not support head_dim %d",
-                                 kvq_type_traits(cc->type_k)->name, kvq_type_traits(cc->type_v)->name, c->head_dim);
-        }
-        page_l[l] = all - fx;
-        page_set += all - fx;
-        fixed += f16;
-        b->bytes_per_token += (rk + rv) * (size_t)c->n_kv_heads;
+        b->page_tokens = specs[l].page_tokens;
+        page_set += specs[l].page_bytes;
+        fixed += specs[l].state_bytes;
+        b->bytes_per_token += specs[l].token_bytes;
+        b->can_share &= specs[l].can_share;
+        b->can_rollback &= specs[l].can_rollback;
+        max_bytes[l] = 0;
     }
     b->page_bytes = page_set;
     b->fixed_bytes = fixed * (size_t)b->max_seqs;
     const size_t per_seq = kvq_batch_pages_for(b, b->max_ctx);
     b->pages_total = per_seq * (size_t)b->max_seqs;
-    if (b->cfg.kv_budget) {
-        if (b->cfg.kv_budget < b->fixed_bytes || (b->cfg.kv_budget - b->fixed_bytes) / page_set == 0) {
-            free(page_l);
+    if (shares) { /* each cache holds its share and refuses past it (KVQ_ERR_BUDGET) */
+        for (int l = 0; l < c->n_layers; l++)
+            max_bytes[l] = share_budget(&b->cfg, specs, c->n_layers, l);
+    } else if (b->cfg.kv_budget) {
+        if (b->cfg.kv_budget < b->fixed_bytes || (b->cfg.kv_budget - b->fixed_bytes) / page_set == 0)
             return kvq_error_set(err, KVQ_ERR_BUDGET,
                                  "a KV budget of %zu bytes does not hold %d slots' f16 buffers (%zu bytes) "
                                  "and one page (%zu bytes)",
                                  b->cfg.kv_budget, b->max_seqs, b->fixed_bytes, page_set);
-        }
         size_t pool = (b->cfg.kv_budget - b->fixed_bytes) / page_set;
         b->pages_total = pool < b->pages_total ? pool : b->pages_total;
-        /* a device store sizes its pool from max_bytes; host caches are held to it here */
         for (int l = 0; l < c->n_layers; l++)
-            ccs[l].max_bytes = b->cfg.device == KVQ_DEVICE_CUDA ? b->pages_total * page_l[l] : 0;
+            max_bytes[l] = b->cfg.device == KVQ_DEVICE_CUDA ? b->pages_total * specs[l].page_bytes : 0;
     }
-    free(page_l);
     return KVQ_OK;
 }
 
-kvq_status kvq_batch_create(const kvq_model *m, const struct kvq_batch_config *cfg, kvq_batch **out,
-                            kvq_error *err)
+/* The engine of kvq_batch_create and of kvq_seq_create (a batch of one,
+ * shares 1): sc resolved (kvq_engine_config). */
+static kvq_status create(const kvq_model *m, const struct kvq_seq_config *sc, size_t max_ctx, int max_seqs,
+                         size_t max_rows, int shares, kvq_batch **out, kvq_error *err)
 {
-    if (!m || !out)
-        return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "kvq_batch_create: NULL argument");
-    struct kvq_batch_config bc;
-    kvq_batch_config_default(&bc);
-    if (cfg)
-        bc = *cfg;
     const struct kvq_model_config *c = &m->cfg;
-    if (bc.max_seqs < 1 || bc.max_rows < 0)
-        return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "max_seqs %d must be positive, max_rows %d not negative",
-                             bc.max_seqs, bc.max_rows);
-    if (bc.seq.max_ctx > (size_t)c->max_ctx)
-        return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "context %zu exceeds the model's maximum %d", bc.seq.max_ctx,
-                             c->max_ctx);
-    if (bc.seq.device != KVQ_DEVICE_CPU && bc.seq.device != KVQ_DEVICE_CUDA)
-        return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "unknown device %d", (int)bc.seq.device);
-    if (bc.seq.recent_f16 < KVQ_WINDOW_AUTO || bc.seq.recent_f16 > 1 || bc.seq.sink_tokens < 0 ||
-        bc.seq.sink_tokens > KVQ_CACHE_MAX_SINK_TOKENS)
-        return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "bad recent_f16 %d or sink_tokens %d", bc.seq.recent_f16,
-                             bc.seq.sink_tokens);
-    if (!kvq_seq_center_ok(&bc.seq, kvq_seq_window_for(&bc.seq, c->n_layers)))
-        return kvq_error_set(err, KVQ_ERR_INVALID_ARG, KVQ_SEQ_CENTER_WHY);
     kvq_batch *b = calloc(1, sizeof *b);
     if (!b)
         return kvq_error_set(err, KVQ_ERR_NOMEM, "out of memory");
     b->m = m;
-    b->cfg = bc.seq;
-    b->cfg.recent_f16 = kvq_seq_window_for(&bc.seq, c->n_layers);
-    b->max_seqs = bc.max_seqs;
-    b->max_ctx = bc.seq.max_ctx ? bc.seq.max_ctx : (size_t)c->max_ctx;
-    b->max_rows = bc.max_rows ? (size_t)bc.max_rows : DEFAULT_CHUNK + (size_t)bc.max_seqs;
-    const size_t S = (size_t)bc.max_seqs;
-    struct kvq_cache_config *ccs = calloc((size_t)c->n_layers, sizeof *ccs);
-    kvq_status st = ccs ? plan_pool(b, ccs, err) : kvq_error_set(err, KVQ_ERR_NOMEM, "out of memory");
-    if (st == KVQ_OK && (c->arch.sliding_window || c->arch.attn_scale > 0)) /* the store config has neither here */
-        /* Said as the model's config.json feature and the command that does
-         * run it, not the API names (the batch's users are kvq serve's). */
-        st = kvq_error_set(err, KVQ_ERR_UNSUPPORTED,
-                           "decoding several sequences at once (kvq serve) is not supported yet for %s models with "
-                           "%s; one sequence at a time (kvq run) is",
-                           c->model_type,
-                           c->arch.sliding_window ? "sliding-window attention (config.json sliding_window)"
-                                                  : "a custom attention scale (config.json query_pre_attn_scalar)");
-    if (st == KVQ_OK) {
-        struct kvq_kv_store_config kc = {.cfgs = ccs, .n_layers = c->n_layers, .max_seqs = bc.max_seqs,
-                                         .n_heads = c->n_heads, .max_rows = b->max_rows,
-                                         .v_norm_correct = bc.seq.v_norm_correct};
-        st = bc.seq.device == KVQ_DEVICE_CUDA ? kvq_kv_store_cuda_create(&kc, &b->kv, err)
-                                              : kvq_kv_store_cpu_create(&kc, &b->kv, err);
-    }
-    free(ccs);
-    if (st == KVQ_OK) {
-        const int cuda = bc.seq.device == KVQ_DEVICE_CUDA;
-        st = cuda ? kvq_backend_cuda_create(m, b->max_rows, kvq_seq_backend_flags(&bc.seq), &b->be)
-                  : kvq_backend_cpu_create(m, b->max_rows, &b->be);
-        if (st != KVQ_OK)
-            kvq_error_set(err, st, "cannot create the %s backend: %s", cuda ? "CUDA" : "CPU", kvq_status_str(st));
-        else if (b->kv->ops->attach)
-            b->kv->ops->attach(b->kv, b->be->dev_stream, b->be->dev_step);
-    }
+    b->cfg = *sc;
+    b->max_seqs = max_seqs;
+    b->max_ctx = max_ctx;
+    b->max_rows = max_rows;
+    b->can_rollback = 1;
+    const size_t S = (size_t)max_seqs;
+    struct kvq_layer_spec *specs = malloc((size_t)c->n_layers * sizeof *specs);
+    size_t *max_bytes = malloc((size_t)c->n_layers * sizeof *max_bytes);
+    kvq_status st = specs && max_bytes ? kvq_layers_plan(c, sc, max_ctx, NULL, specs, err)
+                                       : kvq_error_set(err, KVQ_ERR_NOMEM, "out of memory");
+    if (st == KVQ_OK)
+        st = plan_pool(b, specs, shares, max_bytes, err);
+    if (st == KVQ_OK)
+        st = kvq_engine_open(m, sc, max_ctx, max_seqs, max_rows, specs, max_bytes, &b->kv, &b->be, err);
+    free(specs);
+    free(max_bytes);
     if (st != KVQ_OK) {
         kvq_batch_free(b);
         return st;
@@ -253,20 +227,52 @@ kvq_status kvq_batch_create(const kvq_model *m, const struct kvq_batch_config *c
     b->seq_ids = malloc(S * sizeof *b->seq_ids);
     b->logits = malloc(S * (size_t)c->vocab * sizeof *b->logits);
     b->argmax = malloc(S * sizeof *b->argmax);
+    b->verify_rows = malloc(S * (KVQ_MAX_DRAFT + 1) * sizeof *b->verify_rows);
+    b->verify_tok = malloc(S * (KVQ_MAX_DRAFT + 1) * sizeof *b->verify_tok);
     b->out_rows = malloc(S * sizeof *b->out_rows);
-    b->draw_rows = malloc(S * sizeof *b->draw_rows);
-    b->draw_smp = malloc(S * sizeof *b->draw_smp);
-    b->draw_u = malloc(S * sizeof *b->draw_u);
-    b->draw_tok = malloc(S * sizeof *b->draw_tok);
-    b->draw_st = malloc(S * sizeof *b->draw_st);
+    b->draw_rows = malloc(S * (KVQ_MAX_DRAFT + 1) * sizeof *b->draw_rows);
+    b->draw_smp = malloc(S * (KVQ_MAX_DRAFT + 1) * sizeof *b->draw_smp);
+    b->draw_u = malloc(S * (KVQ_MAX_DRAFT + 1) * sizeof *b->draw_u);
+    b->draw_tok = malloc(S * (KVQ_MAX_DRAFT + 1) * sizeof *b->draw_tok);
+    b->draw_st = malloc(S * (KVQ_MAX_DRAFT + 1) * sizeof *b->draw_st);
     int32_t *pos = malloc(b->max_rows * sizeof *pos);
     b->fwd = (struct kvq_fwd){m, b->be, b->kv, &b->tm, NULL, NULL, pos, b->seq_ids};
-    if (!b->pid || !b->refs || !b->free_ids || b->n_ids > UINT32_MAX || !b->taken || !b->len || !b->mark || !b->ids || !b->segs || !b->seq_ids || !b->logits || !b->argmax || !b->out_rows || !b->draw_rows || !b->draw_smp || !b->draw_u || !b->draw_tok || !b->draw_st || !pos) {
+    if (!b->pid || !b->refs || !b->free_ids || b->n_ids > UINT32_MAX || !b->taken || !b->len || !b->mark || !b->ids || !b->segs || !b->seq_ids || !b->logits || !b->argmax || !b->verify_rows || !b->verify_tok || !b->out_rows || !b->draw_rows || !b->draw_smp || !b->draw_u || !b->draw_tok || !b->draw_st || !pos) {
         kvq_batch_free(b);
         return kvq_error_set(err, KVQ_ERR_NOMEM, "out of memory for the batch");
     }
     *out = b;
     return KVQ_OK;
+}
+
+kvq_status kvq_batch_create(const kvq_model *m, const struct kvq_batch_config *cfg, kvq_batch **out,
+                            kvq_error *err)
+{
+    if (!m || !out)
+        return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "kvq_batch_create: NULL argument");
+    struct kvq_batch_config bc;
+    kvq_batch_config_default(&bc);
+    if (cfg)
+        bc = *cfg;
+    if (bc.max_seqs < 1 || bc.max_rows < 0)
+        return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "max_seqs %d must be positive, max_rows %d not negative",
+                             bc.max_seqs, bc.max_rows);
+    struct kvq_seq_config sc;
+    size_t max_ctx;
+    kvq_status st = kvq_engine_config(&m->cfg, &bc.seq, &sc, &max_ctx, err);
+    if (st != KVQ_OK)
+        return st;
+    const size_t rows = bc.max_rows ? (size_t)bc.max_rows : KVQ_DEFAULT_MAX_CHUNK + (size_t)bc.max_seqs;
+    return create(m, &sc, max_ctx, bc.max_seqs, rows, 0, out, err);
+}
+
+kvq_status kvq_batch_create_one(const kvq_model *m, const struct kvq_seq_config *sc, size_t max_ctx,
+                                size_t max_rows, kvq_batch **out, kvq_error *err)
+{
+    kvq_status st = create(m, sc, max_ctx, 1, max_rows, 1, out, err);
+    if (st == KVQ_OK)
+        kvq_batch_add(*out, &(int){0});
+    return st;
 }
 
 void kvq_batch_free(kvq_batch *b)
@@ -286,6 +292,8 @@ void kvq_batch_free(kvq_batch *b)
     free(b->seq_ids);
     free(b->logits);
     free(b->argmax);
+    free(b->verify_rows);
+    free(b->verify_tok);
     free(b->out_rows);
     free(b->draw_rows);
     free(b->draw_smp);
@@ -361,6 +369,12 @@ static kvq_status check_items(kvq_batch *b, const struct kvq_batch_item *items, 
         if (!it->sampler != !it->token)
             return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "item %d: a sampler needs a token to write, and back",
                                  i);
+        if (it->n_out > 1 && (it->n_out > it->n || it->n_out > KVQ_MAX_DRAFT + 1 || !it->argmax == !it->sampler ||
+                              it->logits))
+            return kvq_error_set(err, KVQ_ERR_INVALID_ARG,
+                                 "item %d: outputs for %zu rows take argmax or a sampler (not both, no logits), for "
+                                 "at most %d and n (%zu) rows",
+                                 i, it->n_out, KVQ_MAX_DRAFT + 1, it->n);
         if (it->n > b->max_rows - *rows)
             return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "a step of more than %zu rows", b->max_rows);
         *rows += it->n;
@@ -392,7 +406,7 @@ static int run_end(const size_t *rows, int n, int j, size_t cap)
 /* LM head over the wanted rows: runs of consecutive rows, at most
  * KVQ_MATVEC_MAX_M at a time on the CPU so that each row meets the kernel
  * it meets alone. outs[j] is the row of output j. */
-static kvq_status head(kvq_batch *b, const size_t *outs, int n_out, int with_logits)
+static kvq_status head(kvq_batch *b, const size_t *outs, int n_out, int with_logits, int32_t *argmax)
 {
     const size_t h = (size_t)b->m->cfg.hidden, V = (size_t)b->m->cfg.vocab;
     const size_t cap = b->be->device ? b->max_rows : KVQ_MATVEC_MAX_M;
@@ -400,7 +414,7 @@ static kvq_status head(kvq_batch *b, const size_t *outs, int n_out, int with_log
     for (int j = 0; j < n_out;) {
         int k = run_end(outs, n_out, j, cap);
         kvq_status st = b->be->ops->lm_head(b->be, b->be->acts.x + outs[j] * h, (size_t)(k - j),
-                                            with_logits ? b->logits + (size_t)j * V : NULL, b->argmax + j);
+                                            with_logits ? b->logits + (size_t)j * V : NULL, argmax + j);
         if (st != KVQ_OK && res == KVQ_OK)
             res = st;
         j = k;
@@ -451,20 +465,26 @@ kvq_status kvq_batch_step(kvq_batch *b, const struct kvq_batch_item *items, int 
             return kvq_error_set(err, st, "cannot reserve pages: %s", kvq_status_str(st));
         }
     size_t r = 0;
-    int n_out = 0, with_logits = 0, n_draw = 0;
+    int n_out = 0, with_logits = 0, n_draw = 0, n_verify = 0;
     size_t *out_rows = b->out_rows;
     for (int i = 0; i < n_items; i++) {
         const struct kvq_batch_item *it = &items[i];
         memcpy(b->ids + r, it->ids, it->n * sizeof *it->ids);
         b->segs[i] = (struct kvq_fwd_seg){it->slot, b->len[it->slot], it->n};
         r += it->n;
-        if (it->logits || it->argmax)
+        const size_t outs = it->n_out > 1 ? it->n_out : 1; /* rows r - outs .. r - 1 */
+        if (it->n_out > 1 && it->argmax)
+            for (size_t j = 0; j < outs; j++)
+                b->verify_rows[n_verify++] = r - outs + j;
+        else if (it->logits || it->argmax)
             out_rows[n_out++] = r - 1;
         with_logits |= it->logits != NULL;
-        if (it->sampler) {
-            b->draw_rows[n_draw] = r - 1;
-            b->draw_smp[n_draw] = it->sampler;
-            kvq_sampler_peek(it->sampler, &b->draw_u[n_draw++], 1);
+        if (it->sampler) { /* row j at the sampler's j-th next uniform */
+            kvq_sampler_peek(it->sampler, &b->draw_u[n_draw], (int)outs);
+            for (size_t j = 0; j < outs; j++) {
+                b->draw_rows[n_draw] = r - outs + j;
+                b->draw_smp[n_draw++] = it->sampler;
+            }
         }
     }
     st = kvq_forward_rows(&b->fwd, b->ids, b->segs, n_items);
@@ -480,13 +500,22 @@ kvq_status kvq_batch_step(kvq_batch *b, const struct kvq_batch_item *items, int 
         b->len[items[i].slot] += items[i].n;
     }
     double t1 = kvq_now();
-    st = head(b, out_rows, n_out, with_logits);
+    st = head(b, out_rows, n_out, with_logits, b->argmax);
+    kvq_status st_verify = head(b, b->verify_rows, n_verify, 0, b->verify_tok);
+    st = st != KVQ_OK ? st : st_verify;
     kvq_status st_draw = draw(b, n_draw);
     st = st != KVQ_OK ? st : st_draw;
     b->tm.lm_head += kvq_now() - t1;
     for (int i = 0, j = 0; i < n_items; i++) {
         const struct kvq_batch_item *it = &items[i];
-        if (!it->logits && !it->argmax)
+        if (it->n_out > 1 && it->argmax) {
+            memcpy(it->argmax, b->verify_tok + j, it->n_out * sizeof *it->argmax);
+            j += (int)it->n_out;
+        }
+    }
+    for (int i = 0, j = 0; i < n_items; i++) {
+        const struct kvq_batch_item *it = &items[i];
+        if ((!it->logits && !it->argmax) || it->n_out > 1)
             continue;
         if (it->logits)
             memcpy(it->logits, b->logits + (size_t)j * (size_t)b->m->cfg.vocab,
@@ -499,6 +528,11 @@ kvq_status kvq_batch_step(kvq_batch *b, const struct kvq_batch_item *items, int 
         const struct kvq_batch_item *it = &items[i];
         if (!it->sampler)
             continue;
+        if (it->n_out > 1) { /* the caller skips the draws it keeps (kvq_batch_item) */
+            memcpy(it->token, b->draw_tok + j, it->n_out * sizeof *it->token);
+            j += (int)it->n_out;
+            continue;
+        }
         if (it->token)
             *it->token = b->draw_tok[j];
         if (b->draw_st[j] == KVQ_OK)
@@ -521,9 +555,9 @@ kvq_status kvq_batch_share(kvq_batch *b, int dst, int src, size_t n, kvq_error *
                              "share: slot %d must be taken and empty, slot %d taken and holding %zu tokens, a "
                              "multiple of the page (%zu)",
                              dst, src, n, b ? b->page_tokens : 0);
-    if (!b->kv->ops->share)
-        return kvq_error_set(err, KVQ_ERR_UNSUPPORTED, "prefix sharing is not supported by the %s page pool yet",
-                             b->be->device ? "CUDA" : "host");
+    if (!b->can_share || !b->kv->ops->share)
+        return kvq_error_set(err, KVQ_ERR_UNSUPPORTED, "prefix sharing is not supported %s yet",
+                             !b->can_share ? "for sliding-window layers" : "by this page pool");
     kvq_status st = b->kv->ops->share(b->kv, dst, src, n);
     if (st != KVQ_OK)
         return kvq_error_set(err, st, "cannot share %zu tokens of slot %d: %s", n, src, kvq_status_str(st));
@@ -566,6 +600,8 @@ void kvq_batch_get_stats(const kvq_batch *b, struct kvq_batch_stats *st)
     st->bytes_per_token = b->bytes_per_token;
     st->fixed_bytes = b->fixed_bytes;
     st->kv_budget = b->cfg.kv_budget;
+    st->can_share = b->can_share;
+    st->can_rollback = b->can_rollback;
     for (int i = 0; i < b->max_seqs; i++) {
         struct kvq_cache_stats cs;
         b->kv->ops->stats(b->kv, i, &cs);
@@ -578,6 +614,48 @@ void kvq_batch_get_stats(const kvq_batch *b, struct kvq_batch_stats *st)
     st->t_attn = b->tm.attn;
     st->t_lm_head = b->tm.lm_head;
     st->t_total = b->t_total;
+}
+
+/* ---- the batch of one under kvq_seq (decoder_internal.h) ------------- */
+
+kvq_status kvq_batch_chunk(kvq_batch *b, int slot, const int32_t *ids, size_t T)
+{
+    const struct kvq_fwd_seg seg = {slot, b->len[slot], T};
+    kvq_status st = kvq_forward_rows(&b->fwd, ids, &seg, 1);
+    if (st != KVQ_OK)
+        return st;
+    grow_pages(b, slot, b->len[slot], T);
+    b->len[slot] += T;
+    return KVQ_OK;
+}
+
+void kvq_batch_rollback(kvq_batch *b, int slot, size_t n)
+{
+    b->kv->ops->truncate(b->kv, slot, b->m->cfg.n_layers, n);
+    for (size_t i = kvq_batch_pages_for(b, n); i < kvq_batch_pages_for(b, b->len[slot]); i++)
+        unref_page(b, b->pid[(size_t)slot * b->per_seq + i]);
+    b->len[slot] = n;
+}
+
+void kvq_batch_set_hook(kvq_batch *b, kvq_qkv_hook fn, void *user)
+{
+    b->fwd.hook = fn;
+    b->fwd.hook_user = user;
+}
+
+struct kvq_backend *kvq_batch_backend(const kvq_batch *b)
+{
+    return b->be;
+}
+
+struct kvq_kv_store *kvq_batch_store(const kvq_batch *b)
+{
+    return b->kv;
+}
+
+struct kvq_seq_timers *kvq_batch_timers(kvq_batch *b)
+{
+    return &b->tm;
 }
 
 kvq_status kvq_batch_fill(kvq_batch *b, int slot, size_t n, uint64_t seed)

@@ -27,9 +27,9 @@ void kvq_gen_params_default(struct kvq_gen_params *p)
     p->stop_at_eos = 1;
 }
 
-static int is_eos(const struct kvq_model_config *c, int32_t id)
+int kvq_model_is_eos(const struct kvq_model_config *c, int32_t id)
 {
-    for (int i = 0; i < c->n_eos; i++)
+    for (int i = 0; c && i < c->n_eos; i++)
         if (c->eos_ids[i] == id)
             return 1;
     return 0;
@@ -82,7 +82,7 @@ static int emit(struct emitter *e, int32_t id)
 {
     e->out[e->n++] = id;
     e->s->st.decode_tokens++;
-    int stop = e->n >= e->max || (e->p->stop_at_eos && is_eos(&e->s->m->cfg, id));
+    int stop = e->n >= e->max || (e->p->stop_at_eos && kvq_model_is_eos(&e->s->m->cfg, id));
     if (e->fn && e->fn(e->user, id))
         stop = 1;
     return stop;
@@ -130,23 +130,15 @@ kvq_status kvq_seq_generate(kvq_seq *s, const int32_t *prompt, size_t n_prompt, 
         int k = 0;
         if (p->speculative > 0) {
             s->tokens[pos0] = tok; /* the pending token ends the history the drafts continue */
-            kvq_ngram_update(s, pos0 + 1);
+            kvq_ngram_update(s->ngram, s->tokens, pos0 + 1);
             size_t room = s->max_ctx - pos0 - 1;
             size_t want = e.max - e.n - 1; /* drafts beyond the output limit would be wasted */
             size_t lim = (size_t)p->speculative;
             lim = lim < room ? lim : room;
             lim = lim < want ? lim : want;
-            if (s->cfg.recent_f16) {
-                /* A verify pass must not fill the page: a rollback then stays in
-                 * the page the window's ring holds (kvq_cache.h), and a centred
-                 * page's key mean comes from accepted tokens only, so the
-                 * output is plain decoding's. The page's last two positions
-                 * take no drafts. */
-                const size_t P = KVQ_DEFAULT_PAGE_TOKENS; /* kvq_layer_cache_config */
-                const size_t left = P - 1 - pos0 % P;
-                lim = left ? (lim < left - 1 ? lim : left - 1) : 0;
-            }
-            k = kvq_ngram_draft(s, pos0 + 1, buf + 1, (int)lim);
+            /* with the window: not past the page (kvq_layer_cache_config's pages) */
+            lim = kvq_draft_limit(pos0, s->cfg.recent_f16, KVQ_DEFAULT_PAGE_TOKENS, lim);
+            k = kvq_ngram_draft(s->ngram, s->tokens, pos0 + 1, buf + 1, (int)lim);
         }
         st = next_tokens(s, greedy, buf, (size_t)k + 1, 0, s->verify, row_st);
         if (st != KVQ_OK)

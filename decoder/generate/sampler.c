@@ -284,7 +284,7 @@ void kvq_sampler_peek(const kvq_sampler *s, double *u, int n)
 
 void kvq_sampler_skip(kvq_sampler *s, int n)
 {
-    for (int i = 0; i < n && s->p.temperature != 0.0f; i++)
+    for (int i = 0; s && i < n && s->p.temperature != 0.0f; i++)
         (void)kvq_rng_uniform(&s->rng);
 }
 

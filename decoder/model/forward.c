@@ -186,10 +186,3 @@ kvq_status kvq_forward_rows(const struct kvq_fwd *f, const int32_t *ids, const s
         op->step_cancel(be);
     return run_layers(f, ids, segs, n_segs, T);
 }
-
-kvq_status kvq_forward_chunk(kvq_seq *s, const int32_t *ids, size_t T)
-{
-    const struct kvq_fwd f = {s->m, s->be, s->kv, &s->tm, s->hook, s->hook_user, s->row_pos, NULL};
-    const struct kvq_fwd_seg seg = {0, s->pos, T};
-    return kvq_forward_rows(&f, ids, &seg, 1);
-}

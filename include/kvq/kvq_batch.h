@@ -25,6 +25,16 @@
  * prefilled the same tokens in the same chunks, on the CPU and on the GPU
  * (kvq_cuda_cache_share).
  *
+ * Sliding-window models (Mistral's sliding_window, Gemma 3's local layers)
+ * run on the CPU: a windowed layer keeps a ring of its last tokens, so it
+ * holds no prefix to share (kvq_batch_stats.can_share) and rolls back only
+ * the last few hundred tokens (can_rollback); the page count still counts
+ * its pages as a full layer's, so the pool never promises more than the
+ * caches take. On the GPU, create refuses them (one line).
+ *
+ * One engine: a sequence state (kvq_seq) is slot 0 of a batch of one, so
+ * the forward, the store, the backend and their checks are the same code.
+ *
  * Determinism: on the CPU a sequence's logits are bit-identical whether it
  * runs alone or batched with any others, for the same chunk boundaries (its
  * rows meet the same kernels: see decoder/model/forward.c); so greedy and
@@ -56,7 +66,8 @@ struct kvq_batch_config {
     struct kvq_seq_config seq; /* device, cache types, codec seed, window, sinks, max_ctx
                                 * (per slot), and kv_budget: the whole pool, all slots */
     int max_seqs;              /* slots (default 8) */
-    int max_rows;              /* rows of one step over all its sequences (default 256 + max_seqs) */
+    int max_rows;              /* rows of one step over all its sequences
+                                * (default KVQ_DEFAULT_MAX_CHUNK + max_seqs) */
 };
 
 /** kvq_seq_config_default for seq, 8 slots, max_rows 0 (= 256 + max_seqs). */
@@ -96,8 +107,8 @@ KVQ_API size_t kvq_batch_len(const kvq_batch *b, int slot);
  *  releases only its own references.
  *  @return KVQ_OK; KVQ_ERR_INVALID_ARG (a free or out-of-range slot, dst ==
  *  src, dst not empty, n not whole pages or beyond src's length: nothing
- *  changed); KVQ_ERR_UNSUPPORTED (a sliding-window layer on the CPU:
- *  nothing changed). err gets one line. */
+ *  changed); KVQ_ERR_UNSUPPORTED (a sliding-window layer:
+ *  kvq_batch_stats.can_share; nothing changed). err gets one line. */
 KVQ_API kvq_status kvq_batch_share(kvq_batch *b, int dst, int src, size_t n, kvq_error *err);
 
 /** The pool's page counts as kvq_batch_get_stats gives them (pages_used,
@@ -122,6 +133,16 @@ struct kvq_batch_item {
      * not finite. */
     kvq_sampler *sampler;
     int32_t *token;
+    /* 0 or 1: the outputs above are for the last row. 2..KVQ_MAX_DRAFT + 1
+     * (a speculative verify pass: a pending token and its drafts): the
+     * token after each of the last n_out rows, greedy into argmax[0..n_out)
+     * or drawn by sampler into token[0..n_out) (row j at its j-th next
+     * uniform; the step does not advance its RNG: the caller skips past
+     * the draws it keeps, kvq_sampler_skip), never both, logits NULL. Each
+     * row meets the kernels a row of its own would (on the CPU:
+     * bit-identical to decoding them one by one), so the verified tokens
+     * are plain decoding's. */
+    size_t n_out;
 };
 
 /** Runs every item in one forward (items in order: put decode rows first;
@@ -153,6 +174,11 @@ struct kvq_batch_stats {
     size_t bytes_allocated;   /* memory the slots' caches hold now: pages and f16 buffers */
     size_t steps, rows;       /* forwards run, rows through them */
     double t_matmul, t_attn, t_lm_head, t_total; /* seconds in steps */
+    int can_share;            /* 1: kvq_batch_share works (no layer has a sliding window:
+                               * kvq_layer_spec.can_share) */
+    int can_rollback;         /* 1: a truncation to any length keeps a slot exact; 0: only
+                               * the last few hundred tokens (sliding-window layers:
+                               * kvq_layer_spec.can_rollback) */
 };
 KVQ_API void kvq_batch_get_stats(const kvq_batch *b, struct kvq_batch_stats *st);
 

@@ -12,7 +12,8 @@
  *  - kvq_seq: one sequence's state: a kvq_cache per layer (any K/V types,
  *    default tq3j/tq3), the position, the token history and its n-gram table
  *    (speculative drafts), the sampler RNG, all activation buffers and the
- *    attention workspace. Created once, reset between sequences; forward and
+ *    attention workspace; slot 0 of a kvq_batch of one (kvq_batch.h), the
+ *    one engine. Created once, reset between sequences; forward and
  *    generate never allocate.
  *
  * Forward computation (per layer, T tokens at once with OpenBLAS sgemm):
@@ -162,6 +163,11 @@ KVQ_API kvq_status kvq_model_config_parse(const char *json, size_t len, struct k
 /** Reads and parses a config.json file. @return as above, or KVQ_ERR_IO. */
 KVQ_API kvq_status kvq_model_config_load(const char *path, struct kvq_model_config *cfg, kvq_error *err);
 
+/** 1 when id is one of the config's end-of-sequence ids (eos_token_id):
+ *  the rule kvq_seq_generate stops at, for callers that run their own
+ *  loop (kvq run's exit status, kvq serve's finish reason). */
+KVQ_API int kvq_model_is_eos(const struct kvq_model_config *cfg, int32_t id);
+
 /* Parameters per layer as the config implies them (attention with GQA +
  * SwiGLU MLP + norms + biases), and for the embedding and LM head. */
 KVQ_API size_t kvq_model_config_layer_params(const struct kvq_model_config *cfg);
@@ -238,7 +244,7 @@ struct kvq_seq_config {
     enum kvq_type type_v;   /* default KVQ_DEFAULT_TYPE_V (tq3) */
     uint64_t seed;          /* kvq codec seeds (per layer, derived) and sampler RNG */
     size_t max_ctx;         /* tokens; 0 = the model's max_ctx */
-    int max_chunk;          /* tokens per forward chunk (prefill); 0 = 256 */
+    int max_chunk;          /* tokens per forward chunk (prefill); 0 = KVQ_DEFAULT_MAX_CHUNK */
     int ngram;              /* n-gram length for speculative drafts; 0 = 3 */
     size_t kv_budget;       /* bytes of cache pages over all layers; 0 = no limit.
                              * Split exactly: layer l's cache gets
@@ -296,6 +302,9 @@ struct kvq_seq_config {
                              * faster products, logits ~2e-3 x max|logit| from float32);
                              * decode steps (up to 64 rows) are unchanged */
 };
+/* kvq_seq_config.max_chunk's default: tokens per prefill forward (also the
+ * chunk of `kvq serve` and the base of kvq_batch's max_rows). */
+#define KVQ_DEFAULT_MAX_CHUNK 256
 /* kvq_seq_config.recent_f16: decided from the cache types. */
 #define KVQ_WINDOW_AUTO (-1)
 /* kvq_seq_config.center_k: wherever the window is on. */
@@ -310,6 +319,16 @@ KVQ_API void kvq_seq_config_default(struct kvq_seq_config *cfg);
 /** @return the recent_f16 setting cfg resolves to (0 or 1) for a model of
  *  n_layers layers: cfg->recent_f16 itself unless it is KVQ_WINDOW_AUTO. */
 KVQ_API int kvq_seq_window_for(const struct kvq_seq_config *cfg, int n_layers);
+
+/** 1 when t is compressed (not f32 or f16): the types KVQ_WINDOW_AUTO turns
+ *  the recent window on for and KVQ_CENTER_AUTO centres the keys of. */
+KVQ_API int kvq_type_is_compressed(enum kvq_type t);
+
+/** 1 when cfg centres the keys of some layer of a model of n_layers layers
+ *  (center_k on and the window on, a compressed K type there): the rule
+ *  kvq_layer_spec.center_k follows, without the model (key-outlier layers,
+ *  whose keys are f16, aside). */
+KVQ_API int kvq_seq_centred(const struct kvq_seq_config *cfg, int n_layers);
 
 /** Creates a sequence state for m: caches (whose pages grow on demand up to
  *  max_ctx), buffers, RoPE tables, workspace, n-gram table.
@@ -342,6 +361,48 @@ struct kvq_seq_plan {
  *  recent_f16 / sink_tokens, center_k without the window);
  *  KVQ_ERR_UNSUPPORTED (type for this head_dim). */
 KVQ_API kvq_status kvq_seq_plan_of(const kvq_model *m, const struct kvq_seq_config *cfg, struct kvq_seq_plan *out);
+
+/* ---- per-layer memory spec -------------------------------------------
+ * What one layer's memory is made of for a model and a sequence config,
+ * computed in one place (kvq_layer_specs) and read by every plan, budget
+ * and pool: kvq_seq_plan_of, the per-layer budget shares of kvq_seq, the
+ * page pool of kvq_batch, the device store's pool and `kvq run --plan`. */
+
+/* What a layer keeps per sequence. Only KV caches today; a recurrent
+ * layer's state (fixed size, no pages) would be another kind. */
+enum kvq_layer_kind {
+    KVQ_LAYER_KV_CACHE = 0 /* keys and values in pages of page_tokens tokens */
+};
+
+struct kvq_layer_spec {
+    enum kvq_layer_kind kind;
+    enum kvq_type type_k, type_v; /* as cached: a key-outlier layer's keys are f16 */
+    size_t page_tokens;  /* tokens per page */
+    size_t page_bytes;   /* bytes of one page of one sequence (with center_k its key means) */
+    size_t token_bytes;  /* encoded K+V bytes of one token, all KV heads, without the
+                          * page's key means: the weight of the layer's budget share */
+    size_t fixed_bytes;  /* bytes the layer holds once whatever the sequences (0 for a KV cache) */
+    size_t state_bytes;  /* bytes each sequence holds from create on, whatever its length:
+                          * the f16 override buffers (recent window, sinks) on the device
+                          * the config names (the device keeps them apart, unbounded by
+                          * max_ctx); a recurrent layer's state would be here */
+    int recent_f16;      /* the recent-token f16 window is on */
+    int center_k;        /* the keys are centred per page */
+    int window;          /* sliding-window attention: tokens a query sees; 0 = all */
+    int can_rollback;    /* 1: any truncation keeps the layer exact; 0 (a windowed layer's
+                          * ring of segments): only the last few hundred tokens (a
+                          * speculative rollback) */
+    int can_share;       /* 1: a prefix's pages can be shared by sequences (kvq_batch_share) */
+};
+
+/** The memory spec of every layer of m for cfg (KVQ_WINDOW_AUTO resolved as
+ *  kvq_seq_window_for does) into out[0..n_layers).
+ *  @return KVQ_OK; KVQ_ERR_INVALID_ARG (NULL, unknown type, bad recent_f16
+ *  or sink_tokens, center_k without the window); KVQ_ERR_UNSUPPORTED (a
+ *  type for this head_dim). err (may be NULL) gets one line naming the
+ *  layer or setting. */
+KVQ_API kvq_status kvq_layer_specs(const kvq_model *m, const struct kvq_seq_config *cfg, struct kvq_layer_spec *out,
+                                   kvq_error *err);
 
 /** Back to an empty sequence: caches emptied (pages kept), position 0,
  *  n-gram table cleared, sampler RNG reseeded from the config seed,

@@ -72,6 +72,11 @@ KVQ_API kvq_sampler_params kvq_sampler_get_params(const kvq_sampler *s);
 /** Restarts the RNG from the parameters' seed (a new sequence). */
 KVQ_API void kvq_sampler_reset(kvq_sampler *s);
 
+/** Advances the RNG past n draws (n >= 0; nothing when greedy: greedy
+ *  draws nothing): after tokens drawn elsewhere at its next uniforms
+ *  (kvq_batch_item.sampler of a verify item), past the ones kept. */
+KVQ_API void kvq_sampler_skip(kvq_sampler *s, int n);
+
 /** Draws one token from logits[0..vocab_size). Never allocates.
  *  @return KVQ_OK and *token; KVQ_ERR_NONFINITE for a NaN or +Inf logit;
  *  KVQ_ERR_INVALID_ARG for NULL or when every logit is -Inf. On error
