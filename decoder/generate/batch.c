@@ -217,6 +217,8 @@ kvq_status kvq_batch_create(const kvq_model *m, const struct kvq_batch_config *c
                            c->model_type,
                            c->arch.sliding_window ? "sliding-window attention (config.json sliding_window)"
                                                   : "a custom attention scale (config.json query_pre_attn_scalar)");
+    if (st == KVQ_OK && bc.seq.device == KVQ_DEVICE_CUDA && kvq_backend_cuda_refusal(m))
+        st = kvq_error_set(err, KVQ_ERR_UNSUPPORTED, "%s", kvq_backend_cuda_refusal(m));
     if (st == KVQ_OK) {
         struct kvq_kv_store_config kc = {.cfgs = ccs, .n_layers = c->n_layers, .max_seqs = bc.max_seqs,
                                          .n_heads = c->n_heads, .max_rows = b->max_rows,

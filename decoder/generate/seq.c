@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "backend.h"
+#include "expert_cache.h"
 #include "decoder_internal.h"
 #include "kv_store.h"
 #include "kvq_cuda.h"
@@ -248,7 +249,9 @@ kvq_status kvq_seq_create(const kvq_model *m, const struct kvq_seq_config *cfg, 
     kc.windows = windows;
     kc.attn_scale = c->arch.attn_scale;
     const int cpu_only = windows || c->arch.sandwich_norm || c->arch.attn_scale > 0;
+    const char *refused = cuda ? kvq_backend_cuda_refusal(m) : NULL;
     kvq_status st = c->arch.sliding_window && !windows ? kvq_error_set(err, KVQ_ERR_NOMEM, "out of memory")
+                    : refused ? kvq_error_set(err, KVQ_ERR_UNSUPPORTED, "%s", refused)
                     : cuda && cpu_only ? kvq_error_set(err, KVQ_ERR_UNSUPPORTED,
                                                        "%s runs on the CPU only (--device cpu)",
                                                        windows ? "sliding-window attention" : "Gemma's architecture")
@@ -268,6 +271,10 @@ kvq_status kvq_seq_create(const kvq_model *m, const struct kvq_seq_config *cfg, 
     }
     if (s->kv->ops->attach)
         s->kv->ops->attach(s->kv, s->be->dev_stream, s->be->dev_step);
+    if (sc.expert_cache && (st = kvq_backend_cpu_expert_cache(s->be, sc.expert_cache, err)) != KVQ_OK) {
+        kvq_seq_free(s);
+        return st;
+    }
     kvq_sampler_params sp = kvq_sampler_params_default();
     sp.seed = sc.seed;
     if (kvq_sampler_create(c->vocab, &sp, &s->sampler) != KVQ_OK)
@@ -455,4 +462,12 @@ void kvq_seq_get_stats(const kvq_seq *s, struct kvq_seq_stats *st)
     size_t captured = 0, replayed = 0;
     kvq_cuda_step_counts(s->be->dev_step, &captured, &replayed);
     st->gpu_graph_steps = captured + replayed;
+    struct kvq_expert_cache_stats es;
+    if (kvq_backend_cpu_expert_stats(s->be, &es)) {
+        st->expert_cache_bytes = es.slots * es.slot_bytes;
+        st->expert_hits = es.hits;
+        st->expert_misses = es.misses;
+        st->expert_bytes_read = es.bytes_read;
+        st->t_expert_read = es.read_seconds;
+    }
 }
