@@ -233,7 +233,9 @@ kvq_status kvq_batch_create(const kvq_model *m, const struct kvq_batch_config *c
                   : kvq_backend_cpu_create(m, b->max_rows, &b->be);
         if (st != KVQ_OK)
             kvq_error_set(err, st, "cannot create the %s backend: %s", cuda ? "CUDA" : "CPU", kvq_status_str(st));
-        else if (b->kv->ops->attach)
+        else if (bc.seq.expert_cache) /* one cache for all slots: they share the backend */
+            st = kvq_backend_cpu_expert_cache(b->be, bc.seq.expert_cache, err);
+        if (st == KVQ_OK && b->kv->ops->attach)
             b->kv->ops->attach(b->kv, b->be->dev_stream, b->be->dev_step);
     }
     if (st != KVQ_OK) {
