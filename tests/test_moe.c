@@ -712,6 +712,137 @@ static void test_batch_invariance(void)
     test_rm_dir(dir);
 }
 
+/* A bigger sparse model for resident memory: 2 layers of 32 experts of
+ * 256 x 512 (768 KiB each in bf16, 48 MiB in all), top-8; per expert. */
+#define BIG_H 256
+#define BIG_F 512
+#define BIG_E 32
+static size_t write_big(const char *dir)
+{
+    mkdir(dir, 0777);
+    char js[1024], path[256], name[160];
+    snprintf(js, sizeof js,
+             "{\"model_type\": \"qwen3_moe\", \"hidden_size\": %d, \"num_hidden_layers\": 2,"
+             " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 64, \"intermediate_size\": 64,"
+             " \"vocab_size\": %d, \"max_position_embeddings\": 256, \"num_experts\": %d,"
+             " \"num_experts_per_tok\": 8, \"moe_intermediate_size\": %d, \"norm_topk_prob\": true}",
+             BIG_H, VOC, BIG_E, BIG_F);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    CHECK(test_write_file(path, js, strlen(js)) == 0);
+    const size_t mat = (size_t)BIG_H * BIG_F, n_exp = 2 * (size_t)BIG_E * 3 * mat;
+    const size_t small = (size_t)VOC * BIG_H * 2 + 2 * (4 * 64 * BIG_H * 2 + 2 * 64 * BIG_H * 2 + 256 * BIG_H + BIG_E * BIG_H);
+    uint16_t *w = malloc((n_exp + small) * sizeof *w), *p = w;
+    float *ones = malloc(BIG_H * sizeof *ones);
+    kvq_rng r;
+    kvq_rng_init(&r, 9);
+    for (size_t i = 0; i < n_exp + small; i++) /* bf16 of about N(0, 0.05) */
+        w[i] = (uint16_t)(kvq_f32_bits((float)(0.05 * (kvq_rng_uniform(&r) + kvq_rng_uniform(&r) - 1.0) * 2.45)) >> 16);
+    for (int i = 0; i < BIG_H; i++)
+        ones[i] = 1.0f;
+    kvq_st_writer *wr = NULL;
+    CHECK_OK(kvq_st_writer_create(&wr));
+#define T2(nm, a, b)                                                                 \
+    do {                                                                             \
+        const int64_t sh_[2] = {a, b};                                               \
+        CHECK_OK(kvq_st_writer_add(wr, nm, KVQ_ST_BF16, 2, sh_, p));                 \
+        p += (size_t)(a) * (size_t)(b);                                              \
+    } while (0)
+#define T1(nm, a)                                                                    \
+    do {                                                                             \
+        const int64_t sh_[1] = {a};                                                  \
+        CHECK_OK(kvq_st_writer_add(wr, nm, KVQ_ST_F32, 1, sh_, ones));               \
+    } while (0)
+    T2("model.embed_tokens.weight", VOC, BIG_H);
+    T2("lm_head.weight", VOC, BIG_H);
+    T1("model.norm.weight", BIG_H);
+    for (int l = 0; l < 2; l++) {
+        static const char *const att[] = {"q_proj", "k_proj", "v_proj", "o_proj"};
+        static const int rows[] = {256, 128, 128, BIG_H}, cols[] = {BIG_H, BIG_H, BIG_H, 256};
+        for (int i = 0; i < 4; i++) {
+            snprintf(name, sizeof name, "model.layers.%d.self_attn.%s.weight", l, att[i]);
+            T2(name, rows[i], cols[i]);
+        }
+        snprintf(name, sizeof name, "model.layers.%d.self_attn.q_norm.weight", l);
+        T1(name, 64);
+        snprintf(name, sizeof name, "model.layers.%d.self_attn.k_norm.weight", l);
+        T1(name, 64);
+        snprintf(name, sizeof name, "model.layers.%d.input_layernorm.weight", l);
+        T1(name, BIG_H);
+        snprintf(name, sizeof name, "model.layers.%d.post_attention_layernorm.weight", l);
+        T1(name, BIG_H);
+        snprintf(name, sizeof name, "model.layers.%d.mlp.gate.weight", l);
+        T2(name, BIG_E, BIG_H);
+        for (int e = 0; e < BIG_E; e++) {
+            snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.gate_proj.weight", l, e);
+            T2(name, BIG_F, BIG_H);
+            snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.up_proj.weight", l, e);
+            T2(name, BIG_F, BIG_H);
+            snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.down_proj.weight", l, e);
+            T2(name, BIG_H, BIG_F);
+        }
+    }
+#undef T1
+#undef T2
+    CHECK((size_t)(p - w) <= n_exp + small);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    CHECK_OK(kvq_st_writer_write(wr, path, NULL));
+    kvq_st_writer_free(wr);
+    free(w);
+    free(ones);
+    return n_exp * 2;
+}
+
+/* Resident memory after a 64-token forward over every expert: without a
+ * cache the touched experts' mapped pages stay resident (most of the 48
+ * MiB); with a cache of 4 experts (3 MiB) the growth stays within the cache
+ * plus a few MiB of buffers, and the logits are bit-identical. */
+static void test_expert_cache_rss(void)
+{
+    char dir[64];
+    snprintf(dir, sizeof dir, "/tmp/kvq_moe_rss_%d", (int)getpid());
+    const size_t experts = write_big(dir), one = (size_t)3 * BIG_H * BIG_F * 2;
+    enum { T = 64 };
+    int32_t ids[T];
+    for (int t = 0; t < T; t++)
+        ids[t] = (int32_t)((t * 37 + 11) % VOC);
+    static float lg[2][T * VOC];
+    size_t grow[2] = {0, 0};
+    for (int cached = 0; cached < 2; cached++) {
+        kvq_model *m = NULL;
+        kvq_error err = {0};
+        CHECKF(kvq_model_load(dir, NULL, &m, &err) == KVQ_OK, "%s", err.msg);
+        struct kvq_seq_config sc;
+        kvq_seq_config_default(&sc);
+        sc.type_k = sc.type_v = KVQ_TYPE_F32;
+        sc.max_ctx = T;
+        sc.expert_cache = cached ? 4 * one : 0;
+        kvq_seq *s = NULL;
+        if (m)
+            CHECKF(kvq_seq_create(m, &sc, &s, &err) == KVQ_OK, "%s", err.msg);
+        if (!s) {
+            kvq_model_free(m);
+            break;
+        }
+        const size_t before = test_rss_now();
+        CHECK_OK(kvq_seq_forward(s, ids, T, 0, lg[cached], NULL));
+        const size_t after = test_rss_now();
+        grow[cached] = after > before ? after - before : 0;
+        struct kvq_seq_stats st;
+        kvq_seq_get_stats(s, &st);
+        if (cached)
+            CHECKF(st.expert_misses >= 2 * BIG_E - 8, "%zu misses: not every expert was used", st.expert_misses);
+        kvq_seq_free(s);
+        kvq_model_free(m);
+    }
+    printf("  %.1f MiB of experts; a 64-token forward grows resident memory by %.1f MiB without a cache, %.1f MiB "
+           "with a %.1f MiB cache\n",
+           experts / 1048576.0, grow[0] / 1048576.0, grow[1] / 1048576.0, 4 * one / 1048576.0);
+    CHECKF(grow[0] > experts / 2, "without a cache only %zu bytes became resident: the measure shows nothing", grow[0]);
+    CHECKF(grow[1] <= 4 * one + (6u << 20), "with the cache %zu bytes became resident", grow[1]);
+    CHECK(memcmp(lg[0], lg[1], sizeof lg[0]) == 0);
+    test_rm_dir(dir);
+}
+
 int main(void)
 {
     RUN(test_topk_analytic);
@@ -721,5 +852,6 @@ int main(void)
     RUN(test_cpu_ops);
     RUN(test_expert_cache);
     RUN(test_batch_invariance);
+    RUN(test_expert_cache_rss);
     return TEST_END("test_moe");
 }
