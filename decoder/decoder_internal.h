@@ -23,8 +23,8 @@ struct kvq_layer_weights {
     const float *attn_norm; /* [hidden] */
     const float *wqkv;      /* [q_dim + 2 kv_dim][hidden] */
     const float *bqkv;      /* [q_dim + 2 kv_dim] or NULL */
-    const float *q_norm;    /* [head_dim] or NULL */
-    const float *k_norm;    /* [head_dim] or NULL */
+    const float *q_norm;    /* [head_dim] or NULL ([q_dim] with arch.qk_norm_full) */
+    const float *k_norm;    /* [head_dim] or NULL ([kv_dim] with arch.qk_norm_full) */
     const float *wo;        /* [hidden][q_dim] */
     const float *bo;        /* [hidden] or NULL */
     const float *ffn_norm;  /* [hidden] (Gemma: pre_feedforward_layernorm) */
@@ -86,6 +86,7 @@ size_t kvq_wmat_bytes(const struct kvq_wmat *w);
 /* The mapped safetensors files of a model (weight_files.c). */
 struct kvq_file_set {
     kvq_st_file **files;
+    char **paths;  /* [n] each file's path (the expert cache reads from them) */
     int n;
     size_t bytes; /* all files together */
 };
@@ -109,6 +110,39 @@ struct kvq_lm_slice {
     struct kvq_wmat wm; /* the same rows in any dtype (always set) */
 };
 
+/* A sparse layer's router and experts (kvq_model_layer_is_moe), each a
+ * matrix as it lies in memory: per-expert tensors or slices of the fused
+ * 3-D ones (moe_load.c). */
+struct kvq_moe_layer {
+    struct kvq_wmat router; /* [n_experts][hidden] */
+    struct kvq_wmat *gu;    /* [n_experts]: [2 moe_ffn][hidden], gate rows then up rows */
+    struct kvq_wmat *down;  /* [n_experts]: [hidden][moe_ffn] */
+};
+
+/* moe_load.c: layer l's router and experts from the mapped files (file fi,
+ * or any when fi < 0), in either layout (kvq_model.h, enum
+ * kvq_expert_names); with *f32 not NULL they are widened to f32 there (the
+ * arena, 16-float aligned steps) and *f32 advances. dir names the model in
+ * errors. */
+kvq_status kvq_moe_load_layer(struct kvq_model *m, int fi, int l, float **f32, const char *dir, kvq_error *err);
+/* Floats the arena needs for the experts of all sparse layers when they
+ * are widened to f32 (0 for a dense model). */
+size_t kvq_moe_arena_floats(const struct kvq_model_config *c);
+/* Allocates m->moe and its matrices. @return KVQ_OK or KVQ_ERR_NOMEM. */
+kvq_status kvq_moe_alloc(struct kvq_model *m);
+/* Bytes of all routers and experts in memory. */
+size_t kvq_moe_bytes(const struct kvq_model *m);
+
+/* moe_cpu.c: the router of one row: logits[n_experts] -> the k experts ids[k]
+ * and their weights w[k], by descending weight (ties: lower id first), as
+ * kind and norm_topk say (enum kvq_router_kind). Scratch-free. */
+void kvq_moe_topk(const float *logits, int n_experts, int k, enum kvq_router_kind kind, int norm_topk, int32_t *ids,
+                  float *w);
+/* The (row, slot) entries of ids[T][k] grouped by expert: start[e] ..
+ * start[e + 1] index order[], which holds row * k + slot, rows ascending
+ * within an expert. start has n_experts + 1 entries. */
+void kvq_moe_group(const int32_t *ids, size_t T, int k, int n_experts, int32_t *start, int32_t *order);
+
 struct kvq_model {
     struct kvq_model_config cfg;
     int q_dim, kv_dim, qkv_dim; /* n_heads * head_dim, n_kv_heads * head_dim, q + 2 kv */
@@ -117,7 +151,10 @@ struct kvq_model {
     const struct kvq_st_tensor *embed; /* [vocab][hidden], mapped, any float dtype */
     const float *final_norm;
     struct kvq_layer_weights *layers;
-    struct kvq_wmat (*mats)[4]; /* [n_layers][KVQ_WEIGHT_*]: the projections in memory */
+    struct kvq_wmat (*mats)[4]; /* [n_layers][KVQ_WEIGHT_*]: the projections in memory (a sparse
+                                   layer's gate/up and down are empty: its experts are in moe) */
+    struct kvq_moe_layer *moe;  /* [n_layers] (entries of dense layers empty); NULL for a dense model */
+    struct kvq_wmat *expert_mats; /* storage of every moe[l].gu and .down */
     struct kvq_lm_slice *lm;
     int n_lm;
     int max_lm_rows;            /* largest slice count */

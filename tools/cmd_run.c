@@ -48,6 +48,9 @@ static void usage(FILE *f)
             "  --no-eos             do not stop at the end-of-sequence token\n"
             "  --json               print one JSON object instead of streaming text\n"
             "  --dump-qkv FILE      write post-RoPE q/k/v of all cached tokens (kvq eval format)\n"
+            "  --expert-cache SIZE  mixture-of-experts models: keep at most SIZE of expert weights\n"
+            "                       in memory and read the others from the checkpoint when the\n"
+            "                       router picks them (default: all mapped); same output\n"
             "  --plan               print bytes per token and the longest context fitting the\n"
             "                       budget for every cache type and for the chosen types\n"
             "                       (--layer-types, --kv-auto included), then exit (no prompt needed)\n"
@@ -63,6 +66,7 @@ static void usage(FILE *f)
 struct opts {
     const char *model, *prompt, *prompt_file, *prompt_ids, *dump, *chat;
     long max_tokens, top_k, speculative, ctx;
+    size_t expert_cache;
     double temp, top_p;
     int json, no_eos, plan;
     struct kv_opts kvx; /* cache types, budget, seed (also the sampler's) and the other KV options */
@@ -122,6 +126,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
             bad = cli_parse_int(v, 0, 1 << 30, &o->top_k), range = " (an integer, 0 = all)";
         else if (strcmp(a, "--speculative") == 0)
             bad = cli_parse_int(v, 0, KVQ_MAX_DRAFT, &o->speculative), range = " (an integer, 0 to the drafts limit)";
+        else if (strcmp(a, "--expert-cache") == 0)
+            bad = cli_parse_size(v, &o->expert_cache) || o->expert_cache == 0, range = " (a size such as 512MiB)";
         else if (strcmp(a, "--temp") == 0)
             bad = cli_parse_double(v, &o->temp) || o->temp < 0, range = " (0 or more)";
         else if (strcmp(a, "--top-p") == 0)
@@ -215,6 +221,13 @@ static void print_summary(const struct opts *o, const kvq_model *m, const kvq_se
         fprintf(stderr, " (drafts accepted %zu of %zu)", st.accepted, st.drafted);
     fprintf(stderr, "\ntime:    matmul %.3f s, attention %.3f s, LM head %.3f s, host overhead %.3f s (%.1f%%)\n",
             st.t_matmul, st.t_attn, st.t_lm_head, st.t_host, busy > 0 ? 100.0 * st.t_host / busy : 0.0);
+    if (st.expert_cache_bytes) {
+        const size_t used = st.expert_hits + st.expert_misses;
+        fprintf(stderr, "experts: cache %.2f MiB, %zu of %zu fetches hit (%.1f%%), %.2f MiB read in %.3f s (%.2f GB/s)\n",
+                mib(st.expert_cache_bytes), st.expert_hits, used, used ? 100.0 * (double)st.expert_hits / (double)used : 0.0,
+                mib(st.expert_bytes_read), st.t_expert_read,
+                st.t_expert_read > 0 ? (double)st.expert_bytes_read / st.t_expert_read / 1e9 : 0.0);
+    }
     size_t dev_free = 0, dev_total = 0;
     if (o->kvx.device == KVQ_DEVICE_CUDA && kvq_cuda_mem_info(&dev_free, &dev_total) == KVQ_OK) {
         /* the host times above are mostly queuing: the GPU's own, from
@@ -482,6 +495,15 @@ static int print_plan(void *user, kvq_model *m, kvq_tokenizer *tok)
         printf("%zu bytes (%.2f MiB)\n\n", o->kvx.budget, mib(o->kvx.budget));
     else
         printf("none (--kv-budget SIZE)\n\n");
+    if (c->arch.n_experts > 0) { /* what the weights cost beside the cache: the experts dominate */
+        struct kvq_model_info mi;
+        kvq_model_get_info(m, &mi);
+        int sparse = 0;
+        for (int l = 0; l < c->n_layers; l++)
+            sparse += kvq_model_layer_is_moe(c, l);
+        printf("weights: %.2f MiB, of which experts and routers %.2f MiB (%d experts, top-%d, in %d of %d layers)\n\n",
+               mib(mi.weight_bytes), mib(mi.expert_bytes), c->arch.n_experts, c->arch.top_k, sparse, c->n_layers);
+    }
     printf("%-15s %10s %12s %13s %14s %12s %10s\n", "K/V", "bits/value", "bytes/token", "full ctx MiB",
            "budget tokens", "max context", "vs f16");
     struct kvq_seq_config sc;
@@ -563,6 +585,7 @@ static int run(void *user, kvq_model *m, kvq_tokenizer *tok)
     struct kvq_seq_config sc;
     kv_opts_seq_config(&o->kvx, &sc);
     sc.max_ctx = (size_t)o->ctx; /* 0: the model's */
+    sc.expert_cache = o->expert_cache;
     if (kvq_seq_create(m, &sc, &s, &err) != KVQ_OK) {
         rc = cli_error(CMD, "%s", err.msg);
         goto out;

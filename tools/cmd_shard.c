@@ -42,7 +42,6 @@ static int plan(const char *model, double max_mb)
         goto out;
     }
     int n_groups = kvq_shard_plan_groups(bytes, cfg.n_layers, max_mb, groups);
-    size_t params = kvq_model_config_layer_params(&cfg);
     printf("%s: %s, %d layers, hidden %d, %d/%d heads (GQA), head_dim %d, ffn %d, vocab %d\n", model,
            cfg.model_type, cfg.n_layers, cfg.hidden, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.ffn, cfg.vocab);
     printf("%6s %14s %14s %10s %6s\n", "layer", "params(config)", "bytes(file)", "bytes/par", "shard");
@@ -51,6 +50,7 @@ static int plan(const char *model, double max_mb)
         if (g + 1 < n_groups && groups[g + 1] == l)
             g++;
         total += bytes[l];
+        const size_t params = kvq_model_config_layer_params_at(&cfg, l); /* dense and sparse layers differ */
         printf("%6d %14zu %14zu %10.2f %6d%s\n", l, params, bytes[l], (double)bytes[l] / (double)params, g,
                bytes[l] == 0 ? "  (no tensors found!)" : "");
     }

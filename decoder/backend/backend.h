@@ -95,6 +95,21 @@ struct kvq_backend_ops {
                      float *k, float *v);
     /* h[T][ffn] = act(gate) * up from gu[T][2 ffn] (arch.act) */
     void (*glu)(kvq_backend *b, const float *gu, float *h, size_t T);
+    /* mixture of experts, sparse layer `layer` (kvq_model_layer_is_moe): the
+     * router of rows x[T][hidden] (the FFN-normed input): its logits, then
+     * the arch's top-k (kvq_model_arch.router, norm_topk) into b->moe_ids
+     * and b->moe_w [T][top_k] (backend memory: on a device the choice never
+     * goes through the host), each row by descending weight. NULL in a
+     * backend that cannot run sparse layers (it refuses such models at create) */
+    void (*moe_route)(kvq_backend *b, int layer, const float *x, size_t T);
+    /* y[T][hidden] += for each row, over its k experts e in ascending e,
+     * moe_w . down_e(act(gate_e . x) * (up_e . x)), with the experts of the
+     * last moe_route over the same rows (transformers' order of the sum: 0
+     * plus each expert's weighted output, then the residual add). The rows
+     * are grouped by expert, so each expert's weights are read once per call
+     * whatever the rows (prefill). @return KVQ_OK; KVQ_ERR_IO (an expert
+     * cache could not read an expert: y is then undefined) */
+    kvq_status (*moe_experts)(kvq_backend *b, int layer, const float *x, float *y, size_t T);
     /* final norm and LM head of rows x[0..R): logits [R][vocab] (host, if not
      * NULL; arch.final_softcap applied) and/or argmax [R] (host, if not NULL;
      * lowest id on ties). @return KVQ_OK or KVQ_ERR_NONFINITE. */
@@ -142,6 +157,8 @@ struct kvq_backend {
     int device;           /* 1: the buffers are device memory (not readable by the host) */
     struct kvq_acts acts; /* owned by the backend */
     int32_t *pos;         /* [max_rows] row positions in the backend's memory (set_pos) */
+    int32_t *moe_ids;     /* [max_rows][top_k] experts of the last moe_route (NULL: dense model) */
+    float *moe_w;         /* [max_rows][top_k] their weights */
     void *dev_stream;     /* device backends: the stream every op issues on (a cudaStream_t) */
     void *dev_step;       /* device backends: the step recorder (a kvq_cuda_step), NULL when graphs are off */
 };
@@ -155,6 +172,16 @@ extern "C" {
  *  RoPE and activations over the model's f32 weights as loaded.
  *  @return KVQ_OK and *out; KVQ_ERR_NOMEM. */
 kvq_status kvq_backend_cpu_create(const struct kvq_model *m, size_t max_rows, kvq_backend **out);
+
+struct kvq_expert_cache_stats;
+/** CPU backend: keep at most `bytes` of expert weights in memory, reading
+ *  the experts from the checkpoint's files on demand (expert_cache.h); a
+ *  second call replaces the cache. @return KVQ_OK; KVQ_ERR_INVALID_ARG (a
+ *  dense model, weights widened at load, bytes below one expert: err says
+ *  which); KVQ_ERR_IO; KVQ_ERR_NOMEM. */
+kvq_status kvq_backend_cpu_expert_cache(kvq_backend *b, size_t bytes, kvq_error *err);
+/** The CPU backend's expert cache statistics. @return 0 (and st zeroed) without a cache, else 1. */
+int kvq_backend_cpu_expert_stats(const kvq_backend *b, struct kvq_expert_cache_stats *st);
 
 /* kvq_backend_cuda_create flags. */
 enum {
@@ -196,6 +223,13 @@ static inline kvq_status kvq_backend_cuda_supports(const struct kvq_model_config
 #ifdef __cplusplus
 }
 #endif
+
+/** Why the CUDA backend cannot run m yet: one line for the error, or NULL
+ *  when it can. Sequence and batch creation check it before creating one. */
+static inline const char *kvq_backend_cuda_refusal(const struct kvq_model *m)
+{
+    return m->cfg.arch.n_experts > 0 ? "mixture-of-experts layers run on the CPU only for now (--device cpu)" : NULL;
+}
 
 /** Frees b; accepts NULL. */
 static inline void kvq_backend_free(kvq_backend *b)

@@ -22,7 +22,9 @@
 #include <string.h>
 
 #include "backend.h"
+#include "backend_cpu_internal.h"
 #include "decoder_internal.h"
+#include "expert_cache.h"
 #include "matvec_internal.h"
 #include "parallel.h"
 
@@ -45,6 +47,7 @@ struct cpu_backend {
         size_t n;                /* rows they hold (0: none) */
         float inv[KVQ_MAX_DIM / 2], scale; /* fixed unless kvq_rope_len_dependent */
     } rope[2];
+    struct kvq_cpu_moe *moe; /* mixture-of-experts scratch (moe_cpu.c); NULL for a dense model */
 };
 
 /* Makes set r hold the rows of pos[0..T). dynamic and longrope take the
@@ -98,13 +101,6 @@ static void rope_row(enum kvq_rope_kind kind, float *x, const float *cs, const f
         x[i0] = a * cs[i] - b * sn[i];
         x[i1] = b * cs[i] + a * sn[i];
     }
-}
-
-static float act(enum kvq_act_kind kind, float g)
-{
-    if (kind == KVQ_ACT_GELU_TANH)
-        return 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
-    return g / (1.0f + expf(-g));
 }
 
 static int mv_dtype(enum kvq_st_dtype t)
@@ -210,6 +206,12 @@ static void matmul(struct cpu_backend *cb, const struct kvq_wmat *w, const float
     }
 }
 
+void kvq_cpu_matmul(kvq_backend *b, const struct kvq_wmat *w, const float *x, float *y, int ldy, size_t T,
+                    int accumulate)
+{
+    matmul((struct cpu_backend *)b, w, x, y, ldy, T, accumulate);
+}
+
 static void cpu_embed(kvq_backend *b, const int32_t *ids, size_t T, float *x)
 {
     const kvq_model *m = b->m;
@@ -274,24 +276,29 @@ static void cpu_qkv_rope(kvq_backend *b, int layer, const float *qkv, size_t T, 
     struct cpu_backend *cb = (struct cpu_backend *)b;
     const int d = c->head_dim, rd = c->arch.rotary_dim, half = rd / 2;
     const struct rope_set *rs = rope_prepare(cb, kvq_rope_layer_local(c, layer), pos, T);
+    const int full = c->arch.qk_norm_full; /* OLMoE: one norm over all heads, before the split */
     for (size_t t = 0; t < T; t++) {
         const float *row = qkv + t * (size_t)m->qkv_dim;
         const float *cs = rs->cs + t * (size_t)half;
         const float *sn = rs->sn + t * (size_t)half;
         float *qt = q + t * (size_t)m->q_dim, *kt = k + t * (size_t)m->kv_dim;
+        if (full) {
+            norm_row(c->arch.norm, row, w->q_norm, qt, m->q_dim, c->rms_eps);
+            norm_row(c->arch.norm, row + m->q_dim, w->k_norm, kt, m->kv_dim, c->rms_eps);
+        }
         for (int hd = 0; hd < c->n_heads; hd++) {
             float *qh = qt + (size_t)hd * d;
-            if (w->q_norm)
+            if (!full && w->q_norm)
                 norm_row(c->arch.norm, row + (size_t)hd * d, w->q_norm, qh, d, c->rms_eps);
-            else
+            else if (!full)
                 memcpy(qh, row + (size_t)hd * d, (size_t)d * sizeof *qh);
             rope_row(c->arch.rope, qh, cs, sn, rd);
         }
         for (int hd = 0; hd < c->n_kv_heads; hd++) {
             float *kh = kt + (size_t)hd * d;
-            if (w->k_norm)
+            if (!full && w->k_norm)
                 norm_row(c->arch.norm, row + m->q_dim + (size_t)hd * d, w->k_norm, kh, d, c->rms_eps);
-            else
+            else if (!full)
                 memcpy(kh, row + m->q_dim + (size_t)hd * d, (size_t)d * sizeof *kh);
             rope_row(c->arch.rope, kh, cs, sn, rd);
         }
@@ -307,8 +314,36 @@ static void cpu_glu(kvq_backend *b, const float *gu, float *hbuf, size_t T)
         const float *g = gu + t * 2 * (size_t)f;
         float *o = hbuf + t * (size_t)f;
         for (int i = 0; i < f; i++)
-            o[i] = act(kind, g[i]) * g[f + i];
+            o[i] = kvq_cpu_act(kind, g[i]) * g[f + i];
     }
+}
+
+static void cpu_moe_route(kvq_backend *b, int layer, const float *x, size_t T)
+{
+    kvq_cpu_moe_route(b, ((struct cpu_backend *)b)->moe, layer, x, T);
+}
+
+static kvq_status cpu_moe_experts(kvq_backend *b, int layer, const float *x, float *y, size_t T)
+{
+    return kvq_cpu_moe_experts(b, ((struct cpu_backend *)b)->moe, layer, x, y, T);
+}
+
+static const struct kvq_backend_ops cpu_ops; /* below: what tells a CPU backend */
+
+kvq_status kvq_backend_cpu_expert_cache(kvq_backend *b, size_t bytes, kvq_error *err)
+{
+    struct cpu_backend *cb = (struct cpu_backend *)b;
+    if (b->ops != &cpu_ops || !cb->moe)
+        return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "expert cache: %s",
+                             b->ops != &cpu_ops ? "not a CPU backend" : "the model has no experts");
+    return kvq_cpu_moe_set_cache(b, cb->moe, bytes, err);
+}
+
+int kvq_backend_cpu_expert_stats(const kvq_backend *b, struct kvq_expert_cache_stats *st)
+{
+    const struct cpu_backend *cb = (const struct cpu_backend *)b;
+    memset(st, 0, sizeof *st);
+    return b->ops == &cpu_ops && cb->moe && kvq_cpu_moe_cache_stats(cb->moe, st);
 }
 
 static void softcap(float *y, int n, float c)
@@ -376,6 +411,7 @@ static void cpu_free(kvq_backend *b)
     free(cb->lm_best);
     free(cb->logits);
     free(cb->wtile);
+    kvq_cpu_moe_free(b, cb->moe);
     for (int r = 0; r < 2; r++) {
         free(cb->rope[r].cs);
         free(cb->rope[r].sn);
@@ -391,6 +427,8 @@ static const struct kvq_backend_ops cpu_ops = {
     .linear = cpu_linear,
     .qkv_rope = cpu_qkv_rope,
     .glu = cpu_glu,
+    .moe_route = cpu_moe_route,
+    .moe_experts = cpu_moe_experts,
     .lm_head = cpu_lm_head,
     .lm_sample = cpu_lm_sample,
     .free = cpu_free,
@@ -426,6 +464,7 @@ kvq_status kvq_backend_cpu_create(const kvq_model *m, size_t max_rows, kvq_backe
     size_t widest = (size_t)m->cfg.hidden;
     widest = (size_t)m->cfg.ffn > widest ? (size_t)m->cfg.ffn : widest;
     widest = (size_t)m->q_dim > widest ? (size_t)m->q_dim : widest;
+    widest = (size_t)m->cfg.arch.moe_ffn > widest ? (size_t)m->cfg.arch.moe_ffn : widest; /* experts' down */
     cb->wtile = alloc_f(WTILE_ROWS * widest);
     b->pos = malloc(max_rows * sizeof *b->pos);
     const size_t half = (size_t)m->cfg.arch.rotary_dim / 2;
@@ -438,6 +477,7 @@ kvq_status kvq_backend_cpu_create(const kvq_model *m, size_t max_rows, kvq_backe
     kvq_rope_freqs(&m->cfg, 0, cb->rope[0].inv, &cb->rope[0].scale);
     if (m->cfg.arch.rope_local_theta > 0)
         kvq_rope_freqs_local(&m->cfg, cb->rope[1].inv, &cb->rope[1].scale);
+    ok &= kvq_cpu_moe_create(b, &cb->moe) == KVQ_OK;
     if (!ok || !cb->lm_x || !cb->lm_out || !cb->lm_best || !cb->logits || !cb->wtile || !b->pos) {
         cpu_free(b);
         return KVQ_ERR_NOMEM;

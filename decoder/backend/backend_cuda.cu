@@ -766,7 +766,9 @@ void cuda_free(kvq_backend *b)
 }
 
 const struct kvq_backend_ops cuda_ops = {
-    cuda_embed, cuda_norm, cuda_linear, cuda_qkv_rope, cuda_glu, cuda_lm_head, cuda_lm_sample, cuda_free,
+    cuda_embed, cuda_norm, cuda_linear, cuda_qkv_rope, cuda_glu,
+    nullptr, nullptr, /* moe_route, moe_experts: no expert kernels yet (create refuses MoE models) */
+    cuda_lm_head, cuda_lm_sample, cuda_free,
     cuda_set_pos, cuda_mark, cuda_part_times, cuda_step_begin, cuda_step_end, cuda_step_cancel,
 };
 
@@ -922,6 +924,8 @@ kvq_status upload_model(cuda_backend *cb)
 
 extern "C" kvq_status kvq_backend_cuda_create(const kvq_model *m, size_t max_rows, unsigned flags, kvq_backend **out)
 {
+    if (kvq_backend_cuda_refusal(m)) /* no expert kernels yet: the callers name the reason */
+        return KVQ_ERR_UNSUPPORTED;
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
         cudaGetLastError();

@@ -49,12 +49,18 @@ kvq_status kvq_files_open(struct kvq_file_set *fs, const char *dir, const char *
     if (kvq_path_join(path, sizeof path, dir, name) != 0)
         return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "%s: path too long", dir);
     kvq_st_file **nf = realloc(fs->files, (size_t)(fs->n + 1) * sizeof *nf);
-    if (!nf)
+    if (nf)
+        fs->files = nf;
+    char **np = nf ? realloc(fs->paths, (size_t)(fs->n + 1) * sizeof *np) : NULL;
+    if (np)
+        fs->paths = np;
+    if (!nf || !np || !(np[fs->n] = strdup(path)))
         return kvq_error_set(err, KVQ_ERR_NOMEM, "out of memory");
-    fs->files = nf;
     kvq_status st = kvq_st_open(path, &fs->files[fs->n], err);
-    if (st != KVQ_OK)
+    if (st != KVQ_OK) {
+        free(fs->paths[fs->n]);
         return st;
+    }
     fs->bytes += kvq_st_file_size(fs->files[fs->n]);
     fs->n++;
     return KVQ_OK;
@@ -182,9 +188,12 @@ kvq_status kvq_files_open_hf(struct kvq_file_set *fs, const char *dir, kvq_error
 
 void kvq_files_close(struct kvq_file_set *fs)
 {
-    for (int i = 0; i < fs->n; i++)
+    for (int i = 0; i < fs->n; i++) {
         kvq_st_close(fs->files[i]);
+        free(fs->paths[i]);
+    }
     free(fs->files);
+    free(fs->paths);
     memset(fs, 0, sizeof *fs);
 }
 

@@ -35,6 +35,8 @@ kvq_status kvq_engine_open(const kvq_model *m, const struct kvq_seq_config *sc, 
     kvq_status st = !cuda ? KVQ_OK : kvq_kv_store_cuda_supports(&kc, err);
     if (st == KVQ_OK && cuda)
         st = kvq_backend_cuda_supports(c, err);
+    if (st == KVQ_OK && cuda && kvq_backend_cuda_refusal(m)) /* mixture-of-experts layers */
+        st = kvq_error_set(err, KVQ_ERR_UNSUPPORTED, "%s", kvq_backend_cuda_refusal(m));
     if (st == KVQ_OK)
         st = cuda ? kvq_kv_store_cuda_create(&kc, kv, err) : kvq_kv_store_cpu_create(&kc, kv, err);
     free(ccs);
@@ -49,5 +51,14 @@ kvq_status kvq_engine_open(const kvq_model *m, const struct kvq_seq_config *sc, 
     }
     if ((*kv)->ops->attach)
         (*kv)->ops->attach(*kv, (*be)->dev_stream, (*be)->dev_step);
+    /* experts read on demand into a bounded cache: one for all of a batch's
+     * slots, which share the backend */
+    if (sc->expert_cache && (st = kvq_backend_cpu_expert_cache(*be, sc->expert_cache, err)) != KVQ_OK) {
+        kvq_backend_free(*be);
+        kvq_kv_store_free(*kv);
+        *be = NULL;
+        *kv = NULL;
+        return st;
+    }
     return KVQ_OK;
 }

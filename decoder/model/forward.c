@@ -4,6 +4,8 @@
  * Per layer (the architecture's kinds come from struct kvq_model_arch):
  *   x += Wo . attn(RoPE(norm_q(Wq . norm(x))), RoPE(norm_k(Wk . norm(x))), Wv . norm(x))
  *   x += Wdown . (act(Wgate . norm(x)) * (Wup . norm(x)))
+ * or in a sparse layer, over the k experts the router picks for the row:
+ *   x += sum_e w_e . Wdown_e . (act(Wgate_e . norm(x)) * (Wup_e . norm(x)))
  * The backend (backend.h) computes, the KV store (kv_store.h) keeps the keys
  * and values and attends; this file only orders the steps, times them and
  * rolls the store back when a step fails.
@@ -34,6 +36,19 @@ static void mark(const struct kvq_fwd *f, enum kvq_part part)
  * segments share calls of at most KVQ_MATVEC_MAX_M rows, where each row's
  * result does not depend on its neighbours. A device backend takes all rows
  * in one call. */
+/* The row group that starts at segment i: its rows, and in *next the first
+ * segment after it. */
+static size_t row_group(const struct kvq_fwd_seg *segs, int n_segs, int i, int *next)
+{
+    size_t n = segs[i].T;
+    int j = i + 1;
+    if (n <= KVQ_MATVEC_MAX_M)
+        while (j < n_segs && segs[j].T <= KVQ_MATVEC_MAX_M && n + segs[j].T <= KVQ_MATVEC_MAX_M)
+            n += segs[j++].T;
+    *next = j;
+    return n;
+}
+
 static void linear_rows(const struct kvq_fwd *f, const struct kvq_fwd_seg *segs, int n_segs, size_t rows,
                         enum kvq_weight w, int layer, const float *x, float *y, int acc)
 {
@@ -50,11 +65,8 @@ static void linear_rows(const struct kvq_fwd *f, const struct kvq_fwd_seg *segs,
                         &out);
         size_t r0 = 0;
         for (int i = 0; i < n_segs;) {
-            size_t n = segs[i].T;
-            int j = i + 1;
-            if (n <= KVQ_MATVEC_MAX_M)
-                while (j < n_segs && segs[j].T <= KVQ_MATVEC_MAX_M && n + segs[j].T <= KVQ_MATVEC_MAX_M)
-                    n += segs[j++].T;
+            int j;
+            const size_t n = row_group(segs, n_segs, i, &j);
             be->ops->linear(be, w, layer, x + r0 * (size_t)in, y + r0 * (size_t)out, n, acc);
             r0 += n;
             i = j;
@@ -62,6 +74,34 @@ static void linear_rows(const struct kvq_fwd *f, const struct kvq_fwd_seg *segs,
     }
     mark(f, KVQ_PART_OTHER);
     f->tm->matmul += kvq_now() - t0;
+}
+
+/* A sparse layer's MLP: y += the experts' weighted sum over the rows x
+ * (FFN-normed), router and experts in the row groups linear_rows uses, so
+ * that on the CPU a row meets the kernels it would meet alone whatever rows
+ * it is batched with (each group's rows are routed and grouped by expert
+ * among themselves). */
+static kvq_status moe_rows(const struct kvq_fwd *f, const struct kvq_fwd_seg *segs, int n_segs, size_t rows,
+                           int layer, const float *x, float *y)
+{
+    kvq_status st = KVQ_OK;
+    kvq_backend *be = f->be;
+    const size_t h = (size_t)f->m->cfg.hidden;
+    double t0 = kvq_now();
+    mark(f, KVQ_PART_MATMUL);
+    for (int i = 0; i < n_segs;) {
+        int j = n_segs; /* a device backend, or one segment: all rows in one call */
+        const size_t n = be->device || n_segs == 1 ? rows : row_group(segs, n_segs, i, &j);
+        be->ops->moe_route(be, layer, x, n);
+        if ((st = be->ops->moe_experts(be, layer, x, y, n)) != KVQ_OK)
+            break;
+        x += n * h;
+        y += n * h;
+        i = j;
+    }
+    mark(f, KVQ_PART_OTHER);
+    f->tm->matmul += kvq_now() - t0;
+    return st;
 }
 
 /* Appends and attends layer l for every segment, one store call per run of
@@ -129,6 +169,14 @@ static kvq_status run_layers(const struct kvq_fwd *f, const int32_t *ids, const 
         if (sw)
             op->norm(be, KVQ_NORM_POST_ATTN, l, a->xn, a->x, T);
         op->norm(be, KVQ_NORM_FFN, l, a->x, a->xn, T);
+        if (kvq_model_layer_is_moe(&f->m->cfg, l)) { /* no family has sandwich norms and experts */
+            if ((st = moe_rows(f, segs, n_segs, T, l, a->xn, a->x)) != KVQ_OK) { /* an expert read failed */
+                for (int i = 0; i < n_segs; i++)
+                    f->kv->ops->truncate(f->kv, segs[i].seq, l + 1, segs[i].pos0);
+                return st;
+            }
+            continue;
+        }
         linear_rows(f, segs, n_segs, T, KVQ_W_GATE_UP, l, a->xn, a->gu, 0);
         op->glu(be, a->gu, a->h, T);
         linear_rows(f, segs, n_segs, T, KVQ_W_DOWN, l, a->h, sw ? a->xn : a->x, !sw);

@@ -2,7 +2,8 @@
  *
  * This file is the one place that knows how Llama-family variants differ:
  * arch_from_type() maps model_type and the bias/norm/tying keys to the flags
- * of struct kvq_model_arch, and everything downstream only reads the flags.
+ * of struct kvq_model_arch (parse_moe: the mixture-of-experts fields), and
+ * everything downstream only reads the flags.
  */
 #include "kvq_model.h"
 
@@ -87,12 +88,96 @@ static kvq_status arch_from_type(const cJSON *root, const char *type, struct kvq
         a->tied_embeddings = !cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(root, "tie_word_embeddings"));
     } else if (strcmp(type, "phi3") == 0) {
         a->fused_proj = 1; /* qkv_proj and gate_up_proj, no biases */
-    } else if (strcmp(type, "qwen3") == 0) {
+    } else if (strcmp(type, "qwen3") == 0 || strcmp(type, "qwen3_moe") == 0) {
         a->qkv_bias = a->o_bias = attention_bias;
         a->qk_norm = 1;
+        a->n_experts = strcmp(type, "qwen3_moe") == 0 ? -1 : 0; /* -1: read by parse_moe */
+    } else if (strcmp(type, "mixtral") == 0) {
+        a->n_experts = -1;
+        a->expert_names = KVQ_EXPERTS_MIXTRAL;
+        a->norm_topk = 1; /* always: transformers renormalises the top-k of the softmax */
+    } else if (strcmp(type, "olmoe") == 0) {
+        a->qkv_bias = a->o_bias = attention_bias;
+        a->qk_norm_full = 1;
+        a->n_experts = -1;
     } else {
         return kvq_error_set(err, KVQ_ERR_UNSUPPORTED,
-                             "config.json: model_type '%s' is not supported (llama, mistral, qwen2, qwen3, phi3, gemma3_text)", type);
+                             "config.json: model_type '%s' is not supported (llama, mistral, qwen2, qwen3, phi3, "
+                             "gemma3_text, qwen3_moe, mixtral, olmoe)",
+                             type);
+    }
+    return KVQ_OK;
+}
+
+/* The mixture-of-experts keys of the families arch_from_type marked
+ * (n_experts = -1): expert count, top-k, expert size, renormalisation and
+ * which layers are sparse, as each family's transformers module reads them.
+ * Needs n_layers and ffn. */
+static kvq_status parse_moe(const cJSON *root, struct kvq_model_config *c, kvq_error *err)
+{
+    struct kvq_model_arch *a = &c->arch;
+    memset(a->moe_layers, 0, sizeof a->moe_layers);
+    if (a->n_experts == 0)
+        return KVQ_OK;
+    const int mixtral = a->expert_names == KVQ_EXPERTS_MIXTRAL, qwen = strcmp(c->model_type, "qwen3_moe") == 0;
+    /* the family's key, else the other one: transformers 5.17 saves Qwen3-MoE's
+     * num_experts as num_local_experts (an attribute_map), the Hub's configs
+     * say num_experts */
+    const char *n_key = mixtral ? "num_local_experts" : "num_experts";
+    const char *alt = mixtral ? "num_experts" : "num_local_experts";
+    const cJSON *ne = cJSON_GetObjectItemCaseSensitive(root, n_key);
+    if (!ne || cJSON_IsNull(ne)) {
+        const cJSON *a2 = cJSON_GetObjectItemCaseSensitive(root, alt);
+        if (a2 && !cJSON_IsNull(a2)) {
+            n_key = alt;
+            ne = a2;
+        }
+    }
+    if (qwen && cJSON_IsNumber(ne) && ne->valuedouble == 0) { /* Qwen3-MoE without experts: every layer dense */
+        a->n_experts = 0;
+        return KVQ_OK;
+    }
+    kvq_status st;
+    if ((st = get_int(root, n_key, -1, KVQ_MAX_EXPERTS, &a->n_experts, err)) ||
+        (st = get_int(root, "num_experts_per_tok", -1, KVQ_MAX_TOP_K, &a->top_k, err)))
+        return st;
+    if (a->top_k > a->n_experts)
+        return kvq_error_set(err, KVQ_ERR_FORMAT, "config.json: num_experts_per_tok %d is more than the %d experts",
+                             a->top_k, a->n_experts);
+    a->moe_ffn = c->ffn; /* Mixtral and OLMoE: intermediate_size is the experts' */
+    if (qwen && (st = get_int(root, "moe_intermediate_size", -1, MAX_DIM, &a->moe_ffn, err)))
+        return st;
+    if (!mixtral) {
+        const cJSON *n = cJSON_GetObjectItemCaseSensitive(root, "norm_topk_prob");
+        if (n && !cJSON_IsNull(n) && !cJSON_IsBool(n))
+            return kvq_error_set(err, KVQ_ERR_FORMAT, "config.json: norm_topk_prob must be true or false");
+        a->norm_topk = cJSON_IsTrue(n); /* both configs default to false */
+    }
+    const cJSON *clip = cJSON_GetObjectItemCaseSensitive(root, "clip_qkv");
+    if (clip && !cJSON_IsNull(clip))
+        return kvq_error_set(err, KVQ_ERR_UNSUPPORTED, "config.json: clip_qkv is not supported");
+    const cJSON *shared = cJSON_GetObjectItemCaseSensitive(root, "shared_expert_intermediate_size");
+    if (cJSON_IsNumber(shared) && shared->valuedouble > 0)
+        return kvq_error_set(err, KVQ_ERR_UNSUPPORTED, "config.json: shared experts are not supported");
+    a->router = KVQ_ROUTER_SOFTMAX_TOPK;
+    int step = 1;
+    if (qwen && (st = get_int(root, "decoder_sparse_step", 1, MAX_LAYERS, &step, err)))
+        return st;
+    for (int l = 0; l < c->n_layers; l++)
+        if ((l + 1) % step == 0)
+            a->moe_layers[l / 8] |= (uint8_t)(1u << (l % 8));
+    const cJSON *only = qwen ? cJSON_GetObjectItemCaseSensitive(root, "mlp_only_layers") : NULL;
+    if (only && !cJSON_IsNull(only)) {
+        if (!cJSON_IsArray(only))
+            return kvq_error_set(err, KVQ_ERR_FORMAT, "config.json: mlp_only_layers must be a list of layer indices");
+        for (const cJSON *e = only->child; e; e = e->next) {
+            if (!cJSON_IsNumber(e) || floor(e->valuedouble) != e->valuedouble || e->valuedouble < 0 ||
+                e->valuedouble >= c->n_layers)
+                return kvq_error_set(err, KVQ_ERR_FORMAT,
+                                     "config.json: mlp_only_layers entry is not a layer index in [0, %d)", c->n_layers);
+            const int l = (int)e->valuedouble;
+            a->moe_layers[l / 8] &= (uint8_t)~(1u << (l % 8));
+        }
     }
     return KVQ_OK;
 }
@@ -423,8 +508,12 @@ static kvq_status parse_root(const cJSON *root, struct kvq_model_config *c, kvq_
                              "config.json: num_attention_heads %d is not a multiple of num_key_value_heads %d "
                              "(with at most %d query heads per KV head)",
                              c->n_heads, c->n_kv_heads, KVQ_ATTN_MAX_Q);
-    if ((st = parse_window(root, c, err)) != KVQ_OK || (st = parse_gemma(root, c, err)) != KVQ_OK)
+    if ((st = parse_window(root, c, err)) != KVQ_OK || (st = parse_gemma(root, c, err)) != KVQ_OK ||
+        (st = parse_moe(root, c, err)) != KVQ_OK)
         return st;
+    if (c->arch.qk_norm_full && c->n_heads * c->head_dim != c->hidden)
+        return kvq_error_set(err, KVQ_ERR_UNSUPPORTED,
+                             "config.json: OLMoE's q/k norm needs num_attention_heads x head_dim = hidden_size");
 
     const cJSON *eps = cJSON_GetObjectItemCaseSensitive(root, "rms_norm_eps");
     c->rms_eps = 1e-6f;
@@ -490,9 +579,21 @@ kvq_status kvq_model_config_load(const char *path, struct kvq_model_config *cfg,
 
 size_t kvq_model_config_layer_params(const struct kvq_model_config *c)
 {
+    int l = 0; /* a sparse layer if there is one */
+    while (c->arch.n_experts > 0 && l + 1 < c->n_layers && !kvq_model_layer_is_moe(c, l))
+        l++;
+    return kvq_model_config_layer_params_at(c, l);
+}
+
+size_t kvq_model_config_layer_params_at(const struct kvq_model_config *c, int l)
+{
     size_t h = (size_t)c->hidden, q = (size_t)c->n_heads * c->head_dim, kv = (size_t)c->n_kv_heads * c->head_dim;
     size_t f = (size_t)c->ffn;
-    size_t p = h * q + 2 * h * kv + q * h + 3 * h * f + 2 * h;
+    size_t p = h * q + 2 * h * kv + q * h + 2 * h;
+    if (kvq_model_layer_is_moe(c, l)) /* router [E][h] and E experts */
+        p += (size_t)c->arch.n_experts * (h + 3 * h * (size_t)c->arch.moe_ffn);
+    else
+        p += 3 * h * f;
     if (c->arch.qkv_bias)
         p += q + 2 * kv;
     if (c->arch.o_bias)
@@ -501,6 +602,8 @@ size_t kvq_model_config_layer_params(const struct kvq_model_config *c)
         p += 2 * f + h;
     if (c->arch.qk_norm)
         p += 2 * (size_t)c->head_dim;
+    if (c->arch.qk_norm_full)
+        p += q + kv;
     if (c->arch.sandwich_norm)
         p += 2 * h;
     return p;

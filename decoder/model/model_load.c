@@ -133,11 +133,14 @@ static size_t arena_size(const kvq_model *m, int f32)
         per += round16((size_t)m->qkv_dim);
     if (c->arch.qk_norm)
         per += 2 * round16((size_t)c->head_dim);
+    if (c->arch.qk_norm_full)
+        per += round16((size_t)m->q_dim) + round16((size_t)m->kv_dim);
     if (c->arch.o_bias)
         per += round16(h);
     if (c->arch.mlp_bias)
         per += round16(2 * f) + round16(h);
-    return per * (size_t)c->n_layers + round16(h) + (f32 ? round16((size_t)c->vocab * h) + 16 * (size_t)m->n_lm : 0);
+    return per * (size_t)c->n_layers + round16(h) +
+           (f32 ? round16((size_t)c->vocab * h) + 16 * (size_t)m->n_lm + kvq_moe_arena_floats(c) : 0);
 }
 
 /* A projection from n stacked tensors dir/model.layers.l.SUFFIX[i] of rows[i]
@@ -209,11 +212,12 @@ static kvq_status load_layer(struct loader *L, int l)
         LOAD("self_attn.k_proj.bias", 1, kv, 0, p + q);
         LOAD("self_attn.v_proj.bias", 1, kv, 0, p + q + kv);
     }
-    if (c->arch.qk_norm) {
-        w->q_norm = p = take(L, (size_t)hd);
-        LOAD("self_attn.q_norm.weight", 1, hd, 0, p);
-        w->k_norm = p = take(L, (size_t)hd);
-        LOAD("self_attn.k_norm.weight", 1, hd, 0, p);
+    if (c->arch.qk_norm || c->arch.qk_norm_full) { /* per head, or over the whole projection (OLMoE) */
+        const int64_t qn = c->arch.qk_norm_full ? q : hd, kn = c->arch.qk_norm_full ? kv : hd;
+        w->q_norm = p = take(L, (size_t)qn);
+        LOAD("self_attn.q_norm.weight", 1, qn, 0, p);
+        w->k_norm = p = take(L, (size_t)kn);
+        LOAD("self_attn.k_norm.weight", 1, kn, 0, p);
     }
     if ((st = load_mat(L, fi, l, o1, hrows, 1, q, &mats[KVQ_WEIGHT_O], &w->wo)) != KVQ_OK)
         return st;
@@ -232,6 +236,8 @@ static kvq_status load_layer(struct loader *L, int l)
         w->ffn_norm = p = take(L, (size_t)h);
         LOAD("post_attention_layernorm.weight", 1, h, 0, p);
     }
+    if (kvq_model_layer_is_moe(c, l)) /* router and experts instead of the dense MLP */
+        return kvq_moe_load_layer(L->m, fi, l, L->f32 ? &L->cur : NULL, L->dir, L->err);
     if ((st = load_mat(L, fi, l, fused ? gu1 : gu2, fused ? gu_fused : gu_rows, fused ? 1 : 2, h,
                        &mats[KVQ_WEIGHT_GATE_UP], &w->wgu)) != KVQ_OK)
         return st;
@@ -358,7 +364,7 @@ static kvq_status load(struct loader *L, const struct kvq_model_load_opts *o)
     L->layer_file = malloc((size_t)c->n_layers * sizeof *L->layer_file);
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
     m->mats = calloc((size_t)c->n_layers, sizeof *m->mats);
-    if (!L->layer_file || !m->layers || !m->mats)
+    if (!L->layer_file || !m->layers || !m->mats || kvq_moe_alloc(m) != KVQ_OK)
         return kvq_error_set(L->err, KVQ_ERR_NOMEM, "out of memory");
     for (int l = 0; l < c->n_layers; l++)
         L->layer_file[l] = ANY_FILE;
@@ -437,6 +443,8 @@ void kvq_model_free(kvq_model *m)
     kvq_files_close(&m->fs);
     free(m->layers);
     free(m->mats);
+    free(m->moe);
+    free(m->expert_mats);
     free(m->lm);
     free(m->arena);
     free(m);
@@ -460,6 +468,8 @@ void kvq_model_get_info(const kvq_model *m, struct kvq_model_info *info)
     for (int l = 0; m->mats && l < m->cfg.n_layers; l++)
         for (int i = 0; i < 4; i++)
             info->weight_bytes += kvq_wmat_bytes(&m->mats[l][i]);
+    info->expert_bytes = kvq_moe_bytes(m); /* routers and experts, mapped or widened */
+    info->weight_bytes += info->expert_bytes;
     for (int k = 0; k < m->n_lm; k++)
         info->weight_bytes += kvq_wmat_bytes(&m->lm[k].wm);
     info->weight_bytes += (m->cfg.n_layers * 2 + 1) * (size_t)m->cfg.hidden * sizeof(float); /* norms */

@@ -89,6 +89,29 @@ struct kvq_rope_scaling {
 
 #define KVQ_MODEL_MAX_LAYERS 4096
 
+/* Mixture of experts: how a sparse layer's router turns its logits over the
+ * experts into the k experts a token takes and their weights. */
+enum kvq_router_kind {
+    KVQ_ROUTER_SOFTMAX_TOPK = 0, /* softmax over all experts, then the k largest, renormalised to sum 1
+                                    when kvq_model_arch.norm_topk (Mixtral always, Qwen3-MoE and OLMoE
+                                    by norm_topk_prob): transformers' order of operations */
+    KVQ_ROUTER_TOPK_SOFTMAX = 1  /* the k largest logits, softmax over those alone (gpt-oss; equal to
+                                    SOFTMAX_TOPK with norm_topk up to rounding) */
+};
+
+/* How a checkpoint names its experts' tensors (layer prefix model.layers.L.). */
+enum kvq_expert_names {
+    KVQ_EXPERTS_MLP = 0,    /* mlp.gate.weight; mlp.experts.N.{gate,up,down}_proj.weight (Qwen3-MoE, OLMoE) */
+    KVQ_EXPERTS_MIXTRAL = 1 /* block_sparse_moe.gate.weight; block_sparse_moe.experts.N.{w1,w3,w2}.weight */
+};
+/* Either kind may instead be stored fused, as transformers 5 keeps experts in
+ * memory and can save them: mlp.gate.weight [E][hidden], mlp.experts.gate_up_proj
+ * [E][2 moe_ffn][hidden] (gate rows, then up rows), mlp.experts.down_proj
+ * [E][hidden][moe_ffn]. The loader takes whichever the file has. */
+
+#define KVQ_MAX_EXPERTS 1024 /* experts per sparse layer */
+#define KVQ_MAX_TOP_K 64     /* experts per token */
+
 /* The architecture of a checkpoint as the forward pass needs it: every
  * difference between model families is a field here, decided once from
  * model_type and the config keys when config.json is parsed
@@ -121,6 +144,18 @@ struct kvq_model_arch {
                                 with rope_scaling */
     int sliding_window;  /* tokens a query sees in a windowed layer (itself included), 0 = all */
     uint8_t window_layers[KVQ_MODEL_MAX_LAYERS / 8]; /* bit l: layer l is windowed */
+    int qk_norm_full;    /* RMSNorm of the whole q and k projections (all heads at once) before RoPE,
+                            weights [q_dim] and [kv_dim] (OLMoE); qk_norm is then 0 */
+    /* mixture of experts (n_experts = 0: a dense model) */
+    int n_experts;       /* experts per sparse layer (num_experts, num_local_experts) */
+    int top_k;           /* experts per token (num_experts_per_tok) */
+    int moe_ffn;         /* an expert's intermediate size (moe_intermediate_size; Mixtral and
+                            OLMoE: intermediate_size). Dense layers use kvq_model_config.ffn */
+    enum kvq_router_kind router;
+    int norm_topk;       /* SOFTMAX_TOPK: the k weights renormalised to sum 1 */
+    enum kvq_expert_names expert_names;
+    uint8_t moe_layers[KVQ_MODEL_MAX_LAYERS / 8]; /* bit l: layer l is sparse (Qwen3-MoE: not in
+                            mlp_only_layers and (l + 1) % decoder_sparse_step == 0) */
     uint8_t key_outlier_layers[KVQ_MODEL_MAX_LAYERS / 8]; /* bit l: layer l's k_proj bias has at
                             least KVQ_KEY_OUTLIER_RATIO x the median norm over layers (set by
                             kvq_model_load from the weights; config.json says nothing of it).
@@ -136,7 +171,8 @@ struct kvq_model_arch {
 #define KVQ_MODEL_MAX_EOS 4
 
 struct kvq_model_config {
-    char model_type[32]; /* "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text" */
+    char model_type[32]; /* "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text", "qwen3_moe",
+                            "mixtral", "olmoe" */
     int hidden;          /* hidden_size */
     int n_layers;        /* num_hidden_layers */
     int n_heads;         /* num_attention_heads */
@@ -169,8 +205,19 @@ KVQ_API kvq_status kvq_model_config_load(const char *path, struct kvq_model_conf
 KVQ_API int kvq_model_is_eos(const struct kvq_model_config *cfg, int32_t id);
 
 /* Parameters per layer as the config implies them (attention with GQA +
- * SwiGLU MLP + norms + biases), and for the embedding and LM head. */
+ * SwiGLU MLP + norms + biases), and for the embedding and LM head. A
+ * mixture of experts may have layers of two sizes: this is a sparse layer's
+ * (router and all experts), kvq_model_config_layer_params_at each one's. */
 KVQ_API size_t kvq_model_config_layer_params(const struct kvq_model_config *cfg);
+
+/** Parameters of layer l alone (its experts included). */
+KVQ_API size_t kvq_model_config_layer_params_at(const struct kvq_model_config *cfg, int l);
+
+/** 1 when layer l of cfg is a mixture-of-experts layer. */
+static inline int kvq_model_layer_is_moe(const struct kvq_model_config *cfg, int l)
+{
+    return cfg->arch.n_experts > 0 && (cfg->arch.moe_layers[l / 8] >> (l % 8) & 1);
+}
 
 /* ---- loaded model ---------------------------------------------------- */
 
@@ -210,7 +257,8 @@ struct kvq_model_info {
     int n_lm_slices;          /* LM-head vocabulary slices */
     size_t file_bytes;        /* bytes of all weight files */
     size_t weight_bytes;      /* bytes of the weights the forward pass reads, mapped or converted
-                                 (embedding table excluded) */
+                                 (embedding table excluded; routers and experts included) */
+    size_t expert_bytes;      /* of weight_bytes, the mixture-of-experts routers and experts (0: dense) */
     double load_seconds;      /* wall time of kvq_model_load */
 };
 KVQ_API void kvq_model_get_info(const kvq_model *m, struct kvq_model_info *info);
@@ -294,6 +342,12 @@ struct kvq_seq_config {
                              * window is refused; 0: off. Costs a 4-bit mean per page and
                              * KV head (0.03 bits per value at d = 128, 64-token pages)
                              * and lowers the keys' error 1.2-1.7x (docs/frontier.md) */
+    size_t expert_cache;    /* mixture-of-experts models on the CPU: 0 (default) reads the
+                             * experts where the checkpoint is mapped, so every expert used stays
+                             * resident; > 0 keeps at most this many bytes of experts (whole experts,
+                             * at least one) and preads the others from the checkpoint's files when
+                             * the router picks them, least recently used out first: resident
+                             * memory bounded, results bit-identical (kvq_seq_stats expert_*) */
     int fast_prefill;       /* 0 (default): on KVQ_DEVICE_CUDA a product of more than 64 rows
                              * (a prefill chunk) with 16-bit weights computes with f32 inputs
                              * (each input as two 16-bit halves, two GEMMs), matching a
@@ -514,6 +568,11 @@ struct kvq_seq_stats {
     double gpu_matmul, gpu_attn, gpu_lm_head, gpu_other;
     size_t gpu_graph_steps; /* decode steps that ran as one CUDA graph (kvq_seq_config.cuda_graphs),
                              * since the state was created; 0 on the CPU */
+    /* kvq_seq_config.expert_cache, since the state was created (0 without one) */
+    size_t expert_cache_bytes;           /* the slots' memory */
+    size_t expert_hits, expert_misses;   /* experts a forward used that were held / read from the files */
+    size_t expert_bytes_read;
+    double t_expert_read;                /* seconds reading them (inside t_matmul) */
 };
 /** Fills st. With a CUDA sequence this waits for its queued GPU work. */
 KVQ_API void kvq_seq_get_stats(const kvq_seq *s, struct kvq_seq_stats *st);

@@ -34,6 +34,18 @@ saved; the greedy continuation equals the argmax of a full (cache-free)
 forward wherever the RoPE does not depend on the length; each greedy step's
 top-1 margin is large enough that float32 rounding cannot flip it (else the
 next seed is tried); all fixtures together stay under 8 MB.
+
+Mixture-of-experts families (MOE below) also: store their experts in the
+layout MOE[name] names, "per_expert" (the Hub's: mlp.experts.N.gate_proj /
+block_sparse_moe.experts.N.w1 ...) or "fused" (transformers 5's modules:
+mlp.experts.gate_up_proj [E, 2I, H], mlp.experts.down_proj [E, H, I]),
+whatever save_pretrained wrote; require the reload to report no missing or
+unexpected key and to hold exactly the saved weights (a layout transformers
+did not understand would otherwise be initialised at random and pass); get
+their f16-cache reference in the same run; and need every router's k-th and
+(k+1)-th logits at least MIN_ROUTE_GAP apart on every token and layer, with
+both caches (float32 rounding must not change which experts a token takes),
+else the next seed is tried.
 """
 import argparse
 import json
@@ -49,6 +61,7 @@ from safetensors.torch import save_file
 VOCAB = 256
 N_GREEDY = 16
 MIN_MARGIN = 1e-2  # relative to max|logit|: greedy must not hinge on rounding, f16 cache included
+MIN_ROUTE_GAP = 1e-3  # router logits (~0.6 rms here): kvq's float32 sums differ from torch's by ~1e-6
 
 
 def base(**kw):
@@ -98,7 +111,30 @@ FAMILIES = {
     "qwen2_kbias": ("Qwen2Config", "Qwen2ForCausalLM", base(num_hidden_layers=4), 40,
                     "Qwen2 whose first and last layers' k_proj bias has 30x the median norm (the Qwen2/2.5 case "
                     "that breaks 3-bit keys elsewhere: llama.cpp issue 21385)"),
+    # mixtures of experts: 8 experts of 32 (qwen3_moe/olmoe moe_intermediate_size, mixtral intermediate_size)
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", base(
+        num_hidden_layers=3, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
+        decoder_sparse_step=1, mlp_only_layers=[1], intermediate_size=96), 40,
+        "Qwen3-MoE: softmax router, top-2 of 8 renormalised (norm_topk_prob), q/k norm; layer 1 dense "
+        "(mlp_only_layers, intermediate_size 96); experts stored per expert as on the Hub"),
+    "qwen3_moe_norenorm": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", base(
+        num_hidden_layers=3, num_experts=6, num_experts_per_tok=3, moe_intermediate_size=32, norm_topk_prob=False,
+        decoder_sparse_step=2, mlp_only_layers=[], intermediate_size=96), 40,
+        "Qwen3-MoE: top-3 of 6 without renormalisation; only layer 1 sparse (decoder_sparse_step 2); "
+        "experts stored fused (transformers 5: mlp.experts.gate_up_proj / down_proj)"),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", base(
+        num_hidden_layers=2, num_local_experts=8, num_experts_per_tok=2, intermediate_size=32, sliding_window=None,
+        router_jitter_noise=0.0), 40,
+        "Mixtral: top-2 of 8, weights a softmax over the selected; block_sparse_moe.experts.N.w1/w2/w3 as on the Hub"),
+    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", base(
+        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, head_dim=32, num_experts=8,
+        num_experts_per_tok=2, intermediate_size=32, norm_topk_prob=False, clip_qkv=None), 40,
+        "OLMoE: q/k RMSNorm over the whole projection (not per head), top-2 of 8 without renormalisation; "
+        "experts stored fused"),
 }
+
+# expert layout each MoE fixture is stored in (see the module docstring)
+MOE = {"qwen3_moe": "per_expert", "qwen3_moe_norenorm": "fused", "mixtral": "per_expert", "olmoe": "fused"}
 
 LEN_DEPENDENT = {"llama_dynamic", "phi3_longrope"}
 KBIAS_RATIO = 30.0
@@ -116,6 +152,114 @@ def large_k_bias(model, gen):
 
 class FixtureError(Exception):
     """A self-check failed: the family's fixture is not written."""
+
+
+def routers(model):
+    """The MoE routers: (name, module with weight [E, hidden]) of every sparse layer, and top-k."""
+    cfg = model.config
+    k = getattr(cfg, "num_experts_per_tok", 0)
+    out = [(n, m) for n, m in model.named_modules()
+           if (n.endswith(".mlp.gate") or n.endswith(".block_sparse_moe.gate")) and hasattr(m, "weight")]
+    return out, k
+
+
+class RouteGap:
+    """Records, while active, the smallest gap between the k-th and (k+1)-th router logit over every token
+    and sparse layer (the router input is hooked, and the logits recomputed in float32 from the gate weight,
+    so it does not depend on what the router module returns in this transformers version)."""
+
+    def __init__(self, model):
+        self.gap, self.calls = float("inf"), 0
+        mods, self.k = routers(model)
+        self.handles = [m.register_forward_pre_hook(self.hook(m), with_kwargs=True) for _, m in mods]
+
+    def hook(self, mod):
+        def f(_m, args, kwargs):
+            x = args[0] if args else kwargs["hidden_states"]
+            logits = torch.nn.functional.linear(x.float().reshape(-1, x.shape[-1]), mod.weight.float())
+            v = torch.sort(logits, dim=-1, descending=True).values
+            self.gap = min(self.gap, float((v[:, self.k - 1] - v[:, self.k]).min()))
+            self.calls += 1
+        return f
+
+    def close(self):
+        for h in self.handles:
+            h.remove()
+
+
+def expert_keys(keys):
+    """'per_expert', 'fused' or None (no experts) for a checkpoint's tensor names."""
+    per = any(".experts.0." in k for k in keys)
+    fused = any(k.endswith(".experts.gate_up_proj") for k in keys)
+    if per and fused:
+        raise FixtureError("checkpoint mixes per-expert and fused expert tensors")
+    return "per_expert" if per else "fused" if fused else None
+
+
+def relayout(tensors, want, model_type):
+    """The checkpoint's tensors with the experts in layout want ('per_expert' or 'fused')."""
+    mix = model_type == "mixtral"
+    blk = "block_sparse_moe" if mix else "mlp"
+    g, u, dn = ("w1", "w3", "w2") if mix else ("gate_proj", "up_proj", "down_proj")
+    out = {}
+    if want == "fused":
+        layers = sorted({k.split(".experts.")[0] for k in tensors if ".experts." in k})
+        for k, v in tensors.items():
+            if ".experts." not in k:
+                out[k.replace(".block_sparse_moe.gate.", ".mlp.gate.")] = v
+        for pre in layers:  # pre: model.layers.L.mlp or model.layers.L.block_sparse_moe
+            n = 1 + max(int(k[len(pre) + 9:].split(".")[0]) for k in tensors if k.startswith(pre + ".experts."))
+            e = lambda i, w: tensors[f"{pre}.experts.{i}.{w}.weight"]
+            base_ = pre.rsplit(".", 1)[0] + ".mlp.experts."
+            out[base_ + "gate_up_proj"] = torch.stack([torch.cat([e(i, g), e(i, u)], 0) for i in range(n)]).contiguous()
+            out[base_ + "down_proj"] = torch.stack([e(i, dn) for i in range(n)]).contiguous()
+    else:
+        for k, v in tensors.items():
+            if k.endswith(".experts.gate_up_proj"):
+                pre = k[: -len(".mlp.experts.gate_up_proj")] + "." + blk
+                half = v.shape[1] // 2
+                for i in range(v.shape[0]):
+                    out[f"{pre}.experts.{i}.{g}.weight"] = v[i, :half].contiguous()
+                    out[f"{pre}.experts.{i}.{u}.weight"] = v[i, half:].contiguous()
+            elif k.endswith(".experts.down_proj"):
+                pre = k[: -len(".mlp.experts.down_proj")] + "." + blk
+                for i in range(v.shape[0]):
+                    out[f"{pre}.experts.{i}.{dn}.weight"] = v[i].contiguous()
+            else:
+                out[k.replace(".mlp.gate.", f".{blk}.gate.") if mix else k] = v
+    return out
+
+
+def store_experts(d, want, model_type):
+    """Rewrites d/model.safetensors with the experts in layout want, if save_pretrained wrote the other one."""
+    from safetensors.torch import load_file
+    if os.path.exists(os.path.join(d, "model.safetensors.index.json")):
+        raise FixtureError("save_pretrained sharded the checkpoint")
+    path = os.path.join(d, "model.safetensors")
+    have = load_file(path)
+    got = expert_keys(have)
+    if got is None:
+        raise FixtureError("no expert tensors in the saved checkpoint")
+    if got != want:
+        save_file(relayout(have, want, model_type), path, metadata={"format": "pt"})
+        if expert_keys(load_file(path)) != want:
+            raise FixtureError(f"rewriting the experts as {want} failed")
+    return got
+
+
+def load_exact(model_cls, d, model):
+    """from_pretrained(d) in float32, required to load every tensor of the checkpoint into exactly the
+    weights of model (bf16): a layout transformers misread would leave weights at their random init."""
+    ref, info = getattr(transformers, model_cls).from_pretrained(
+        d, dtype=torch.float32, attn_implementation="eager", output_loading_info=True)
+    bad = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
+    if bad:
+        raise FixtureError(f"reloading the checkpoint: {bad}")
+    want = model.state_dict()
+    for k, v in ref.state_dict().items():
+        if k not in want or not torch.equal(v, want[k].float()):
+            raise FixtureError(f"reloaded weight {k} differs from the saved one")
+    return ref.eval()
 
 
 def perturb(model, gen):
@@ -156,12 +300,14 @@ class F16Cache(transformers.DynamicCache):
 
 
 def f16_cache_refs(d, model_cls):
-    """Adds logits_f16kv and greedy_f16kv to the fixture in d; returns the f16 logits' distance to the f32 ones."""
+    """Adds logits_f16kv and greedy_f16kv to the fixture in d; returns the f16 logits' distance to the f32 ones,
+    whether the greedy ids are the f32 ones, and the smallest router top-k gap on the way (inf: no router)."""
     from safetensors.torch import load_file
     path = os.path.join(d, "reference.safetensors")
     have = load_file(path)
     ref = getattr(transformers, model_cls).from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
     ids = have["ids"].to(torch.int64)
+    route = RouteGap(ref)
     with torch.no_grad():
         logits = ref(ids[None], past_key_values=F16Cache(config=ref.config), use_cache=True).logits[0].float()
         out = []
@@ -171,6 +317,7 @@ def f16_cache_refs(d, model_cls):
             tok = int(torch.argmax(r.logits[0, -1]))
             out.append(tok)
             r = ref(torch.tensor([[tok]]), past_key_values=r.past_key_values, use_cache=True)
+    route.close()
     gap = float((logits - have["logits"]).abs().max() / have["logits"].abs().max())
     if not 0 < gap < 1e-2:
         raise FixtureError(f"f16-cache logits differ from the f32 ones by {gap:.3g} x max|logit|")
@@ -186,7 +333,7 @@ def f16_cache_refs(d, model_cls):
                          "f16 as stored (an f16-rounding DynamicCache)")
     with open(meta_path, "w") as f:
         json.dump(meta, f, indent=1)
-    return gap, out == [int(t) for t in have["greedy"]]
+    return gap, out == [int(t) for t in have["greedy"]], route.gap
 
 
 def build(name, out_dir, seed):
@@ -206,8 +353,12 @@ def build(name, out_dir, seed):
     for extra in ("generation_config.json",):
         if os.path.exists(os.path.join(d, extra)):
             os.remove(os.path.join(d, extra))
+    saved_layout = store_experts(d, MOE[name], cfg.model_type) if name in MOE else None
     # The reference: the saved bf16 checkpoint, reloaded, computed in float32.
-    ref = getattr(transformers, model_cls).from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
+    if name in MOE:
+        ref = load_exact(model_cls, d, model)
+    else:
+        ref = getattr(transformers, model_cls).from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
     saved = json.load(open(os.path.join(d, "config.json")))
     rp = saved.get("rope_parameters") or saved.get("rope_scaling") or {}
     rp = rp.get("full_attention", rp)  # keyed by layer type (Gemma 3)
@@ -216,10 +367,16 @@ def build(name, out_dir, seed):
     if rp.get("rope_type", rp.get("type", "default")) != want:
         raise FixtureError(f"config.json lost the rope type {want}: {rp}")
     ids = torch.cat([torch.tensor([1]), torch.randint(3, VOCAB, (T - 1,), generator=gen)])
+    route = RouteGap(ref)
     logits = forward_logits(ref, ids)
     toks, margin = greedy(ref, ids, N_GREEDY)
+    route.close()
+    if name in MOE and route.calls == 0:
+        raise FixtureError("no router ran (the gate modules were not found)")
     if margin < MIN_MARGIN:
         return None, margin
+    if route.gap < MIN_ROUTE_GAP:
+        return None, f"router top-k gap {route.gap:.2e}"
     if name not in LEN_DEPENDENT:
         # a full forward over prompt + continuation must agree with the cached steps
         full = forward_logits(ref, torch.cat([ids, torch.tensor(toks[:-1])]))
@@ -234,8 +391,21 @@ def build(name, out_dir, seed):
     meta = {"family": name, "model_type": saved["model_type"], "prompt_tokens": T, "greedy_tokens": N_GREEDY,
             "exercises": what, "seed": seed, "min_greedy_margin": margin, "torch": torch.__version__,
             "transformers": transformers.__version__, "compute": "float32, eager attention, CPU, bf16 weights"}
+    if name in MOE:
+        cfg_saved = saved
+        meta["experts"] = {"layout": MOE[name], "save_pretrained_wrote": saved_layout,
+                           "num_experts": cfg_saved.get("num_experts", cfg_saved.get("num_local_experts")),
+                           "top_k": cfg_saved.get("num_experts_per_tok"), "min_router_gap": route.gap}
     with open(os.path.join(d, "reference.json"), "w") as f:
         json.dump(meta, f, indent=1)
+    if name in MOE:  # the f16-cache reference now, so that a seed whose routing is fragile there is replaced
+        gap, _, rgap = f16_cache_refs(d, model_cls)
+        if rgap < MIN_ROUTE_GAP:
+            return None, f"router top-k gap {rgap:.2e} with the f16 cache"
+        meta = json.load(open(os.path.join(d, "reference.json")))
+        meta["experts"]["min_router_gap_f16kv"] = rgap
+        with open(os.path.join(d, "reference.json"), "w") as f:
+            json.dump(meta, f, indent=1)
     return d, margin
 
 
@@ -247,21 +417,27 @@ def main():
                     help="add the f16-cache reference to the fixtures already in --out (nothing else changes)")
     a = ap.parse_args()
     torch.set_num_threads(max(1, os.cpu_count() or 1))
+    # --only a b, --only a,b or both
+    only = [n for o in a.only for n in o.split(",") if n] if a.only else None
+    unknown = [n for n in only or [] if n not in FAMILIES]
+    if unknown:
+        sys.exit(f"unknown families {unknown}; known: {', '.join(FAMILIES)}")
     if a.f16_cache:
-        for name in a.only or FAMILIES:
-            gap, same = f16_cache_refs(os.path.join(a.out, name), FAMILIES[name][1])
+        for name in only or FAMILIES:
+            gap, same, _ = f16_cache_refs(os.path.join(a.out, name), FAMILIES[name][1])
             print(f"{name}: f16 cache moves the logits by {gap:.3g} x max|logit|; greedy "
                   f"{'as with f32' if same else 'differs from f32'}", flush=True)
         return
     os.makedirs(a.out, exist_ok=True)
     total, failed = 0, []
-    for name in a.only or FAMILIES:
+    for name in only or FAMILIES:
         try:
             for seed in range(1, 30):
                 d, margin = build(name, a.out, seed)
                 if d:
                     break
-                print(f"{name}: seed {seed}: greedy margin {margin:.2e} too small, next seed", flush=True)
+                why = margin if isinstance(margin, str) else f"greedy margin {margin:.2e}"
+                print(f"{name}: seed {seed}: {why} too small, next seed", flush=True)
             else:
                 raise FixtureError("no seed gives a safe greedy margin")
         except Exception as e:  # one family's failure (a self-check, an API change) leaves the others

@@ -1,0 +1,48 @@
+/* expert_cache.h - a bounded cache of mixture-of-experts weights read on
+ * demand from the checkpoint's files (CPU).
+ *
+ * Without it the experts are read where the files are mapped, and every
+ * expert a prompt touches stays resident. With it the mapped expert pages
+ * are never touched: each expert the router picks is pread into one of a
+ * fixed number of slots (one expert each, allocated at create), the least
+ * recently used slot giving way, the missing experts of a call read in
+ * parallel on the decoder's thread pool. The bytes read are the file's
+ * bytes, so the products see the same values as from the mapping and the
+ * results are bit-identical to a run without the cache.
+ */
+#ifndef KVQ_EXPERT_CACHE_H
+#define KVQ_EXPERT_CACHE_H
+
+#include <stddef.h>
+
+#include "decoder_internal.h"
+
+struct kvq_expert_cache;
+
+struct kvq_expert_cache_stats {
+    size_t slots, slot_bytes; /* capacity: experts held, bytes each */
+    size_t hits, misses;      /* expert fetches served from a slot / read from the file */
+    size_t bytes_read;
+    double read_seconds;      /* wall time of the reads */
+};
+
+/** A cache of at most `bytes` bytes of m's experts (as many whole experts
+ *  as fit). m's experts must be mapped from its files (not weights_f32).
+ *  @return KVQ_OK; KVQ_ERR_INVALID_ARG (no experts, not mapped, bytes below
+ *  one expert); KVQ_ERR_IO (a file cannot be opened); KVQ_ERR_NOMEM. */
+kvq_status kvq_expert_cache_create(const struct kvq_model *m, size_t bytes, struct kvq_expert_cache **out,
+                                   kvq_error *err);
+void kvq_expert_cache_free(struct kvq_expert_cache *c);
+
+/** Experts one fetch can hold at once (the slots). */
+int kvq_expert_cache_slots(const struct kvq_expert_cache *c);
+
+/** Makes experts ids[0..n) (distinct, n <= slots) of layer l resident and
+ *  gives their matrices in gu[i] and down[i], valid until the next fetch.
+ *  @return KVQ_OK; KVQ_ERR_IO (a read failed: nothing of it is kept). */
+kvq_status kvq_expert_cache_fetch(struct kvq_expert_cache *c, int l, const int32_t *ids, int n,
+                                  const struct kvq_wmat **gu, const struct kvq_wmat **down);
+
+void kvq_expert_cache_get_stats(const struct kvq_expert_cache *c, struct kvq_expert_cache_stats *st);
+
+#endif

@@ -1,0 +1,342 @@
+/* test_expert_cache.c - kvq_seq_config.expert_cache (experts read on demand
+ * from the checkpoint into a bounded set of slots) and batches of a sparse
+ * model: with fewer slots than one layer's experts the logits are
+ * bit-identical to the mapped experts' and the greedy ids the same; a
+ * batch's rows get each sequence's own bits, cache or not; resident memory
+ * stays within the cache. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "kvq_batch.h"
+#include "kvq_model.h"
+#include "test.h"
+#include "test_moe_synth.h"
+#include "test_util.h"
+
+/* Prompt logits and greedy ids of model m with an expert cache of `bytes`
+ * (0: none); *st: its statistics. */
+static void run_seq(const kvq_model *m, size_t bytes, const int32_t *ids, size_t T, float *logits, int32_t *greedy,
+                    size_t N, struct kvq_seq_stats *st)
+{
+    struct kvq_seq_config sc;
+    kvq_seq_config_default(&sc);
+    sc.type_k = sc.type_v = KVQ_TYPE_F32;
+    sc.max_ctx = T + N;
+    sc.expert_cache = bytes;
+    kvq_seq *s = NULL;
+    kvq_error err = {0};
+    CHECKF(kvq_seq_create(m, &sc, &s, &err) == KVQ_OK, "%s", err.msg);
+    if (!s)
+        return;
+    CHECK_OK(kvq_seq_forward(s, ids, T, 0, logits, NULL));
+    kvq_seq_reset(s);
+    struct kvq_gen_params gp;
+    kvq_gen_params_default(&gp);
+    gp.max_tokens = (int)N;
+    gp.stop_at_eos = 0;
+    size_t n = 0;
+    CHECK_OK(kvq_seq_generate(s, ids, T, &gp, greedy, N, &n, NULL, NULL));
+    CHECK(n == N);
+    kvq_seq_get_stats(s, st);
+    kvq_seq_free(s);
+}
+
+/* kvq_seq_config.expert_cache: with room for 1, 2 (fewer than one layer's
+ * experts) or all experts, the logits are bit-identical to the mapped
+ * experts' and the greedy ids the same; every miss reads exactly one
+ * expert's bytes; with room for all, each expert is read at most once. */
+static void test_expert_cache(void)
+{
+    static const struct {
+        int E, k, norm, fused;
+    } cases[] = {{4, 2, 1, 0}, {6, 3, 0, 1}};
+    enum { T = 24, N = 12 };
+    for (size_t c = 0; c < 2; c++) {
+        char dir[64];
+        snprintf(dir, sizeof dir, "/tmp/kvq_moe_cache_%d_%zu", (int)getpid(), c);
+        struct synth sy = {cases[c].E, cases[c].k, cases[c].norm, cases[c].fused, {0}, {0}, {0}};
+        write_synth(dir, &sy, 200 + c);
+        kvq_model *m = NULL;
+        kvq_error err = {0};
+        CHECKF(kvq_model_load(dir, NULL, &m, &err) == KVQ_OK, "%s", err.msg);
+        if (!m)
+            continue;
+        const size_t expert = (size_t)3 * MOE_F * HID * (cases[c].fused ? 4 : 2), all = 2 * (size_t)sy.E;
+        int32_t ids[T], g0[N], g1[N];
+        kvq_rng r;
+        kvq_rng_init(&r, 33 + c);
+        for (int t = 0; t < T; t++)
+            ids[t] = (int32_t)(kvq_rng_next(&r) % VOC);
+        static float l0[T * VOC], l1[T * VOC];
+        struct kvq_seq_stats st;
+        run_seq(m, 0, ids, T, l0, g0, N, &st);
+        CHECK(st.expert_cache_bytes == 0 && st.expert_misses == 0);
+        const size_t slots[3] = {1, 2, all};
+        for (int i = 0; i < 3; i++) {
+            memset(l1, 0, sizeof l1);
+            run_seq(m, slots[i] * expert + expert / 2, ids, T, l1, g1, N, &st);
+            CHECKF(memcmp(l0, l1, sizeof l0) == 0, "%zu slots: logits differ from the mapped experts'", slots[i]);
+            CHECKF(memcmp(g0, g1, sizeof g0) == 0, "%zu slots: greedy ids differ", slots[i]);
+            CHECK(st.expert_cache_bytes == slots[i] * expert);
+            CHECKF(st.expert_bytes_read == st.expert_misses * expert, "%zu bytes read for %zu misses",
+                   st.expert_bytes_read, st.expert_misses);
+            CHECK(st.expert_misses > 0 && st.expert_hits + st.expert_misses > 0);
+            if (slots[i] == all)
+                CHECKF(st.expert_misses <= all && st.expert_hits > 0, "room for all: %zu misses, %zu hits",
+                       st.expert_misses, st.expert_hits);
+            printf("  %s experts, cache of %zu of %zu: %zu hits, %zu misses, %zu bytes read\n",
+                   cases[c].fused ? "fused" : "per-expert", slots[i], all, st.expert_hits, st.expert_misses,
+                   st.expert_bytes_read);
+        }
+        /* refusals, one line each */
+        struct kvq_seq_config sc;
+        kvq_seq_config_default(&sc);
+        sc.expert_cache = expert - 1;
+        kvq_seq *s = NULL;
+        CHECK(kvq_seq_create(m, &sc, &s, &err) == KVQ_ERR_INVALID_ARG && !s && strstr(err.msg, "holds no expert"));
+        kvq_model_free(m);
+        struct kvq_model_load_opts o;
+        kvq_model_load_opts_default(&o);
+        o.weights_f32 = 1;
+        m = NULL;
+        CHECK_OK(kvq_model_load(dir, &o, &m, NULL));
+        sc.expert_cache = 1 << 20;
+        CHECK(m && kvq_seq_create(m, &sc, &s, &err) == KVQ_ERR_INVALID_ARG && !s && strstr(err.msg, "widened"));
+        kvq_model_free(m);
+        synth_free(&sy);
+        test_rm_dir(dir);
+    }
+    kvq_model *dense = NULL;
+    kvq_error err = {0};
+    CHECK_OK(kvq_model_load(TEST_MODEL_DIR, NULL, &dense, NULL));
+    struct kvq_seq_config sc;
+    kvq_seq_config_default(&sc);
+    sc.expert_cache = 1 << 20;
+    sc.max_ctx = 64;
+    kvq_seq *s = NULL;
+    CHECK(dense && kvq_seq_create(dense, &sc, &s, &err) == KVQ_ERR_INVALID_ARG && !s && strstr(err.msg, "no experts"));
+    kvq_model_free(dense);
+}
+
+/* kvq_batch over a sparse model: prompts of 5, 9 and 20 tokens in one step
+ * (the first two share a row group, the third goes alone through sgemm),
+ * then greedy decode rows together; every slot's logits bit-identical to
+ * its own kvq_seq run, with and without a 2-slot expert cache. */
+static void test_batch_invariance(void)
+{
+    char dir[64];
+    snprintf(dir, sizeof dir, "/tmp/kvq_moe_batch_%d", (int)getpid());
+    struct synth sy = {4, 2, 1, 0, {0}, {0}, {0}};
+    write_synth(dir, &sy, 300);
+    kvq_model *m = NULL;
+    CHECK_OK(kvq_model_load(dir, NULL, &m, NULL));
+    enum { S = 3, STEPS = 6 };
+    static const size_t len[S] = {5, 9, 20};
+    int32_t prompt[S][20];
+    kvq_rng r;
+    kvq_rng_init(&r, 77);
+    for (int i = 0; i < S; i++)
+        for (size_t t = 0; t < len[i]; t++)
+            prompt[i][t] = (int32_t)(kvq_rng_next(&r) % VOC);
+    const size_t expert = (size_t)3 * MOE_F * HID * 2;
+    for (int cached = 0; m && cached < 2; cached++) {
+        /* each sequence alone */
+        static float want[S][STEPS + 1][VOC], got[S][STEPS + 1][VOC];
+        int32_t tok_alone[S][STEPS + 1];
+        for (int i = 0; i < S; i++) {
+            struct kvq_seq_config sc;
+            kvq_seq_config_default(&sc);
+            sc.type_k = sc.type_v = KVQ_TYPE_F32;
+            sc.max_ctx = 64;
+            sc.expert_cache = cached ? 2 * expert : 0;
+            kvq_seq *s = NULL;
+            CHECK_OK(kvq_seq_create(m, &sc, &s, NULL));
+            if (!s)
+                return;
+            CHECK_OK(kvq_seq_forward(s, prompt[i], len[i], len[i] - 1, want[i][0], &tok_alone[i][0]));
+            for (int k = 1; k <= STEPS; k++)
+                CHECK_OK(kvq_seq_forward(s, &tok_alone[i][k - 1], 1, 0, want[i][k], &tok_alone[i][k]));
+            kvq_seq_free(s);
+        }
+        struct kvq_batch_config bc;
+        kvq_batch_config_default(&bc);
+        bc.seq.type_k = bc.seq.type_v = KVQ_TYPE_F32;
+        bc.seq.max_ctx = 64;
+        bc.seq.expert_cache = cached ? 2 * expert : 0;
+        bc.max_seqs = S;
+        kvq_batch *b = NULL;
+        kvq_error err = {0};
+        CHECKF(kvq_batch_create(m, &bc, &b, &err) == KVQ_OK, "%s", err.msg);
+        if (!b)
+            return;
+        int slot[S];
+        int32_t tok[S];
+        struct kvq_batch_item it[S];
+        for (int i = 0; i < S; i++) {
+            CHECK_OK(kvq_batch_add(b, &slot[i]));
+            it[i] = (struct kvq_batch_item){slot[i], prompt[i], len[i], got[i][0], &tok[i], NULL, NULL, 0};
+        }
+        CHECK_OK(kvq_batch_step(b, it, S, &err));
+        int bad = 0;
+        for (int k = 1; k <= STEPS; k++) {
+            int32_t in[S];
+            for (int i = 0; i < S; i++) {
+                bad += tok[i] != tok_alone[i][k - 1];
+                in[i] = tok[i];
+                it[i] = (struct kvq_batch_item){slot[i], &in[i], 1, got[i][k], &tok[i], NULL, NULL, 0};
+            }
+            CHECK_OK(kvq_batch_step(b, it, S, &err));
+        }
+        CHECKF(bad == 0, "%d batched greedy tokens differ from the sequences' own", bad);
+        CHECKF(memcmp(want, got, sizeof want) == 0, "batched logits differ from each sequence's own (cache %d)",
+               cached);
+        kvq_batch_free(b);
+    }
+    kvq_model_free(m);
+    synth_free(&sy);
+    test_rm_dir(dir);
+}
+
+/* A bigger sparse model for resident memory: 2 layers of 32 experts of
+ * 256 x 512 (768 KiB each in bf16, 48 MiB in all), top-8; per expert. */
+#define BIG_H 256
+#define BIG_F 512
+#define BIG_E 32
+static size_t write_big(const char *dir)
+{
+    mkdir(dir, 0777);
+    char js[1024], path[256], name[160];
+    snprintf(js, sizeof js,
+             "{\"model_type\": \"qwen3_moe\", \"hidden_size\": %d, \"num_hidden_layers\": 2,"
+             " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 64, \"intermediate_size\": 64,"
+             " \"vocab_size\": %d, \"max_position_embeddings\": 256, \"num_experts\": %d,"
+             " \"num_experts_per_tok\": 8, \"moe_intermediate_size\": %d, \"norm_topk_prob\": true}",
+             BIG_H, VOC, BIG_E, BIG_F);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    CHECK(test_write_file(path, js, strlen(js)) == 0);
+    const size_t mat = (size_t)BIG_H * BIG_F, n_exp = 2 * (size_t)BIG_E * 3 * mat;
+    const size_t small = (size_t)VOC * BIG_H * 2 + 2 * (4 * 64 * BIG_H * 2 + 2 * 64 * BIG_H * 2 + 256 * BIG_H + BIG_E * BIG_H);
+    uint16_t *w = malloc((n_exp + small) * sizeof *w), *p = w;
+    float *ones = malloc(BIG_H * sizeof *ones);
+    kvq_rng r;
+    kvq_rng_init(&r, 9);
+    for (size_t i = 0; i < n_exp + small; i++) /* bf16 of about N(0, 0.05) */
+        w[i] = (uint16_t)(kvq_f32_bits((float)(0.05 * (kvq_rng_uniform(&r) + kvq_rng_uniform(&r) - 1.0) * 2.45)) >> 16);
+    for (int i = 0; i < BIG_H; i++)
+        ones[i] = 1.0f;
+    kvq_st_writer *wr = NULL;
+    CHECK_OK(kvq_st_writer_create(&wr));
+#define T2(nm, a, b)                                                                 \
+    do {                                                                             \
+        const int64_t sh_[2] = {a, b};                                               \
+        CHECK_OK(kvq_st_writer_add(wr, nm, KVQ_ST_BF16, 2, sh_, p));                 \
+        p += (size_t)(a) * (size_t)(b);                                              \
+    } while (0)
+#define T1(nm, a)                                                                    \
+    do {                                                                             \
+        const int64_t sh_[1] = {a};                                                  \
+        CHECK_OK(kvq_st_writer_add(wr, nm, KVQ_ST_F32, 1, sh_, ones));               \
+    } while (0)
+    T2("model.embed_tokens.weight", VOC, BIG_H);
+    T2("lm_head.weight", VOC, BIG_H);
+    T1("model.norm.weight", BIG_H);
+    for (int l = 0; l < 2; l++) {
+        static const char *const att[] = {"q_proj", "k_proj", "v_proj", "o_proj"};
+        static const int rows[] = {256, 128, 128, BIG_H}, cols[] = {BIG_H, BIG_H, BIG_H, 256};
+        for (int i = 0; i < 4; i++) {
+            snprintf(name, sizeof name, "model.layers.%d.self_attn.%s.weight", l, att[i]);
+            T2(name, rows[i], cols[i]);
+        }
+        snprintf(name, sizeof name, "model.layers.%d.self_attn.q_norm.weight", l);
+        T1(name, 64);
+        snprintf(name, sizeof name, "model.layers.%d.self_attn.k_norm.weight", l);
+        T1(name, 64);
+        snprintf(name, sizeof name, "model.layers.%d.input_layernorm.weight", l);
+        T1(name, BIG_H);
+        snprintf(name, sizeof name, "model.layers.%d.post_attention_layernorm.weight", l);
+        T1(name, BIG_H);
+        snprintf(name, sizeof name, "model.layers.%d.mlp.gate.weight", l);
+        T2(name, BIG_E, BIG_H);
+        for (int e = 0; e < BIG_E; e++) {
+            snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.gate_proj.weight", l, e);
+            T2(name, BIG_F, BIG_H);
+            snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.up_proj.weight", l, e);
+            T2(name, BIG_F, BIG_H);
+            snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.down_proj.weight", l, e);
+            T2(name, BIG_H, BIG_F);
+        }
+    }
+#undef T1
+#undef T2
+    CHECK((size_t)(p - w) <= n_exp + small);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    CHECK_OK(kvq_st_writer_write(wr, path, NULL));
+    kvq_st_writer_free(wr);
+    free(w);
+    free(ones);
+    return n_exp * 2;
+}
+
+/* Resident memory after a 64-token forward over every expert: without a
+ * cache the touched experts' mapped pages stay resident (most of the 48
+ * MiB); with a cache of 4 experts (3 MiB) the growth stays within the cache
+ * plus a few MiB of buffers, and the logits are bit-identical. */
+static void test_expert_cache_rss(void)
+{
+    char dir[64];
+    snprintf(dir, sizeof dir, "/tmp/kvq_moe_rss_%d", (int)getpid());
+    const size_t experts = write_big(dir), one = (size_t)3 * BIG_H * BIG_F * 2;
+    enum { T = 64 };
+    int32_t ids[T];
+    for (int t = 0; t < T; t++)
+        ids[t] = (int32_t)((t * 37 + 11) % VOC);
+    static float lg[2][T * VOC];
+    size_t grow[2] = {0, 0};
+    for (int cached = 0; cached < 2; cached++) {
+        kvq_model *m = NULL;
+        kvq_error err = {0};
+        CHECKF(kvq_model_load(dir, NULL, &m, &err) == KVQ_OK, "%s", err.msg);
+        struct kvq_seq_config sc;
+        kvq_seq_config_default(&sc);
+        sc.type_k = sc.type_v = KVQ_TYPE_F32;
+        sc.max_ctx = T;
+        sc.expert_cache = cached ? 4 * one : 0;
+        kvq_seq *s = NULL;
+        if (m)
+            CHECKF(kvq_seq_create(m, &sc, &s, &err) == KVQ_OK, "%s", err.msg);
+        if (!s) {
+            kvq_model_free(m);
+            break;
+        }
+        const size_t before = test_rss_now();
+        CHECK_OK(kvq_seq_forward(s, ids, T, 0, lg[cached], NULL));
+        const size_t after = test_rss_now();
+        grow[cached] = after > before ? after - before : 0;
+        struct kvq_seq_stats st;
+        kvq_seq_get_stats(s, &st);
+        if (cached)
+            CHECKF(st.expert_misses >= 2 * BIG_E - 8, "%zu misses: not every expert was used", st.expert_misses);
+        kvq_seq_free(s);
+        kvq_model_free(m);
+    }
+    printf("  %.1f MiB of experts; a 64-token forward grows resident memory by %.1f MiB without a cache, %.1f MiB "
+           "with a %.1f MiB cache\n",
+           experts / 1048576.0, grow[0] / 1048576.0, grow[1] / 1048576.0, 4 * one / 1048576.0);
+    CHECKF(grow[0] > experts / 2, "without a cache only %zu bytes became resident: the measure shows nothing", grow[0]);
+    CHECKF(grow[1] <= 4 * one + (6u << 20), "with the cache %zu bytes became resident", grow[1]);
+    CHECK(memcmp(lg[0], lg[1], sizeof lg[0]) == 0);
+    test_rm_dir(dir);
+}
+
+int main(void)
+{
+    RUN(test_expert_cache);
+    RUN(test_batch_invariance);
+    RUN(test_expert_cache_rss);
+    return TEST_END("test_expert_cache");
+}
