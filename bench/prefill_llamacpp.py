@@ -6,7 +6,10 @@ same token ids, at 1 and 2 (and all) threads, in one sitting: every
 repetition runs each configuration once, interleaved, so that all see the
 same load. Medians of REPEAT.
 
-  python3 bench/prefill_llamacpp.py BUILD [--repeat N] [--prompts 3.5k,16k] [--weights bf16,f16]
+  python3 bench/prefill_llamacpp.py BUILD [--base OTHER_KVQ] [--repeat N] [--prompts 3.5k,16k]
+                                    [--weights bf16,f16] [--out NAME.json]
+
+--base adds another kvq binary (e.g. the branch point's) to the same sitting.
 
 Prompts: models/passkey-3500.txt (3,515 tokens) and a 16K passkey prompt of
 the same format (written to build/llama/passkey-16k.txt); kvq tokenizes
@@ -83,8 +86,11 @@ def main():
     ap.add_argument("--weights", default="bf16,f16", help="llama.cpp's weight types (GGUFs in build/llama/gguf)")
     ap.add_argument("--decode", type=int, default=32)
     ap.add_argument("--threads", default="")
+    ap.add_argument("--base", help="another kvq binary measured alongside (e.g. the branch point's)")
+    ap.add_argument("--out", default="bench_prefill_llamacpp.json")
     a = ap.parse_args()
     kvq = os.path.join(a.build, "bin", "kvq")
+    kvqs = {"kvq": kvq, **({"kvq before": a.base} if a.base else {})}
     cores = os.cpu_count() or 1
     threads = [int(t) for t in a.threads.split(",")] if a.threads else sorted({1, 2, cores} if cores >= 2 else {1})
     prompts = {}
@@ -112,11 +118,14 @@ def main():
             idarg = ",".join(map(str, ids[p]))
             for th in threads:
                 for cache, extra in CACHES.items():
-                    d = kvq_run(kvq, model, ["--prompt-ids", idarg, "-n", str(a.decode), "--threads", str(th)] + extra)
-                    t = d["timings"]
-                    res.setdefault(("kvq", cache, p, th), []).append(
-                        (t["prefill_tokens_per_s"], t["decode_tokens_per_s"], t.get("attention_s"), t.get("matmul_s")))
-                    greedy.setdefault(("kvq", cache, p), set()).add(tuple(d["ids"]))
+                    for name, binary in kvqs.items():
+                        d = kvq_run(binary, model, ["--prompt-ids", idarg, "-n", str(a.decode), "--threads", str(th)] +
+                                    extra)
+                        t = d["timings"]
+                        res.setdefault((name, cache, p, th), []).append(
+                            (t["prefill_tokens_per_s"], t["decode_tokens_per_s"], t.get("attention_s"),
+                             t.get("matmul_s")))
+                        greedy.setdefault((name, cache, p), set()).add(tuple(d["ids"]))
                 for wt in a.weights.split(","):
                     g = os.path.join(LL, "gguf", f"tiny-{wt}{sfx}.gguf")
                     out = subprocess.run([a.llama, "-m", g, "--ids", os.path.join(LL, f"ids-{p}.txt"), "-t", str(th),
@@ -153,9 +162,10 @@ def main():
     os.makedirs(out, exist_ok=True)
     src = os.path.join(LL, "src")
     rev = subprocess.run(["git", "-C", src, "log", "-1", "--format=%h"], capture_output=True, text=True).stdout.strip()
-    with open(os.path.join(out, "bench_prefill_llamacpp.json"), "w") as f:
+    with open(os.path.join(out, a.out), "w") as f:
         json.dump({"bench": "prefill_llamacpp", "cores": cores, "load": load, "two_loops_speedup": spare,
-                   "repeat": a.repeat, "llama_cpp": {"source": f"node-llama-cpp bundle, commit {rev}",
+                   "repeat": a.repeat, "prompts": {p: v[1] for p, v in prompts.items()},
+                   "base": a.base, "llama_cpp": {"source": f"node-llama-cpp bundle, commit {rev}",
                                                       "system_info": sysinfo, "n_batch": 2048, "n_ubatch": 512,
                                                       "flash_attn": True, "cache": "f16"},
                    "rows": rows, "kvq_ids_identical_across_threads": same}, f, indent=1)

@@ -164,6 +164,21 @@ struct sgemm_job {
     float *scratch;              /* [workers][SGEMM_SLICE][K] */
 };
 
+/* KVQ_GEMM_AVX512=1: the products through kvq's own AVX-512 kernel
+ * (matvec_gemm.c) instead of OpenBLAS. Off by default: ~3x OpenBLAS's SSE3
+ * fallback kernels but 0.75x its AVX-512 ones, and its rounding (16-lane
+ * partial sums) took one family's f16-cache logits past their bound against
+ * transformers (test_decoder_families: mistral_window 1.07e-4 > 1e-4). */
+static int gemm_own(void)
+{
+    static _Atomic int cached = -1;
+    if (cached < 0) {
+        const char *e = getenv("KVQ_GEMM_AVX512");
+        cached = e && *e && *e != '0' && kvq_gemm_nt_usable();
+    }
+    return cached;
+}
+
 static void sgemm_task(void *p, int i, int w)
 {
     const struct sgemm_job *j = p;
@@ -174,8 +189,11 @@ static void sgemm_task(void *p, int i, int w)
         kvq_wmat_rows_f32(j->wide, j->r0 + a, n, t);
         wa = t;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->T, n, j->K, 1.0f, j->x, j->K, wa, j->K, j->beta,
-                j->y + a, j->ldy);
+    if (gemm_own()) /* matvec_gemm.c */
+        kvq_gemm_nt_avx512(j->x, j->K, wa, j->K, j->y + a, j->ldy, j->T, n, j->K, j->beta != 0.0f);
+    else
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->T, n, j->K, 1.0f, j->x, j->K, wa, j->K, j->beta,
+                    j->y + a, j->ldy);
 }
 
 /* wide: the tasks widen their own slice of the weights' rows r0.. into

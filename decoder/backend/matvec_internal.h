@@ -42,4 +42,15 @@ void kvq_matvec_ref_w(const float *x, int ldx, const void *w, int dtype, float *
 void kvq_matvec_avx2_w(const float *x, int ldx, const void *w, int dtype, float *y, int ldy, int M, int N, int K,
                        int accumulate);
 
+/* y[M][ldy] (+)= x[M][ldx] . w[N][ldw]^T for prefill chunks (matvec_gemm.c):
+ * an AVX-512 kernel whose every output is computed alone, by the same
+ * operations whatever M, N or tile (so the bits do not depend on how the
+ * caller splits the product), and its scalar reference (double accumulation,
+ * k in order). Call the AVX-512 one only when kvq_gemm_nt_usable(). */
+int kvq_gemm_nt_usable(void);
+void kvq_gemm_nt_avx512(const float *x, int ldx, const float *w, int ldw, float *y, int ldy, int M, int N, int K,
+                        int accumulate);
+void kvq_gemm_nt_ref(const float *x, int ldx, const float *w, int ldw, float *y, int ldy, int M, int N, int K,
+                     int accumulate);
+
 #endif
