@@ -25,6 +25,7 @@ cat >"$dev/obj/blas_shim.c" <<'EOF'
 enum { RowMajor = 101, NoTrans = 111 };
 #define AT(M, ld, r, c, rowmajor) ((rowmajor) ? (M)[(long)(r) * (ld) + (c)] : (M)[(long)(c) * (ld) + (r)])
 void openblas_set_num_threads(int n) { (void)n; }
+char *openblas_get_corename(void) { return (char *)"kvq-shim"; }
 void cblas_sgemv(int order, int ta, int m, int n, float alpha, const float *a, int lda, const float *x, int incx,
                  float beta, float *y, int incy)
 {

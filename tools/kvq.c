@@ -1,8 +1,10 @@
 /* kvq.c - the kvq command: one binary, git-style subcommands.
  * Each subcommand is tools/cmd_NAME.c; this file only dispatches. */
+#include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 
@@ -74,8 +76,32 @@ static int dispatch(const struct cli_command *c, int argc, char **argv)
     return cli_finish_stdout(c->name, rc);
 }
 
+/* OpenBLAS picks its kernels when it is loaded, from OPENBLAS_CORETYPE or
+ * its table of CPU models; 0.3.21 (Debian 12) does not know recent Xeons
+ * (family 6 model 207 here) and falls back to its SSE3 "Prescott" kernels:
+ * sgemm then ran at 30 GFLOPS on one core against 127 with its AVX-512 ones
+ * (issue 44; OPENBLAS_VERBOSE=2 prints the choice). On such a CPU with
+ * AVX-512 the command runs itself again with the core named. The user's
+ * own OPENBLAS_CORETYPE is never overridden. */
+static void openblas_core_fix(char **argv)
+{
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    if (getenv("OPENBLAS_CORETYPE") || strcmp(openblas_get_corename(), "Prescott") != 0)
+        return;
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512vl") ||
+        !__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512dq"))
+        return;
+    if (setenv("OPENBLAS_CORETYPE", "SkylakeX", 1) == 0)
+        execv("/proc/self/exe", argv); /* returns only on failure: go on with the slow kernels */
+#else
+    (void)argv;
+#endif
+}
+
 int main(int argc, char **argv)
 {
+    openblas_core_fix(argv);
     /* Whole reports reach the file in cli_finish_stdout's flush, where a
      * failed write's errno is still known ("No space left on device"); with
      * stdio's 4 KiB buffer a longer one failed mid-way and lost the reason.

@@ -28,7 +28,6 @@
 #include "matvec_internal.h"
 #include "parallel.h"
 
-#define WTILE_ROWS 256
 
 struct cpu_backend {
     struct kvq_backend base;
@@ -37,7 +36,9 @@ struct cpu_backend {
     kvq_best *lm_best; /* [max_rows] best token so far per row (greedy) */
     float *logits;     /* [sample_rows][vocab] rows being sampled */
     size_t sample_rows;
-    float *wtile;      /* [WTILE_ROWS][widest input] weight rows widened to f32 for sgemm */
+    float *wtile;      /* [wtile_workers][SGEMM_SLICE][wtile_cols] weight rows widened to f32 for sgemm */
+    int wtile_workers; /* pool threads it has room for (grown when the pool is) */
+    size_t wtile_cols; /* widest input of a matrix */
     /* RoPE rows of the current forward's positions, computed by its first
      * layer and reused by the others (rope.c): set 0 for the model's RoPE,
      * set 1 for the local RoPE of windowed layers (Gemma 3) */
@@ -154,36 +155,52 @@ struct sgemm_job {
     const float *x, *w;
     float beta;
     float *y;
-    const struct kvq_wmat *wide; /* not NULL: widen rows r0 + a.. of it into w first */
+    const struct kvq_wmat *wide; /* not NULL: widen rows r0 + a.. of it into the worker's scratch first */
     int r0;
+    float *scratch;              /* [workers][SGEMM_SLICE][K] */
 };
 
 static void sgemm_task(void *p, int i, int w)
 {
-    (void)w;
     const struct sgemm_job *j = p;
     const int a = i * SGEMM_SLICE, n = j->n - a < SGEMM_SLICE ? j->n - a : SGEMM_SLICE;
-    float *wa = (float *)(uintptr_t)(j->w + (size_t)a * (size_t)j->K); /* this task's own rows of the tile */
-    if (j->wide)
-        kvq_wmat_rows_f32(j->wide, j->r0 + a, n, wa);
+    const float *wa = j->w + (size_t)a * (size_t)j->K;
+    if (j->wide) {
+        float *t = j->scratch + (size_t)w * SGEMM_SLICE * (size_t)j->K;
+        kvq_wmat_rows_f32(j->wide, j->r0 + a, n, t);
+        wa = t;
+    }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->T, n, j->K, 1.0f, j->x, j->K, wa, j->K, j->beta,
-                j->y + a, j->ldy);
+                    j->y + a, j->ldy);
 }
 
-/* wide: the weights' rows r0.. are widened into w by the tasks themselves,
- * each its own slice (one pool loop, not two). */
-static void sgemm_par(int T, int n, int K, const float *x, const float *w, float beta, float *y, int ldy,
-                      const struct kvq_wmat *wide, int r0)
+/* wide: the tasks widen their own slice of the weights' rows r0.. into
+ * per-worker scratch, so a whole block is one pool loop (one start and one
+ * wait of the threads per matrix, not one per tile of rows: each wait is a
+ * point where the thread that started late holds the others up). */
+static void sgemm_par(struct cpu_backend *cb, int T, int n, int K, const float *x, const float *w, float beta, float *y,
+                      int ldy, const struct kvq_wmat *wide, int r0)
 {
-    struct sgemm_job j = {T, n, K, ldy, x, w, beta, y, wide, r0};
-    kvq_par_for((n + SGEMM_SLICE - 1) / SGEMM_SLICE, kvq_par_threads(), sgemm_task, &j);
+    int threads = kvq_par_threads();
+    if (wide && cb->wtile_workers < threads) { /* the pool grew (kvq_set_threads) */
+        const size_t bytes = (size_t)threads * SGEMM_SLICE * cb->wtile_cols * sizeof(float);
+        float *t = aligned_alloc(64, (bytes + 63) / 64 * 64);
+        if (t) {
+            free(cb->wtile);
+            cb->wtile = t;
+            cb->wtile_workers = threads;
+        } else {
+            threads = cb->wtile_workers; /* out of memory: fewer threads, the same bits */
+        }
+    }
+    struct sgemm_job j = {T, n, K, ldy, x, w, beta, y, wide, r0, cb->wtile};
+    kvq_par_for((n + SGEMM_SLICE - 1) / SGEMM_SLICE, threads, sgemm_task, &j);
 }
 
 /* y[T][ldy] (+)= x[T][cols] . w[rows][cols]^T, block by block. Few rows: the
  * batch-invariant kernel widens the weights as it loads them. More: sgemm,
- * straight over an aligned f32 block, else over tiles of WTILE_ROWS rows
- * widened into cb->wtile by the sgemm tasks, each its slice (prefill pays one
- * widening per chunk, not per row). */
+ * straight over an aligned f32 block, else over slices widened to f32 by the
+ * sgemm tasks themselves (prefill pays one widening per chunk, not per row). */
 static void matmul(struct cpu_backend *cb, const struct kvq_wmat *w, const float *x, float *y, int ldy, size_t T,
                    int accumulate)
 {
@@ -192,16 +209,12 @@ static void matmul(struct cpu_backend *cb, const struct kvq_wmat *w, const float
     int r0 = 0;
     for (int i = 0; i < w->n_blocks; i++) {
         const struct kvq_wblock *b = &w->b[i];
-        if (T <= KVQ_MATVEC_MAX_M) {
+        if (T <= KVQ_MATVEC_MAX_M)
             matvec_par(x, b, K, y + r0, ldy, (int)T, accumulate);
-        } else if (b->dtype == KVQ_ST_F32 && (uintptr_t)b->data % sizeof(float) == 0) {
-            sgemm_par((int)T, b->rows, K, x, b->data, beta, y + r0, ldy, NULL, 0);
-        } else {
-            for (int t0 = 0; t0 < b->rows; t0 += WTILE_ROWS) {
-                int n = b->rows - t0 < WTILE_ROWS ? b->rows - t0 : WTILE_ROWS;
-                sgemm_par((int)T, n, K, x, cb->wtile, beta, y + r0 + t0, ldy, w, r0 + t0);
-            }
-        }
+        else if (b->dtype == KVQ_ST_F32 && (uintptr_t)b->data % sizeof(float) == 0)
+            sgemm_par(cb, (int)T, b->rows, K, x, b->data, beta, y + r0, ldy, NULL, 0);
+        else
+            sgemm_par(cb, (int)T, b->rows, K, x, NULL, beta, y + r0, ldy, w, r0);
         r0 += b->rows;
     }
 }
@@ -210,6 +223,36 @@ void kvq_cpu_matmul(kvq_backend *b, const struct kvq_wmat *w, const float *x, fl
                     int accumulate)
 {
     matmul((struct cpu_backend *)b, w, x, y, ldy, T, accumulate);
+}
+
+/* Row-wise steps (norms, RoPE, the GLU) of a prefill chunk over the pool in
+ * ranges of ROWS_PER_TASK rows: each row is computed alone, the same way on
+ * any thread, so the bits do not change; left serial they were ~5% of a
+ * 1-thread prefill that a second thread could not share. Few rows (decode)
+ * stay on the caller: a wake-up of the pool would cost more. */
+#define ROWS_PER_TASK 16
+struct rows_job {
+    void (*fn)(void *ctx, size_t t0, size_t t1);
+    void *ctx;
+    size_t T;
+};
+
+static void rows_task(void *p, int i, int w)
+{
+    (void)w;
+    const struct rows_job *j = p;
+    const size_t t0 = (size_t)i * ROWS_PER_TASK, t1 = j->T - t0 < ROWS_PER_TASK ? j->T : t0 + ROWS_PER_TASK;
+    j->fn(j->ctx, t0, t1);
+}
+
+static void par_rows(size_t T, void (*fn)(void *ctx, size_t t0, size_t t1), void *ctx)
+{
+    if (T <= KVQ_MATVEC_MAX_M || kvq_par_threads() == 1) {
+        fn(ctx, 0, T);
+        return;
+    }
+    struct rows_job j = {fn, ctx, T};
+    kvq_par_for((int)((T + ROWS_PER_TASK - 1) / ROWS_PER_TASK), kvq_par_threads(), rows_task, &j);
 }
 
 static void cpu_embed(kvq_backend *b, const int32_t *ids, size_t T, float *x)
@@ -224,6 +267,21 @@ static void cpu_embed(kvq_backend *b, const int32_t *ids, size_t T, float *x)
             for (size_t i = 0; i < h; i++)
                 row[i] *= scale;
     }
+}
+
+struct norm_ctx {
+    enum kvq_norm_kind kind;
+    const float *x, *w;
+    float *y;
+    int h;
+    float eps;
+};
+
+static void norm_rows(void *p, size_t t0, size_t t1)
+{
+    const struct norm_ctx *c = p;
+    for (size_t t = t0; t < t1; t++)
+        norm_row(c->kind, c->x + t * (size_t)c->h, c->w, c->y + t * (size_t)c->h, c->h, c->eps);
 }
 
 static void cpu_norm(kvq_backend *b, enum kvq_norm_site site, int layer, const float *x, float *y, size_t T)
@@ -245,8 +303,8 @@ static void cpu_norm(kvq_backend *b, enum kvq_norm_site site, int layer, const f
         }
         return;
     }
-    for (size_t t = 0; t < T; t++)
-        norm_row(m->cfg.arch.norm, x + t * (size_t)h, w, y + t * (size_t)h, h, m->cfg.rms_eps);
+    struct norm_ctx nc = {m->cfg.arch.norm, x, w, y, h, m->cfg.rms_eps};
+    par_rows(T, norm_rows, &nc);
 }
 
 static void cpu_linear(kvq_backend *b, enum kvq_weight which, int layer, const float *x, float *y, size_t T,
@@ -267,21 +325,27 @@ static void cpu_set_pos(kvq_backend *b, const int32_t *pos, size_t T)
     memcpy(b->pos, pos, T * sizeof *pos);
 }
 
-static void cpu_qkv_rope(kvq_backend *b, int layer, const float *qkv, size_t T, const int32_t *pos, float *q,
-                         float *k, float *v)
+struct rope_ctx {
+    const kvq_model *m;
+    const struct kvq_layer_weights *w;
+    const struct rope_set *rs;
+    const float *qkv;
+    float *q, *k, *v;
+};
+
+static void qkv_rope_rows(void *p, size_t t0, size_t t1)
 {
-    const kvq_model *m = b->m;
+    const struct rope_ctx *rc = p;
+    const kvq_model *m = rc->m;
     const struct kvq_model_config *c = &m->cfg;
-    const struct kvq_layer_weights *w = &m->layers[layer];
-    struct cpu_backend *cb = (struct cpu_backend *)b;
+    const struct kvq_layer_weights *w = rc->w;
     const int d = c->head_dim, rd = c->arch.rotary_dim, half = rd / 2;
-    const struct rope_set *rs = rope_prepare(cb, kvq_rope_layer_local(c, layer), pos, T);
     const int full = c->arch.qk_norm_full; /* OLMoE: one norm over all heads, before the split */
-    for (size_t t = 0; t < T; t++) {
-        const float *row = qkv + t * (size_t)m->qkv_dim;
-        const float *cs = rs->cs + t * (size_t)half;
-        const float *sn = rs->sn + t * (size_t)half;
-        float *qt = q + t * (size_t)m->q_dim, *kt = k + t * (size_t)m->kv_dim;
+    for (size_t t = t0; t < t1; t++) {
+        const float *row = rc->qkv + t * (size_t)m->qkv_dim;
+        const float *cs = rc->rs->cs + t * (size_t)half;
+        const float *sn = rc->rs->sn + t * (size_t)half;
+        float *qt = rc->q + t * (size_t)m->q_dim, *kt = rc->k + t * (size_t)m->kv_dim;
         if (full) {
             norm_row(c->arch.norm, row, w->q_norm, qt, m->q_dim, c->rms_eps);
             norm_row(c->arch.norm, row + m->q_dim, w->k_norm, kt, m->kv_dim, c->rms_eps);
@@ -302,20 +366,43 @@ static void cpu_qkv_rope(kvq_backend *b, int layer, const float *qkv, size_t T, 
                 memcpy(kh, row + m->q_dim + (size_t)hd * d, (size_t)d * sizeof *kh);
             rope_row(c->arch.rope, kh, cs, sn, rd);
         }
-        memcpy(v + t * (size_t)m->kv_dim, row + m->q_dim + m->kv_dim, (size_t)m->kv_dim * sizeof(float));
+        memcpy(rc->v + t * (size_t)m->kv_dim, row + m->q_dim + m->kv_dim, (size_t)m->kv_dim * sizeof(float));
+    }
+}
+
+static void cpu_qkv_rope(kvq_backend *b, int layer, const float *qkv, size_t T, const int32_t *pos, float *q,
+                         float *k, float *v)
+{
+    const kvq_model *m = b->m;
+    struct cpu_backend *cb = (struct cpu_backend *)b;
+    /* the RoPE rows first, on this thread: they are cached across layers */
+    const struct rope_set *rs = rope_prepare(cb, kvq_rope_layer_local(&m->cfg, layer), pos, T);
+    struct rope_ctx rc = {m, &m->layers[layer], rs, qkv, q, k, v};
+    par_rows(T, qkv_rope_rows, &rc);
+}
+
+struct glu_ctx {
+    const float *gu;
+    float *h;
+    int f;
+    enum kvq_act_kind kind;
+};
+
+static void glu_rows(void *p, size_t t0, size_t t1)
+{
+    const struct glu_ctx *c = p;
+    for (size_t t = t0; t < t1; t++) {
+        const float *g = c->gu + t * 2 * (size_t)c->f;
+        float *o = c->h + t * (size_t)c->f;
+        for (int i = 0; i < c->f; i++)
+            o[i] = kvq_cpu_act(c->kind, g[i]) * g[c->f + i];
     }
 }
 
 static void cpu_glu(kvq_backend *b, const float *gu, float *hbuf, size_t T)
 {
-    const int f = b->m->cfg.ffn;
-    const enum kvq_act_kind kind = b->m->cfg.arch.act;
-    for (size_t t = 0; t < T; t++) {
-        const float *g = gu + t * 2 * (size_t)f;
-        float *o = hbuf + t * (size_t)f;
-        for (int i = 0; i < f; i++)
-            o[i] = kvq_cpu_act(kind, g[i]) * g[f + i];
-    }
+    struct glu_ctx c = {gu, hbuf, b->m->cfg.ffn, b->m->cfg.arch.act};
+    par_rows(T, glu_rows, &c);
 }
 
 static void cpu_moe_route(kvq_backend *b, int layer, const float *x, size_t T)
@@ -465,7 +552,9 @@ kvq_status kvq_backend_cpu_create(const kvq_model *m, size_t max_rows, kvq_backe
     widest = (size_t)m->cfg.ffn > widest ? (size_t)m->cfg.ffn : widest;
     widest = (size_t)m->q_dim > widest ? (size_t)m->q_dim : widest;
     widest = (size_t)m->cfg.arch.moe_ffn > widest ? (size_t)m->cfg.arch.moe_ffn : widest; /* experts' down */
-    cb->wtile = alloc_f(WTILE_ROWS * widest);
+    cb->wtile_cols = widest;
+    cb->wtile_workers = kvq_par_threads();
+    cb->wtile = alloc_f((size_t)cb->wtile_workers * SGEMM_SLICE * widest);
     b->pos = malloc(max_rows * sizeof *b->pos);
     const size_t half = (size_t)m->cfg.arch.rotary_dim / 2;
     for (int r = 0; r < 2; r++) {

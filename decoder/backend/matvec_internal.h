@@ -42,4 +42,5 @@ void kvq_matvec_ref_w(const float *x, int ldx, const void *w, int dtype, float *
 void kvq_matvec_avx2_w(const float *x, int ldx, const void *w, int dtype, float *y, int ldy, int M, int N, int K,
                        int accumulate);
 
+
 #endif
