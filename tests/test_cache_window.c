@@ -491,22 +491,41 @@ static void test_prefill_is_generation(void)
     CHECK(np == G && ns == G && memcmp(plain, spec, sizeof plain) == 0);
     printf("  speculative with the window: %zu of %zu drafts accepted, output = plain\n", st.accepted, st.drafted);
     /* The default chunk (sgemm instead of the few-row kernel) rounds the
-     * projections differently, which flips some codes: it agrees with token
-     * by token no worse with the window than without. */
-    double e_w[2] = {0, 0};
+     * projections differently, which flips some codes, by how much depends on
+     * the BLAS kernels of the machine. What holds everywhere: those flips cost
+     * a small part (<= 1/4) of what the codec itself costs against an f16
+     * cache, and the window (recent tokens in f16) lowers the codec's cost. */
+    float *r = malloc(n * (size_t)vocab * sizeof *r);
+    struct kvq_seq_config fc;
+    kvq_seq_config_default(&fc);
+    fc.type_k = fc.type_v = KVQ_TYPE_F16;
+    fc.max_ctx = 1024;
+    kvq_seq *f16 = NULL;
+    kvq_error ferr = {0};
+    CHECKF(kvq_seq_create(model, &fc, &f16, &ferr) == KVQ_OK, "f16 seq: %s", ferr.msg);
+    if (!r || !f16)
+        goto out_f16;
+    CHECK_OK(kvq_seq_forward(f16, ids, n, 0, r, NULL));
+    double e_codec[2] = {0, 0};
     for (int w = 1; w >= 0; w--) {
         kvq_seq *big = seq(w, 8, 0, 0), *one = seq(w, 8, 16, 0);
         if (big && one) {
             CHECK_OK(kvq_seq_forward(big, ids, n, 0, o, NULL));
             for (size_t i = 0; i < n; i++)
                 CHECK_OK(kvq_seq_forward(one, ids + i, 1, 0, b + i * (size_t)vocab, NULL));
-            e_w[w] = rel_err(o, b, n * (size_t)vocab);
-            printf("  window %d: chunk 256 vs token by token: logits rel err %.3g\n", w, e_w[w]);
+            const double e_chunk = rel_err(o, b, n * (size_t)vocab);
+            e_codec[w] = rel_err(b, r, n * (size_t)vocab);
+            printf("  window %d: chunk 256 vs token by token: logits rel err %.3g (the codec vs f16: %.3g)\n", w,
+                   e_chunk, e_codec[w]);
+            CHECK(e_chunk <= 0.25 * e_codec[w]);
         }
         kvq_seq_free(big);
         kvq_seq_free(one);
     }
-    CHECK(e_w[1] <= e_w[0]);
+    CHECK(e_codec[1] < e_codec[0]);
+out_f16:
+    kvq_seq_free(f16);
+    free(r);
 out:
     kvq_seq_free(chunked);
     kvq_seq_free(single);

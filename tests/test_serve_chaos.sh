@@ -196,9 +196,15 @@ check "SIGTERM inside --drain-timeout 10: exit 0" "$stop_rc" 0
 grep -q '"finish_reason":"length"' "$tmp/drain0.out" && tail -n 2 "$tmp/drain0.out" | grep -q '^data: \[DONE\]' &&
     ok "the running stream finished before the exit" || bad "drained stream: $(tail -c 300 "$tmp/drain0.out")"
 
-# past the deadline: two long streams and two queued requests are cut with
-# 503, the server exits 1 (kvq help serve) within the deadline and a margin
-if start_server "$tmp/log5" --max-seqs 2 --drain-timeout 2; then
+# past the deadline: two long streams and two queued requests (3000 tokens
+# each, on one thread: about 10 s apiece here) meet --drain-timeout 2. What
+# the drain cuts depends on the machine's speed, so the checks count: every
+# stream ends either finished ("length", [DONE]) or cut (the 503 error event,
+# [DONE]); a queued request gets 200 or 503 (or nothing, when its response was
+# queued as the listener closed); the log's count of cut requests is exactly
+# the number not finished; the exit status is 1 when that count is not 0
+# (kvq help serve), and the server exits within the deadline and a margin.
+if start_server "$tmp/log5" --max-seqs 2 --drain-timeout 2 --threads 1; then
     for k in 1 2; do
         curl -s -N --max-time 30 -H 'Content-Type: application/json' \
             -d '{"prompt":"Once upon a time","max_tokens":3000,"ignore_eos":true,"stream":true}' \
@@ -221,20 +227,33 @@ if start_server "$tmp/log5" --max-seqs 2 --drain-timeout 2; then
     t_clients=$(date +%s)
     wait $clients
     clients=""
-    check "past --drain-timeout 2: exit 1" "$stop_rc" 1
     [ "$stop_s" -le 4 ] && ok "it exited in $stop_s s (deadline 2 s)" || bad "it took $stop_s s to exit"
     [ $(($(date +%s) - t_clients)) -le 2 ] && ok "every client had its answer by then" || bad "clients hung after the exit"
-    n=0
+    cut=0 done_=0 odd=""
     for k in 1 2; do
-        grep -q '"message":"the server shut down before the request finished' "$tmp/cut$k.out" &&
-            tail -n 2 "$tmp/cut$k.out" | grep -q '^data: \[DONE\]' && n=$((n + 1))
+        if grep -q '"message":"the server shut down before the request finished' "$tmp/cut$k.out" &&
+            tail -n 2 "$tmp/cut$k.out" | grep -q '^data: \[DONE\]'; then
+            cut=$((cut + 1))
+        elif grep -q '"finish_reason":"length"' "$tmp/cut$k.out" && tail -n 2 "$tmp/cut$k.out" | grep -q '^data: \[DONE\]'; then
+            done_=$((done_ + 1))
+        else
+            odd="$odd stream $k: $(tail -c 200 "$tmp/cut$k.out")"
+        fi
     done
-    check "the cut streams end with the 503 error event and [DONE]" "$n" 2
-    n=0
-    for k in 3 4; do [ "$(cat "$tmp/cut$k.code")" = 503 ] && n=$((n + 1)); done
-    echo "  queued requests answered 503 before the exit: $n of 2 (a response queued as the listener closes may be lost)"
-    grep -q 'drain-timeout 2 s passed: 4 requests cancelled' "$tmp/log5" && ok "the log says 4 requests were cut" ||
-        bad "log: $(cat "$tmp/log5")"
+    lost=0
+    for k in 3 4; do
+        case $(cat "$tmp/cut$k.code") in
+        200) done_=$((done_ + 1)) ;;
+        503) cut=$((cut + 1)) ;;
+        *) lost=$((lost + 1)) ;;
+        esac
+    done
+    check "every stream ended finished or with the 503 error event and [DONE]" "$odd" ""
+    echo "  cut: $cut (+ $lost queued whose 503 was lost as the listener closed), finished: $done_"
+    [ $((cut + lost)) -ge 1 ] && ok "the drain cut $((cut + lost)) of 4 requests" || bad "nothing was cut: the requests finished within 2 s"
+    grep -q "drain-timeout 2 s passed: $((cut + lost)) request" "$tmp/log5" &&
+        ok "the log says $((cut + lost)) requests were cut" || bad "log: $(cat "$tmp/log5")"
+    check "past --drain-timeout 2 with requests cut: exit 1" "$stop_rc" 1
 else
     bad "kvq serve did not start: $(cat "$tmp/log5")"
 fi
