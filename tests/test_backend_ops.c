@@ -1073,7 +1073,7 @@ static void causal_tiled_exec(struct attn_fx *f, const struct tcase *c, enum bac
         const struct kvq_attn_chunk_kernels *kr = b == BE_AVX512 ? &kvq_attn_chunk_kernels_avx512
                                                   : b == BE_AVX2 ? &kvq_attn_chunk_kernels_avx2
                                                                  : &kvq_attn_chunk_kernels_scalar;
-        CHECK_OK(kvq_attn_causal_kernels(kr, f->c, ATTN_HEAD, s->pos0, T, q, nq, f->scale, out, f->ws));
+        CHECK_OK(kvq_attn_causal_kernels(kr, f->c, ATTN_HEAD, s->pos0, T, q, nq, f->scale, out, f->ws, NULL));
     } else {
         CHECK_OK(kvq_attn_causal(f->c, ATTN_HEAD, s->pos0, T, q, nq, f->scale, out, f->ws));
         float *part = malloc(T * stride * sizeof *part);

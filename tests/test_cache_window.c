@@ -6,7 +6,8 @@
  * and for the tokens of the partly filled page, the decoded rows of an
  * identical cache without overrides for the rest) and attended in double.
  * Then: fused vs reference at every length (page boundaries included),
- * truncate/reset, budgets that count the buffers, refused configs, and in the
+ * truncate/reset, a chunk attended with the caller's f16 copies of its pages
+ * (kvq_attn_causal_recent), budgets that count the buffers, refused configs, and in the
  * decoder a chunked prefill that equals token-by-token generation bit for
  * bit, speculative decoding equal to plain decoding, refused forwards. */
 #include <math.h>
@@ -314,6 +315,127 @@ static void test_truncate_reset(void)
     free(q);
 }
 
+/* kvq_attn_causal_recent: a chunk over several pages appended at once, each
+ * query's page read from the caller's f16 copies, gives bit for bit what
+ * appending and attending a page at a time gives (kvq_attn_causal while the
+ * ring holds the page), and the decode of generation, token by token, to
+ * float rounding; with sinks, key centring and after a deep truncation
+ * (copies the ring lost stay packed); bad arguments are refused. */
+static void test_causal_recent(void)
+{
+    const int P = 32, H = 2, d = 128, G = 2;
+    const size_t N = 200, hd = (size_t)H * d, qd = (size_t)H * G * d;
+    const size_t first = 45, T = 80;
+    float *kin = random_rows(N * H, d, 41, 1.0), *vin = random_rows(N * H, d, 42, 1.0);
+    float *q = random_rows(T * H * G, d, 43, 3.0);
+    float *out = malloc(T * qd * sizeof *out), *page = malloc(T * qd * sizeof *page);
+    float *gen = malloc(T * qd * sizeof *gen);
+    uint16_t *rk = malloc((P + T) * hd * sizeof *rk), *rv = malloc((P + T) * hd * sizeof *rv);
+    float *qg = malloc(T * G * (size_t)d * sizeof *qg), *og = malloc(T * G * (size_t)d * sizeof *og);
+    kvq_attn_workspace *ws = NULL;
+    CHECK_OK(kvq_attn_workspace_create(d, G, N, &ws));
+    const float scale = 1.0f / sqrtf((float)d);
+    for (int variant = 0; variant < 3; variant++) { /* plain, sinks + centring, after a deep truncation */
+        struct kvq_cache_config cfg;
+        kvq_cache_config_default(&cfg, H, d, N);
+        cfg.type_k = KVQ_TYPE_TQ3J;
+        cfg.type_v = KVQ_TYPE_TQ3;
+        cfg.seed = 77;
+        cfg.page_tokens = P;
+        cfg.recent_f16 = 1;
+        cfg.sink_tokens = variant == 1 ? 4 : 0;
+        cfg.center_k = variant == 1;
+        kvq_cache *c = NULL, *pg = NULL, *g = NULL;
+        CHECK_OK(kvq_cache_create(&cfg, &c));
+        CHECK_OK(kvq_cache_create(&cfg, &pg));
+        CHECK_OK(kvq_cache_create(&cfg, &g));
+        if (!c || !pg || !g || !out || !page || !gen || !rk || !rv || !qg || !og)
+            goto next;
+        /* variant 2: 100 tokens, then back to 45: the ring lost 32..44 */
+        for (kvq_cache **x = (kvq_cache *[]){c, pg, g}, **e = x + 3; x < e; x++) {
+            CHECK_OK(kvq_cache_append(*x, variant == 2 ? 100 : first, kin, vin));
+            if (variant == 2)
+                CHECK_OK(kvq_cache_truncate(*x, first));
+        }
+        size_t se, lo;
+        CHECK_OK(kvq_cache_f16_view(c, first, &se, &lo));
+        CHECKF(lo == (variant == 2 ? first : first / P * P), "variant %d: the copies before the chunk from %zu", variant,
+               lo);
+        for (size_t t = lo; t < first; t++)
+            for (int h = 0; h < H; h++) {
+                memcpy(rk + (t - lo) * hd + (size_t)h * d, kvq_cache_f16_row(c, 0, h, t), (size_t)d * 2);
+                memcpy(rv + (t - lo) * hd + (size_t)h * d, kvq_cache_f16_row(c, 1, h, t), (size_t)d * 2);
+            }
+        kvq_f32_to_f16_n(kin + first * hd, rk + (first - lo) * hd, T * hd);
+        kvq_f32_to_f16_n(vin + first * hd, rv + (first - lo) * hd, T * hd);
+        const struct kvq_attn_recent rec = {rk, rv, lo, first - lo + T};
+        CHECK_OK(kvq_cache_append(c, T, kin + first * hd, vin + first * hd));
+        for (int h = 0; h < H; h++) {
+            for (size_t t = 0; t < T; t++)
+                memcpy(qg + t * G * (size_t)d, q + t * qd + (size_t)h * G * d, G * (size_t)d * sizeof *qg);
+            CHECK_OK(kvq_attn_causal_recent(c, h, first, T, qg, G, scale, og, ws, &rec));
+            for (size_t t = 0; t < T; t++)
+                memcpy(out + t * qd + (size_t)h * G * d, og + t * G * (size_t)d, G * (size_t)d * sizeof *og);
+        }
+        /* a page at a time (the ring holds the page), and token by token */
+        for (size_t t = 0; t < T;) {
+            const size_t p = first + t, n = P - p % P < T - t ? P - p % P : T - t;
+            CHECK_OK(kvq_cache_append(pg, n, kin + p * hd, vin + p * hd));
+            for (int h = 0; h < H; h++) {
+                for (size_t i = 0; i < n; i++)
+                    memcpy(qg + i * G * (size_t)d, q + (t + i) * qd + (size_t)h * G * d, G * (size_t)d * sizeof *qg);
+                CHECK_OK(kvq_attn_causal(pg, h, p, n, qg, G, scale, og, ws));
+                for (size_t i = 0; i < n; i++)
+                    memcpy(page + (t + i) * qd + (size_t)h * G * d, og + i * G * (size_t)d, G * (size_t)d * sizeof *og);
+            }
+            t += n;
+        }
+        for (size_t t = 0; t < T; t++) {
+            CHECK_OK(kvq_cache_append(g, 1, kin + (first + t) * hd, vin + (first + t) * hd));
+            for (int h = 0; h < H; h++)
+                CHECK_OK(kvq_attn_decode(g, h, first + t + 1, q + t * qd + (size_t)h * G * d, G, scale,
+                                         gen + t * qd + (size_t)h * G * d, ws));
+        }
+        CHECKF(!memcmp(out, page, T * qd * sizeof *out), "variant %d: a chunk at once differs from a page at a time",
+               variant);
+        const double e = rel_err(out, gen, T * qd);
+        printf("  variant %d: 80 positions over 4 pages at once = a page at a time; vs generation rel err %.2g\n",
+               variant, e);
+        CHECK(e <= 1e-5);
+        /* refusals: no rows, rows that start past the chunk or end short, no window */
+        struct kvq_attn_recent r2 = rec;
+        CHECK_STATUS(kvq_attn_causal_recent(c, 0, first, T, qg, G, scale, og, ws, NULL), KVQ_ERR_INVALID_ARG);
+        r2.pos = first + 1;
+        CHECK_STATUS(kvq_attn_causal_recent(c, 0, first, T, qg, G, scale, og, ws, &r2), KVQ_ERR_INVALID_ARG);
+        r2 = rec;
+        r2.n--;
+        CHECK_STATUS(kvq_attn_causal_recent(c, 0, first, T, qg, G, scale, og, ws, &r2), KVQ_ERR_INVALID_ARG);
+        r2 = rec;
+        r2.v = NULL;
+        CHECK_STATUS(kvq_attn_causal_recent(c, 0, first, T, qg, G, scale, og, ws, &r2), KVQ_ERR_INVALID_ARG);
+    next:
+        kvq_cache_free(c);
+        kvq_cache_free(pg);
+        kvq_cache_free(g);
+    }
+    kvq_cache *plain = fresh(P, 0, 0, N, kin, vin, 60);
+    const struct kvq_attn_recent r3 = {rk, rv, 0, 60};
+    if (plain && qg && og)
+        CHECK_STATUS(kvq_attn_causal_recent(plain, 0, 0, 60, qg, G, scale, og, ws, &r3), KVQ_ERR_INVALID_ARG);
+    kvq_cache_free(plain);
+    kvq_attn_workspace_free(ws);
+    free(kin);
+    free(vin);
+    free(q);
+    free(out);
+    free(page);
+    free(gen);
+    free(rk);
+    free(rv);
+    free(qg);
+    free(og);
+}
+
 /* The buffers are counted in bytes_allocated, kvq_cache_bytes_for and
  * against max_bytes, which is never exceeded; reserve is all-or-nothing. */
 static void test_budget(void)
@@ -604,6 +726,7 @@ int main(void)
     }
     RUN(test_fused_vs_ref);
     RUN(test_truncate_reset);
+    RUN(test_causal_recent);
     RUN(test_budget);
     RUN(test_bad_config);
     RUN(test_prefill_is_generation);

@@ -72,9 +72,14 @@ idle() {
     i=0
     while [ $i -lt 100 ]; do
         metrics
+        # idle: nothing reserved beyond the pages held, every held page a
+        # cached prefix's (two cached prefixes may share pages: each counts
+        # them, the pool once), and no page held by none (a leak would make
+        # used + shared exceed the references)
         if [ "$(m kvq_waiting_requests)" = 0 ] && [ "$(m kvq_running_sequences)" = 0 ] &&
-            [ "$(m kvq_kv_pages_reserved)" = "$(m kvq_prefix_cache_pages)" ] && [ -n "$(m kvq_kv_pages_total)" ] &&
-            [ $(($(m kvq_kv_pages_free) + $(m kvq_prefix_cache_pages))) = "$(m kvq_kv_pages_total)" ]; then
+            [ -n "$(m kvq_kv_pages_total)" ] && [ "$(m kvq_kv_pages_reserved)" = "$(m kvq_kv_pages_used)" ] &&
+            [ "$(m kvq_kv_pages_referenced)" = "$(m kvq_prefix_cache_pages)" ] &&
+            [ $(($(m kvq_kv_pages_used) + $(m kvq_kv_pages_shared))) -le "$(m kvq_kv_pages_referenced)" ]; then
             return 0
         fi
         sleep 0.1

@@ -5,7 +5,8 @@
  * kvq_attn_decode (T = 1) reads them back from the packed pages, once per KV
  * head for its group of query heads; a chunk's work is split into (KV head x
  * query tile) tasks over the pool (parallel.h). With the recent f16 window a
- * chunk is appended and attended a page at a time (append_attend_each).
+ * chunk is appended and attended at once when the cache keeps the f16 copies
+ * of all its pages, else a page at a time (append_attend_each).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -14,6 +15,7 @@
 #include "kv_store.h"
 #include "kvq_attn.h"
 #include "kvq_codec.h"
+#include "kvq_half.h"
 #include "matvec_internal.h"
 #include "parallel.h"
 
@@ -35,6 +37,9 @@ struct cpu_store {
     int n_work;
     kvq_attn_workspace **ws; /* [n_work] */
     float **qg, **og;        /* [n_work][max_rows][q_dim]: a KV group's query heads, contiguous */
+    uint16_t *rec_k, *rec_v; /* recent window: [max_rows + page - 1][kv_dim] the f16 copies of a
+                              * chunk and the partly filled page before it (append_attend_each) */
+    size_t rec_rows;
     uint8_t *vnc_packed;  /* v_norm_correct: [max_rows * n_kv] packed V rows */
     float *vnc_dec;       /* v_norm_correct: [max_rows][kv_dim] decoded V rows */
 };
@@ -102,10 +107,19 @@ static kvq_status norm_correct_v(struct cpu_store *s, const kvq_cache *c, float 
 }
 
 /* Query positions per attention task of a chunk: a row's result does not
- * depend on the tile it is computed in (kvq_attn_causal), so the split, and
- * the thread count, leave the bits alone; 64 positions keep one tile of the
- * kernel's 128 rows busy at G = 2 and give a 3.5K prompt ~110 tasks. */
-#define ATTN_TASK_POS 64
+ * depend on the call it is computed in (kvq_attn_causal), so the split, and
+ * the thread count, leave the bits alone. A task of one pass
+ * (kvq_attn_causal_span: 256 positions at G = 2) decodes each packed block
+ * once for all its rows; chunks are cut finer only where the threads would
+ * otherwise lack tasks. */
+static size_t task_positions(const struct cpu_store *s, size_t T, int n_work)
+{
+    size_t per = kvq_attn_causal_span(s->n_heads / s->n_kv);
+    const size_t want = n_work > s->n_kv ? ((size_t)n_work + (size_t)s->n_kv - 1) / (size_t)s->n_kv : 1;
+    if ((T + per - 1) / per < want)
+        per = (T + want - 1) / want;
+    return per ? per : 1;
+}
 
 /* Chunks of at most this many positions (decode, speculative verification)
  * attend as one decode per position (kvq_attn_causal_ref), like the few-row
@@ -118,12 +132,25 @@ static kvq_status norm_correct_v(struct cpu_store *s, const kvq_cache *c, float 
 struct attend_job {
     struct cpu_store *s;
     const kvq_cache *cache;
-    size_t pos0, T, n_tiles;
+    size_t pos0, T, per, n_tiles; /* tiles of per positions */
     int tiled; /* kvq_attn_causal, else kvq_attn_causal_ref (PER_POSITION_MAX) */
+    const struct kvq_attn_recent *rec; /* the chunk's f16 copies (append_attend_each), or NULL */
     const float *q;
     float *out;
     kvq_status st[KVQ_ATTN_MAX_WORKERS]; /* per pool thread: no two write one slot */
 };
+
+/* Rows [pos0, pos0 + T) of KV head g, as the job asks. */
+static kvq_status causal(const struct attend_job *j, int g, size_t pos0, size_t T, const float *q, float *out,
+                         kvq_attn_workspace *ws)
+{
+    const int G = j->s->n_heads / j->s->n_kv;
+    if (!j->tiled)
+        return kvq_attn_causal_ref(j->cache, g, pos0, T, q, G, j->s->scale, out, ws);
+    if (j->rec)
+        return kvq_attn_causal_recent(j->cache, g, pos0, T, q, G, j->s->scale, out, ws, j->rec);
+    return kvq_attn_causal(j->cache, g, pos0, T, q, G, j->s->scale, out, ws);
+}
 
 static void attend_task(void *p, int task, int w)
 {
@@ -133,21 +160,19 @@ static void attend_task(void *p, int task, int w)
      * taking tasks in order, finish together. */
     const int d = s->head_dim, G = s->n_heads / s->n_kv, g = task % s->n_kv;
     const size_t gd = (size_t)G * d, qd = (size_t)s->n_heads * d;
-    const size_t t0 = (j->n_tiles - 1 - (size_t)task / (size_t)s->n_kv) * ATTN_TASK_POS;
-    const size_t T = j->T - t0 < ATTN_TASK_POS ? j->T - t0 : ATTN_TASK_POS;
+    const size_t t0 = (j->n_tiles - 1 - (size_t)task / (size_t)s->n_kv) * j->per;
+    const size_t T = j->T - t0 < j->per ? j->T - t0 : j->per;
     const float scale = s->scale;
-    kvq_status (*causal)(const kvq_cache *, int, size_t, size_t, const float *, int, float, float *,
-                         kvq_attn_workspace *) = j->tiled ? kvq_attn_causal : kvq_attn_causal_ref;
     kvq_status st;
     if (j->T == 1) {
         st = kvq_attn_decode(j->cache, g, j->pos0 + 1, j->q + g * gd, G, scale, j->out + g * gd, s->ws[w]);
     } else if (s->n_kv == 1) {
-        st = causal(j->cache, g, j->pos0 + t0, T, j->q + t0 * qd, G, scale, j->out + t0 * qd, s->ws[w]);
+        st = causal(j, g, j->pos0 + t0, T, j->q + t0 * qd, j->out + t0 * qd, s->ws[w]);
     } else {
         /* The heads of one group are contiguous within a token, not across tokens. */
         for (size_t t = 0; t < T; t++)
             memcpy(s->qg[w] + t * gd, j->q + (t0 + t) * qd + g * gd, gd * sizeof(float));
-        st = causal(j->cache, g, j->pos0 + t0, T, s->qg[w], G, scale, s->og[w], s->ws[w]);
+        st = causal(j, g, j->pos0 + t0, T, s->qg[w], s->og[w], s->ws[w]);
         for (size_t t = 0; t < T; t++)
             memcpy(j->out + (t0 + t) * qd + g * gd, s->og[w] + t * gd, gd * sizeof(float));
     }
@@ -159,11 +184,12 @@ static void attend_task(void *p, int task, int w)
  * holds them: (KV head x query tile) tasks in parallel over the pool (each
  * task writes its own rows, whose values do not depend on the thread). */
 static kvq_status attend(struct cpu_store *s, const kvq_cache *cache, size_t pos0, size_t T, int tiled,
-                         const float *q, float *out)
+                         const float *q, float *out, const struct kvq_attn_recent *rec)
 {
-    struct attend_job j = {s, cache, pos0, T, (T + ATTN_TASK_POS - 1) / ATTN_TASK_POS, tiled, q, out, {KVQ_OK}};
     /* a task's work must outweigh a wake-up of the pool */
     const int work = T * kvq_cache_len(cache) >= 256 ? s->n_work : 1;
+    const size_t per = tiled ? task_positions(s, T, work) : T;
+    struct attend_job j = {s, cache, pos0, T, per, (T + per - 1) / per, tiled, rec, q, out, {KVQ_OK}};
     kvq_par_for((int)((size_t)s->n_kv * j.n_tiles), work, attend_task, &j);
     for (int i = 0; i < s->n_work; i++)
         if (j.st[i] != KVQ_OK)
@@ -173,27 +199,46 @@ static kvq_status attend(struct cpu_store *s, const kvq_cache *cache, size_t pos
 
 /* Generation order for a chunk (recent f16 window): each query must see the
  * f16 rows of its own page as they were when its token was the newest, and
- * the cache keeps the copies of its last page only. So a chunk goes in a page
- * at a time: append the tokens up to the page's end, then attend their
- * queries (kvq_attn_causal gives each the view of a decode at its position,
- * the page's earlier tokens from the f16 copies the cache still holds).
- * Short chunks (PER_POSITION_MAX) go a position at a time. */
+ * the cache keeps the copies of its last page only. So the chunk's f16
+ * copies, and those of the partly filled page before it, are kept here
+ * (rec_k/rec_v, the rounding the cache gives its own), the chunk is appended
+ * at once and attended as one, each query's page read from them
+ * (kvq_attn_causal_recent). Short chunks (PER_POSITION_MAX) go a position at
+ * a time, as their products do. */
 static kvq_status append_attend_each(struct cpu_store *s, kvq_cache *cache, size_t pos0, size_t T, const float *k,
                                      const float *v, const float *q, float *out)
 {
-    const size_t kvd = (size_t)s->n_kv * s->head_dim, qd = (size_t)s->n_heads * s->head_dim;
-    const size_t P = kvq_cache_layout(cache)->page_tokens;
-    const int tiled = T > PER_POSITION_MAX;
-    for (size_t t = 0; t < T;) {
-        const size_t p = pos0 + t, n = !tiled ? 1 : P - p % P < T - t ? P - p % P : T - t;
-        kvq_status st = kvq_cache_append(cache, n, k + t * kvd, v + t * kvd);
-        if (st == KVQ_OK)
-            st = attend(s, cache, p, n, tiled, q + t * qd, out + t * qd);
-        if (st != KVQ_OK)
-            return st;
-        t += n;
+    const size_t d = (size_t)s->head_dim, kvd = (size_t)s->n_kv * d, qd = (size_t)s->n_heads * d;
+    if (T <= PER_POSITION_MAX) {
+        for (size_t t = 0; t < T; t++) {
+            kvq_status st = kvq_cache_append(cache, 1, k + t * kvd, v + t * kvd);
+            if (st == KVQ_OK)
+                st = attend(s, cache, pos0 + t, 1, 0, q + t * qd, out + t * qd, NULL);
+            if (st != KVQ_OK)
+                return st;
+        }
+        return KVQ_OK;
     }
-    return KVQ_OK;
+    size_t se, lo;
+    kvq_status st = kvq_cache_f16_view(cache, pos0, &se, &lo); /* lo: the first copy of the page before */
+    if (st != KVQ_OK)
+        return st;
+    if (pos0 - lo + T > s->rec_rows)
+        return KVQ_ERR_INTERNAL; /* the store was made for chunks of max_rows */
+    for (size_t t = lo; t < pos0; t++)
+        for (int h = 0; h < s->n_kv; h++) {
+            const uint16_t *hk = kvq_cache_f16_row(cache, 0, h, t), *hv = kvq_cache_f16_row(cache, 1, h, t);
+            if (!hk || !hv)
+                return KVQ_ERR_INTERNAL; /* the view names only rows the cache holds */
+            memcpy(s->rec_k + (t - lo) * kvd + (size_t)h * d, hk, d * sizeof *hk);
+            memcpy(s->rec_v + (t - lo) * kvd + (size_t)h * d, hv, d * sizeof *hv);
+        }
+    kvq_f32_to_f16_n(k, s->rec_k + (pos0 - lo) * kvd, T * kvd);
+    kvq_f32_to_f16_n(v, s->rec_v + (pos0 - lo) * kvd, T * kvd);
+    const struct kvq_attn_recent rec = {s->rec_k, s->rec_v, lo, pos0 - lo + T};
+    if ((st = kvq_cache_append(cache, T, k, v)) != KVQ_OK)
+        return st;
+    return attend(s, cache, pos0, T, 1, q, out, &rec);
 }
 
 /* ---- sliding window: a ring of RING segment caches ------------------------
@@ -322,7 +367,7 @@ static kvq_status cpu_append_attend(kvq_kv_store *base, int layer, int n_seqs, c
             else if (s->recent_f16 && T > 1)
                 st = append_attend_each(s, cache, pos0, T, ki, vi, qi, oi);
             else if ((st = kvq_cache_append(cache, T, ki, vi)) == KVQ_OK)
-                st = attend(s, cache, pos0, T, T > PER_POSITION_MAX, qi, oi);
+                st = attend(s, cache, pos0, T, T > PER_POSITION_MAX, qi, oi, NULL);
         }
         if (st != KVQ_OK) { /* all or nothing over the call's sequences */
             truncate_to(s, layer, seqs[i], pos0);
@@ -436,6 +481,8 @@ static void cpu_free(kvq_kv_store *base)
     free(s->ws);
     free(s->qg);
     free(s->og);
+    free(s->rec_k);
+    free(s->rec_v);
     free(s->vnc_packed);
     free(s->vnc_dec);
     free(s);
@@ -546,6 +593,17 @@ kvq_status kvq_kv_store_cpu_create(const struct kvq_kv_store_config *cfg, kvq_kv
             if (!s->wk[w] || !s->wv[w] || !s->wsc[w])
                 goto nomem;
         }
+    }
+    if (s->recent_f16) {
+        size_t P = 0;
+        for (size_t i = 0; i < n * RING; i++)
+            if (s->caches[i] && kvq_cache_layout(s->caches[i])->page_tokens > P)
+                P = kvq_cache_layout(s->caches[i])->page_tokens;
+        s->rec_rows = cfg->max_rows + P - 1;
+        s->rec_k = malloc(s->rec_rows * kvd * sizeof *s->rec_k);
+        s->rec_v = malloc(s->rec_rows * kvd * sizeof *s->rec_v);
+        if (!s->rec_k || !s->rec_v)
+            goto nomem;
     }
     if (cfg->v_norm_correct) {
         size_t rb = 0;

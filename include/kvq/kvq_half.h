@@ -8,8 +8,11 @@
 #ifndef KVQ_HALF_H
 #define KVQ_HALF_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "kvq_export.h"
 
 #if defined(__CUDACC__)
 #define KVQ_HD __host__ __device__
@@ -92,6 +95,11 @@ KVQ_HD static inline float kvq_f16_to_f32(uint16_t h)
     }
     return kvq_bits_f32(x);
 }
+
+/** Whole rows on the host: h[i] = kvq_f32_to_f16(x[i]) and x[i] =
+ *  kvq_f16_to_f32(h[i]) for i < n, bit for bit (F16C where the CPU has it). */
+KVQ_API void kvq_f32_to_f16_n(const float *x, uint16_t *h, size_t n);
+KVQ_API void kvq_f16_to_f32_n(const uint16_t *h, float *x, size_t n);
 
 #ifdef __cplusplus
 }

@@ -48,8 +48,8 @@ kvq_status kvq_attn_workspace_create(int head_dim, int max_q, size_t max_ctx, kv
     ws->l = alloc64(nq * sizeof(double));
     ws->alpha = alloc64(nq * sizeof(double));
     ws->row = alloc64(nq * 2 * d * sizeof(float));
-    /* the chunk kernels' (attn_chunk.c): one block of K, K^T and V, a tile's rows */
-    const size_t crows = nq > KVQ_ATTN_CHUNK_ROWS ? nq : KVQ_ATTN_CHUNK_ROWS;
+    /* the chunk kernels' (attn_chunk.c): one block of K, K^T and V, a pass's rows */
+    const size_t crows = nq > KVQ_ATTN_PASS_ROWS ? nq : KVQ_ATTN_PASS_ROWS;
     ws->ck = alloc64(B * d * sizeof(float));
     ws->cv = alloc64(B * d * sizeof(float));
     ws->ckt = alloc64(B * d * sizeof(float));

@@ -1,7 +1,8 @@
 /* attn_chunk.c - causal attention for a chunk of query positions (prefill),
- * tiled: each block of keys/values is decoded once per query tile and then
- * scored against every row of the tile, instead of once per query row as a
- * decode per position does (kvq_attn_causal_ref, kept as the reference).
+ * tiled: each block of keys/values is decoded once per pass (up to four
+ * query tiles) and then scored against every row of the pass, tile by tile,
+ * instead of once per query row as a decode per position does
+ * (kvq_attn_causal_ref, kept as the reference).
  *
  * A row is one (position p, query head) of the tile. Its view is exactly the
  * one kvq_attn_decode(c, kv_head, p + 1, ...) reads (kvq_cache_f16_view of
@@ -23,8 +24,8 @@
 #include <string.h>
 
 #include "attn_internal.h"
-#include "kvq_cpu.h"
 #include "kvq_half.h"
+#include "kvq_cpu.h"
 
 /* The scalar block step (also the fallback where the AVX2 one does not apply). */
 static void chunk_block_scalar(const struct kvq_attn_chunk_rows *R, const float *kt, const float *v, int d,
@@ -86,29 +87,44 @@ static void decode_packed(const kvq_cache *c, int kv_head, size_t t0, uint32_t n
     }
 }
 
-static kvq_status load_f16(const kvq_cache *c, int kv_head, size_t t0, uint32_t n, size_t d, float *k, float *v)
+/* f16 rows [t0, t0 + n) of kv_head: the cache's copies, or (rec) the ones
+ * its caller kept. */
+static kvq_status load_f16(const kvq_cache *c, const struct kvq_attn_recent *rec, int kv_head, size_t t0,
+                           uint32_t n, size_t d, float *k, float *v)
 {
+    const size_t H = (size_t)kvq_cache_config_of(c)->n_kv_heads;
     for (uint32_t i = 0; i < n; i++) {
-        const uint16_t *hk = kvq_cache_f16_row(c, 0, kv_head, t0 + i), *hv = kvq_cache_f16_row(c, 1, kv_head, t0 + i);
-        if (!hk || !hv)
-            return KVQ_ERR_INTERNAL; /* the view names only rows the cache holds */
-        for (size_t j = 0; j < d; j++) {
-            k[i * d + j] = kvq_f16_to_f32(hk[j]);
-            v[i * d + j] = kvq_f16_to_f32(hv[j]);
+        const uint16_t *hk, *hv;
+        if (rec) {
+            const size_t at = ((t0 + i - rec->pos) * H + (size_t)kv_head) * d;
+            hk = rec->k + at;
+            hv = rec->v + at;
+        } else {
+            hk = kvq_cache_f16_row(c, 0, kv_head, t0 + i);
+            hv = kvq_cache_f16_row(c, 1, kv_head, t0 + i);
+            if (!hk || !hv)
+                return KVQ_ERR_INTERNAL; /* the view names only rows the cache holds */
         }
+        kvq_f16_to_f32_n(hk, k + i * d, d);
+        kvq_f16_to_f32_n(hv, v + i * d, d);
     }
     return KVQ_OK;
 }
 
-/* The rows' intervals in one source: row r sees keys [lo[r], hi[r]). */
+/* Where one source's rows come from. */
+enum source { SRC_PACKED, SRC_F16, SRC_RECENT };
+
+/* The rows' intervals in one source: position r of the pass sees keys [lo[r], hi[r]). */
 struct spans {
-    size_t lo[KVQ_ATTN_CHUNK_POS], hi[KVQ_ATTN_CHUNK_POS];
+    size_t lo[KVQ_ATTN_PASS_POS], hi[KVQ_ATTN_PASS_POS];
 };
 
-/* Runs every block of [min lo, max hi) of one source (packed = 1: the pages,
- * else the f16 rows) over the tile's rows (np positions x n_q heads). */
-static kvq_status run_source(const struct kvq_attn_chunk_kernels *kr, const kvq_cache *c, int kv_head, int packed,
-                             const struct spans *sp, size_t np, const float *q, int n_q, float scale,
+/* Runs every block of [min lo, max hi) of one source (the pages, the
+ * cache's f16 rows or the caller's) over the pass's rows (np positions x n_q heads): each
+ * block is decoded once, then stepped tile by tile (tp positions each). */
+static kvq_status run_source(const struct kvq_attn_chunk_kernels *kr, const kvq_cache *c,
+                             const struct kvq_attn_recent *rec, int kv_head, enum source src,
+                             const struct spans *sp, size_t np, size_t tp, const float *q, int n_q, float scale,
                              kvq_attn_workspace *ws)
 {
     const size_t d = (size_t)ws->dim, P = kvq_cache_layout(c)->page_tokens, B = KVQ_ATTN_BLOCK;
@@ -125,10 +141,10 @@ static kvq_status run_source(const struct kvq_attn_chunk_kernels *kr, const kvq_
         end = end < b ? end : b;
         const uint32_t n = (uint32_t)(end - t0), off = (uint32_t)(t0 % B);
         /* rows at [off, off + n) of the block, so a row's keys keep their lanes */
-        if (packed) {
+        if (src == SRC_PACKED) {
             decode_packed(c, kv_head, t0, n, k + off * d, v + off * d, ws->row);
         } else {
-            kvq_status st = load_f16(c, kv_head, t0, n, d, k + off * d, v + off * d);
+            kvq_status st = load_f16(c, src == SRC_RECENT ? rec : NULL, kv_head, t0, n, d, k + off * d, v + off * d);
             if (st != KVQ_OK)
                 return st;
         }
@@ -136,41 +152,48 @@ static kvq_status run_source(const struct kvq_attn_chunk_kernels *kr, const kvq_
             for (uint32_t j = off; j < off + n; j++)
                 kt[i * B + j] = k[j * d + i];
         struct kvq_attn_chunk_rows *R = ws->cr;
-        R->n = 0;
-        for (size_t r = 0; r < np; r++) {
-            size_t lo = sp->lo[r] > t0 ? sp->lo[r] : t0, hi = sp->hi[r] < end ? sp->hi[r] : end;
-            if (lo >= hi)
-                continue;
-            for (int h = 0; h < n_q; h++) {
-                const size_t row = r * (size_t)n_q + (size_t)h;
-                const int i = R->n++;
-                R->q[i] = q + row * d;
-                R->lo[i] = (uint32_t)(lo - t0 + off);
-                R->hi[i] = (uint32_t)(hi - t0 + off);
-                R->m[i] = &ws->cm[row];
-                R->l[i] = &ws->cl[row];
-                R->acc[i] = ws->cacc + row * d;
+        for (size_t r0 = 0; r0 < np; r0 += tp) {
+            const size_t r1 = np - r0 < tp ? np : r0 + tp;
+            R->n = 0;
+            for (size_t r = r0; r < r1; r++) {
+                size_t lo = sp->lo[r] > t0 ? sp->lo[r] : t0, hi = sp->hi[r] < end ? sp->hi[r] : end;
+                if (lo >= hi)
+                    continue;
+                for (int h = 0; h < n_q; h++) {
+                    const size_t row = r * (size_t)n_q + (size_t)h;
+                    const int i = R->n++;
+                    R->q[i] = q + row * d;
+                    R->lo[i] = (uint32_t)(lo - t0 + off);
+                    R->hi[i] = (uint32_t)(hi - t0 + off);
+                    R->m[i] = &ws->cm[row];
+                    R->l[i] = &ws->cl[row];
+                    R->acc[i] = ws->cacc + row * d;
+                }
             }
+            if (R->n)
+                kr->block(R, kt, v, (int)d, scale, ws->crow);
         }
-        if (R->n)
-            kr->block(R, kt, v, (int)d, scale, ws->crow);
         t0 = end;
     }
     return KVQ_OK;
 }
 
-/* One query tile: positions [p0, p0 + np), np <= KVQ_ATTN_CHUNK_POS. */
-static kvq_status chunk_tile(const struct kvq_attn_chunk_kernels *kr, const kvq_cache *c, int kv_head, size_t p0,
-                             size_t np, const float *q, int n_q, float scale, float *out, kvq_attn_workspace *ws)
+/* One pass: positions [p0, p0 + np), np <= KVQ_ATTN_PASS_TILES tiles of tp. */
+static kvq_status chunk_pass(const struct kvq_attn_chunk_kernels *kr, const kvq_cache *c,
+                             const struct kvq_attn_recent *rec, int kv_head, size_t p0, size_t np, size_t tp,
+                             const float *q, int n_q, float scale, float *out, kvq_attn_workspace *ws)
 {
-    const size_t d = (size_t)ws->dim, rows = np * (size_t)n_q;
+    const size_t d = (size_t)ws->dim, rows = np * (size_t)n_q, P = kvq_cache_layout(c)->page_tokens;
     struct spans pk, sink, tail;
     for (size_t r = 0; r < np; r++) {
         size_t se, tl;
-        kvq_status st = kvq_cache_f16_view(c, p0 + r + 1, &se, &tl);
+        const size_t n = p0 + r + 1;
+        kvq_status st = kvq_cache_f16_view(c, n, &se, &tl);
         if (st != KVQ_OK)
             return st;
-        const size_t n = p0 + r + 1, pe = tl > se ? tl : se;
+        if (rec) /* the view as the ring held it when n was the length (see kvq_attn_recent) */
+            tl = n % P == 0 ? n : n - n % P > rec->pos ? n - n % P : rec->pos;
+        const size_t pe = tl > se ? tl : se;
         pk.lo[r] = se;
         pk.hi[r] = pe;
         sink.lo[r] = 0;
@@ -183,11 +206,11 @@ static kvq_status chunk_tile(const struct kvq_attn_chunk_kernels *kr, const kvq_
         ws->cl[r] = 0.0;
     }
     memset(ws->cacc, 0, rows * d * sizeof *ws->cacc);
-    kvq_status st = run_source(kr, c, kv_head, 1, &pk, np, q, n_q, scale, ws);
+    kvq_status st = run_source(kr, c, rec, kv_head, SRC_PACKED, &pk, np, tp, q, n_q, scale, ws);
     if (st == KVQ_OK)
-        st = run_source(kr, c, kv_head, 0, &sink, np, q, n_q, scale, ws);
+        st = run_source(kr, c, rec, kv_head, SRC_F16, &sink, np, tp, q, n_q, scale, ws);
     if (st == KVQ_OK)
-        st = run_source(kr, c, kv_head, 0, &tail, np, q, n_q, scale, ws);
+        st = run_source(kr, c, rec, kv_head, rec ? SRC_RECENT : SRC_F16, &tail, np, tp, q, n_q, scale, ws);
     if (st != KVQ_OK)
         return st;
     for (size_t r = 0; r < rows; r++)
@@ -201,34 +224,55 @@ static kvq_status chunk_tile(const struct kvq_attn_chunk_kernels *kr, const kvq_
     return KVQ_OK;
 }
 
+size_t kvq_attn_causal_span(int n_q)
+{
+    return n_q < 1 ? 0 : KVQ_ATTN_PASS_TILES * kvq_attn_chunk_positions(n_q);
+}
+
 kvq_status kvq_attn_causal_kernels(const struct kvq_attn_chunk_kernels *kr, const kvq_cache *c, int kv_head,
                                    size_t pos0, size_t T, const float *q, int n_q, float scale, float *out,
-                                   kvq_attn_workspace *ws)
+                                   kvq_attn_workspace *ws, const struct kvq_attn_recent *rec)
 {
     if (!c || T == 0 || pos0 > SIZE_MAX - T)
         return KVQ_ERR_INVALID_ARG;
     kvq_status st = kvq_attn_check_args(c, kv_head, pos0 + T, q, n_q, scale, out, ws);
     if (st != KVQ_OK)
         return st;
+    if (rec && (!rec->k || !rec->v || !kvq_cache_config_of(c)->recent_f16 || rec->pos > pos0 ||
+                rec->n < pos0 + T - rec->pos))
+        return KVQ_ERR_INVALID_ARG;
     const size_t stride = (size_t)n_q * (size_t)ws->dim, tp = kvq_attn_chunk_positions(n_q);
+    const size_t pass = KVQ_ATTN_PASS_TILES * tp;
     if ((st = kvq_attn_check_queries(q, T * (size_t)n_q, ws->dim)) != KVQ_OK)
         return st;
-    for (size_t t = 0; t < T && st == KVQ_OK; t += tp) {
-        const size_t np = T - t < tp ? T - t : tp;
-        st = chunk_tile(kr, c, kv_head, pos0 + t, np, q + t * stride, n_q, scale, out + t * stride, ws);
+    for (size_t t = 0; t < T && st == KVQ_OK; t += pass) {
+        const size_t np = T - t < pass ? T - t : pass;
+        st = chunk_pass(kr, c, rec, kv_head, pos0 + t, np, tp, q + t * stride, n_q, scale, out + t * stride, ws);
     }
     return st;
+}
+
+/* The kernels kvq_attn_decode would pick (attn.c) for the cache's head_dim. */
+static const struct kvq_attn_chunk_kernels *chunk_kernels(const kvq_cache *c)
+{
+    const int d = c ? kvq_cache_config_of(c)->head_dim : 0;
+    if (kvq_cpu_has_avx2() && d % 8 == 0)
+        return kvq_attn_avx512_usable() && d % 16 == 0 ? &kvq_attn_chunk_kernels_avx512 : &kvq_attn_chunk_kernels_avx2;
+    return &kvq_attn_chunk_kernels_scalar;
 }
 
 kvq_status kvq_attn_causal(const kvq_cache *c, int kv_head, size_t pos0, size_t T, const float *q, int n_q,
                            float scale, float *out, kvq_attn_workspace *ws)
 {
-    const int d = c ? kvq_cache_config_of(c)->head_dim : 0;
-    /* as kvq_attn_decode picks its kernels (attn.c) */
-    const struct kvq_attn_chunk_kernels *kr = &kvq_attn_chunk_kernels_scalar;
-    if (kvq_cpu_has_avx2() && d % 8 == 0)
-        kr = kvq_attn_avx512_usable() && d % 16 == 0 ? &kvq_attn_chunk_kernels_avx512 : &kvq_attn_chunk_kernels_avx2;
-    return kvq_attn_causal_kernels(kr, c, kv_head, pos0, T, q, n_q, scale, out, ws);
+    return kvq_attn_causal_kernels(chunk_kernels(c), c, kv_head, pos0, T, q, n_q, scale, out, ws, NULL);
+}
+
+kvq_status kvq_attn_causal_recent(const kvq_cache *c, int kv_head, size_t pos0, size_t T, const float *q, int n_q,
+                                  float scale, float *out, kvq_attn_workspace *ws, const struct kvq_attn_recent *rec)
+{
+    if (!rec)
+        return KVQ_ERR_INVALID_ARG;
+    return kvq_attn_causal_kernels(chunk_kernels(c), c, kv_head, pos0, T, q, n_q, scale, out, ws, rec);
 }
 
 kvq_status kvq_attn_causal_ref(const kvq_cache *c, int kv_head, size_t pos0, size_t T, const float *q, int n_q,

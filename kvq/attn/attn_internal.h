@@ -58,8 +58,8 @@ struct kvq_attn_workspace {
     float *ck, *cv;  /* [KVQ_ATTN_BLOCK][dim]: one block's decoded keys, values */
     float *ckt;      /* [dim][KVQ_ATTN_BLOCK]: the keys transposed */
     float *crow;     /* [KVQ_ATTN_CHUNK_ROWS * KVQ_ATTN_BLOCK + 2 dim] the block step's scratch */
-    double *cacc;    /* [max(max_q, KVQ_ATTN_CHUNK_ROWS)][dim] a tile's rows */
-    double *cm, *cl; /* [max(max_q, KVQ_ATTN_CHUNK_ROWS)] their maxima, weight sums */
+    double *cacc;    /* [max(max_q, KVQ_ATTN_PASS_ROWS)][dim] a pass's rows */
+    double *cm, *cl; /* [max(max_q, KVQ_ATTN_PASS_ROWS)] their maxima, weight sums */
     struct kvq_attn_chunk_rows *cr; /* the rows of one block step */
 };
 
@@ -176,11 +176,16 @@ static inline struct kvq_row kvq_attn_row(const struct kvq_head_layout *hl, cons
 
 /* ---- chunk (prefill) attention: attn_chunk.c, attn_chunk_avx2.c ----
  * A query tile holds kvq_attn_chunk_positions(n_q) positions of n_q heads
- * (at most KVQ_ATTN_CHUNK_ROWS rows): enough rows that decoding a block once
- * for all of them costs little next to their products, few enough that the
- * rows' accumulators stay in L2. */
+ * (at most KVQ_ATTN_CHUNK_ROWS rows: one block step). A pass holds up to
+ * KVQ_ATTN_PASS_TILES tiles, which share every block's decode: a packed key
+ * costs two inverse rotations (the codebook's and QJL's), about as much as 70
+ * rows' products with it, so it is decoded once for up to 512 rows; their
+ * accumulators (512 KiB at dim 128) still sit in L2. */
 #define KVQ_ATTN_CHUNK_ROWS 128
 #define KVQ_ATTN_CHUNK_POS 64
+#define KVQ_ATTN_PASS_TILES 4
+#define KVQ_ATTN_PASS_ROWS (KVQ_ATTN_PASS_TILES * KVQ_ATTN_CHUNK_ROWS)
+#define KVQ_ATTN_PASS_POS (KVQ_ATTN_PASS_TILES * KVQ_ATTN_CHUNK_POS)
 static inline size_t kvq_attn_chunk_positions(int n_q)
 {
     size_t p = KVQ_ATTN_CHUNK_ROWS / (size_t)n_q;
@@ -212,10 +217,11 @@ extern const struct kvq_attn_chunk_kernels kvq_attn_chunk_kernels_avx2; /* AVX2/
 /* kvq_attn_avx512_usable() and dim % 16 == 0 */
 extern const struct kvq_attn_chunk_kernels kvq_attn_chunk_kernels_avx512;
 
-/* kvq_attn_causal() with the kernels given (tests compare both sets). */
+/* kvq_attn_causal() (rec NULL) / kvq_attn_causal_recent() with the kernels
+ * given (tests compare the sets). */
 kvq_status kvq_attn_causal_kernels(const struct kvq_attn_chunk_kernels *kr, const kvq_cache *c, int kv_head,
                                    size_t pos0, size_t T, const float *q, int n_q, float scale, float *out,
-                                   kvq_attn_workspace *ws);
+                                   kvq_attn_workspace *ws, const struct kvq_attn_recent *rec);
 
 /* attn.c: the argument checks of every entry point (n_ctx: the longest
  * context used), and the queries' finiteness. */

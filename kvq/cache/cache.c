@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "codec_internal.h"
+#include "half_bulk.h"
 #include "kvq_cache.h"
 #include "kvq_half.h"
 #include "kvq_rng.h"
@@ -326,8 +327,7 @@ static void keep_f16(kvq_cache *c, size_t n_tokens, const float *k, const float 
         }
         for (int b = 0; b < 4; b++)
             if (dst[b])
-                for (size_t j = 0; j < hd; j++)
-                    dst[b][j] = kvq_f32_to_f16((b & 1 ? vr : kr)[j]);
+                kvq_f32_to_f16_n(b & 1 ? vr : kr, dst[b], hd);
     }
     size_t end = c->len + n_tokens;
     if (c->ring_rows && end > c->ring_rows && end - c->ring_rows > c->f16_lo)
@@ -358,13 +358,10 @@ static void centred_source(const kvq_cache *c, size_t t, int h, size_t first, co
 {
     const size_t d = (size_t)c->cfg.head_dim, hd = (size_t)c->cfg.n_kv_heads * d;
     if (t >= first) {
-        const float *x = k + (t - first) * hd + (size_t)h * d;
-        for (size_t j = 0; j < d; j++)
-            out[j] = kvq_f16_to_f32(kvq_f32_to_f16(x[j]));
+        memcpy(out, k + (t - first) * hd + (size_t)h * d, d * sizeof *out);
+        kvq_half_round(out, d);
     } else {
-        const uint16_t *x = c->ring_k + t % c->ring_rows * hd + (size_t)h * d;
-        for (size_t j = 0; j < d; j++)
-            out[j] = kvq_f16_to_f32(x[j]);
+        kvq_f16_to_f32_n(c->ring_k + t % c->ring_rows * hd + (size_t)h * d, out, d);
     }
 }
 
@@ -495,13 +492,10 @@ kvq_status kvq_cache_read(const kvq_cache *c, int kv_head, size_t t0, size_t n, 
         size_t pos = t0 + i, page = pos / P;
         uint32_t slot = (uint32_t)(pos % P);
         if (pos < sink_end || pos >= tail_lo) {
-            const uint16_t *hk = kvq_cache_f16_row(c, 0, kv_head, pos), *hv = kvq_cache_f16_row(c, 1, kv_head, pos);
-            for (size_t j = 0; j < d; j++) {
-                if (k)
-                    k[i * d + j] = kvq_f16_to_f32(hk[j]);
-                if (v)
-                    v[i * d + j] = kvq_f16_to_f32(hv[j]);
-            }
+            if (k)
+                kvq_f16_to_f32_n(kvq_cache_f16_row(c, 0, kv_head, pos), k + i * d, d);
+            if (v)
+                kvq_f16_to_f32_n(kvq_cache_f16_row(c, 1, kv_head, pos), v + i * d, d);
             continue;
         }
         if (k) {
