@@ -92,27 +92,12 @@ static void run_family(const char *name, enum kvq_type tk, enum kvq_type tv, dou
     if (!s)
         goto done;
     CHECK_OK(kvq_seq_forward(s, ids, T, 0, logits, NULL));
-    double worst = 0;
-    for (size_t t = 0; t < T; t++) {
-        double mx = 0, e = 0;
-        for (int v = 0; v < V; v++) {
-            double r = want[t * (size_t)V + v], d = fabs((double)logits[t * (size_t)V + v] - r);
-            mx = fabs(r) > mx ? fabs(r) : mx;
-            e = d > e ? d : e;
-            CHECKF(isfinite(logits[t * (size_t)V + v]), "%s %s: non-finite logit", name, kvq_type_traits(tk)->name);
-        }
-        worst = e / mx > worst ? e / mx : worst;
-    }
+    const double worst = test_logits_worst(logits, want, T, V);
+    CHECKF(isfinite(worst), "%s %s: non-finite logit", name, kvq_type_traits(tk)->name);
     if (tol > 0)
         CHECKF(worst <= tol, "%s %s/%s: logits differ by %.3g x max|logit| (limit %g)", name,
                kvq_type_traits(tk)->name, kvq_type_traits(tv)->name, worst, tol);
-    kvq_seq_reset(s);
-    struct kvq_gen_params gp;
-    kvq_gen_params_default(&gp);
-    gp.max_tokens = (int)N;
-    gp.stop_at_eos = 0;
-    size_t n_out = 0;
-    CHECK_OK(kvq_seq_generate(s, ids, T, &gp, out, N, &n_out, NULL, NULL));
+    const size_t n_out = test_greedy_n(s, ids, T, out, N);
     CHECK(n_out == N);
     if (tol > 0)
         for (size_t i = 0; i < N && i < n_out; i++)

@@ -27,6 +27,7 @@
 #include "kvq_safetensors.h"
 #include "test.h"
 #include "test_util.h"
+#include "test_fixture.h"
 
 #define SRC "tests/models/mistral_window"
 #define E 4
@@ -169,24 +170,8 @@ static int run(const char *dir, enum kvq_type tk, enum kvq_type tv, const char *
     if (m && ids && greedy && want && got && out && lt->n_elements == T * (size_t)V &&
         kvq_st_to_f32(lt, want, lt->n_elements) == KVQ_OK && kvq_seq_create(m, &sc, &s, &err) == KVQ_OK &&
         kvq_seq_forward(s, ids, T, 0, got, NULL) == KVQ_OK) {
-        *worst = 0;
-        for (size_t t = 0; t < T; t++) {
-            double mx = 0, e = 0;
-            for (int v = 0; v < V; v++) {
-                const double r = want[t * V + v];
-                mx = fmax(mx, fabs(r));
-                e = fmax(e, isfinite(got[t * V + v]) ? fabs(got[t * V + v] - r) : INFINITY);
-            }
-            *worst = fmax(*worst, e / mx);
-        }
-        kvq_seq_reset(s);
-        struct kvq_gen_params gp;
-        kvq_gen_params_default(&gp);
-        gp.max_tokens = (int)N;
-        gp.stop_at_eos = 0;
-        size_t n_out = 0;
-        CHECK_OK(kvq_seq_generate(s, ids, T, &gp, out, N, &n_out, NULL, NULL));
-        same = n_out == N && memcmp(out, greedy, N * sizeof *out) == 0;
+        *worst = test_logits_worst(got, want, T, (int)V);
+        same = test_greedy_n(s, ids, T, out, N) == N && memcmp(out, greedy, N * sizeof *out) == 0;
     } else {
         CHECKF(0, "%s: could not run (%s)", dir, err.msg);
     }

@@ -132,6 +132,37 @@ static inline double test_logits_rel_diff(const float *want, const float *got, i
     return diff / maxabs;
 }
 
+/* Over T positions of V logits each: the largest |got - want| of a position
+ * over its largest |want|, worst position (INFINITY for a non-finite got). */
+static inline double test_logits_worst(const float *got, const float *want, size_t T, int V)
+{
+    double worst = 0;
+    for (size_t t = 0; t < T; t++) {
+        double mx = 0, e = 0;
+        for (int v = 0; v < V; v++) {
+            const double r = want[t * (size_t)V + v], g = got[t * (size_t)V + v];
+            mx = fmax(mx, fabs(r));
+            e = fmax(e, isfinite(g) ? fabs(g - r) : INFINITY);
+        }
+        worst = fmax(worst, e / mx);
+    }
+    return worst;
+}
+
+/* From a reset s: n greedy tokens after the prompt ids[0..T), past EOS
+ * (generation failing is a test failure). @return the tokens generated. */
+static inline size_t test_greedy_n(kvq_seq *s, const int32_t *ids, size_t T, int32_t *out, size_t n)
+{
+    kvq_seq_reset(s);
+    struct kvq_gen_params gp;
+    kvq_gen_params_default(&gp);
+    gp.max_tokens = (int)n;
+    gp.stop_at_eos = 0;
+    size_t n_out = 0;
+    CHECK_OK(kvq_seq_generate(s, ids, T, &gp, out, n, &n_out, NULL, NULL));
+    return n_out;
+}
+
 /* From a reset s: TEST_N_GREEDY greedy tokens after the case's prompt
  * (generation failing is a test failure), against NAME.greedy. HF pads
  * after EOS with EOS (pad = eos), where the decoder stops at the first EOS.

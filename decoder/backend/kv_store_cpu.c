@@ -4,9 +4,9 @@
  * are appended to the layer's cache, then kvq_attn_causal (T > 1) or
  * kvq_attn_decode (T = 1) reads them back from the packed pages, once per KV
  * head for its group of query heads; a chunk's work is split into (KV head x
- * query tile) tasks over the pool (parallel.h). With the recent f16 window a
- * chunk is appended and attended at once when the cache keeps the f16 copies
- * of all its pages, else a page at a time (append_attend_each).
+ * pass) tasks over the pool (parallel.h). With the recent f16 window a chunk
+ * is appended at once and attended with kvq_attn_causal_recent, its f16
+ * copies kept here (append_attend_each).
  */
 #include <math.h>
 #include <stdlib.h>
