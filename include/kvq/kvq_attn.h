@@ -50,7 +50,7 @@ typedef struct kvq_attn_workspace kvq_attn_workspace;
  *  query heads per KV head and contexts up to max_ctx tokens. Its size does
  *  not depend on max_ctx (blocks are streamed); about
  *  max_q * head_dim * 170 bytes (mostly the QJL sign tables) plus, for
- *  kvq_attn_causal, about max(max_q, 512) * head_dim * 8 + head_dim * 776 + 40 KiB.
+ *  kvq_attn_causal, about max(max_q, 512) * head_dim * 8 + head_dim * 784 + 40 KiB.
  *  @return KVQ_OK and *out; KVQ_ERR_INVALID_ARG (NULL out, head_dim, max_q or
  *  max_ctx < 1); KVQ_ERR_UNSUPPORTED (head_dim > KVQ_MAX_DIM, max_q >
  *  KVQ_ATTN_MAX_Q); KVQ_ERR_NOMEM. */

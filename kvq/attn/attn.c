@@ -53,7 +53,7 @@ kvq_status kvq_attn_workspace_create(int head_dim, int max_q, size_t max_ctx, kv
     ws->ck = alloc64(B * d * sizeof(float));
     ws->cv = alloc64(B * d * sizeof(float));
     ws->ckt = alloc64(B * d * sizeof(float));
-    ws->crow = alloc64((KVQ_ATTN_CHUNK_ROWS * B + 2 * d) * sizeof(float));
+    ws->crow = alloc64((KVQ_ATTN_CHUNK_ROWS * B + 4 * d) * sizeof(float));
     ws->cacc = alloc64(crows * d * sizeof(double));
     ws->cm = alloc64(crows * sizeof(double));
     ws->cl = alloc64(crows * sizeof(double));

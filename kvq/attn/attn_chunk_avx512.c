@@ -1,7 +1,10 @@
 /* attn_chunk_avx512.c - the block step of the chunk kernels with AVX-512:
  * the AVX2 step's algorithm (attn_chunk_avx2.c) 16 lanes at a time, which
- * halves its FMAs (that step is bound by FMA throughput): scores 2 rows x 64
- * keys and weighted values 2 rows x 64 coordinates, 8 zmm accumulators each.
+ * halves its FMAs: scores 4 rows x 64 keys and weighted values 4 rows x 64
+ * coordinates in 16 zmm accumulators (2 rows for the rest of a block's rows),
+ * so each load of the block's K^T and V feeds four rows: the two 32 KiB
+ * blocks do not both fit L1, and with 2 rows per load the step was bound by
+ * those loads. A row's sums do not depend on the rows beside it.
  * Needs kvq_attn_avx512_usable() and dim % 16 == 0. Compiled with the
  * library's default flags; the functions carry the target attribute, as in
  * attn_avx512.c. */
@@ -93,6 +96,69 @@ TGT static double softmax_row(const struct kvq_attn_chunk_rows *R, int r, float 
     return alpha;
 }
 
+/* Four rows per load of K^T / V, 16 named accumulators (no arrays: gcc
+ * keeps those in memory). Each row's sums are score2's / value2's. */
+#define FMA4(x, a0, a1, a2, a3)                                                                                        \
+    do {                                                                                                               \
+        a0 = _mm512_fmadd_ps(x, l0, a0);                                                                               \
+        a1 = _mm512_fmadd_ps(x, l1, a1);                                                                               \
+        a2 = _mm512_fmadd_ps(x, l2, a2);                                                                               \
+        a3 = _mm512_fmadd_ps(x, l3, a3);                                                                               \
+    } while (0)
+#define STORE4(p, a0, a1, a2, a3)                                                                                      \
+    do {                                                                                                               \
+        _mm512_storeu_ps((p), a0);                                                                                     \
+        _mm512_storeu_ps((p) + 16, a1);                                                                                \
+        _mm512_storeu_ps((p) + 32, a2);                                                                                \
+        _mm512_storeu_ps((p) + 48, a3);                                                                                \
+    } while (0)
+
+INLINE void score4(const float *q0, const float *q1, const float *q2, const float *q3, const float *kt, int d,
+                   float *s0, float *s1, float *s2, float *s3)
+{
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    __m512 c0 = a0, c1 = a0, c2 = a0, c3 = a0, e0 = a0, e1 = a0, e2 = a0, e3 = a0;
+    const float *k = kt;
+    for (int i = 0; i < d; i++, k += B) {
+        const __m512 l0 = _mm512_load_ps(k), l1 = _mm512_load_ps(k + 16), l2 = _mm512_load_ps(k + 32),
+                     l3 = _mm512_load_ps(k + 48);
+        const __m512 x = _mm512_set1_ps(q0[i]), y = _mm512_set1_ps(q1[i]), z = _mm512_set1_ps(q2[i]),
+                     w = _mm512_set1_ps(q3[i]);
+        FMA4(x, a0, a1, a2, a3);
+        FMA4(y, b0, b1, b2, b3);
+        FMA4(z, c0, c1, c2, c3);
+        FMA4(w, e0, e1, e2, e3);
+    }
+    STORE4(s0, a0, a1, a2, a3);
+    STORE4(s1, b0, b1, b2, b3);
+    STORE4(s2, c0, c1, c2, c3);
+    STORE4(s3, e0, e1, e2, e3);
+}
+
+INLINE void value4(const float *w0, const float *w1, const float *w2, const float *w3, const float *v, int d,
+                   uint32_t a, uint32_t b, float *o0, float *o1, float *o2, float *o3)
+{
+    for (int c = 0; c < d; c += 64) { /* d % 64 == 0 (the caller checks) */
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+        __m512 c0 = a0, c1 = a0, c2 = a0, c3 = a0, e0 = a0, e1 = a0, e2 = a0, e3 = a0;
+        for (uint32_t j = a; j < b; j++) {
+            const float *vj = v + (size_t)j * d + c;
+            const __m512 l0 = _mm512_loadu_ps(vj), l1 = _mm512_loadu_ps(vj + 16), l2 = _mm512_loadu_ps(vj + 32),
+                         l3 = _mm512_loadu_ps(vj + 48);
+            const __m512 x = _mm512_set1_ps(w0[j]), y = _mm512_set1_ps(w1[j]), z = _mm512_set1_ps(w2[j]),
+                         w = _mm512_set1_ps(w3[j]);
+            FMA4(x, a0, a1, a2, a3);
+            FMA4(y, b0, b1, b2, b3);
+            FMA4(z, c0, c1, c2, c3);
+            FMA4(w, e0, e1, e2, e3);
+        }
+        STORE4(o0 + c, a0, a1, a2, a3);
+        STORE4(o1 + c, b0, b1, b2, b3);
+        STORE4(o2 + c, c0, c1, c2, c3);
+        STORE4(o3 + c, e0, e1, e2, e3);
+    }
+}
+
 /* o0/o1 [d] = sum_j w_j v_j over keys [a, b) for the weights w0, w1. */
 INLINE void value2(const float *w0, const float *w1, const float *v, int d, uint32_t a, uint32_t b, float *o0,
                    float *o1)
@@ -146,7 +212,27 @@ TGT static void chunk_block_avx512(const struct kvq_attn_chunk_rows *R, const fl
                                    float scale, float *tmp)
 {
     float *o0 = tmp + KVQ_ATTN_CHUNK_ROWS * B, *o1 = o0 + d;
-    for (int r = 0; r < R->n; r += 2) {
+    int r = 0;
+    for (; d % 64 == 0 && r + 4 <= R->n; r += 4) {
+        float *o[4] = {o0, o1, o1 + d, o1 + 2 * d}, *sc[4];
+        uint32_t lo = 64, hi = 0;
+        for (int i = 0; i < 4; i++) {
+            sc[i] = tmp + (size_t)(r + i) * B;
+            lo = R->lo[r + i] < lo ? R->lo[r + i] : lo;
+            hi = R->hi[r + i] > hi ? R->hi[r + i] : hi;
+        }
+        score4(R->q[r], R->q[r + 1], R->q[r + 2], R->q[r + 3], kt, d, sc[0], sc[1], sc[2], sc[3]);
+        float sum[4];
+        double al[4];
+        for (int i = 0; i < 4; i++)
+            al[i] = softmax_row(R, r + i, scale, sc[i], &sum[i]);
+        value4(sc[0], sc[1], sc[2], sc[3], v, d, lo, hi, o[0], o[1], o[2], o[3]);
+        for (int i = 0; i < 4; i++) {
+            *R->l[r + i] = *R->l[r + i] * al[i] + sum[i];
+            fold(R->acc[r + i], o[i], al[i], d);
+        }
+    }
+    for (; r < R->n; r += 2) {
         /* an odd last row is paired with itself: the same sums, written twice */
         const int r1 = r + 1 < R->n ? r + 1 : r;
         float *s0 = tmp + (size_t)r * B, *s1 = tmp + (size_t)(r + 1) * B;

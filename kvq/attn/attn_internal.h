@@ -57,7 +57,7 @@ struct kvq_attn_workspace {
     /* chunk path (attn_chunk.c) */
     float *ck, *cv;  /* [KVQ_ATTN_BLOCK][dim]: one block's decoded keys, values */
     float *ckt;      /* [dim][KVQ_ATTN_BLOCK]: the keys transposed */
-    float *crow;     /* [KVQ_ATTN_CHUNK_ROWS * KVQ_ATTN_BLOCK + 2 dim] the block step's scratch */
+    float *crow;     /* [KVQ_ATTN_CHUNK_ROWS * KVQ_ATTN_BLOCK + 4 dim] the block step's scratch */
     double *cacc;    /* [max(max_q, KVQ_ATTN_PASS_ROWS)][dim] a pass's rows */
     double *cm, *cl; /* [max(max_q, KVQ_ATTN_PASS_ROWS)] their maxima, weight sums */
     struct kvq_attn_chunk_rows *cr; /* the rows of one block step */
@@ -207,7 +207,7 @@ struct kvq_attn_chunk_rows {
  * block's sum in float, acc in double), alpha = e^(m_old - m). Each row's
  * arithmetic is its own (rows are only paired to share loads), so a row's
  * result does not depend on the others. tmp: KVQ_ATTN_CHUNK_ROWS *
- * KVQ_ATTN_BLOCK + 2 dim floats of scratch, 64-byte aligned. */
+ * KVQ_ATTN_BLOCK + 4 dim floats of scratch, 64-byte aligned. */
 struct kvq_attn_chunk_kernels {
     void (*block)(const struct kvq_attn_chunk_rows *r, const float *kt, const float *v, int dim, float scale,
                   float *tmp);
