@@ -1060,7 +1060,8 @@ static const struct kvq_attn_kernels *kernel_set(enum backend b)
 /* causal-tiled: the reference is the per-position path; scalar, avx2 and
  * avx512 the chunk kernels; lib kvq_attn_causal, also over the chunk cut into uneven
  * pieces, which must give the same bits (kv_store_cpu.c splits chunks by
- * position across threads and relies on it). */
+ * position across threads and relies on it), and with the window
+ * kvq_attn_causal_recent over the f16 rows the cache holds, the same bits. */
 static void causal_tiled_exec(struct attn_fx *f, const struct tcase *c, enum backend b, int i, const float *q,
                               float *out)
 {
@@ -1084,6 +1085,34 @@ static void causal_tiled_exec(struct attn_fx *f, const struct tcase *c, enum bac
         }
         CHECKF(!memcmp(part, out, T * stride * sizeof *part), "causal-tiled d=%d: a split chunk's rows differ",
                s->dim);
+        /* with the window: kvq_attn_causal_recent given the f16 copies the
+         * cache holds for the chunk's page gives the same bits */
+        const struct kvq_cache_config *cc = kvq_cache_config_of(f->c);
+        size_t se, lo;
+        if (cc->recent_f16 && kvq_cache_f16_view(f->c, s->pos0, &se, &lo) == KVQ_OK &&
+            kvq_cache_f16_row(f->c, 0, ATTN_HEAD, s->pos0 + T - 1)) {
+            const size_t hd = (size_t)cc->n_kv_heads * (size_t)f->d, n = s->pos0 + T - lo;
+            uint16_t *rk = malloc(n * hd * sizeof *rk), *rv = malloc(n * hd * sizeof *rv);
+            int held = rk && rv;
+            for (size_t t = 0; held && t < n; t++)
+                for (int h = 0; h < cc->n_kv_heads && held; h++) {
+                    const uint16_t *hk = kvq_cache_f16_row(f->c, 0, h, lo + t), *hv = kvq_cache_f16_row(f->c, 1, h, lo + t);
+                    held = hk && hv;
+                    if (held) {
+                        memcpy(rk + t * hd + (size_t)h * f->d, hk, (size_t)f->d * sizeof *hk);
+                        memcpy(rv + t * hd + (size_t)h * f->d, hv, (size_t)f->d * sizeof *hv);
+                    }
+                }
+            CHECKF(held, "causal-tiled d=%d: the view's f16 rows are not all held", s->dim);
+            if (held) {
+                const struct kvq_attn_recent rec = {rk, rv, lo, n};
+                CHECK_OK(kvq_attn_causal_recent(f->c, ATTN_HEAD, s->pos0, T, q, nq, f->scale, part, f->ws, &rec));
+                CHECKF(!memcmp(part, out, T * stride * sizeof *part),
+                       "causal-tiled d=%d: kvq_attn_causal_recent differs from kvq_attn_causal", s->dim);
+            }
+            free(rk);
+            free(rv);
+        }
         free(part);
     }
 }

@@ -336,17 +336,17 @@ static void test_causal_recent(void)
     CHECK_OK(kvq_attn_workspace_create(d, G, N, &ws));
     const float scale = 1.0f / sqrtf((float)d);
     for (int variant = 0; variant < 3; variant++) { /* plain, sinks + centring, after a deep truncation */
-        struct kvq_cache_config cfg;
-        kvq_cache_config_default(&cfg, H, d, N);
-        cfg.type_k = KVQ_TYPE_TQ3J;
-        cfg.type_v = KVQ_TYPE_TQ3;
-        cfg.seed = 77;
-        cfg.page_tokens = P;
-        cfg.recent_f16 = 1;
-        cfg.sink_tokens = variant == 1 ? 4 : 0;
-        cfg.center_k = variant == 1;
-        kvq_cache *c = NULL, *pg = NULL, *g = NULL;
-        CHECK_OK(kvq_cache_create(&cfg, &c));
+        kvq_cache *c = make(KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3, H, d, P, N, 1, variant == 1 ? 4 : 0, 0), *pg = NULL,
+                  *g = NULL;
+        if (!c)
+            break;
+        struct kvq_cache_config cfg = *kvq_cache_config_of(c);
+        if (variant == 1) { /* and key centring */
+            kvq_cache_free(c);
+            c = NULL;
+            cfg.center_k = 1;
+            CHECK_OK(kvq_cache_create(&cfg, &c));
+        }
         CHECK_OK(kvq_cache_create(&cfg, &pg));
         CHECK_OK(kvq_cache_create(&cfg, &g));
         if (!c || !pg || !g || !out || !page || !gen || !rk || !rv || !qg || !og)

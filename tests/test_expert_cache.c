@@ -15,6 +15,7 @@
 #include "kvq_batch.h"
 #include "kvq_model.h"
 #include "test.h"
+#include "test_fixture.h"
 #include "test_moe_synth.h"
 #include "test_util.h"
 
@@ -34,14 +35,7 @@ static void run_seq(const kvq_model *m, size_t bytes, const int32_t *ids, size_t
     if (!s)
         return;
     CHECK_OK(kvq_seq_forward(s, ids, T, 0, logits, NULL));
-    kvq_seq_reset(s);
-    struct kvq_gen_params gp;
-    kvq_gen_params_default(&gp);
-    gp.max_tokens = (int)N;
-    gp.stop_at_eos = 0;
-    size_t n = 0;
-    CHECK_OK(kvq_seq_generate(s, ids, T, &gp, greedy, N, &n, NULL, NULL));
-    CHECK(n == N);
+    CHECK(test_greedy_n(s, ids, T, greedy, N) == N);
     kvq_seq_get_stats(s, st);
     kvq_seq_free(s);
 }

@@ -96,8 +96,12 @@ TGT static double softmax_row(const struct kvq_attn_chunk_rows *R, int r, float 
     return alpha;
 }
 
-/* Four rows per load of K^T / V, 16 named accumulators (no arrays: gcc
- * keeps those in memory). Each row's sums are score2's / value2's. */
+/* Four rows per load, 16 named accumulators (no arrays: gcc keeps those in
+ * memory): o_r[0..64) = sum over i in [i0, i1) of c_r[i] m[i * stride + 0..64)
+ * for r = 0..3, each row's sums in i order. The scores are this over K^T
+ * (c = q, stride KVQ_ATTN_BLOCK), the weighted values over V, 64
+ * coordinates at a time (c = the weights, stride d): each row's sums are
+ * score2's / value2's. */
 #define FMA4(x, a0, a1, a2, a3)                                                                                        \
     do {                                                                                                               \
         a0 = _mm512_fmadd_ps(x, l0, a0);                                                                               \
@@ -113,50 +117,26 @@ TGT static double softmax_row(const struct kvq_attn_chunk_rows *R, int r, float 
         _mm512_storeu_ps((p) + 48, a3);                                                                                \
     } while (0)
 
-INLINE void score4(const float *q0, const float *q1, const float *q2, const float *q3, const float *kt, int d,
-                   float *s0, float *s1, float *s2, float *s3)
+INLINE void rows4(const float *c0, const float *c1, const float *c2, const float *c3, uint32_t i0, uint32_t i1,
+                  const float *m, size_t stride, float *o0, float *o1, float *o2, float *o3)
 {
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-    __m512 c0 = a0, c1 = a0, c2 = a0, c3 = a0, e0 = a0, e1 = a0, e2 = a0, e3 = a0;
-    const float *k = kt;
-    for (int i = 0; i < d; i++, k += B) {
-        const __m512 l0 = _mm512_load_ps(k), l1 = _mm512_load_ps(k + 16), l2 = _mm512_load_ps(k + 32),
-                     l3 = _mm512_load_ps(k + 48);
-        const __m512 x = _mm512_set1_ps(q0[i]), y = _mm512_set1_ps(q1[i]), z = _mm512_set1_ps(q2[i]),
-                     w = _mm512_set1_ps(q3[i]);
+    __m512 d0 = a0, d1 = a0, d2 = a0, d3 = a0, e0 = a0, e1 = a0, e2 = a0, e3 = a0;
+    for (uint32_t i = i0; i < i1; i++) {
+        const float *mi = m + (size_t)i * stride;
+        const __m512 l0 = _mm512_loadu_ps(mi), l1 = _mm512_loadu_ps(mi + 16), l2 = _mm512_loadu_ps(mi + 32),
+                     l3 = _mm512_loadu_ps(mi + 48);
+        const __m512 x = _mm512_set1_ps(c0[i]), y = _mm512_set1_ps(c1[i]), z = _mm512_set1_ps(c2[i]),
+                     w = _mm512_set1_ps(c3[i]);
         FMA4(x, a0, a1, a2, a3);
         FMA4(y, b0, b1, b2, b3);
-        FMA4(z, c0, c1, c2, c3);
+        FMA4(z, d0, d1, d2, d3);
         FMA4(w, e0, e1, e2, e3);
     }
-    STORE4(s0, a0, a1, a2, a3);
-    STORE4(s1, b0, b1, b2, b3);
-    STORE4(s2, c0, c1, c2, c3);
-    STORE4(s3, e0, e1, e2, e3);
-}
-
-INLINE void value4(const float *w0, const float *w1, const float *w2, const float *w3, const float *v, int d,
-                   uint32_t a, uint32_t b, float *o0, float *o1, float *o2, float *o3)
-{
-    for (int c = 0; c < d; c += 64) { /* d % 64 == 0 (the caller checks) */
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-        __m512 c0 = a0, c1 = a0, c2 = a0, c3 = a0, e0 = a0, e1 = a0, e2 = a0, e3 = a0;
-        for (uint32_t j = a; j < b; j++) {
-            const float *vj = v + (size_t)j * d + c;
-            const __m512 l0 = _mm512_loadu_ps(vj), l1 = _mm512_loadu_ps(vj + 16), l2 = _mm512_loadu_ps(vj + 32),
-                         l3 = _mm512_loadu_ps(vj + 48);
-            const __m512 x = _mm512_set1_ps(w0[j]), y = _mm512_set1_ps(w1[j]), z = _mm512_set1_ps(w2[j]),
-                         w = _mm512_set1_ps(w3[j]);
-            FMA4(x, a0, a1, a2, a3);
-            FMA4(y, b0, b1, b2, b3);
-            FMA4(z, c0, c1, c2, c3);
-            FMA4(w, e0, e1, e2, e3);
-        }
-        STORE4(o0 + c, a0, a1, a2, a3);
-        STORE4(o1 + c, b0, b1, b2, b3);
-        STORE4(o2 + c, c0, c1, c2, c3);
-        STORE4(o3 + c, e0, e1, e2, e3);
-    }
+    STORE4(o0, a0, a1, a2, a3);
+    STORE4(o1, b0, b1, b2, b3);
+    STORE4(o2, d0, d1, d2, d3);
+    STORE4(o3, e0, e1, e2, e3);
 }
 
 /* o0/o1 [d] = sum_j w_j v_j over keys [a, b) for the weights w0, w1. */
@@ -221,12 +201,13 @@ TGT static void chunk_block_avx512(const struct kvq_attn_chunk_rows *R, const fl
             lo = R->lo[r + i] < lo ? R->lo[r + i] : lo;
             hi = R->hi[r + i] > hi ? R->hi[r + i] : hi;
         }
-        score4(R->q[r], R->q[r + 1], R->q[r + 2], R->q[r + 3], kt, d, sc[0], sc[1], sc[2], sc[3]);
+        rows4(R->q[r], R->q[r + 1], R->q[r + 2], R->q[r + 3], 0, (uint32_t)d, kt, B, sc[0], sc[1], sc[2], sc[3]);
         float sum[4];
         double al[4];
         for (int i = 0; i < 4; i++)
             al[i] = softmax_row(R, r + i, scale, sc[i], &sum[i]);
-        value4(sc[0], sc[1], sc[2], sc[3], v, d, lo, hi, o[0], o[1], o[2], o[3]);
+        for (int c = 0; c < d; c += 64) /* the weights are 0 outside a row's own keys: exact zeros */
+            rows4(sc[0], sc[1], sc[2], sc[3], lo, hi, v + c, (size_t)d, o[0] + c, o[1] + c, o[2] + c, o[3] + c);
         for (int i = 0; i < 4; i++) {
             *R->l[r + i] = *R->l[r + i] * al[i] + sum[i];
             fold(R->acc[r + i], o[i], al[i], d);
