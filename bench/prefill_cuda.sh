@@ -3,10 +3,13 @@
 #   test   test_backend_ops -o prefill,prefill-dense -b cuda: the tile kernel
 #          and the dense path (kvq_cuda_prefill_ws) against token-by-token
 #          attention on a CPU cache, every position, every case;
+#   test-mma, attn-mma   the same with KVQ_CUDA_NO_WGMMA=1 (the dense path's
+#          mma.sync kernel instead of the warpgroup one: the A/B);
 #   memcheck, racecheck   compute-sanitizer on prefill-dense
 #          (KVQ_CUDA_TEST_SMALL=1);
 #   ppl    kvq ppl on the bundled model, CPU against GPU (the dense path),
-#          f16 and the default cache, 4K context;
+#          f16 and the default cache, 4K context, KVQ_PPL_TOKENS (8192)
+#          tokens; on the GPU also with --fast-prefill;
 #   attn   bench_prefill_cuda: tile vs dense, chunk of 2048 after pasts of
 #          0 .. 126K, f16 / tq3j/tq3 / + window;
 #   ref    the 2-layer Llama-3.1-8B-shaped checkpoint: test_decoder_cuda
@@ -27,11 +30,15 @@ has() { case ",$stages," in *",$1,"*) return 0 ;; esac; return 1; }
 t0=$(date +%s)
 . bench/device_step.sh
 device_info
-step build 400 sh bench/device_kit.sh --build "$kit" "$dev" all tests benches
+step build 400 sh bench/device_kit.sh --build "$kit" "$dev" ${KVQ_BUILD_TARGETS:-all tests benches}
 tail -n 3 "$out/build.log"
 if has test; then
     step test 300 "$dev/tests/test_backend_ops" -o "${KVQ_TEST_OPS:-prefill,prefill-dense}" -b "cuda*" -v
     grep -E "FAIL|worst|passed|prefill" "$out/test.log" | tail -n 60
+fi
+if has test-mma; then
+    KVQ_CUDA_NO_WGMMA=1 step test-mma 300 "$dev/tests/test_backend_ops" -o prefill-dense -b "cuda*" -v
+    grep -E "FAIL|worst|passed" "$out/test-mma.log" | tail -n 20
 fi
 if has memcheck; then
     KVQ_CUDA_TEST_SMALL=1 step memcheck 200 compute-sanitizer --tool memcheck --error-exitcode 9 \
@@ -46,10 +53,11 @@ fi
 if has ppl; then
     M=models/kvq-tiny-llama
     for dv in ${KVQ_PPL_DEVICES:-cpu cuda}; do
-        for ty in "-ctk f16 -ctv f16" ""; do
+        for ty in "-ctk f16 -ctv f16" "" "-ctk f16 -ctv f16 --fast-prefill" "--fast-prefill"; do
+            [ $dv = cpu ] && case "$ty" in *fast*) continue ;; esac
             tag="ppl-$dv-$(echo "${ty:-default}" | tr -d ' -')"
-            step "$tag" 120 "$dev/bin/kvq" ppl --model $M --file $M/reference/valid.txt --ctx 4096 --max-tokens 8192 \
-                --device $dv $ty
+            step "$tag" 240 "$dev/bin/kvq" ppl --model $M --file $M/reference/valid.txt --ctx 4096 \
+                --max-tokens "${KVQ_PPL_TOKENS:-8192}" --device $dv $ty
             grep "^ppl " "$out/$tag.log" | tail -n 1
         done
     done
@@ -58,8 +66,12 @@ if has attn; then
     step attn 300 "$dev/bench/bench_prefill_cuda" --json "$out/bench_prefill_cuda.json"
     cat "$out/attn.log"
 fi
+if has attn-mma; then
+    KVQ_CUDA_NO_WGMMA=1 step attn-mma 300 "$dev/bench/bench_prefill_cuda" --json "$out/bench_prefill_cuda_mma.json"
+    cat "$out/attn-mma.log"
+fi
 if has ncu; then # one attention launch over a 32K past (f16 cache): the kernel's limiter
-    KVQ_BENCH_REPS=1 step ncu 240 ncu --clock-control none -k regex:fa_kernel --launch-skip 8 -c 1 \
+    KVQ_BENCH_REPS=1 step ncu 240 ncu --clock-control none -k regex:"${KVQ_NCU_KERNEL:-fa_wg_kernel}" --launch-skip 8 -c 1 \
         --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
         --section Occupancy --section WarpStateStats --section LaunchStats "$dev/bench/bench_prefill_cuda"
     grep -E "Throughput|Pipe|Occupancy|Registers|Stall|Warp Cycles|Duration|Bank|Shared" "$out/ncu.log" | head -n 40

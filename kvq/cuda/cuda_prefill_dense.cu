@@ -31,7 +31,9 @@
  * query heads, as the tile kernel packs them, so a key tile serves the
  * whole GQA group), 64-key tiles double-buffered with cp.async (zero-filled
  * beyond the rows that exist), Q fragments in registers, K through ldmatrix,
- * V through ldmatrix.trans, mma.sync m16n8k16 with f32 accumulators.
+ * V through ldmatrix.trans, mma.sync m16n8k16 with f32 accumulators. On a
+ * Hopper GPU at D = 128 the same launch runs fa_wg_kernel instead
+ * (cuda_fa_wgmma.cuh: warpgroup MMA, 128-key tiles).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -492,6 +494,24 @@ __global__ void __launch_bounds__(kFaWarps * 32, 1) fa_kernel(const __grid_const
     }
 }
 
+#include "cuda_fa_wgmma.cuh"
+
+/* Whether fa_wg_kernel runs on this device: its sm_90a code loaded (a
+ * compute capability 9.0 GPU), unless KVQ_CUDA_NO_WGMMA is set to other
+ * than 0 (the mma.sync kernel then: an A/B switch and a fallback). */
+bool fa_wg_ok()
+{
+    const char *off = getenv("KVQ_CUDA_NO_WGMMA");
+    if (off && *off && strcmp(off, "0"))
+        return false;
+    cudaFuncAttributes a;
+    if (cudaFuncGetAttributes(&a, fa_wg_kernel) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    return a.binaryVersion == 90;
+}
+
 /* ---- 3. out = R_v^T O ------------------------------------------------------ */
 
 template <int D>
@@ -542,8 +562,12 @@ kvq_status run_d(kvq_cuda_cache *c, kvq_cuda_prefill_ws *ws, int seq, int pos0, 
     const int seg = (int)ws->seg;
     const int n_seg = valid > 0 ? (valid + seg - 1) / seg : 0;
 
-    KVQ_CU_TRY(cudaFuncSetAttribute(fa_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)fa_layout<D>::bytes));
+    const bool wg = D == 128 && fa_wg_ok();
+    if (wg)
+        KVQ_CU_TRY(cudaFuncSetAttribute(fa_wg_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kWgSmem));
+    else
+        KVQ_CU_TRY(cudaFuncSetAttribute(fa_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)fa_layout<D>::bytes));
     fa_params fp;
     memset(&fp, 0, sizeof fp);
     fp.q = ws->q;
@@ -583,8 +607,10 @@ kvq_status run_d(kvq_cuda_cache *c, kvq_cuda_prefill_ws *ws, int seq, int pos0, 
     for (int s = 0; s < (n_seg ? n_seg : 1); s++) {
         const int lo = s * seg, hi = lo + seg;
         if (n_seg) {
-            /* through the last tile any row reads (zeros past valid) */
-            int end = (valid + kFaKeys - 1) / kFaKeys * kFaKeys;
+            /* through the last tile any row reads (zeros past valid: a masked key's
+             * weight is 0, and 0 times a stale NaN would not be); kWgKeys is
+             * the larger of the two kernels' tiles */
+            int end = (valid + kWgKeys - 1) / kWgKeys * kWgKeys;
             end = end < hi ? end : hi;
             dp.lo = lo;
             dp.hi = end;
@@ -596,7 +622,10 @@ kvq_status run_d(kvq_cuda_cache *c, kvq_cuda_prefill_ws *ws, int seq, int pos0, 
         fp.seg_hi = n_seg ? hi : 0;
         fp.first = s == 0;
         fp.last = s == (n_seg ? n_seg : 1) - 1;
-        fa_kernel<D><<<grid, kFaWarps * 32, fa_layout<D>::bytes, st>>>(fp);
+        if (wg)
+            fa_wg_kernel<<<grid, kFaWarps * 32, kWgSmem, st>>>(fp);
+        else
+            fa_kernel<D><<<grid, kFaWarps * 32, fa_layout<D>::bytes, st>>>(fp);
         KVQ_CU_TRY(cudaGetLastError());
     }
     const int rows = n * Hq;
