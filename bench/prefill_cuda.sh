@@ -9,13 +9,19 @@
 #          (KVQ_CUDA_TEST_SMALL=1);
 #   ppl    kvq ppl on the bundled model, CPU against GPU (the dense path),
 #          f16 and the default cache, 4K context, KVQ_PPL_TOKENS (8192)
-#          tokens; on the GPU also with --fast-prefill;
+#          tokens; on the GPU also with --exact-prefill;
 #   attn   bench_prefill_cuda: tile vs dense, chunk of 2048 after pasts of
 #          0 .. 126K, f16 / tq3j/tq3 / + window;
 #   ref    the 2-layer Llama-3.1-8B-shaped checkpoint: test_decoder_cuda
 #          against transformers (bench/decoder_cuda.sh ref);
 #   model  the 32-layer checkpoint: bench_decoder_cuda --prefill (f16 and
-#          the default pair, exact and --fast-prefill products).
+#          the default pair, exact and --fast-prefill products);
+#   hf     transformers (DynamicCache, SDPA, bf16) on the same checkpoint,
+#          32K and 128K prompts;
+#   sdpa   bench/sdpa_prefill.py: PyTorch's SDPA (cuDNN / flash) on
+#          bench_prefill_cuda's chunk;
+#   gputests  the decoder's GPU tests (test_batch, test_batch_share,
+#          test_cache_window, test_decoder_moe, test_decoder_window).
 #
 #   sh bench/prefill_cuda.sh KIT OUT [STAGES]
 # KIT: bench/device_kit.sh's archive, made here; the build (build-dev, sm_90a)
@@ -53,8 +59,8 @@ fi
 if has ppl; then
     M=models/kvq-tiny-llama
     for dv in ${KVQ_PPL_DEVICES:-cpu cuda}; do
-        for ty in "-ctk f16 -ctv f16" "" "-ctk f16 -ctv f16 --fast-prefill" "--fast-prefill"; do
-            [ $dv = cpu ] && case "$ty" in *fast*) continue ;; esac
+        for ty in "-ctk f16 -ctv f16" "" "-ctk f16 -ctv f16 --exact-prefill" "--exact-prefill"; do
+            [ $dv = cpu ] && case "$ty" in *exact*) continue ;; esac
             tag="ppl-$dv-$(echo "${ty:-default}" | tr -d ' -')"
             step "$tag" 240 "$dev/bin/kvq" ppl --model $M --file $M/reference/valid.txt --ctx 4096 \
                 --max-tokens "${KVQ_PPL_TOKENS:-8192}" --device $dv $ty
@@ -82,6 +88,21 @@ if has model; then
         --types "${KVQ_PREFILL_TYPES:-f16/f16,tq3j/tq3+ctr}" --prefill "${KVQ_PREFILL_CTX:-4096,32768,131072}" \
         --fast-prefill both --json "$out/bench_decoder_cuda.json"
     grep -iE "prefill|error|skip" "$out/model.log" | head -n 40
+fi
+if has hf; then
+    [ -f /tmp/llama31-8b/config.json ] || step make8b 300 python3 bench/hf_llama_shape.py make --out /tmp/llama31-8b
+    step hf 300 python3 bench/hf_llama_shape.py bench --model /tmp/llama31-8b --ctx 32768,131072 --json "$out/hf.json"
+    tail -n 5 "$out/hf.log"
+fi
+if has sdpa; then
+    step sdpa 200 python3 bench/sdpa_prefill.py --out "$out/sdpa_prefill.json"
+    tail -n 12 "$out/sdpa.log"
+fi
+if has gputests; then
+    for t in test_batch test_batch_share test_cache_window test_decoder_moe test_decoder_window; do
+        step "$t" 200 "$dev/tests/$t"
+        tail -n 1 "$out/$t.log"
+    done
 fi
 if has ref; then
     KVQ_SHAPE_TMP=/tmp step ref 400 sh bench/decoder_cuda.sh "$dev" "$out/ref" ref

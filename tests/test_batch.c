@@ -242,6 +242,7 @@ static void on_cuda_centred(enum kvq_type k, enum kvq_type v, int sampled, int c
     struct kvq_batch_config bc;
     kvq_batch_config_default(&bc);
     bc.seq.device = KVQ_DEVICE_CUDA;
+    bc.seq.fast_prefill = 0; /* exact products: the comparisons are against f32 references */
     bc.seq.type_k = k;
     bc.seq.type_v = v;
     bc.seq.center_k = center;

@@ -434,6 +434,7 @@ static int cuda_here(void)
     struct kvq_batch_config bc;
     kvq_batch_config_default(&bc);
     bc.seq.device = KVQ_DEVICE_CUDA;
+    bc.seq.fast_prefill = 0; /* exact products: the comparisons are against f32 references */
     bc.max_seqs = 1;
     kvq_batch *b = NULL;
     kvq_status st = kvq_batch_create(model, &bc, &b, NULL);
@@ -448,6 +449,7 @@ static void test_cuda_shared_identical(void)
     struct kvq_seq_config sc;
     kvq_seq_config_default(&sc); /* tq3j/tq3 with the recent f16 window */
     sc.device = KVQ_DEVICE_CUDA;
+    sc.fast_prefill = 0; /* exact products: the comparisons are against f32 references */
     compare(&sc);
     sc.recent_f16 = 0; /* sink rows travel with the share */
     sc.sink_tokens = 4;
@@ -465,6 +467,7 @@ static void test_cuda_budget_window(void)
     struct kvq_batch_config bc;
     kvq_batch_config_default(&bc); /* tq3j/tq3 with the window */
     bc.seq.device = KVQ_DEVICE_CUDA;
+    bc.seq.fast_prefill = 0; /* exact products: the comparisons are against f32 references */
     bc.max_seqs = 3;
     bc.max_rows = 512;
     struct kvq_batch_stats st;
@@ -493,6 +496,7 @@ static void test_cuda_copy_on_write(void)
         SKIP("no CUDA device or build");
     struct kvq_batch_config bc = q8_batch(4, 512);
     bc.seq.device = KVQ_DEVICE_CUDA;
+    bc.seq.fast_prefill = 0; /* exact products: the comparisons are against f32 references */
     bc.seq.type_k = bc.seq.type_v = KVQ_TYPE_F16;
     copy_on_write(bc);
 }

@@ -678,6 +678,7 @@ static void test_seq_budget(void)
      * the same three pages a layer */
     struct kvq_seq_plan gp;
     sc.device = KVQ_DEVICE_CUDA;
+    sc.fast_prefill = 0; /* exact products: the comparisons are against f32 references */
     CHECK_OK(kvq_seq_plan_of(model, &sc, &gp));
     CHECK(gp.fixed_bytes == pl.fixed_bytes);
     CHECK(gp.bytes_per_token == pl.bytes_per_token && gp.page_bytes == pl.page_bytes);

@@ -336,6 +336,7 @@ static void test_hf_llama31_shape(void)
     struct kvq_seq_config sc;
     kvq_seq_config_default(&sc);
     sc.device = KVQ_DEVICE_CUDA;
+    sc.fast_prefill = 0; /* exact products: the comparisons are against f32 references */
     sc.type_k = KVQ_TYPE_F32;
     sc.type_v = KVQ_TYPE_F32;
     sc.max_ctx = 128;
@@ -587,6 +588,7 @@ static void test_budget_matches_plan(void)
     struct kvq_seq_config sc;
     kvq_seq_config_default(&sc);
     sc.device = KVQ_DEVICE_CUDA;
+    sc.fast_prefill = 0; /* exact products: the comparisons are against f32 references */
     sc.max_ctx = 1024;
     struct kvq_seq_plan pl;
     CHECK_OK(kvq_seq_plan_of(model, &sc, &pl));

@@ -242,6 +242,7 @@ static void test_accounting_and_cuda(void)
         struct kvq_seq_config sc;
         kvq_seq_config_default(&sc);
         sc.device = KVQ_DEVICE_CUDA;
+        sc.fast_prefill = 0; /* exact products: the comparisons are against f32 references */
         sc.max_ctx = 64;
         kvq_seq *s = NULL;
         err.msg[0] = 0;
@@ -250,6 +251,7 @@ static void test_accounting_and_cuda(void)
         struct kvq_batch_config bc;
         kvq_batch_config_default(&bc);
         bc.seq.device = KVQ_DEVICE_CUDA;
+        bc.seq.fast_prefill = 0; /* exact products: the comparisons are against f32 references */
         bc.seq.max_ctx = 64;
         kvq_batch *b = NULL;
         err.msg[0] = 0;

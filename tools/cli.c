@@ -180,7 +180,7 @@ static const char *const value_less[] = {
     "--help", "-h", "--json", "--quiet", "--plan", "--force", "--no-eos", "--v-norm-correct", "--kv-recent-f16",
     "--no-kv-recent-f16", "--kv-auto", "--sweep", "--per-layer", "--synthetic", "--compute", "--emit-c",
     "--mse-table", "--version", "--no-bos", "--skip-special", "--kl-divergence", "--no-key-outlier-f16",
-    "--no-cuda-graphs", "--fast-prefill", "--kv-center-k", "--no-kv-center-k",
+    "--no-cuda-graphs", "--fast-prefill", "--exact-prefill", "--kv-center-k", "--no-kv-center-k",
 };
 
 int cli_value_less(const char *arg)

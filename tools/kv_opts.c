@@ -19,6 +19,7 @@ void kv_opts_default(struct kv_opts *o)
     o->center_k = KVQ_CENTER_AUTO;
     o->key_outlier_f16 = 1;
     o->cuda_graphs = 1;
+    o->fast_prefill = 1;
 }
 
 int kv_parse_type(const char *cmd, const char *s, enum kvq_type *t)
@@ -146,6 +147,7 @@ int kv_opts_flag(const char *a, struct kv_opts *o)
         {"--no-key-outlier-f16", offsetof(struct kv_opts, key_outlier_f16), 0},
         {"--no-cuda-graphs", offsetof(struct kv_opts, cuda_graphs), 0},
         {"--fast-prefill", offsetof(struct kv_opts, fast_prefill), 1},
+        {"--exact-prefill", offsetof(struct kv_opts, fast_prefill), 0},
         {"--kv-center-k", offsetof(struct kv_opts, center_k), 1},
         {"--no-kv-center-k", offsetof(struct kv_opts, center_k), 0},
     };
@@ -313,9 +315,10 @@ void kv_opts_usage(FILE *f)
                "                       recent-token window and sinks)\n"
                "  --no-cuda-graphs     launch a decode step's kernels one by one instead of replaying\n"
                "                       the step as one CUDA graph\n"
-               "  --fast-prefill       on the GPU, prefill products round their inputs to 16 bits (one\n"
-               "                       GEMM, as a bf16 forward; ~2x faster matmuls, logits ~2e-3 from\n"
-               "                       float32) instead of the exact two-GEMM split\n",
+               "  --exact-prefill      on the GPU, prefill products keep f32 inputs (each as two 16-bit\n"
+               "                       halves, two GEMMs: a float32 forward's logits) instead of the\n"
+               "                       default one GEMM on inputs rounded to 16 bits, as a bf16 forward\n"
+               "                       (~2x faster matmuls, logits ~2e-3 from float32; --fast-prefill)\n",
             KVQ_CACHE_MAX_SINK_TOKENS);
 }
 

@@ -24,7 +24,7 @@ struct kv_opts {
     int key_outlier_f16;  /* 1 (default): keys of k_proj-bias outlier layers in f16
                              (kvq_seq_config.key_outlier_f16); 0 --no-key-outlier-f16 */
     int cuda_graphs;      /* 1 (default): decode steps as CUDA graphs; 0 --no-cuda-graphs */
-    int fast_prefill;     /* --fast-prefill (kvq_seq_config.fast_prefill) */
+    int fast_prefill;     /* 1, --exact-prefill 0 (kvq_seq_config.fast_prefill) */
     int center_k;         /* kvq_seq_config.center_k: KVQ_CENTER_AUTO (default) with the
                              window; 1 --kv-center-k (refused without it), 0 --no-kv-center-k */
     enum kvq_device device; /* --device cpu|cuda (default cpu) */

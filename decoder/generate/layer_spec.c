@@ -25,6 +25,7 @@ void kvq_seq_config_default(struct kvq_seq_config *cfg)
     cfg->center_k = KVQ_CENTER_AUTO;
     cfg->key_outlier_f16 = 1;
     cfg->cuda_graphs = 1;
+    cfg->fast_prefill = 1;
 }
 
 /* Layer l's K and V types: the configured ones, f16 keys on a key-outlier

@@ -348,13 +348,14 @@ struct kvq_seq_config {
                              * at least one) and preads the others from the checkpoint's files when
                              * the router picks them, least recently used out first: resident
                              * memory bounded, results bit-identical (kvq_seq_stats expert_*) */
-    int fast_prefill;       /* 0 (default): on KVQ_DEVICE_CUDA a product of more than 64 rows
-                             * (a prefill chunk) with 16-bit weights computes with f32 inputs
-                             * (each input as two 16-bit halves, two GEMMs), matching a
-                             * float32 forward; 1: its inputs are rounded to the weights'
-                             * type, one GEMM, as transformers' bf16 forward does (~2x
-                             * faster products, logits ~2e-3 x max|logit| from float32);
-                             * decode steps (up to 64 rows) are unchanged */
+    int fast_prefill;       /* 1 (default): on KVQ_DEVICE_CUDA a product of more than 64 rows
+                             * (a prefill chunk) with 16-bit weights rounds its inputs to the
+                             * weights' type, one GEMM with f32 sums, as transformers', vLLM's
+                             * and llama.cpp's bf16 forwards do (logits ~2e-3 x max|logit|
+                             * from float32); 0 (kvq --exact-prefill): f32 inputs, each as
+                             * two 16-bit halves, two GEMMs, matching a float32 forward (~2x
+                             * the products' time); decode steps (up to 64 rows) keep f32
+                             * inputs either way */
 };
 /* kvq_seq_config.max_chunk's default: tokens per prefill forward (also the
  * chunk of `kvq serve` and the base of kvq_batch's max_rows). */

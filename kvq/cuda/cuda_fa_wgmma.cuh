@@ -7,7 +7,7 @@
  * reads both operands of Q K^T straight from shared memory and 64 rows at a
  * time, which is where FlashAttention-3's rate comes from. Layout: a block
  * of 2 warpgroups (8 warps) takes the same 128 query rows as fa_kernel,
- * warpgroup w rows 64 w ..; tiles of 128 keys, double-buffered with
+ * warpgroup w rows 64 w ..; tiles of 128 keys, 3 buffers filled by
  * cp.async. Every tile (Q, K, V) is two panels of [128 rows][64 halves],
  * 128-byte rows in the 128B swizzle (16-byte chunk c of row r at chunk
  * c ^ (r % 8)), so one descriptor form serves all:
@@ -32,7 +32,7 @@
 constexpr int kWgKeys = 128;
 constexpr uint32_t kWgPanel = 128 * 128;   /* bytes: 128 rows x 64 halves */
 constexpr uint32_t kWgTile = 2 * kWgPanel; /* 128 rows x 128 halves */
-constexpr size_t kWgSmem = 5 * (size_t)kWgTile + 1024; /* Q, 2 x (K, V), alignment */
+constexpr size_t kWgSmem = 7 * (size_t)kWgTile + 1024; /* Q, 3 x (K, V), alignment: 225 KB */
 
 /* Where 16-byte chunk c (0..15) of row r lands in a tile (bytes). */
 __device__ __forceinline__ uint32_t wg_swz(int r, int c)
@@ -59,6 +59,7 @@ __device__ __forceinline__ uint64_t wg_desc_n(uint32_t addr)
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
 /* cp.async wrote through the generic proxy; wgmma reads through the async one */
 __device__ __forceinline__ void wg_proxy_fence() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
@@ -70,6 +71,16 @@ __device__ __forceinline__ void wg_hold(float (&d)[N])
 #pragma unroll
     for (int i = 0; i < N; i++)
         asm volatile("" : "+f"(d[i])::"memory");
+}
+
+/* The same for a P V's A fragments, which the MMA reads until its wait. */
+__device__ __forceinline__ void wg_hold_r(uint32_t (&a)[8][4])
+{
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            asm volatile("" : "+r"(a[i][e])::"memory");
 }
 
 /* D (64 rows x 128 keys, this warpgroup's) (+)= Q K^T over 16 dims: A and B
@@ -105,7 +116,13 @@ __device__ __forceinline__ void wg_pv(float (&d)[32], const uint32_t (&a)[4], ui
 #endif /* KVQ_FA_WG */
 
 /* fa_kernel's launch on warpgroup MMA (D = 128): the same grid, params and
- * results up to the order of the f32 sums. */
+ * results up to the order of the f32 sums.
+ *
+ * The tensor cores would idle while a warpgroup runs its softmax, so each
+ * iteration issues the next tile's S = Q K^T and this tile's O += P V
+ * together and computes the next softmax while P V runs (FlashAttention-3's
+ * intra-warpgroup overlap); K/V tiles rotate through 3 buffers, refilled one
+ * iteration ahead, and one barrier per tile guards both. */
 __global__ void __launch_bounds__(kFaWarps * 32, 1) fa_wg_kernel(const __grid_constant__ fa_params p)
 {
 #ifdef KVQ_FA_WG
@@ -114,8 +131,8 @@ __global__ void __launch_bounds__(kFaWarps * 32, 1) fa_wg_kernel(const __grid_co
     extern __shared__ __align__(16) uint8_t smem[];
     const uint32_t base = (smem_u32(smem) + 1023u) & ~1023u; /* the swizzle repeats every 1024 bytes */
     const uint32_t sq = base;
-    auto sk = [&](int b) { return base + (uint32_t)(1 + b) * kWgTile; };
-    auto sv = [&](int b) { return base + (uint32_t)(3 + b) * kWgTile; };
+    auto sk = [&](int b) { return base + (uint32_t)(1 + 2 * b) * kWgTile; };
+    auto sv = [&](int b) { return base + (uint32_t)(2 + 2 * b) * kWgTile; };
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3, wg = warp >> 2;
     const int h = blockIdx.y, G = p.G, ppt = kFaRows / G, i0 = blockIdx.x * ppt;
@@ -157,10 +174,10 @@ __global__ void __launch_bounds__(kFaWarps * 32, 1) fa_wg_kernel(const __grid_co
     const int n_b = p.last && p.P && w_hi > w_lo ? (w_hi - w_lo + kWgKeys - 1) / kWgKeys : 0;
     auto tile_t0 = [&](int j) { return j < n_a ? p.seg_lo + j * kWgKeys : w_lo + (j - n_a) * kWgKeys; };
 
-    auto load_tile = [&](int j, int b) {
+    auto load_tile = [&](int j) {
         const bool a = j < n_a;
         const int t0 = tile_t0(j);
-        const uint32_t kd = sk(b), vd = sv(b);
+        const uint32_t kd = sk(j % 3), vd = sv(j % 3);
         for (int u = tid; u < kWgKeys * 16; u += kFaWarps * 32) {
             const int r = u >> 4, c = u & 15, t = t0 + r;
             const bool ok = a ? t < p.seg_hi : t >= p.pos0 && t < p.pos0 + p.n;
@@ -172,7 +189,9 @@ __global__ void __launch_bounds__(kFaWarps * 32, 1) fa_wg_kernel(const __grid_co
     };
     const int n_t = n_a + n_b;
     if (n_t > 0)
-        load_tile(0, 0);
+        load_tile(0);
+    if (n_t > 1)
+        load_tile(1);
 
     /* the running state; o[half][4 i + e]: row g + 8 (e >> 1), dim 64 half + 8 i + 2 t4 + (e & 1) */
     float o[2][32];
@@ -196,35 +215,26 @@ __global__ void __launch_bounds__(kFaWarps * 32, 1) fa_wg_kernel(const __grid_co
         }
 
     const uint32_t q_rows = sq + (uint32_t)wg * 64u * 128u; /* this warpgroup's 64 rows */
-    for (int j = 0; j < n_t; j++) {
-        const int b = j & 1;
-        if (j + 1 < n_t) {
-            load_tile(j + 1, b ^ 1);
-            cp_wait<1>();
-        } else
-            cp_wait<0>();
-        wg_proxy_fence();
-        __syncthreads();
-        const bool a = j < n_a;
-        const int t0 = tile_t0(j);
-
-        /* S = Q K^T, 64 x 128 per warpgroup; s[4 i + e]: row g + 8 (e >> 1), key 8 i + 2 t4 + (e & 1) */
-        float s[64];
+    /* S = Q K^T of tile j, 64 x 128 per warpgroup, issued (not waited);
+     * s[4 i + e]: row g + 8 (e >> 1), key 8 i + 2 t4 + (e & 1) */
+    float s[64];
 #pragma unroll
-        for (int i = 0; i < 64; i++)
-            s[i] = 0.0f;
-        wg_hold(s);
-        wg_fence();
+    for (int i = 0; i < 64; i++)
+        s[i] = 0.0f;
+    auto issue_qk = [&](int j) {
+        const uint32_t kt = sk(j % 3);
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++) {
             const uint32_t off = (uint32_t)(kk >> 2) * kWgPanel + (uint32_t)(kk & 3) * 32u;
-            wg_qk(s, wg_desc_k(q_rows + off), wg_desc_k(sk(b) + off), kk);
+            wg_qk(s, wg_desc_k(q_rows + off), wg_desc_k(kt + off), kk);
         }
         wg_commit();
-        wg_wait0();
-        wg_hold(s);
-
-        /* mask to the rows' views, then the online softmax (log2 units) */
+    };
+    /* tile j's scores masked to the rows' views, the online softmax (log2
+     * units): P as f16 A fragments, alpha the factor O must take */
+    auto softmax = [&](int j, uint32_t (&pa)[8][4], float (&alpha)[2]) {
+        const bool a = j < n_a;
+        const int t0 = tile_t0(j);
         float mx[2] = {-INFINITY, -INFINITY};
         if (a && t0 + kWgKeys <= a_full) {
 #pragma unroll
@@ -239,7 +249,7 @@ __global__ void __launch_bounds__(kFaWarps * 32, 1) fa_wg_kernel(const __grid_co
                 mx[k] = fmaxf(mx[k], s[i]);
             }
         }
-        float alpha[2], mu[2];
+        float mu[2];
 #pragma unroll
         for (int k = 0; k < 2; k++) {
             mx[k] = fmaxf(mx[k], __shfl_xor_sync(0xffffffffu, mx[k], 1));
@@ -250,12 +260,6 @@ __global__ void __launch_bounds__(kFaWarps * 32, 1) fa_wg_kernel(const __grid_co
             m_run[k] = m_new;
             l_run[k] *= alpha[k];
         }
-#pragma unroll
-        for (int hf = 0; hf < 2; hf++)
-#pragma unroll
-            for (int i = 0; i < 32; i++)
-                o[hf][i] *= alpha[(i >> 1) & 1];
-        uint32_t pa[8][4];
 #pragma unroll
         for (int kk = 0; kk < 8; kk++) {
             float w[8];
@@ -269,25 +273,78 @@ __global__ void __launch_bounds__(kFaWarps * 32, 1) fa_wg_kernel(const __grid_co
             pa[kk][2] = pack_f16x2(w[4], w[5]); /* row g, keys + 8 */
             pa[kk][3] = pack_f16x2(w[6], w[7]); /* row g + 8, keys + 8 */
         }
+    };
+    auto scale_o = [&](const float (&alpha)[2]) {
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++)
+#pragma unroll
+            for (int i = 0; i < 32; i++)
+                o[hf][i] *= alpha[(i >> 1) & 1];
+    };
 
-        /* O += P V */
-        wg_hold(o[0]);
-        wg_hold(o[1]);
+    uint32_t pa[8][4], pn[8][4];
+    float alpha[2];
+    if (n_t > 0) { /* tile 0's softmax before the loop */
+        if (n_t > 1)
+            cp_wait<1>();
+        else
+            cp_wait<0>();
+        wg_proxy_fence();
+        __syncthreads();
+        wg_hold(s);
         wg_fence();
+        issue_qk(0);
+        wg_wait0();
+        wg_hold(s);
+        softmax(0, pa, alpha);
+        scale_o(alpha);
+    } else
+        cp_wait<0>();
+    auto issue_pv = [&](int j) {
+        const uint32_t vt = sv(j % 3);
 #pragma unroll
         for (int kk = 0; kk < kWgKeys / 16; kk++) {
-            const uint32_t at = sv(b) + (uint32_t)kk * 16u * 128u;
+            const uint32_t at = vt + (uint32_t)kk * 16u * 128u;
             wg_pv(o[0], pa[kk], wg_desc_n(at));
             wg_pv(o[1], pa[kk], wg_desc_n(at + kWgPanel));
         }
         wg_commit();
+    };
+    /* tile j + 1 has landed, and every warp is past tile j - 1's P V: its buffer refills */
+    auto next_tile = [&](int j) {
+        cp_wait<0>();
+        wg_proxy_fence();
+        __syncthreads();
+        if (j + 2 < n_t)
+            load_tile(j + 2);
+    };
+    for (int j = 0; j + 1 < n_t; j++) {
+        next_tile(j);
+        wg_fence();
+        issue_qk(j + 1);
+        issue_pv(j);
+        wg_wait1(); /* the next softmax while P V runs */
+        wg_hold(s);
+        softmax(j + 1, pn, alpha);
         wg_wait0();
         wg_hold(o[0]);
         wg_hold(o[1]);
-        __syncthreads(); /* buffer b is refilled next iteration */
+        wg_hold_r(pa);
+        scale_o(alpha);
+#pragma unroll
+        for (int kk = 0; kk < 8; kk++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                pa[kk][e] = pn[kk][e];
     }
-    if (n_t == 0)
-        cp_wait<0>();
+    if (n_t > 0) { /* the last tile's P V */
+        next_tile(n_t - 1);
+        wg_fence();
+        issue_pv(n_t - 1);
+        wg_wait0();
+        wg_hold(o[0]);
+        wg_hold(o[1]);
+    }
 
     /* the state back: normalised after the last launch */
 #pragma unroll
