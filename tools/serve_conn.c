@@ -15,7 +15,9 @@
  * An idle connection (nothing sent) never gets here: libmicrohttpd's idle
  * timeout of the same length started earlier (before the notification that
  * arms the deadline) and closes it first, so what is closed and logged here
- * is a slow client, not a pooled connection left open.
+ * is a slow client, not a pooled connection left open. "First" needs a
+ * margin: libmicrohttpd 0.9.7x counts that timeout in whole seconds and may
+ * close up to a second late, so the deadline is DEADLINE_GRACE_S later.
  *
  * The limits are enforced here too, in libmicrohttpd's accept policy
  * callback, rather than by its own options: those refuse before the callback
@@ -34,6 +36,7 @@
 #include "serve_conn.h"
 
 #define DEADLINE_TICK_MS 100
+#define DEADLINE_GRACE_S 1.5 /* past libmicrohttpd's idle timeout (whole seconds) */
 #define LOG_EVERY_S 10.0 /* a flood of refusals gives one line per this long */
 /* open files beyond the connections' sockets: stdio, the listening socket,
  * what loading keeps */
@@ -252,7 +255,7 @@ static struct serve_conn *opened(struct serve_conns *g, int fd, const struct soc
     c->fd = fd;
     c->addr_len = addr_key(addr, len, c->addr);
     pthread_mutex_lock(&g->mu);
-    c->deadline = now_s() + g->timeout_s;
+    c->deadline = now_s() + g->timeout_s + DEADLINE_GRACE_S;
     c->next = g->head;
     if (g->head)
         g->head->prev = c;
@@ -284,7 +287,7 @@ void serve_conns_rearm(struct serve_conns *g, struct MHD_Connection *mc)
     if (!c)
         return;
     pthread_mutex_lock(&g->mu);
-    c->deadline = now_s() + g->timeout_s;
+    c->deadline = now_s() + g->timeout_s + DEADLINE_GRACE_S;
     pthread_mutex_unlock(&g->mu);
 }
 
