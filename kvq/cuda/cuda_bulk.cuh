@@ -1,8 +1,9 @@
-/* cuda_bulk.cuh - the sm_90 bulk copy engine as the fused kernel uses it: an
+/* cuda_bulk.cuh - the sm_90 bulk copy engine as the fused kernels use it: an
  * mbarrier per stage buffer, armed with the bytes it expects, and
- * cp.async.bulk copies from global memory that complete on it. On older
- * architectures these compile to nothing; the kernel then copies with plain
- * loads (cuda_stage.cuh, seg_issue). Private to kvq/cuda.
+ * cp.async.bulk copies from global memory that complete on it, flat
+ * (bulk_copy) or as a box of a tensor map (tma_load_3d, the TMA unit). On
+ * older architectures these compile to nothing; the kernels then copy with
+ * plain loads (cuda_stage.cuh, seg_issue) or cp.async. Private to kvq/cuda.
  */
 #ifndef KVQ_CUDA_BULK_CUH
 #define KVQ_CUDA_BULK_CUH
@@ -13,12 +14,21 @@
 
 namespace kvq_cu {
 
-/* One arrival (the issuing lane's expect_tx) completes a phase, together with
- * the bytes that lane announced. */
-__device__ __forceinline__ void mbar_init(uint64_t *bar)
+/* `count` arrivals complete a phase, together with the bytes announced by
+ * expect_tx; the default, one, is the issuing lane's expect_tx. */
+__device__ __forceinline__ void mbar_init(uint64_t *bar, uint32_t count = 1)
 {
 #if __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(bar)) : "memory");
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+#else
+    (void)bar, (void)count;
+#endif
+}
+
+__device__ __forceinline__ void mbar_arrive(uint64_t *bar)
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
 #else
     (void)bar;
 #endif
@@ -57,6 +67,21 @@ __device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity)
 #endif
 }
 
+/* mbar_wait for a whole warp that waits together: the loop's branch is
+ * marked uniform, which lets ptxas keep the warpgroup MMAs after it
+ * pipelined (a per-thread loop makes it serialise them: C7513). */
+__device__ __forceinline__ void mbar_wait_warp(uint64_t *bar, uint32_t parity)
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("{\n .reg .pred p;\n WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 " @!p bra.uni WAIT_%=;\n}\n" ::"r"(smem_u32(bar)),
+                 "r"(parity)
+                 : "memory");
+#else
+    (void)bar, (void)parity;
+#endif
+}
+
 __device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t bytes, uint64_t *bar)
 {
 #if __CUDA_ARCH__ >= 900
@@ -66,6 +91,22 @@ __device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t b
                  : "memory");
 #else
     (void)dst, (void)src, (void)bytes, (void)bar;
+#endif
+}
+
+/* The box of a 3-D tensor map (a __grid_constant__ kernel parameter) at
+ * element coordinates (x, y, z), x fastest, into shared memory at dst
+ * (shared-window address), completing on bar. Elements outside the tensor,
+ * negative coordinates included, arrive as zeros and count as bytes. */
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const void *map, int x, int y, int z, uint64_t *bar)
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+                 "l"(map), "r"(x), "r"(y), "r"(z), "r"(smem_u32(bar))
+                 : "memory");
+#else
+    (void)dst, (void)map, (void)x, (void)y, (void)z, (void)bar;
 #endif
 }
 

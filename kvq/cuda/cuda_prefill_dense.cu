@@ -32,13 +32,17 @@
  * whole GQA group), 64-key tiles double-buffered with cp.async (zero-filled
  * beyond the rows that exist), Q fragments in registers, K through ldmatrix,
  * V through ldmatrix.trans, mma.sync m16n8k16 with f32 accumulators. On a
- * Hopper GPU at D = 128 the same launch runs fa_wg_kernel instead
- * (cuda_fa_wgmma.cuh: warpgroup MMA, 128-key tiles).
+ * Hopper GPU at D = 128 the same launch runs fa_ws_kernel instead
+ * (cuda_fa_wgmma.cuh: warpgroup MMA, 128-key tiles, a TMA producer
+ * warpgroup), or fa_wg_kernel (the same loading with cp.async) where the
+ * driver has no tensor-map encoder or KVQ_CUDA_NO_TMA is set.
  */
+#include <cuda.h> /* CUtensorMap: the encoder comes through the runtime, no -lcuda */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda_bulk.cuh"
 #include "cuda_internal.cuh"
 #include "cuda_prefill_tile.cuh"
 #include "cuda_rot.cuh"
@@ -512,6 +516,50 @@ bool fa_wg_ok()
     return a.binaryVersion == 90;
 }
 
+typedef CUresult (*encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                              const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                              CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+/* The driver's tensor-map encoder, looked up once; NULL where the driver
+ * has none (then the cp.async kernel runs). */
+encode_fn tma_encoder()
+{
+    static const encode_fn fn = [] {
+        void *f = NULL;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) !=
+                cudaSuccess ||
+            q != cudaDriverEntryPointSuccess) {
+            (void)cudaGetLastError();
+            f = NULL;
+        }
+        return (encode_fn)f;
+    }();
+    return fn;
+}
+
+/* Whether fa_ws_kernel (the TMA producer) replaces fa_wg_kernel: the
+ * encoder exists, unless KVQ_CUDA_NO_TMA is set to other than 0. */
+bool fa_ws_ok()
+{
+    const char *off = getenv("KVQ_CUDA_NO_TMA");
+    if (off && *off && strcmp(off, "0"))
+        return false;
+    return tma_encoder() != NULL;
+}
+
+/* A (D, heads, rows) f16 array's tensor map, boxes of 64 dims x bh heads x
+ * br rows in the 128B swizzle. @return 0 on success. */
+int tma_map(CUtensorMap *m, const __half *a, int D, int heads, int rows, int bh, int br)
+{
+    const cuuint64_t dim[3] = {(cuuint64_t)D, (cuuint64_t)heads, (cuuint64_t)(rows > 0 ? rows : 1)};
+    const cuuint64_t stride[2] = {(cuuint64_t)D * 2, (cuuint64_t)heads * D * 2};
+    const cuuint32_t box[3] = {64, (cuuint32_t)bh, (cuuint32_t)br}, one[3] = {1, 1, 1};
+    return tma_encoder()(m, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3, (void *)a, dim, stride, box, one,
+                         CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                         CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS;
+}
+
 /* ---- 3. out = R_v^T O ------------------------------------------------------ */
 
 template <int D>
@@ -563,7 +611,10 @@ kvq_status run_d(kvq_cuda_cache *c, kvq_cuda_prefill_ws *ws, int seq, int pos0, 
     const int n_seg = valid > 0 ? (valid + seg - 1) / seg : 0;
 
     const bool wg = D == 128 && fa_wg_ok();
-    if (wg)
+    const int ws_on = wg && fa_ws_ok();
+    if (ws_on)
+        KVQ_CU_TRY(cudaFuncSetAttribute(fa_ws_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kWsSmem));
+    else if (wg)
         KVQ_CU_TRY(cudaFuncSetAttribute(fa_wg_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kWgSmem));
     else
         KVQ_CU_TRY(cudaFuncSetAttribute(fa_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -586,6 +637,11 @@ kvq_status run_d(kvq_cuda_cache *c, kvq_cuda_prefill_ws *ws, int seq, int pos0, 
     fp.sink_rows = c->sink_rows;
     const int ppt = kFaRows / fp.G;
     const dim3 grid((unsigned)((n + ppt - 1) / ppt), (unsigned)H);
+    fa_maps maps;
+    if (ws_on && (tma_map(&maps.q, ws->q, D, Hq, n, fp.G, ppt) || tma_map(&maps.ka, ws->ka, D, H, seg, 1, kWgKeys) ||
+                  tma_map(&maps.va, ws->va, D, H, seg, 1, kWgKeys) || tma_map(&maps.kb, ws->kb, D, H, n, 1, kWgKeys) ||
+                  tma_map(&maps.vb, ws->vb, D, H, n, 1, kWgKeys)))
+        return KVQ_ERR_DEVICE;
 
     deq_params dp;
     memset(&dp, 0, sizeof dp);
@@ -622,7 +678,9 @@ kvq_status run_d(kvq_cuda_cache *c, kvq_cuda_prefill_ws *ws, int seq, int pos0, 
         fp.seg_hi = n_seg ? hi : 0;
         fp.first = s == 0;
         fp.last = s == (n_seg ? n_seg : 1) - 1;
-        if (wg)
+        if (ws_on)
+            fa_ws_kernel<<<grid, kWsThreads, kWsSmem, st>>>(fp, maps);
+        else if (wg)
             fa_wg_kernel<<<grid, kFaWarps * 32, kWgSmem, st>>>(fp);
         else
             fa_kernel<D><<<grid, kFaWarps * 32, fa_layout<D>::bytes, st>>>(fp);
