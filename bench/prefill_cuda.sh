@@ -5,8 +5,6 @@
 #          attention on a CPU cache, every position, every case;
 #   test-mma, attn-mma   the same with KVQ_CUDA_NO_WGMMA=1 (the dense path's
 #          mma.sync kernel instead of the warpgroup one: the A/B);
-#   test-wg, attn-wg   the same with KVQ_CUDA_NO_TMA=1 (the warpgroup kernel
-#          loading with cp.async instead of the TMA producer);
 #   memcheck, racecheck   compute-sanitizer on prefill-dense
 #          (KVQ_CUDA_TEST_SMALL=1);
 #   ppl    kvq ppl on the bundled model, CPU against GPU (the dense path),
@@ -25,7 +23,7 @@
 #   gputests  the decoder's GPU tests (test_batch, test_batch_share,
 #          test_cache_window, test_decoder_moe, test_decoder_window);
 #   ab     test_batch_share and test_decoder_cuda with each dense-path
-#          kernel (default, KVQ_CUDA_NO_TMA=1, KVQ_CUDA_NO_WGMMA=1).
+#          kernel (default, KVQ_CUDA_NO_WGMMA=1).
 #
 #   sh bench/prefill_cuda.sh KIT OUT [STAGES]
 # KIT: bench/device_kit.sh's archive, made here; the build (build-dev, sm_90a)
@@ -49,10 +47,6 @@ fi
 if has test-mma; then
     KVQ_CUDA_NO_WGMMA=1 step test-mma 300 "$dev/tests/test_backend_ops" -o prefill-dense -b "cuda*" -v
     grep -E "FAIL|worst|passed" "$out/test-mma.log" | tail -n 20
-fi
-if has test-wg; then
-    KVQ_CUDA_NO_TMA=1 step test-wg 300 "$dev/tests/test_backend_ops" -o prefill-dense -b "cuda*" -v
-    grep -E "FAIL|worst|passed" "$out/test-wg.log" | tail -n 20
 fi
 if has memcheck; then
     KVQ_CUDA_TEST_SMALL=1 step memcheck 200 compute-sanitizer --tool memcheck --error-exitcode 9 \
@@ -84,12 +78,8 @@ if has attn-mma; then
     KVQ_CUDA_NO_WGMMA=1 step attn-mma 300 "$dev/bench/bench_prefill_cuda" --json "$out/bench_prefill_cuda_mma.json"
     cat "$out/attn-mma.log"
 fi
-if has attn-wg; then
-    KVQ_CUDA_NO_TMA=1 step attn-wg 300 "$dev/bench/bench_prefill_cuda" --json "$out/bench_prefill_cuda_wg.json"
-    cat "$out/attn-wg.log"
-fi
 if has ncu; then # one attention launch over a 32K past (f16 cache): the kernel's limiter
-    KVQ_BENCH_REPS=1 step ncu 240 ncu --clock-control none -k regex:"${KVQ_NCU_KERNEL:-fa_w[gs]_kernel}" --launch-skip 8 -c 1 \
+    KVQ_BENCH_REPS=1 step ncu 240 ncu --clock-control none -k regex:"${KVQ_NCU_KERNEL:-fa_ws_kernel}" --launch-skip 8 -c 1 \
         --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
         --section Occupancy --section WarpStateStats --section LaunchStats "$dev/bench/bench_prefill_cuda"
     grep -E "Throughput|Pipe|Occupancy|Registers|Stall|Warp Cycles|Duration|Bank|Shared" "$out/ncu.log" | head -n 40
@@ -118,7 +108,7 @@ if has gputests; then
 fi
 if has ab; then
     for t in test_batch_share test_decoder_cuda; do
-        for v in default NO_TMA NO_WGMMA; do
+        for v in default NO_WGMMA; do
             case $v in default) e= ;; *) e="KVQ_CUDA_$v=1" ;; esac
             timeout 150 env $e "$dev/tests/$t" >"$out/ab-$t-$v.log" 2>&1
             echo "ab $t $v: rc $? $(grep -E 'FAIL|perplexity|passed|failed' "$out/ab-$t-$v.log" | tail -n 12 | tr '\n' ' ')" |

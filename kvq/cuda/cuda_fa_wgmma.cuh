@@ -6,9 +6,9 @@
  * ~230 TFLOP/s on an H200, a third of the card's f16 rate (issue 37); wgmma
  * reads both operands of Q K^T straight from shared memory and 64 rows at a
  * time, which is where FlashAttention-3's rate comes from. Layout: a block
- * of 2 warpgroups (8 warps) takes the same 128 query rows as fa_kernel,
- * warpgroup w rows 64 w ..; tiles of 128 keys, 3 buffers filled by
- * cp.async. Every tile (Q, K, V) is two panels of [128 rows][64 halves],
+ * takes the same 128 query rows as fa_kernel, in two consumer warpgroups
+ * of 64 rows, and a producer warpgroup loads tiles of 128 keys into 3
+ * buffers on the TMA unit (fa_ws_kernel below). Every tile (Q, K, V) is two panels of [128 rows][64 halves],
  * 128-byte rows in the 128B swizzle (16-byte chunk c of row r at chunk
  * c ^ (r % 8)), so one descriptor form serves all:
  *   S = Q K^T   m64n128k16, A = Q and B = K both K-major (dims contiguous),
@@ -17,12 +17,9 @@
  *               registers (S rounded to f16 in the m16n8k16 A fragment
  *               order), V N-major (imm-trans-b) at 2 KB per 16 keys.
  * The softmax between them runs in registers as in fa_kernel.
- * fa_wg_kernel loads with cp.async from every thread; fa_ws_kernel, the
- * default, moves the loads to a producer warpgroup on the TMA unit.
  *
  * Built for sm_90a only: elsewhere the kernel is empty and fa_wg_ok() is 0.
- * C++ (nvcc) only; included by cuda_prefill_dense.cu after fa_params and
- * the cp.async helpers.
+ * C++ (nvcc) only; included by cuda_prefill_dense.cu after fa_params.
  */
 #ifndef KVQ_CUDA_FA_WGMMA_CUH
 #define KVQ_CUDA_FA_WGMMA_CUH
@@ -62,8 +59,6 @@ __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.alig
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
-/* cp.async wrote through the generic proxy; wgmma reads through the async one */
-__device__ __forceinline__ void wg_proxy_fence() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 /* Keeps the compiler from moving accesses of accumulators across an
  * asynchronous MMA's issue and wait. */
@@ -117,265 +112,6 @@ __device__ __forceinline__ void wg_pv(float (&d)[32], const uint32_t (&a)[4], ui
 }
 #endif /* KVQ_FA_WG */
 
-/* fa_kernel's launch on warpgroup MMA (D = 128): the same grid, params and
- * results up to the order of the f32 sums.
- *
- * The tensor cores would idle while a warpgroup runs its softmax, so each
- * iteration issues the next tile's S = Q K^T and this tile's O += P V
- * together and computes the next softmax while P V runs (FlashAttention-3's
- * intra-warpgroup overlap); K/V tiles rotate through 3 buffers, refilled one
- * iteration ahead, and one barrier per tile guards both. */
-__global__ void __launch_bounds__(kFaWarps * 32, 1) fa_wg_kernel(const __grid_constant__ fa_params p)
-{
-#ifdef KVQ_FA_WG
-    constexpr int D = 128;
-    static_assert(kFaWarps == 8 && kFaRows == 128, "two warpgroups of 64 rows");
-    extern __shared__ __align__(16) uint8_t smem[];
-    const uint32_t base = (smem_u32(smem) + 1023u) & ~1023u; /* the swizzle repeats every 1024 bytes */
-    const uint32_t sq = base;
-    auto sk = [&](int b) { return base + (uint32_t)(1 + 2 * b) * kWgTile; };
-    auto sv = [&](int b) { return base + (uint32_t)(2 + 2 * b) * kWgTile; };
-
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3, wg = warp >> 2;
-    const int h = blockIdx.y, G = p.G, ppt = kFaRows / G, i0 = blockIdx.x * ppt;
-
-    /* the queries: rows (position i0 + r / G, head h G + r % G), zero-filled past the chunk */
-    for (int u = tid; u < kFaRows * 16; u += kFaWarps * 32) {
-        const int r = u >> 4, c = u & 15, i = i0 + r / G;
-        const bool ok = r < ppt * G && i < p.n;
-        const __half *src = p.q + (ok ? ((size_t)i * p.Hq + (size_t)h * G + r % G) * D + 8 * c : 0);
-        cp16(sq + wg_swz(r, c), src, ok);
-    }
-    cp_commit();
-
-    /* this thread's rows g and g + 8 of its warp: view n, sink end se, packed end tl */
-    auto tl_of = [&](int n, int se) {
-        int tl = n;
-        if (p.P && n % p.P)
-            tl = n - n % p.P;
-        return tl > se ? tl : se;
-    };
-    int rn[2], rtl[2], ridx[2];
-#pragma unroll
-    for (int k = 0; k < 2; k++) {
-        const int r = warp * 16 + g + 8 * k, i = i0 + r / G;
-        const bool ok = r < ppt * G && i < p.n;
-        const int n = p.pos0 + i + 1, se = n < p.sink_rows ? n : p.sink_rows;
-        rn[k] = ok ? n : 0;
-        rtl[k] = ok ? tl_of(n, se) : 0;
-        ridx[k] = ok ? i * p.Hq + h * G + r % G : -1;
-    }
-    const int ilast = (i0 + ppt < p.n ? i0 + ppt : p.n) - 1;
-    const int n_first = p.pos0 + i0 + 1, n_last = p.pos0 + ilast + 1;
-    const int se_first = n_first < p.sink_rows ? n_first : p.sink_rows;
-    const int se_last = n_last < p.sink_rows ? n_last : p.sink_rows;
-    const int a_end = min(p.seg_hi, tl_of(n_last, se_last));
-    const int n_a = a_end > p.seg_lo ? (a_end - p.seg_lo + kWgKeys - 1) / kWgKeys : 0;
-    const int w_lo = tl_of(n_first, se_first), w_hi = n_last;
-    const int a_full = min(w_lo, p.seg_hi); /* scratch tiles below this are whole in every row's view */
-    const int n_b = p.last && p.P && w_hi > w_lo ? (w_hi - w_lo + kWgKeys - 1) / kWgKeys : 0;
-    auto tile_t0 = [&](int j) { return j < n_a ? p.seg_lo + j * kWgKeys : w_lo + (j - n_a) * kWgKeys; };
-
-    auto load_tile = [&](int j) {
-        const bool a = j < n_a;
-        const int t0 = tile_t0(j);
-        const uint32_t kd = sk(j % 3), vd = sv(j % 3);
-        for (int u = tid; u < kWgKeys * 16; u += kFaWarps * 32) {
-            const int r = u >> 4, c = u & 15, t = t0 + r;
-            const bool ok = a ? t < p.seg_hi : t >= p.pos0 && t < p.pos0 + p.n;
-            const size_t at = ok ? ((size_t)(a ? t - p.seg_lo : t - p.pos0) * p.H + h) * D + 8 * c : 0;
-            cp16(kd + wg_swz(r, c), (a ? p.ka : p.kb) + at, ok);
-            cp16(vd + wg_swz(r, c), (a ? p.va : p.vb) + at, ok);
-        }
-        cp_commit();
-    };
-    const int n_t = n_a + n_b;
-    if (n_t > 0)
-        load_tile(0);
-    if (n_t > 1)
-        load_tile(1);
-
-    /* the running state; o[half][4 i + e]: row g + 8 (e >> 1), dim 64 half + 8 i + 2 t4 + (e & 1) */
-    float o[2][32];
-    float m_run[2], l_run[2];
-#pragma unroll
-    for (int k = 0; k < 2; k++) {
-        m_run[k] = -INFINITY;
-        l_run[k] = 0.0f;
-        if (!p.first && ridx[k] >= 0) {
-            m_run[k] = p.ml[2 * (size_t)ridx[k]];
-            l_run[k] = t4 == 0 ? p.ml[2 * (size_t)ridx[k] + 1] : 0.0f;
-        }
-    }
-#pragma unroll
-    for (int nt = 0; nt < D / 8; nt++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int k = e >> 1;
-            o[nt >> 3][4 * (nt & 7) + e] =
-                !p.first && ridx[k] >= 0 ? p.o[(size_t)ridx[k] * D + nt * 8 + 2 * t4 + (e & 1)] : 0.0f;
-        }
-
-    const uint32_t q_rows = sq + (uint32_t)wg * 64u * 128u; /* this warpgroup's 64 rows */
-    /* S = Q K^T of tile j, 64 x 128 per warpgroup, issued (not waited);
-     * s[4 i + e]: row g + 8 (e >> 1), key 8 i + 2 t4 + (e & 1) */
-    float s[64];
-#pragma unroll
-    for (int i = 0; i < 64; i++)
-        s[i] = 0.0f;
-    auto issue_qk = [&](int j) {
-        const uint32_t kt = sk(j % 3);
-#pragma unroll
-        for (int kk = 0; kk < D / 16; kk++) {
-            const uint32_t off = (uint32_t)(kk >> 2) * kWgPanel + (uint32_t)(kk & 3) * 32u;
-            wg_qk(s, wg_desc_k(q_rows + off), wg_desc_k(kt + off), kk);
-        }
-        wg_commit();
-    };
-    /* tile j's scores masked to the rows' views, the online softmax (log2
-     * units): P as f16 A fragments, alpha the factor O must take */
-    auto softmax = [&](int j, uint32_t (&pa)[8][4], float (&alpha)[2]) {
-        const bool a = j < n_a;
-        const int t0 = tile_t0(j);
-        float mx[2] = {-INFINITY, -INFINITY};
-        if (a && t0 + kWgKeys <= a_full) {
-#pragma unroll
-            for (int i = 0; i < 64; i++)
-                mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
-        } else {
-#pragma unroll
-            for (int i = 0; i < 64; i++) {
-                const int k = (i >> 1) & 1, t = t0 + 8 * (i >> 2) + 2 * t4 + (i & 1);
-                const bool ok = a ? t < rtl[k] && t < p.seg_hi : t >= rtl[k] && t < rn[k];
-                s[i] = ok ? s[i] : -INFINITY;
-                mx[k] = fmaxf(mx[k], s[i]);
-            }
-        }
-        float mu[2];
-#pragma unroll
-        for (int k = 0; k < 2; k++) {
-            mx[k] = fmaxf(mx[k], __shfl_xor_sync(0xffffffffu, mx[k], 1));
-            mx[k] = fmaxf(mx[k], __shfl_xor_sync(0xffffffffu, mx[k], 2));
-            const float m_new = fmaxf(m_run[k], mx[k]);
-            mu[k] = m_new == -INFINITY ? 0.0f : m_new; /* a row with nothing yet stays empty */
-            alpha[k] = exp2f(m_run[k] - mu[k]);
-            m_run[k] = m_new;
-            l_run[k] *= alpha[k];
-        }
-#pragma unroll
-        for (int kk = 0; kk < 8; kk++) {
-            float w[8];
-#pragma unroll
-            for (int e = 0; e < 8; e++) {
-                w[e] = exp2f(s[8 * kk + e] - mu[(e >> 1) & 1]);
-                l_run[(e >> 1) & 1] += w[e];
-            }
-            pa[kk][0] = pack_f16x2(w[0], w[1]); /* row g, keys 16 kk + 2 t4 .. */
-            pa[kk][1] = pack_f16x2(w[2], w[3]); /* row g + 8 */
-            pa[kk][2] = pack_f16x2(w[4], w[5]); /* row g, keys + 8 */
-            pa[kk][3] = pack_f16x2(w[6], w[7]); /* row g + 8, keys + 8 */
-        }
-    };
-    auto scale_o = [&](const float (&alpha)[2]) {
-#pragma unroll
-        for (int hf = 0; hf < 2; hf++)
-#pragma unroll
-            for (int i = 0; i < 32; i++)
-                o[hf][i] *= alpha[(i >> 1) & 1];
-    };
-
-    uint32_t pa[8][4], pn[8][4];
-    float alpha[2];
-    if (n_t > 0) { /* tile 0's softmax before the loop */
-        if (n_t > 1)
-            cp_wait<1>();
-        else
-            cp_wait<0>();
-        wg_proxy_fence();
-        __syncthreads();
-        wg_hold(s);
-        wg_fence();
-        issue_qk(0);
-        wg_wait0();
-        wg_hold(s);
-        softmax(0, pa, alpha);
-        scale_o(alpha);
-    } else
-        cp_wait<0>();
-    auto issue_pv = [&](int j) {
-        const uint32_t vt = sv(j % 3);
-#pragma unroll
-        for (int kk = 0; kk < kWgKeys / 16; kk++) {
-            const uint32_t at = vt + (uint32_t)kk * 16u * 128u;
-            wg_pv(o[0], pa[kk], wg_desc_n(at));
-            wg_pv(o[1], pa[kk], wg_desc_n(at + kWgPanel));
-        }
-        wg_commit();
-    };
-    /* tile j + 1 has landed, and every warp is past tile j - 1's P V: its buffer refills */
-    auto next_tile = [&](int j) {
-        cp_wait<0>();
-        wg_proxy_fence();
-        __syncthreads();
-        if (j + 2 < n_t)
-            load_tile(j + 2);
-    };
-    for (int j = 0; j + 1 < n_t; j++) {
-        next_tile(j);
-        wg_fence();
-        issue_qk(j + 1);
-        issue_pv(j);
-        wg_wait1(); /* the next softmax while P V runs */
-        wg_hold(s);
-        softmax(j + 1, pn, alpha);
-        wg_wait0();
-        wg_hold(o[0]);
-        wg_hold(o[1]);
-        wg_hold_r(pa);
-        scale_o(alpha);
-#pragma unroll
-        for (int kk = 0; kk < 8; kk++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                pa[kk][e] = pn[kk][e];
-    }
-    if (n_t > 0) { /* the last tile's P V */
-        next_tile(n_t - 1);
-        wg_fence();
-        issue_pv(n_t - 1);
-        wg_wait0();
-        wg_hold(o[0]);
-        wg_hold(o[1]);
-    }
-
-    /* the state back: normalised after the last launch */
-#pragma unroll
-    for (int k = 0; k < 2; k++) {
-        l_run[k] += __shfl_xor_sync(0xffffffffu, l_run[k], 1);
-        l_run[k] += __shfl_xor_sync(0xffffffffu, l_run[k], 2);
-    }
-#pragma unroll
-    for (int k = 0; k < 2; k++) {
-        if (ridx[k] < 0)
-            continue;
-        const float inv = p.last ? 1.0f / l_run[k] : 1.0f;
-        float *dst = p.o + (size_t)ridx[k] * D + 2 * t4;
-#pragma unroll
-        for (int nt = 0; nt < D / 8; nt++)
-            *reinterpret_cast<float2 *>(dst + nt * 8) =
-                make_float2(o[nt >> 3][4 * (nt & 7) + 2 * k] * inv, o[nt >> 3][4 * (nt & 7) + 2 * k + 1] * inv);
-        if (!p.last && t4 == 0) {
-            p.ml[2 * (size_t)ridx[k]] = m_run[k];
-            p.ml[2 * (size_t)ridx[k] + 1] = l_run[k];
-        }
-    }
-#else
-    (void)p;
-#endif
-}
-
-/* ---- warp-specialised: a producer warpgroup on the TMA unit -------------- */
-
 /* The tensor maps fa_ws_kernel loads through (run_d encodes them): each a
  * 3-D view (dims, heads, positions) of an f16 array, box 64 dims wide
  * (one 128-byte swizzle row) and 128 rows (keys) or G x 128 / G (queries). */
@@ -386,21 +122,28 @@ struct fa_maps {
 constexpr int kWsThreads = 3 * 128; /* the producer warpgroup, then two consumers */
 constexpr size_t kWsSmem = kWgSmem + 64; /* + the mbarriers */
 
-/* fa_wg_kernel with its loads moved off the consumers: warpgroup 0 is a
- * producer in which one thread issues every copy (Q once, then per tile 4
- * boxes of 64 dims x 128 keys into 3 stage buffers, each stage an mbarrier
- * "full" armed with its bytes and one "empty" the 8 consumer warps arrive
- * on after the tile's P V), and warpgroups 1 and 2 run fa_wg_kernel's
- * consumer loop on 64 rows each with no block-wide barrier, so they drift
- * apart and one's softmax can run under the other's MMAs. The TMA unit
- * writes the 128B swizzle wg_swz describes and zero-fills rows outside the
- * tensors. Registers move from the producer (40) to the consumers (232)
- * with setmaxnreg, as FlashAttention-3 does. */
+/* fa_kernel's launch on warpgroup MMA (D = 128): the same grid, params and
+ * results up to the order of the f32 sums.
+ *
+ * Warpgroup 0 is a producer in which one thread issues every copy (Q once,
+ * then per tile 4 boxes of 64 dims x 128 keys into 3 stage buffers, each
+ * stage an mbarrier "full" armed with its bytes and one "empty" the 256
+ * consumer threads arrive on after the tile's P V). Warpgroups 1 and 2 are
+ * consumers of 64 rows each with no block-wide barrier, so they drift apart
+ * and one's softmax can run under the other's MMAs; and each issues the
+ * next tile's S = Q K^T together with this tile's O += P V and computes the
+ * next softmax while P V runs (FlashAttention-3's intra-warpgroup overlap).
+ * The TMA unit writes the 128B swizzle wg_swz describes and zero-fills rows
+ * outside the tensors, which the masks then exclude. Registers move from
+ * the producer (40) to the consumers (232) with setmaxnreg, as
+ * FlashAttention-3 does. Loading with cp.async from every thread instead
+ * (the kernel before this one) ran 1.3x slower. */
 __global__ void __launch_bounds__(kWsThreads, 1)
     fa_ws_kernel(const __grid_constant__ fa_params p, const __grid_constant__ fa_maps mp)
 {
 #ifdef KVQ_FA_WG
     constexpr int D = 128;
+    static_assert(kFaRows == 128, "two consumer warpgroups of 64 rows");
     extern __shared__ __align__(16) uint8_t smem[];
     uint8_t *const sbase = smem + ((1024u - (smem_u32(smem) & 1023u)) & 1023u);
     const uint32_t base = smem_u32(sbase), sq = base;

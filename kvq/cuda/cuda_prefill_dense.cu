@@ -34,8 +34,7 @@
  * V through ldmatrix.trans, mma.sync m16n8k16 with f32 accumulators. On a
  * Hopper GPU at D = 128 the same launch runs fa_ws_kernel instead
  * (cuda_fa_wgmma.cuh: warpgroup MMA, 128-key tiles, a TMA producer
- * warpgroup), or fa_wg_kernel (the same loading with cp.async) where the
- * driver has no tensor-map encoder or KVQ_CUDA_NO_TMA is set.
+ * warpgroup).
  */
 #include <cuda.h> /* CUtensorMap: the encoder comes through the runtime, no -lcuda */
 #include <math.h>
@@ -500,28 +499,12 @@ __global__ void __launch_bounds__(kFaWarps * 32, 1) fa_kernel(const __grid_const
 
 #include "cuda_fa_wgmma.cuh"
 
-/* Whether fa_wg_kernel runs on this device: its sm_90a code loaded (a
- * compute capability 9.0 GPU), unless KVQ_CUDA_NO_WGMMA is set to other
- * than 0 (the mma.sync kernel then: an A/B switch and a fallback). */
-bool fa_wg_ok()
-{
-    const char *off = getenv("KVQ_CUDA_NO_WGMMA");
-    if (off && *off && strcmp(off, "0"))
-        return false;
-    cudaFuncAttributes a;
-    if (cudaFuncGetAttributes(&a, fa_wg_kernel) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return false;
-    }
-    return a.binaryVersion == 90;
-}
-
 typedef CUresult (*encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
                               const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
                               CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 
 /* The driver's tensor-map encoder, looked up once; NULL where the driver
- * has none (then the cp.async kernel runs). */
+ * has none. */
 encode_fn tma_encoder()
 {
     static const encode_fn fn = [] {
@@ -538,14 +521,21 @@ encode_fn tma_encoder()
     return fn;
 }
 
-/* Whether fa_ws_kernel (the TMA producer) replaces fa_wg_kernel: the
- * encoder exists, unless KVQ_CUDA_NO_TMA is set to other than 0. */
-bool fa_ws_ok()
+/* Whether fa_ws_kernel runs on this device: its sm_90a code loaded (a
+ * compute capability 9.0 GPU) and the driver encodes tensor maps, unless
+ * KVQ_CUDA_NO_WGMMA is set to other than 0 (the mma.sync kernel then: an
+ * A/B switch and a fallback). */
+bool fa_wg_ok()
 {
-    const char *off = getenv("KVQ_CUDA_NO_TMA");
+    const char *off = getenv("KVQ_CUDA_NO_WGMMA");
     if (off && *off && strcmp(off, "0"))
         return false;
-    return tma_encoder() != NULL;
+    cudaFuncAttributes a;
+    if (cudaFuncGetAttributes(&a, fa_ws_kernel) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    return a.binaryVersion == 90 && tma_encoder() != NULL;
 }
 
 /* A (D, heads, rows) f16 array's tensor map, boxes of 64 dims x bh heads x
@@ -610,12 +600,9 @@ kvq_status run_d(kvq_cuda_cache *c, kvq_cuda_prefill_ws *ws, int seq, int pos0, 
     const int seg = (int)ws->seg;
     const int n_seg = valid > 0 ? (valid + seg - 1) / seg : 0;
 
-    const bool wg = D == 128 && fa_wg_ok();
-    const int ws_on = wg && fa_ws_ok();
+    const bool ws_on = D == 128 && fa_wg_ok();
     if (ws_on)
         KVQ_CU_TRY(cudaFuncSetAttribute(fa_ws_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kWsSmem));
-    else if (wg)
-        KVQ_CU_TRY(cudaFuncSetAttribute(fa_wg_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kWgSmem));
     else
         KVQ_CU_TRY(cudaFuncSetAttribute(fa_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)fa_layout<D>::bytes));
@@ -680,8 +667,6 @@ kvq_status run_d(kvq_cuda_cache *c, kvq_cuda_prefill_ws *ws, int seq, int pos0, 
         fp.last = s == (n_seg ? n_seg : 1) - 1;
         if (ws_on)
             fa_ws_kernel<<<grid, kWsThreads, kWsSmem, st>>>(fp, maps);
-        else if (wg)
-            fa_wg_kernel<<<grid, kFaWarps * 32, kWgSmem, st>>>(fp);
         else
             fa_kernel<D><<<grid, kFaWarps * 32, fa_layout<D>::bytes, st>>>(fp);
         KVQ_CU_TRY(cudaGetLastError());
