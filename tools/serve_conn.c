@@ -247,6 +247,9 @@ enum MHD_Result serve_conns_admit(void *cls, const struct sockaddr *addr, sockle
     return ok ? MHD_YES : MHD_NO;
 }
 
+/* A connection's deadline armed now. mu held or not: reads what create set. */
+static double deadline_from_now(const struct serve_conns *g) { return now_s() + g->timeout_s + DEADLINE_GRACE_S; }
+
 static struct serve_conn *opened(struct serve_conns *g, int fd, const struct sockaddr *addr, socklen_t len)
 {
     struct serve_conn *c = calloc(1, sizeof *c);
@@ -255,7 +258,7 @@ static struct serve_conn *opened(struct serve_conns *g, int fd, const struct soc
     c->fd = fd;
     c->addr_len = addr_key(addr, len, c->addr);
     pthread_mutex_lock(&g->mu);
-    c->deadline = now_s() + g->timeout_s + DEADLINE_GRACE_S;
+    c->deadline = deadline_from_now(g);
     c->next = g->head;
     if (g->head)
         g->head->prev = c;
@@ -287,7 +290,7 @@ void serve_conns_rearm(struct serve_conns *g, struct MHD_Connection *mc)
     if (!c)
         return;
     pthread_mutex_lock(&g->mu);
-    c->deadline = now_s() + g->timeout_s + DEADLINE_GRACE_S;
+    c->deadline = deadline_from_now(g);
     pthread_mutex_unlock(&g->mu);
 }
 
