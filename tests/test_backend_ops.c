@@ -1622,6 +1622,19 @@ static double pf_error(void *p, const struct tcase *c, enum backend b)
     double worst = 0;
     for (size_t i = 0; i < n; i++)
         worst = fmax(worst, test_rel_err(f->r.out + i * group, f->r.ref + i * group, group));
+    /* the same inputs again give the same bits: no block reads memory it
+     * did not order (a race or an unwritten buffer would show here first,
+     * where the decoder only sees logits drift between runs) */
+    float *again = malloc(n * group * sizeof(float));
+    if (again) {
+        pf_exec(p, c, b);
+        CHECK_OK(kvq_cuda_memcpy_d2h(again, f->r.od, n * group * sizeof(float)));
+        size_t diff = 0;
+        for (size_t i = 0; i < n * group; i++)
+            diff += memcmp(&again[i], &f->r.out[i], sizeof(float)) != 0;
+        CHECKF(diff == 0, "%zu of %zu outputs differ between two identical runs", diff, n * group);
+        free(again);
+    }
     return worst;
 }
 

@@ -160,11 +160,20 @@ static void run_batch(const struct kvq_seq_config *sc, int share, int cancel, st
 
 /* The shared run against the unshared one, the run whose source is
  * cancelled and each sequence alone. On the CPU all logits are bit for bit
- * the same. On the GPU the greedy tokens agree and the logits are within
- * 1e-4 x the top logit of the unshared run's: the runs batch different rows
- * per step (a sharer skips its prefill), and the GPU kernels split other
- * batch sizes otherwise. The page counts are the same on both. */
-static void compare(const struct kvq_seq_config *sc)
+ * the same. On the GPU the greedy tokens agree, and with a 16-bit cache the
+ * logits are within 1e-4 x the top logit of the unshared run's: the runs
+ * batch different rows per step (a sharer skips its prefill), and the GPU
+ * kernels split other batch sizes otherwise, which moves the last bits.
+ * A compressed cache turns those bits into more: a code is a step function
+ * of its row, so a row on a step's edge takes the next level in one run and
+ * not in the other, and every later token sees it. Measured on an H200
+ * without the window (tq3j/tq3, tq3/tq3, q8_0/q8_0; 0 and 4 sinks): from
+ * 6e-6 to 3e-2 x the top logit on either prefill kernel, the size set by
+ * which row flips, where the solo and unshared runs of that sequence were
+ * bit for bit equal; f16/f16 4e-5 and 6e-5. So a compressed cache's logits
+ * are printed, not bounded (logit_bound < 0). The page counts are the same
+ * on both. */
+static void compare(const struct kvq_seq_config *sc, double logit_bound)
 {
     const size_t V = vocab();
     float *solo[N_SEQS];
@@ -203,7 +212,8 @@ static void compare(const struct kvq_seq_config *sc)
                    a, argmax_of(x), c);
         }
     }
-    CHECKF(worst <= 1e-4, "shared vs unshared logits: %.3g x the top logit", worst);
+    if (logit_bound >= 0)
+        CHECKF(worst <= logit_bound, "shared vs unshared logits: %.3g x the top logit", worst);
     const size_t P = sh.prefilled.page_tokens, k = SHARED / P;
     size_t refs = 0;
     for (int i = 0; i < N_SEQS; i++)
@@ -235,7 +245,7 @@ static void test_shared_identical_compressed(void)
 {
     struct kvq_seq_config sc;
     kvq_seq_config_default(&sc);
-    compare(&sc);
+    compare(&sc, 0);
 }
 
 /* q8_0 with f16 sink tokens and no window: the sink rows travel with the share. */
@@ -246,7 +256,7 @@ static void test_shared_identical_sinks(void)
     sc.type_k = sc.type_v = KVQ_TYPE_Q8_0;
     sc.recent_f16 = 0;
     sc.sink_tokens = 4;
-    compare(&sc);
+    compare(&sc, 0);
 }
 
 /* A q8_0 pool without the window: page counts that are easy to follow. */
@@ -450,10 +460,12 @@ static void test_cuda_shared_identical(void)
     kvq_seq_config_default(&sc); /* tq3j/tq3 with the recent f16 window */
     sc.device = KVQ_DEVICE_CUDA;
     sc.fast_prefill = 0; /* exact products: the comparisons are against f32 references */
-    compare(&sc);
+    compare(&sc, -1);
     sc.recent_f16 = 0; /* sink rows travel with the share */
     sc.sink_tokens = 4;
-    compare(&sc);
+    compare(&sc, -1);
+    sc.type_k = sc.type_v = KVQ_TYPE_F16; /* no code to flip: the logits bounded */
+    compare(&sc, 1e-4);
 }
 
 /* The device pool holds what the batch counts: a budget of 5 pages with the

@@ -204,11 +204,18 @@ __global__ void split16_kernel(const float *x, size_t n, int bf16, int lo, void 
     }
 }
 
-/* y[r] (+)= y2[r] + y2[n + r]: the hi and lo halves of a split product. */
+/* y[r] (+)= y2[r] + y2[n + r]: the hi and lo halves of a split product.
+ * y is read only when accumulating (a fresh y may be unwritten memory:
+ * compute-sanitizer's initcheck flagged the select form's load). */
 __global__ void add_halves_kernel(const float *y2, size_t n, int accumulate, float *y)
 {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        y[i] = (accumulate ? y[i] : 0.0f) + (y2[i] + y2[n + i]);
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const float s = y2[i] + y2[n + i];
+        if (accumulate)
+            y[i] += s;
+        else
+            y[i] = s;
+    }
 }
 
 unsigned grid_for(size_t n)
