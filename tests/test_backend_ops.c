@@ -20,6 +20,9 @@
  *           has AVX2, the fast paths are the AVX2 kernels), kvq_attn_kernels_avx2
  *   avx512  kvq_attn_kernels_avx512 (tq rows 16 coordinates at a time)
  *   lib     the FFTW (DCT) and OpenBLAS (Gaussian) paths of kvq_rotation_apply
+ *   cpu     the decoder's CPU backend (kvq_backend_cpu_create): its embed,
+ *           norm, qkv_rope, glu and lm_head ops (test_ops_decoder.h), which
+ *           the CUDA backend (kvq_backend_cuda_create) runs as "cuda"
  *   cuda    the GPU encoder (pages read back with kvq_cuda_cache_read_page;
  *           Hadamard and identity rotations, page sizes 16 to 64, appends in
  *           chunks, single-token steps and a two-sequence step) and
@@ -54,13 +57,16 @@
 #include "test.h"
 #include "test_data.h"
 #include "test_util.h"
+#include "test_ops_decoder.h"
 
 /* ---- ops, backends, type classes ---------------------------------------- */
 
-enum op { OP_ENCODE, OP_DECODE, OP_SCORE, OP_ROT, OP_ROT_T, OP_CACHE, OP_ATTN, OP_CAUSAL, OP_CAUSAL_TILED, OP_ATTEND, OP_ATTEND_WIN, OP_PREFILL, OP_PREFILL_DENSE, OP_COUNT };
+enum op { OP_ENCODE, OP_DECODE, OP_SCORE, OP_ROT, OP_ROT_T, OP_CACHE, OP_ATTN, OP_CAUSAL, OP_CAUSAL_TILED, OP_ATTEND, OP_ATTEND_WIN, OP_PREFILL, OP_PREFILL_DENSE,
+          OP_D_EMBED, OP_D_NORM, OP_D_ROPE, OP_D_GLU, OP_D_LM, /* the decoder's backend ops (test_ops_decoder.h) */
+          OP_COUNT };
 
-enum backend { BE_SCALAR, BE_AVX2, BE_AVX512, BE_LIB, BE_CUDA, BE_CUDA_FUSED, BE_CUDA_REF, BE_COUNT, BE_REF = BE_COUNT };
-static const char *const BE_NAME[BE_COUNT + 1] = {"scalar", "avx2",       "avx512",   "lib",
+enum backend { BE_SCALAR, BE_AVX2, BE_AVX512, BE_LIB, BE_CPU, BE_CUDA, BE_CUDA_FUSED, BE_CUDA_REF, BE_COUNT, BE_REF = BE_COUNT };
+static const char *const BE_NAME[BE_COUNT + 1] = {"scalar", "avx2", "avx512",     "lib",      "cpu",
                                                   "cuda",   "cuda-fused", "cuda-ref", "ref"};
 
 /* What a tolerance depends on besides the op: the family of the cache type
@@ -118,6 +124,16 @@ static const double TOL[OP_COUNT][CL_COUNT] = {
      * PF_TOL below. */
     [OP_PREFILL] = {[CL_BASE] = PF_TOL, [CL_TQ] = PF_TOL, [CL_TQJ] = PF_TOL},
     [OP_PREFILL_DENSE] = {[CL_BASE] = PF_DENSE_TOL, [CL_TQ] = PF_DENSE_TOL, [CL_TQJ] = PF_DENSE_TOL},
+    /* The decoder's ops against their definitions in double (the bounds of
+     * test_decoder_ops.c, which these cases replace): a float product per element
+     * (embed: one rounding, 6e-8); float sums over a row (norm, the LM head's
+     * hidden = 512 terms); float32 angles and float cos / sin (RoPE, whose
+     * angle error grows with the position); expf / tanhf (glu). */
+    [OP_D_EMBED] = {[CL_BASE] = 1e-7},
+    [OP_D_NORM] = {[CL_BASE] = 1e-6},
+    [OP_D_ROPE] = {[CL_BASE] = 1e-5},
+    [OP_D_GLU] = {[CL_BASE] = 1e-6},
+    [OP_D_LM] = {[CL_BASE] = 1e-5},
 };
 
 /* ---- shapes and cases ---------------------------------------------------- */
@@ -380,6 +396,8 @@ static enum tclass type_class(int t)
 
 static enum tclass case_class(const struct tcase *c)
 {
+    if (c->op >= OP_D_EMBED)
+        return CL_BASE;
     if (c->op == OP_ROT || c->op == OP_ROT_T)
         return ROTS[c->tk].kind == KVQ_ROT_DCT ? CL_DCT : ROTS[c->tk].kind == KVQ_ROT_GAUSS ? CL_GAUSS : CL_HADAMARD;
     return type_class(c->tk);
@@ -1638,6 +1656,41 @@ static double pf_error(void *p, const struct tcase *c, enum backend b)
     return worst;
 }
 
+/* ---- the decoder's backend ops --------------------------------------------- */
+
+static enum dop dop_of(enum op op)
+{
+    return (enum dop)(op - OP_D_EMBED);
+}
+
+static void *d_setup(const struct tcase *c)
+{
+    return dop_setup(dop_of(c->op), c->tk);
+}
+
+static int d_supports(const struct tcase *c, enum backend b)
+{
+    (void)c;
+    return b == BE_CPU || b == BE_CUDA;
+}
+
+static void d_exec(void *fx, const struct tcase *c, enum backend b)
+{
+    (void)c;
+    if (b == BE_REF)
+        dop_reference(fx);
+    else
+        dop_run(fx, b == BE_CUDA);
+}
+
+static double d_error(void *fx, const struct tcase *c, enum backend b)
+{
+    (void)c;
+    return fx ? dop_error(fx, b == BE_CUDA) : INFINITY;
+}
+
+static const struct shape SH_DEC = {.dim = 128}; /* the bundled model's head dim */
+
 /* ---- the op table --------------------------------------------------------- */
 
 struct op_impl {
@@ -1654,6 +1707,7 @@ struct op_impl {
 #define ROW_OP row_setup, row_free, row_supports, row_exec, row_error
 #define ROT_OP rot_setup, rot_free, rot_supports, rot_exec, rot_error
 #define ATTN_OP attn_setup, attn_free, attn_supports, attn_exec, attn_error
+#define DEC_OP d_setup, dop_free, d_supports, d_exec, d_error
 static const struct op_impl OPS[OP_COUNT] = {
     [OP_ENCODE] = {"encode", 0, "one row per call (traits encode); the GPU encoder through a device cache (V: another type)",
                    "rows whose status, bytes or check_row verdict differ (after an error: any byte written)", ROW_OP},
@@ -1685,6 +1739,16 @@ static const struct op_impl OPS[OP_COUNT] = {
                           "kvq_cuda_cache_prefill with a kvq_cuda_prefill_ws (the past decoded into f16, dense "
                           "attention), in segments of 128 positions",
                           "as prefill", pf_setup, pf_free, pf_supports, pf_exec, pf_error},
+    [OP_D_EMBED] = {"embed", 9, "backend embed: rows of the bundled model's table times arch.embed_scale",
+                    "max |y - ref| / max |ref|", DEC_OP},
+    [OP_D_NORM] = {"norm", 10, "backend norm at each site (post-attn, post-ffn: y += norm(x)) and norm kind",
+                   "as embed", DEC_OP},
+    [OP_D_ROPE] = {"qkv-rope", 11,
+                   "backend qkv_rope: per-head q/k norm, RoPE kind, rotary dim, a windowed layer's local base",
+                   "as embed (q, k and v of 3 rows)", DEC_OP},
+    [OP_D_GLU] = {"glu", 12, "backend glu: act(gate) * up", "as embed", DEC_OP},
+    [OP_D_LM] = {"lm-head", 13, "backend lm_head: final norm, LM head, soft-cap, argmax",
+                 "as embed over the logits; the argmax is checked to be the first largest logit", DEC_OP},
 };
 
 /* ---- the case list and its filter ------------------------------------------ */
@@ -1743,6 +1807,12 @@ static void build_cases(void)
     for (int i = 0; i < COUNT(PREFILL); i++) /* the dims the dense path takes */
         if (PREFILL[i].sh.dim == 64 || PREFILL[i].sh.dim == 128)
             add_case(OP_PREFILL_DENSE, PREFILL[i].tk, PREFILL[i].tv, &PREFILL[i].sh);
+    for (int op = OP_D_EMBED; op <= OP_D_LM; op++) {
+        int n;
+        dop_table(dop_of((enum op)op), &n);
+        for (int v = 0; v < n; v++)
+            add_case((enum op)op, v, -1, &SH_DEC);
+    }
 }
 
 static const char *opt_ops, *opt_types, *opt_backends;
@@ -1766,6 +1836,10 @@ static const char *type_label(const struct tcase *c, char *buf, size_t n)
 {
     if (c->op == OP_ROT || c->op == OP_ROT_T)
         return ROTS[c->tk].name;
+    if (c->op >= OP_D_EMBED) {
+        int nv;
+        return dop_table(dop_of(c->op), &nv)[c->tk].name;
+    }
     if (c->tv < 0)
         return tname(c->tk);
     snprintf(buf, n, "%s/%s", tname(c->tk), tname(c->tv));
@@ -1829,9 +1903,9 @@ static int opt_verbose, opt_perf, opt_repeat = 5;
  * leaves this list with the fix. @return the bug, or NULL. */
 static const char *known_bug(const struct tcase *c, enum backend b)
 {
-    (void)c;
-    (void)b; /* none known: the last (a tqBj V's QJL residual in the GPU reference kernel) is fixed */
-    return NULL;
+    if (c->op == OP_D_ROPE && b == BE_CUDA && DOP_ROPES[c->tk].local)
+        return "the CUDA backend keeps one RoPE table: a windowed layer's local base (Gemma 3) is not in it";
+    return NULL; /* the last before (a tqBj V's QJL residual in the GPU reference kernel) is fixed */
 }
 
 struct tally {
@@ -2002,7 +2076,8 @@ static void usage(void)
            "  -o, -t, -b  comma-separated names, each exact or, ending in '*', a prefix:\n"
            "              -o attn,causal   -t tq3j   -t 'tq*'   -b 'cuda*'\n"
            "              a K/V pair (cache, attn, causal, attend) is selected by 'K/V', K or V;\n"
-           "              rot and rot_t take the rotation as type (hadamard, hadamard3 = %d rounds, dct, gauss)\n"
+           "              rot and rot_t take the rotation as type (hadamard, hadamard3 = %d rounds, dct, gauss);\n"
+           "              the decoder's ops (embed, norm, qkv-rope, glu, lm-head) their variant (-l lists them)\n"
            "  -v          one line per case        -l  list the cases, run nothing\n"
            "  --perf      time each case per backend: median of -r N runs (default 5) after a warm-up,\n"
            "              microseconds per case; checks nothing, asserts no speed\n"
@@ -2068,6 +2143,7 @@ int main(int argc, char **argv)
         run_case(&cases[i]);
     }
     drop_fixture();
+    dop_cleanup();
     free(cases);
     if (list || opt_perf)
         return 0;

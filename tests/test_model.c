@@ -199,6 +199,10 @@ static void test_config_parse(void)
     CHECK(c.ffn == 1024 && c.vocab == 4096 && c.max_ctx == 4096 && c.bos_id == 1 && c.n_eos == 1 && c.eos_ids[0] == 2);
     CHECK(c.rope_theta == 10000.0 && fabsf(c.rms_eps - 1e-5f) < 1e-12f);
     CHECK(!c.arch.qkv_bias && !c.arch.o_bias && !c.arch.mlp_bias && !c.arch.qk_norm && !c.arch.tied_embeddings);
+    /* the Llama kinds (each op's other kinds: test_backend_ops -o embed,norm,qkv-rope,glu,lm-head) */
+    CHECK(c.arch.norm == KVQ_NORM_RMS && c.arch.act == KVQ_ACT_SILU && c.arch.rope == KVQ_ROPE_HALF);
+    CHECK(c.arch.rotary_dim == c.head_dim && c.arch.embed_scale == 1.0f && c.arch.final_softcap == 0.0f);
+    CHECK(c.arch.attn_softcap == 0.0f && c.arch.sliding_window == 0 && !c.arch.sandwich_norm);
     CHECK(kvq_model_config_layer_params(&c) == 512 * 512 * 2 + 2 * 512 * 256 + 3 * 512 * 1024 + 2 * 512);
     free(text);
 

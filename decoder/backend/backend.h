@@ -205,15 +205,15 @@ static inline unsigned kvq_seq_backend_flags(const struct kvq_seq_config *sc)
 kvq_status kvq_backend_cuda_create(const struct kvq_model *m, size_t max_rows, unsigned flags, kvq_backend **out);
 
 /* What the CUDA backend cannot compute yet, asked before anything is
- * created: Gemma's sandwich norms (its norm op maps both post-norm sites to
- * the FFN norm, which is right only for models without them) and attention
- * soft-caps. @return KVQ_OK, or KVQ_ERR_UNSUPPORTED with one line. */
+ * created: the models with sandwich norms (Gemma 2 and 3; the norm op has
+ * their sites, but the rest of those models is not on the GPU: Gemma 3's
+ * local RoPE base, one table here) and attention soft-caps.
+ * @return KVQ_OK, or KVQ_ERR_UNSUPPORTED with one line. */
 static inline kvq_status kvq_backend_cuda_supports(const struct kvq_model_config *c, kvq_error *err)
 {
     if (c->arch.sandwich_norm)
         return kvq_error_set(err, KVQ_ERR_UNSUPPORTED,
-                             "%s's sandwich norms (post_attention_layernorm, post_feedforward_layernorm) are not on "
-                             "the GPU yet: --device cpu runs them",
+                             "%s (sandwich norms, a local RoPE base) is not on the GPU yet: --device cpu runs it",
                              c->model_type);
     if (c->arch.attn_softcap > 0)
         return kvq_error_set(err, KVQ_ERR_UNSUPPORTED, "attention soft-capping is not on the GPU yet");

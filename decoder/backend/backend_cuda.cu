@@ -224,7 +224,10 @@ unsigned grid_for(size_t n)
     return (unsigned)(blocks < 4096 ? blocks : 4096);
 }
 
-__global__ void norm_kernel(const float *x, const float *w, float *y, int n, float eps, int unit_offset)
+/* y = norm(x) a row per block; accumulate: y += norm(x) (the sandwich
+ * sites, which norm a projection's output into the residual stream). */
+__global__ void norm_kernel(const float *x, const float *w, float *y, int n, float eps, int unit_offset,
+                            int accumulate)
 {
     __shared__ float red[32];
     const float *xr = x + (size_t)blockIdx.x * n;
@@ -234,8 +237,13 @@ __global__ void norm_kernel(const float *x, const float *w, float *y, int n, flo
         ss += xr[i] * xr[i];
     ss = block_sum(ss, red);
     const float r = (float)(1.0 / sqrt((double)ss / n + (double)eps));
-    for (int i = threadIdx.x; i < n; i += blockDim.x)
-        yr[i] = (unit_offset ? 1.0f + w[i] : w[i]) * (xr[i] * r);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = (unit_offset ? 1.0f + w[i] : w[i]) * (xr[i] * r);
+        if (accumulate)
+            yr[i] += v;
+        else
+            yr[i] = v;
+    }
 }
 
 /* 8 weights of a 16-bit row (16 bytes) as floats. */
@@ -513,11 +521,15 @@ void cuda_norm(kvq_backend *b, enum kvq_norm_site site, int layer, const float *
 {
     cuda_backend *cb = cb_of(b);
     const struct kvq_model_config *c = &b->m->cfg;
-    const float *w = site == KVQ_NORM_FINAL ? (const float *)cb->final_norm
-                     : site == KVQ_NORM_ATTN ? cb->layers[layer].attn_norm
-                                             : cb->layers[layer].ffn_norm;
+    const kvq_layer_weights *lw = &cb->layers[site == KVQ_NORM_FINAL ? 0 : layer];
+    const float *w = site == KVQ_NORM_FINAL       ? (const float *)cb->final_norm
+                     : site == KVQ_NORM_ATTN      ? lw->attn_norm
+                     : site == KVQ_NORM_POST_ATTN ? lw->post_attn_norm
+                     : site == KVQ_NORM_POST_FFN  ? lw->post_ffn_norm
+                                                  : lw->ffn_norm;
+    const int post = site == KVQ_NORM_POST_ATTN || site == KVQ_NORM_POST_FFN;
     launch(cb, norm_kernel, dim3((unsigned)T), dim3(kNormThreads), 0, x, w, y, c->hidden, c->rms_eps,
-           (int)(c->arch.norm == KVQ_NORM_RMS_UNIT_OFFSET));
+           (int)(c->arch.norm == KVQ_NORM_RMS_UNIT_OFFSET), post);
 }
 
 void cuda_linear(kvq_backend *b, enum kvq_weight which, int layer, const float *x, float *y, size_t T, int acc)
@@ -736,7 +748,8 @@ void cuda_free(kvq_backend *b)
     if (cb->layers)
         for (int l = 0; l < b->m->cfg.n_layers; l++) {
             const kvq_layer_weights *w = &cb->layers[l];
-            const float *p[] = {w->attn_norm, w->ffn_norm, w->bqkv, w->q_norm, w->k_norm, w->bo, w->bgu, w->bdown};
+            const float *p[] = {w->attn_norm, w->ffn_norm,       w->post_attn_norm, w->post_ffn_norm, w->bqkv,
+                                w->q_norm,    w->k_norm,         w->bo,             w->bgu,            w->bdown};
             for (const float *q : p)
                 cudaFree(const_cast<float *>(q));
             for (int i = 0; cb->mats && i < 4; i++)
@@ -872,6 +885,7 @@ kvq_status upload_model(cuda_backend *cb)
             size_t n;
             const float **dst;
         } t[] = {{w->attn_norm, h, &o->attn_norm}, {w->ffn_norm, h, &o->ffn_norm},
+                 {w->post_attn_norm, h, &o->post_attn_norm}, {w->post_ffn_norm, h, &o->post_ffn_norm},
                  {w->bqkv, qkv, &o->bqkv},         {w->q_norm, d, &o->q_norm},     {w->k_norm, d, &o->k_norm},
                  {w->bo, h, &o->bo},               {w->bgu, 2 * f, &o->bgu},       {w->bdown, h, &o->bdown}};
         for (size_t i = 0; i < sizeof t / sizeof t[0] && st == KVQ_OK; i++)
