@@ -180,8 +180,10 @@ static inline int kvq_rope_layer_local(const struct kvq_model_config *c, int l)
 /* cos/sin [n][half] of positions pos0 .. pos0 + n - 1. */
 void kvq_rope_rows(const float *inv, float scale, int half, size_t pos0, size_t n, float *cs, float *sn);
 /* malloc'd cos/sin tables [n_pos][rotary_dim / 2] with the frequencies of a
- * sequence of n_pos tokens (for a backend that wants a table); free both. */
-kvq_status kvq_rope_table(const struct kvq_model_config *c, size_t n_pos, float **cs, float **sn);
+ * sequence of n_pos tokens (for a backend that wants a table), or with
+ * local, those of the windowed layers' local base (kvq_rope_freqs_local);
+ * free both. */
+kvq_status kvq_rope_table(const struct kvq_model_config *c, size_t n_pos, int local, float **cs, float **sn);
 
 /* batch.c: appends n tokens of seeded random keys and values to every layer
  * of slot without running the model: a context of n tokens for measuring

@@ -206,14 +206,14 @@ kvq_status kvq_backend_cuda_create(const struct kvq_model *m, size_t max_rows, u
 
 /* What the CUDA backend cannot compute yet, asked before anything is
  * created: the models with sandwich norms (Gemma 2 and 3; the norm op has
- * their sites, but the rest of those models is not on the GPU: Gemma 3's
- * local RoPE base, one table here) and attention soft-caps.
+ * their sites and qkv_rope Gemma 3's local base, checked op by op on the
+ * GPU, but the whole model is not yet) and attention soft-caps.
  * @return KVQ_OK, or KVQ_ERR_UNSUPPORTED with one line. */
 static inline kvq_status kvq_backend_cuda_supports(const struct kvq_model_config *c, kvq_error *err)
 {
     if (c->arch.sandwich_norm)
         return kvq_error_set(err, KVQ_ERR_UNSUPPORTED,
-                             "%s (sandwich norms, a local RoPE base) is not on the GPU yet: --device cpu runs it",
+                             "%s (sandwich norms) is not on the GPU yet: --device cpu runs it",
                              c->model_type);
     if (c->arch.attn_softcap > 0)
         return kvq_error_set(err, KVQ_ERR_UNSUPPORTED, "attention soft-capping is not on the GPU yet");

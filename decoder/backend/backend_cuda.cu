@@ -69,6 +69,7 @@ struct cuda_backend {
     size_t y2_floats;
     float *final_norm;        /* [hidden] */
     float *rope_cos, *rope_sin; /* [max_ctx][rotary_dim / 2] */
+    float *rope_cos_local, *rope_sin_local; /* the same for the windowed layers' local base (Gemma 3), or NULL */
     float *lm_x;              /* [max_rows][hidden] */
     float *logits;            /* [max_rows][vocab] */
     int32_t *ids;             /* [max_rows] */
@@ -561,7 +562,10 @@ void cuda_qkv_rope(kvq_backend *b, int layer, const float *qkv, size_t T, const 
     a.n_heads = c->n_heads, a.n_kv = c->n_kv_heads, a.d = c->head_dim, a.rd = c->arch.rotary_dim;
     a.interleaved = c->arch.rope == KVQ_ROPE_INTERLEAVED;
     a.unit_offset = c->arch.norm == KVQ_NORM_RMS_UNIT_OFFSET;
-    a.eps = c->rms_eps, a.pos = pos, a.cos = cb->rope_cos, a.sin = cb->rope_sin;
+    const int local = kvq_rope_layer_local(c, layer);
+    a.eps = c->rms_eps, a.pos = pos;
+    a.cos = local ? cb->rope_cos_local : cb->rope_cos;
+    a.sin = local ? cb->rope_sin_local : cb->rope_sin;
     a.q_norm = cb->layers[layer].q_norm, a.k_norm = cb->layers[layer].k_norm;
     launch(cb, qkv_rope_kernel, dim3((unsigned)T, (unsigned)(c->n_heads + 2 * c->n_kv_heads)), dim3(32), 0, qkv, a, q,
            k, v);
@@ -757,7 +761,8 @@ void cuda_free(kvq_backend *b)
         }
     free(cb->layers);
     free(cb->mats);
-    void *p[] = {cb->embed.w, cb->lm.w,  cb->final_norm, cb->rope_cos, cb->rope_sin, cb->lm_x,
+    void *p[] = {cb->embed.w, cb->lm.w, cb->final_norm, cb->rope_cos, cb->rope_sin, cb->rope_cos_local,
+                 cb->rope_sin_local, cb->lm_x,
                  cb->logits,  cb->ids,   b->pos,         cb->xh,       cb->y2};
     for (void *q : p)
         cudaFree(q);
@@ -900,15 +905,16 @@ kvq_status upload_model(cuda_backend *cb)
     if (st == KVQ_OK)
         st = upload(m->final_norm, h, &cb->final_norm);
     const size_t rope = (size_t)c->max_ctx * (size_t)(c->arch.rotary_dim / 2);
-    float *rcos = nullptr, *rsin = nullptr; /* the model keeps no table (rope.c) */
-    if (st == KVQ_OK)
-        st = kvq_rope_table(c, (size_t)c->max_ctx, &rcos, &rsin);
-    if (st == KVQ_OK)
-        st = upload(rcos, rope, &cb->rope_cos);
-    if (st == KVQ_OK)
-        st = upload(rsin, rope, &cb->rope_sin);
-    free(rcos);
-    free(rsin);
+    for (int local = 0; local < (c->arch.rope_local_theta > 0 ? 2 : 1) && st == KVQ_OK; local++) {
+        float *rcos = nullptr, *rsin = nullptr; /* the model keeps no table (rope.c) */
+        st = kvq_rope_table(c, (size_t)c->max_ctx, local, &rcos, &rsin);
+        if (st == KVQ_OK)
+            st = upload(rcos, rope, local ? &cb->rope_cos_local : &cb->rope_cos);
+        if (st == KVQ_OK)
+            st = upload(rsin, rope, local ? &cb->rope_sin_local : &cb->rope_sin);
+        free(rcos);
+        free(rsin);
+    }
     /* embedding table and LM head in their file's type (f32 where the
      * types differ): rows copied, or widened a slice of rows at a time */
     const size_t V = (size_t)c->vocab, step = 4096;

@@ -153,7 +153,7 @@ void kvq_rope_rows(const float *inv, float scale, int half, size_t pos0, size_t 
         }
 }
 
-kvq_status kvq_rope_table(const struct kvq_model_config *c, size_t n_pos, float **cs, float **sn)
+kvq_status kvq_rope_table(const struct kvq_model_config *c, size_t n_pos, int local, float **cs, float **sn)
 {
     const int half = c->arch.rotary_dim / 2;
     float inv[KVQ_MAX_DIM / 2], scale;
@@ -165,7 +165,10 @@ kvq_status kvq_rope_table(const struct kvq_model_config *c, size_t n_pos, float 
         *cs = *sn = NULL;
         return KVQ_ERR_NOMEM;
     }
-    kvq_rope_freqs(c, n_pos, inv, &scale);
+    if (local)
+        kvq_rope_freqs_local(c, inv, &scale);
+    else
+        kvq_rope_freqs(c, n_pos, inv, &scale);
     kvq_rope_rows(inv, scale, half, 0, n_pos, *cs, *sn);
     return KVQ_OK;
 }
