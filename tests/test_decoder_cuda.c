@@ -27,6 +27,7 @@
 #include <stdint.h>
 #include <time.h>
 
+#include "decoder_internal.h" /* the descriptor: test_attn_scale_matches_cpu sets a scale */
 #include "kvq_cuda.h"
 #include "kvq_model.h"
 #include "kvq_safetensors.h"
@@ -610,6 +611,54 @@ static void test_budget_matches_plan(void)
     free(ids);
 }
 
+/* A custom attention scale (Gemma's query_pre_attn_scalar^-1/2) on the GPU:
+ * the store hands it to every kernel (the dense prefill of a 300-token
+ * prompt, then decode steps). f32 caches: logits within the f32 bound of
+ * the CPU decoder's with the same scale, and far from the default scale's,
+ * so a GPU path that ignored the scale fails. */
+static void test_attn_scale_matches_cpu(void)
+{
+    NEED_GPU();
+    enum { P = 300, STEPS = 4 };
+    size_t n = 0;
+    int32_t *ids = valid_tokens(8000, P, &n);
+    const int V = kvq_model_config_of(model)->vocab;
+    float *lg = malloc((size_t)V * sizeof *lg), *lc = malloc((size_t)V * sizeof *lc), *l0 = malloc((size_t)V * sizeof *l0);
+    const float saved = model->cfg.arch.attn_scale;
+    kvq_seq *d = new_seq(KVQ_DEVICE_CPU, KVQ_TYPE_F32, KVQ_TYPE_F32, 0); /* the default scale */
+    model->cfg.arch.attn_scale = 0.05f;                                 /* 1 / sqrt(128) is 0.088 */
+    kvq_seq *g = new_seq(KVQ_DEVICE_CUDA, KVQ_TYPE_F32, KVQ_TYPE_F32, 0);
+    kvq_seq *c = new_seq(KVQ_DEVICE_CPU, KVQ_TYPE_F32, KVQ_TYPE_F32, 0);
+    model->cfg.arch.attn_scale = saved;
+    double worst = 0, apart = INFINITY;
+    if (ids && lg && lc && l0 && d && g && c) {
+        int32_t next = 0;
+        for (int step = 0; step < STEPS; step++) {
+            const int32_t *in = step ? &next : ids;
+            const size_t T = step ? 1 : P;
+            CHECK_OK(kvq_seq_forward(g, in, T, T - 1, lg, NULL));
+            CHECK_OK(kvq_seq_forward(c, in, T, T - 1, lc, NULL));
+            CHECK_OK(kvq_seq_forward(d, in, T, T - 1, l0, NULL));
+            int a_c, a_g, a_0;
+            const double e = test_logits_rel_diff(lc, lg, V, &a_c, &a_g);
+            worst = fmax(worst, e);
+            apart = fmin(apart, test_logits_rel_diff(lc, l0, V, &a_c, &a_0));
+            CHECKF(e <= 1e-3 && a_c == a_g, "step %d: GPU vs CPU %.3g x max|logit|, argmax %d vs %d", step, e, a_g, a_c);
+            next = a_c;
+        }
+        printf("  attention scale 0.05: GPU vs CPU worst %.2e x max|logit|; the default scale's logits %.2e away\n",
+               worst, apart);
+        CHECKF(apart > 10 * 1e-3, "the scale moves the CPU logits by only %.3g x max|logit|", apart);
+    }
+    kvq_seq_free(d);
+    kvq_seq_free(g);
+    kvq_seq_free(c);
+    free(ids);
+    free(lg);
+    free(lc);
+    free(l0);
+}
+
 static void test_refusals(void)
 {
     struct kvq_seq_config sc;
@@ -639,6 +688,7 @@ int main(void)
     model = fx.model;
     small = test_gpu_small();
     RUN(test_refusals);
+    RUN(test_attn_scale_matches_cpu);
     RUN(test_budget_matches_plan);
     RUN(test_every_kernel);
     RUN(test_fixture_cases_f32);

@@ -19,8 +19,9 @@
  * as on the CPU.
  *
  * Not on the device yet, refused at create with one line
- * (kvq_kv_store_cuda_supports): sliding windows, a custom attention scale
- * (Gemma's query_pre_attn_scalar), the value-norm correction.
+ * (kvq_kv_store_cuda_supports): sliding windows, the value-norm correction.
+ * A custom attention scale (Gemma's query_pre_attn_scalar) is every
+ * kernel's scale argument.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -46,6 +47,7 @@ struct cuda_store {
     size_t page;             /* with the window: a chunk's pieces end on multiples of it; else 0 */
     int n_kv, n_heads, head_dim;
     size_t row_bytes;        /* K + V bytes of one token of one layer, all KV heads */
+    float scale;             /* of the attention scores: 1 / sqrt(head_dim), or the config's */
     kvq_cuda_prefill_ws *pws; /* the dense prefill path's scratch, lent to every layer (one stream) */
 };
 
@@ -55,7 +57,7 @@ static kvq_status cuda_append_attend(kvq_kv_store *base, int layer, int n_seqs, 
     struct cuda_store *s = (struct cuda_store *)base;
     kvq_cuda_cache *c = s->caches[layer];
     const size_t kvd = (size_t)s->n_kv * s->head_dim, qd = (size_t)s->n_heads * s->head_dim;
-    const float scale = 1.0f / sqrtf((float)s->head_dim);
+    const float scale = s->scale;
     if (T == 1) {
         kvq_status st = kvq_cuda_cache_append_batch(c, n_seqs, seqs, k, v);
         if (st != KVQ_OK)
@@ -233,10 +235,6 @@ kvq_status kvq_kv_store_cuda_supports(const struct kvq_kv_store_config *cfg, kvq
                                  "sliding-window attention (config.json sliding_window %d, layer %d) is not on the "
                                  "GPU yet: --device cpu runs it",
                                  cfg->specs[l].window, l);
-    if (cfg->attn_scale > 0)
-        return kvq_error_set(err, KVQ_ERR_UNSUPPORTED,
-                             "a custom attention scale (config.json query_pre_attn_scalar) is not on the GPU yet: "
-                             "--device cpu runs it");
     if (cfg->v_norm_correct)
         return kvq_error_set(err, KVQ_ERR_UNSUPPORTED, "the value-norm correction is not on the GPU yet");
     return KVQ_OK;
@@ -258,6 +256,7 @@ kvq_status kvq_kv_store_cuda_create(const struct kvq_kv_store_config *cfg, kvq_k
         return kvq_error_set(err, KVQ_ERR_NOMEM, "out of memory");
     }
     s->max_rows = cfg->max_rows;
+    s->scale = cfg->attn_scale > 0 ? cfg->attn_scale : 1.0f / sqrtf((float)c0->head_dim);
     s->base.ops = &cuda_store_ops;
     s->base.n_layers = cfg->n_layers;
     s->base.max_seqs = cfg->max_seqs;
