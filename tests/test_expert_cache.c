@@ -21,14 +21,15 @@
 
 /* Prompt logits and greedy ids of model m with an expert cache of `bytes`
  * (0: none); *st: its statistics. */
-static void run_seq(const kvq_model *m, size_t bytes, const int32_t *ids, size_t T, float *logits, int32_t *greedy,
-                    size_t N, struct kvq_seq_stats *st)
+static void run_seq(const kvq_model *m, size_t bytes, int prefetch, const int32_t *ids, size_t T, float *logits,
+                    int32_t *greedy, size_t N, struct kvq_seq_stats *st)
 {
     struct kvq_seq_config sc;
     kvq_seq_config_default(&sc);
     sc.type_k = sc.type_v = KVQ_TYPE_F32;
     sc.max_ctx = T + N;
     sc.expert_cache = bytes;
+    sc.expert_prefetch = prefetch;
     kvq_seq *s = NULL;
     kvq_error err = {0};
     CHECKF(kvq_seq_create(m, &sc, &s, &err) == KVQ_OK, "%s", err.msg);
@@ -41,9 +42,10 @@ static void run_seq(const kvq_model *m, size_t bytes, const int32_t *ids, size_t
 }
 
 /* kvq_seq_config.expert_cache: with room for 1, 2 (fewer than one layer's
- * experts) or all experts, the logits are bit-identical to the mapped
- * experts' and the greedy ids the same; every miss reads exactly one
- * expert's bytes; with room for all, each expert is read at most once. */
+ * experts) or all experts, with and without read-ahead, the logits are
+ * bit-identical to the mapped experts' and the greedy ids the same; every
+ * miss and every read-ahead reads exactly one expert's bytes; with room for
+ * all, each expert is read at most once. */
 static void test_expert_cache(void)
 {
     static const struct {
@@ -68,24 +70,32 @@ static void test_expert_cache(void)
             ids[t] = (int32_t)(kvq_rng_next(&r) % VOC);
         static float l0[T * VOC], l1[T * VOC];
         struct kvq_seq_stats st;
-        run_seq(m, 0, ids, T, l0, g0, N, &st);
-        CHECK(st.expert_cache_bytes == 0 && st.expert_misses == 0);
-        const size_t slots[3] = {1, 2, all};
-        for (int i = 0; i < 3; i++) {
+        run_seq(m, 0, 1, ids, T, l0, g0, N, &st);
+        CHECK(st.expert_cache_bytes == 0 && st.expert_misses == 0 && st.expert_prefetched == 0);
+        const size_t slots[4] = {1, 2, 3, all};
+        for (int i = 0; i < 8; i++) {
+            const size_t n = slots[i / 2];
+            const int ahead = i % 2;
             memset(l1, 0, sizeof l1);
-            run_seq(m, slots[i] * expert + expert / 2, ids, T, l1, g1, N, &st);
-            CHECKF(memcmp(l0, l1, sizeof l0) == 0, "%zu slots: logits differ from the mapped experts'", slots[i]);
-            CHECKF(memcmp(g0, g1, sizeof g0) == 0, "%zu slots: greedy ids differ", slots[i]);
-            CHECK(st.expert_cache_bytes == slots[i] * expert);
+            run_seq(m, n * expert + expert / 2, ahead, ids, T, l1, g1, N, &st);
+            CHECKF(memcmp(l0, l1, sizeof l0) == 0, "%zu slots%s: logits differ from the mapped experts'", n,
+                   ahead ? ", read-ahead" : "");
+            CHECKF(memcmp(g0, g1, sizeof g0) == 0, "%zu slots%s: greedy ids differ", n, ahead ? ", read-ahead" : "");
+            CHECK(st.expert_cache_bytes == n * expert);
             CHECKF(st.expert_bytes_read == st.expert_misses * expert, "%zu bytes read for %zu misses",
                    st.expert_bytes_read, st.expert_misses);
-            CHECK(st.expert_misses > 0 && st.expert_hits + st.expert_misses > 0);
-            if (slots[i] == all)
-                CHECKF(st.expert_misses <= all && st.expert_hits > 0, "room for all: %zu misses, %zu hits",
-                       st.expert_misses, st.expert_hits);
-            printf("  %s experts, cache of %zu of %zu: %zu hits, %zu misses, %zu bytes read\n",
-                   cases[c].fused ? "fused" : "per-expert", slots[i], all, st.expert_hits, st.expert_misses,
-                   st.expert_bytes_read);
+            CHECKF(st.expert_prefetch_bytes == st.expert_prefetched * expert, "%zu bytes read ahead for %zu experts",
+                   st.expert_prefetch_bytes, st.expert_prefetched);
+            CHECK(st.expert_prefetch_hits <= st.expert_prefetched && st.expert_prefetch_hits <= st.expert_hits);
+            CHECK(ahead || st.expert_prefetched == 0);
+            CHECK(st.expert_misses + st.expert_prefetched > 0);
+            if (n == all)
+                CHECKF(st.expert_misses + st.expert_prefetched <= all && st.expert_hits > 0,
+                       "room for all: %zu misses, %zu read ahead, %zu hits", st.expert_misses, st.expert_prefetched,
+                       st.expert_hits);
+            printf("  %s experts, cache of %zu of %zu%s: %zu hits, %zu misses, %zu read ahead (%zu of them hit)\n",
+                   cases[c].fused ? "fused" : "per-expert", n, all, ahead ? ", read-ahead" : "", st.expert_hits,
+                   st.expert_misses, st.expert_prefetched, st.expert_prefetch_hits);
         }
         /* refusals, one line each */
         struct kvq_seq_config sc;

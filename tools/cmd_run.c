@@ -51,6 +51,8 @@ static void usage(FILE *f)
             "  --expert-cache SIZE  mixture-of-experts models: keep at most SIZE of expert weights\n"
             "                       in memory and read the others from the checkpoint when the\n"
             "                       router picks them (default: all mapped); same output\n"
+            "  --expert-prefetch    with --expert-cache: read the next sparse layer's likely experts\n"
+            "                       ahead, on a thread of its own (its router on this layer's input)\n"
             "  --plan               print bytes per token and the longest context fitting the\n"
             "                       budget for every cache type and for the chosen types\n"
             "                       (--layer-types, --kv-auto included), then exit (no prompt needed)\n"
@@ -68,7 +70,7 @@ struct opts {
     long max_tokens, top_k, speculative, ctx;
     size_t expert_cache;
     double temp, top_p;
-    int json, no_eos, plan;
+    int json, no_eos, plan, expert_prefetch;
     struct kv_opts kvx; /* cache types, budget, seed (also the sampler's) and the other KV options */
 };
 
@@ -94,6 +96,10 @@ static int parse_args(int argc, char **argv, struct opts *o)
         }
         if (strcmp(a, "--plan") == 0) {
             o->plan = 1;
+            continue;
+        }
+        if (strcmp(a, "--expert-prefetch") == 0) {
+            o->expert_prefetch = 1;
             continue;
         }
         if (kv_opts_flag(a, &o->kvx))
@@ -227,6 +233,14 @@ static void print_summary(const struct opts *o, const kvq_model *m, const kvq_se
                 mib(st.expert_cache_bytes), st.expert_hits, used, used ? 100.0 * (double)st.expert_hits / (double)used : 0.0,
                 mib(st.expert_bytes_read), st.t_expert_read,
                 st.t_expert_read > 0 ? (double)st.expert_bytes_read / st.t_expert_read / 1e9 : 0.0);
+    if (st.expert_prefetched)
+        fprintf(stderr,
+                "         read ahead: %zu experts (%.2f MiB in %.3f s, %.2f GB/s), %zu of them used (%.1f%%); "
+                "%.3f s waited for them\n",
+                st.expert_prefetched, mib(st.expert_prefetch_bytes), st.t_expert_prefetch,
+                st.t_expert_prefetch > 0 ? (double)st.expert_prefetch_bytes / st.t_expert_prefetch / 1e9 : 0.0,
+                st.expert_prefetch_hits, 100.0 * (double)st.expert_prefetch_hits / (double)st.expert_prefetched,
+                st.t_expert_wait);
     }
     size_t dev_free = 0, dev_total = 0;
     if (o->kvx.device == KVQ_DEVICE_CUDA && kvq_cuda_mem_info(&dev_free, &dev_total) == KVQ_OK) {
@@ -586,6 +600,7 @@ static int run(void *user, kvq_model *m, kvq_tokenizer *tok)
     kv_opts_seq_config(&o->kvx, &sc);
     sc.max_ctx = (size_t)o->ctx; /* 0: the model's */
     sc.expert_cache = o->expert_cache;
+    sc.expert_prefetch = o->expert_prefetch;
     if (kvq_seq_create(m, &sc, &s, &err) != KVQ_OK) {
         rc = cli_error(CMD, "%s", err.msg);
         goto out;

@@ -175,11 +175,12 @@ kvq_status kvq_backend_cpu_create(const struct kvq_model *m, size_t max_rows, kv
 
 struct kvq_expert_cache_stats;
 /** CPU backend: keep at most `bytes` of expert weights in memory, reading
- *  the experts from the checkpoint's files on demand (expert_cache.h); a
- *  second call replaces the cache. @return KVQ_OK; KVQ_ERR_INVALID_ARG (a
- *  dense model, weights widened at load, bytes below one expert: err says
- *  which); KVQ_ERR_IO; KVQ_ERR_NOMEM. */
-kvq_status kvq_backend_cpu_expert_cache(kvq_backend *b, size_t bytes, kvq_error *err);
+ *  the experts from the checkpoint's files on demand (expert_cache.h) and,
+ *  with prefetch, the next sparse layer's likely experts ahead; a second
+ *  call replaces the cache. @return KVQ_OK; KVQ_ERR_INVALID_ARG (a dense
+ *  model, weights widened at load, bytes below one expert: err says which);
+ *  KVQ_ERR_IO; KVQ_ERR_NOMEM. */
+kvq_status kvq_backend_cpu_expert_cache(kvq_backend *b, size_t bytes, int prefetch, kvq_error *err);
 /** The CPU backend's expert cache statistics. @return 0 (and st zeroed) without a cache, else 1. */
 int kvq_backend_cpu_expert_stats(const kvq_backend *b, struct kvq_expert_cache_stats *st);
 

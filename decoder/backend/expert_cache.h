@@ -9,6 +9,12 @@
  * parallel on the decoder's thread pool. The bytes read are the file's
  * bytes, so the products see the same values as from the mapping and the
  * results are bit-identical to a run without the cache.
+ *
+ * Read-ahead (kvq_expert_cache_prefetch): experts a caller expects soon
+ * (moe_cpu.c: the next sparse layer's router run on this layer's input) are
+ * read into free or least recently used slots by one reader thread while
+ * the forward goes on; a fetch that finds one still being read waits for
+ * it. Slots of the last fetch are never taken, so its matrices stay valid.
  */
 #ifndef KVQ_EXPERT_CACHE_H
 #define KVQ_EXPERT_CACHE_H
@@ -22,8 +28,13 @@ struct kvq_expert_cache;
 struct kvq_expert_cache_stats {
     size_t slots, slot_bytes; /* capacity: experts held, bytes each */
     size_t hits, misses;      /* expert fetches served from a slot / read from the file */
-    size_t bytes_read;
-    double read_seconds;      /* wall time of the reads */
+    size_t bytes_read;        /* by the fetches themselves */
+    double read_seconds;      /* wall time of those reads */
+    size_t prefetched;        /* experts read ahead */
+    size_t prefetch_bytes;    /* their bytes */
+    double prefetch_seconds;  /* the reader's time reading them */
+    size_t prefetch_hits;     /* fetches served by an expert read ahead (among hits) */
+    double prefetch_wait_seconds; /* fetches waiting for a read-ahead to finish */
 };
 
 /** A cache of at most `bytes` bytes of m's experts (as many whole experts
@@ -43,6 +54,12 @@ int kvq_expert_cache_slots(const struct kvq_expert_cache *c);
 kvq_status kvq_expert_cache_fetch(struct kvq_expert_cache *c, int l, const int32_t *ids, int n,
                                   const struct kvq_wmat **gu, const struct kvq_wmat **down);
 
-void kvq_expert_cache_get_stats(const struct kvq_expert_cache *c, struct kvq_expert_cache_stats *st);
+/** Starts reading experts ids[0..n) of layer l (most wanted first) into
+ *  slots the last fetch does not hold, in the background, as far as such
+ *  slots go; experts already held or being read are skipped.
+ *  @return the experts whose reads it started. */
+int kvq_expert_cache_prefetch(struct kvq_expert_cache *c, int l, const int32_t *ids, int n);
+
+void kvq_expert_cache_get_stats(struct kvq_expert_cache *c, struct kvq_expert_cache_stats *st);
 
 #endif

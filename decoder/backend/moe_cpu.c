@@ -90,6 +90,16 @@ struct kvq_cpu_moe {
     struct kvq_expert_cache *cache; /* NULL: the experts are read where they are mapped */
     int32_t *wave;  /* [E] experts of one fetch */
     const struct kvq_wmat **wgu, **wdown; /* [E] their matrices */
+    /* read-ahead with the cache: the next sparse layer's router on this
+     * layer's input (the residual stream changes little between layers),
+     * its experts by how many rows pick them */
+    int prefetch;
+    float *ahead_logits; /* [max_rows][E] */
+    int32_t *ahead_ids;  /* [top_k] one row's picks */
+    float *ahead_w;      /* [top_k] */
+    int32_t *votes;      /* [E] */
+    int32_t *ahead;      /* [E] the experts to read ahead, most picked first */
+    int n_ahead, ahead_layer;
 };
 
 static float *alloc_f(size_t n)
@@ -120,9 +130,15 @@ kvq_status kvq_cpu_moe_create(kvq_backend *b, struct kvq_cpu_moe **out)
         s->wave = malloc(E * sizeof *s->wave);
         s->wgu = malloc(E * sizeof *s->wgu);
         s->wdown = malloc(E * sizeof *s->wdown);
+        s->ahead_logits = alloc_f(R * E);
+        s->ahead_ids = malloc(k * sizeof *s->ahead_ids);
+        s->ahead_w = alloc_f(k);
+        s->votes = malloc(E * sizeof *s->votes);
+        s->ahead = malloc(E * sizeof *s->ahead);
     }
     if (!s || !b->moe_ids || !b->moe_w || !s->logits || !s->xg || !s->gu || !s->h || !s->yd || !s->acc ||
-        !s->start || !s->order || !s->wave || !s->wgu || !s->wdown) {
+        !s->start || !s->order || !s->wave || !s->wgu || !s->wdown || !s->ahead_logits || !s->ahead_ids ||
+        !s->ahead_w || !s->votes || !s->ahead) {
         kvq_cpu_moe_free(b, s);
         return KVQ_ERR_NOMEM;
     }
@@ -149,6 +165,11 @@ void kvq_cpu_moe_free(kvq_backend *b, struct kvq_cpu_moe *s)
     free(s->wave);
     free(s->wgu);
     free(s->wdown);
+    free(s->ahead_logits);
+    free(s->ahead_ids);
+    free(s->ahead_w);
+    free(s->votes);
+    free(s->ahead);
     kvq_expert_cache_free(s->cache);
     free(s);
 }
@@ -161,6 +182,32 @@ void kvq_cpu_moe_route(kvq_backend *b, struct kvq_cpu_moe *s, int layer, const f
     for (size_t t = 0; t < T; t++)
         kvq_moe_topk(s->logits + t * (size_t)E, E, k, a->router, a->norm_topk, b->moe_ids + t * (size_t)k,
                      b->moe_w + t * (size_t)k);
+    s->n_ahead = 0;
+    if (!s->cache || !s->prefetch)
+        return;
+    int ln = layer + 1;
+    while (ln < b->m->cfg.n_layers && !kvq_model_layer_is_moe(&b->m->cfg, ln))
+        ln++;
+    if (ln >= b->m->cfg.n_layers)
+        return;
+    kvq_cpu_matmul(b, &b->m->moe[ln].router, x, s->ahead_logits, E, T, 0);
+    memset(s->votes, 0, (size_t)E * sizeof *s->votes);
+    for (size_t t = 0; t < T; t++) {
+        kvq_moe_topk(s->ahead_logits + t * (size_t)E, E, k, a->router, a->norm_topk, s->ahead_ids, s->ahead_w);
+        for (int j = 0; j < k; j++)
+            s->votes[s->ahead_ids[j]]++;
+    }
+    for (;;) { /* most votes first, the lower id on ties */
+        int best = -1;
+        for (int e = 0; e < E; e++)
+            if (s->votes[e] > 0 && (best < 0 || s->votes[e] > s->votes[best]))
+                best = e;
+        if (best < 0)
+            break;
+        s->ahead[s->n_ahead++] = best;
+        s->votes[best] = 0;
+    }
+    s->ahead_layer = ln;
 }
 
 /* Expert e's rows of this call through its matrices gu / down, weighted
@@ -218,6 +265,13 @@ kvq_status kvq_cpu_moe_experts(kvq_backend *b, struct kvq_cpu_moe *s, int layer,
             kvq_status st = n ? kvq_expert_cache_fetch(s->cache, layer, s->wave, n, s->wgu, s->wdown) : KVQ_OK;
             if (st != KVQ_OK)
                 return st;
+            int last = 1; /* no expert with rows after this fetch's: the next layer's reads go now */
+            for (int f = e; f < E && last; f++)
+                last = s->start[f + 1] == s->start[f];
+            if (last && s->n_ahead) {
+                kvq_expert_cache_prefetch(s->cache, s->ahead_layer, s->ahead, s->n_ahead);
+                s->n_ahead = 0;
+            }
             for (int i = 0; i < n; i++)
                 run_expert(b, s, s->wave[i], s->wgu[i], s->wdown[i], x);
             e0 = e;
@@ -228,7 +282,7 @@ kvq_status kvq_cpu_moe_experts(kvq_backend *b, struct kvq_cpu_moe *s, int layer,
     return KVQ_OK;
 }
 
-kvq_status kvq_cpu_moe_set_cache(kvq_backend *b, struct kvq_cpu_moe *s, size_t bytes, kvq_error *err)
+kvq_status kvq_cpu_moe_set_cache(kvq_backend *b, struct kvq_cpu_moe *s, size_t bytes, int prefetch, kvq_error *err)
 {
     struct kvq_expert_cache *c = NULL;
     kvq_status st = kvq_expert_cache_create(b->m, bytes, &c, err);
@@ -236,6 +290,7 @@ kvq_status kvq_cpu_moe_set_cache(kvq_backend *b, struct kvq_cpu_moe *s, size_t b
         return st == KVQ_ERR_NOMEM ? kvq_error_set(err, st, "expert cache: out of memory") : st;
     kvq_expert_cache_free(s->cache);
     s->cache = c;
+    s->prefetch = prefetch;
     return KVQ_OK;
 }
 

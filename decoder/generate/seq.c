@@ -284,5 +284,10 @@ void kvq_seq_get_stats(const kvq_seq *s, struct kvq_seq_stats *st)
         st->expert_misses = es.misses;
         st->expert_bytes_read = es.bytes_read;
         st->t_expert_read = es.read_seconds;
+        st->expert_prefetched = es.prefetched;
+        st->expert_prefetch_bytes = es.prefetch_bytes;
+        st->t_expert_prefetch = es.prefetch_seconds;
+        st->expert_prefetch_hits = es.prefetch_hits;
+        st->t_expert_wait = es.prefetch_wait_seconds;
     }
 }

@@ -348,6 +348,12 @@ struct kvq_seq_config {
                              * at least one) and preads the others from the checkpoint's files when
                              * the router picks them, least recently used out first: resident
                              * memory bounded, results bit-identical (kvq_seq_stats expert_*) */
+    int expert_prefetch;    /* with expert_cache: 1 reads ahead, on a thread of its own, the
+                             * experts the next sparse layer's router picks on this layer's input,
+                             * into slots neither layer holds; 0 (default): reads only what a layer
+                             * fetches. Same results either way; off by default until it is measured
+                             * to help on a real model (on the random test checkpoints it does not:
+                             * bench_experts) */
     int fast_prefill;       /* 1 (default): on KVQ_DEVICE_CUDA a product of more than 64 rows
                              * (a prefill chunk) with 16-bit weights rounds its inputs to the
                              * weights' type, one GEMM with f32 sums, as transformers', vLLM's
@@ -572,8 +578,13 @@ struct kvq_seq_stats {
     /* kvq_seq_config.expert_cache, since the state was created (0 without one) */
     size_t expert_cache_bytes;           /* the slots' memory */
     size_t expert_hits, expert_misses;   /* experts a forward used that were held / read from the files */
-    size_t expert_bytes_read;
+    size_t expert_bytes_read;            /* read for the misses */
     double t_expert_read;                /* seconds reading them (inside t_matmul) */
+    size_t expert_prefetched;            /* experts read ahead (kvq_seq_config.expert_prefetch) */
+    size_t expert_prefetch_bytes;        /* their bytes */
+    double t_expert_prefetch;            /* seconds the read-ahead thread spent reading them */
+    size_t expert_prefetch_hits;         /* hits on an expert read ahead (among expert_hits) */
+    double t_expert_wait;                /* seconds forwards waited for a read-ahead to land */
 };
 /** Fills st. With a CUDA sequence this waits for its queued GPU work. */
 KVQ_API void kvq_seq_get_stats(const kvq_seq *s, struct kvq_seq_stats *st);
