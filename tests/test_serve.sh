@@ -453,6 +453,25 @@ if like_run "gemma 3" "$tmp/g3" "$(ids 100 256)" 24 0; then
     stop_server
 fi
 
+# A mixture-of-experts model (tests/models/qwen3_moe: 2 sparse layers of 8
+# experts, top 2; the same spelled tokenizer) with an expert cache of 3
+# slots, fewer than one layer's experts, shared by the sequences: the
+# answers are kvq run's without a cache, and /metrics counts the misses.
+mkdir -p "$tmp/moe"
+ln -s "$root/tests/models/qwen3_moe/config.json" "$root/tests/models/qwen3_moe/model.safetensors" "$tmp/moe/"
+cp "$tmp/g3/tokenizer.json" "$tmp/moe/"
+if like_run "mixture of experts, 3-slot expert cache" "$tmp/moe" "$(ids 100 256)" 24 0 --expert-cache 40KiB \
+    --expert-prefetch on; then
+    miss=$(metric 'kvq_expert_fetches_total{result="miss"}'); hit=$(metric 'kvq_expert_fetches_total{result="hit"}')
+    rd=$(metric kvq_expert_read_bytes_total)
+    [ "${miss:-0}" -gt 0 ] && [ "${rd:-0}" -eq $((miss * 12288)) ] &&
+        ok "expert cache: $miss misses ($rd bytes read), $hit hits" ||
+        bad "expert cache: misses '$miss', bytes read '$rd', hits '$hit'"
+    after "mixture of experts"
+    stop_server
+fi
+check "--expert-cache 0: exit 2" "$(timeout 30 "$kvq" serve --model "$tmp/moe" --port 0 --expert-cache 0 2>/dev/null; echo $?)" 2
+
 # ---- 7. speculative decoding ----------------------------------------------
 # --speculative 8: requests verify n-gram drafts in their decode rows (the
 # sampled one draws each row at its next uniforms); a prompt that repeats

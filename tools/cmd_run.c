@@ -51,8 +51,9 @@ static void usage(FILE *f)
             "  --expert-cache SIZE  mixture-of-experts models: keep at most SIZE of expert weights\n"
             "                       in memory and read the others from the checkpoint when the\n"
             "                       router picks them (default: all mapped); same output\n"
-            "  --expert-prefetch    with --expert-cache: read the next sparse layer's likely experts\n"
-            "                       ahead, on a thread of its own (its router on this layer's input)\n"
+            "  --expert-prefetch on|off  with --expert-cache: read the next sparse layer's likely\n"
+            "                       experts ahead, on a thread of its own (its router on this\n"
+            "                       layer's input; default off)\n"
             "  --plan               print bytes per token and the longest context fitting the\n"
             "                       budget for every cache type and for the chosen types\n"
             "                       (--layer-types, --kv-auto included), then exit (no prompt needed)\n"
@@ -98,10 +99,6 @@ static int parse_args(int argc, char **argv, struct opts *o)
             o->plan = 1;
             continue;
         }
-        if (strcmp(a, "--expert-prefetch") == 0) {
-            o->expert_prefetch = 1;
-            continue;
-        }
         if (kv_opts_flag(a, &o->kvx))
             continue;
         if (a[0] != '-')
@@ -134,6 +131,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
             bad = cli_parse_int(v, 0, KVQ_MAX_DRAFT, &o->speculative), range = " (an integer, 0 to the drafts limit)";
         else if (strcmp(a, "--expert-cache") == 0)
             bad = cli_parse_size(v, &o->expert_cache) || o->expert_cache == 0, range = " (a size such as 512MiB)";
+        else if (strcmp(a, "--expert-prefetch") == 0)
+            bad = strcmp(v, "on") && strcmp(v, "off"), o->expert_prefetch = !strcmp(v, "on"), range = " (on or off)";
         else if (strcmp(a, "--temp") == 0)
             bad = cli_parse_double(v, &o->temp) || o->temp < 0, range = " (0 or more)";
         else if (strcmp(a, "--top-p") == 0)

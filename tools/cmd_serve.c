@@ -35,6 +35,12 @@ static void usage(FILE *f)
                "  --prefix-share on|off a request shares the pages of the prompt start it has in\n"
                "                       common with a running sequence (default: on; off for\n"
                "                       sliding-window models, whose layers keep no prefix)\n"
+               "  --expert-cache SIZE  mixture-of-experts models: keep at most SIZE of expert weights in\n"
+               "                       memory, one cache for all sequences, and read the others from\n"
+               "                       the checkpoint when the router picks them (default: all\n"
+               "                       mapped); same answers\n"
+               "  --expert-prefetch on|off  with --expert-cache: read the next sparse layer's likely\n"
+               "                       experts ahead (default off)\n"
                "  --speculative N      n-gram speculative decoding with up to N drafts a step\n"
                "                       (0..15, default 0: off; not for requests with logprobs or\n"
                "                       logit_bias); the answers are plain decoding's\n"
@@ -63,8 +69,8 @@ struct opts {
     const char *host, *api_key, *model_name, *chat_template;
     long port, max_seqs, ctx, chunk, max_queue, timeout, drain_timeout, prefix_cache, speculative;
     long max_conns, max_conns_per_ip;
-    int prefix_share;
-    size_t max_body;
+    int prefix_share, expert_prefetch;
+    size_t max_body, expert_cache;
 };
 
 static int own_option(void *user, const char *a, const char *v)
@@ -106,6 +112,13 @@ static int own_option(void *user, const char *a, const char *v)
         return cli_parse_int(v, 0, 86400, &o->drain_timeout) ? 1 : 0;
     else if (strcmp(a, "--max-body") == 0)
         return cli_parse_size(v, &o->max_body) || o->max_body == 0 ? 1 : 0;
+    else if (strcmp(a, "--expert-cache") == 0)
+        return cli_parse_size(v, &o->expert_cache) || o->expert_cache == 0 ? 1 : 0;
+    else if (strcmp(a, "--expert-prefetch") == 0) {
+        if (strcmp(v, "on") != 0 && strcmp(v, "off") != 0)
+            return 1;
+        o->expert_prefetch = strcmp(v, "on") == 0;
+    }
     else
         return -1;
     return 0;
@@ -159,6 +172,8 @@ static int serve(void *user, kvq_model *m, kvq_tokenizer *tok)
     kvq_batch_config_default(&ec.batch);
     kv_opts_seq_config(&o->c.kv, &ec.batch.seq);
     ec.batch.seq.max_ctx = (size_t)o->ctx;
+    ec.batch.seq.expert_cache = o->expert_cache;
+    ec.batch.seq.expert_prefetch = o->expert_prefetch;
     ec.batch.max_seqs = (int)o->max_seqs;
     ec.chunk = (int)o->chunk;
     ec.max_queue = (int)o->max_queue;
