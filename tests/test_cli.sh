@@ -94,6 +94,12 @@ done
 $kvq_t run -m "$model" -p hi -n 1000000000 2>"$tmp/err"; rc=$?
 [ "$rc" -eq 2 ] && grep -q "16777216" "$tmp/err"
 check "run: --max-tokens out of range names the limit" $?
+$kvq_t run -m "$model" -p hi --expert-prefetch maybe 2>"$tmp/err"; rc=$?
+[ "$rc" -eq 2 ] && [ "$(wc -l <"$tmp/err")" -eq 1 ] && grep -q "expert-prefetch.*on or off" "$tmp/err"
+check "run: --expert-prefetch takes on or off, one line" $?
+$kvq_t run -m "$model" -p hi --expert-cache 1MiB 2>"$tmp/err"; rc=$?
+[ "$rc" -ne 0 ] && [ "$(wc -l <"$tmp/err")" -eq 1 ] && grep -q "no experts" "$tmp/err"
+check "run: --expert-cache on a dense model: one line naming why" $?
 printf 'caf\303\251 \377 ok' > "$tmp/bad.txt"
 $kvq_t run -m "$model" -f "$tmp/bad.txt" 2>"$tmp/err"; rc=$?
 [ "$rc" -eq 2 ] && grep -q "not valid UTF-8 at byte 6 (0xff)" "$tmp/err"
