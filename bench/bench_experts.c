@@ -122,7 +122,7 @@ int main(int argc, char **argv)
     run_one(m, 0, 0, prompt, n_decode, ref, &st, &tps0);
     /* one expert's bytes: a cache with room for all holds all, whole */
     run_one(m, (size_t)1 << 40, 0, prompt, 1, ids, &st, &tps_big);
-    const size_t expert = st.expert_cache_bytes / all;
+    const size_t expert = st.experts.cache_bytes / all;
     static const double fracs[] = {1.0, 0.5, 0.25, 0.1};
     struct run runs[8];
     int n_runs = 0, bad = 0;
@@ -141,11 +141,11 @@ int main(int argc, char **argv)
             run_one(m, u->slots * expert, a, prompt, n_decode, ids, &u->st, &u->decode_tps);
             u->same = memcmp(ids, ref, (size_t)n_decode * sizeof *ids) == 0;
             bad |= !u->same;
-            const size_t used = u->st.expert_hits + u->st.expert_misses;
+            const size_t used = u->st.experts.hits + u->st.experts.misses;
             printf("%5.0f%% %6zu %-10s %7.1f %10.3f %7zu (%4zu) %8.4f %10.1f%s\n", 100 * u->frac, u->slots,
-                   a ? "on" : "off", used ? 100.0 * (double)u->st.expert_hits / (double)used : 0.0,
-                   (double)u->st.expert_bytes_read / 1048576.0, u->st.expert_prefetched, u->st.expert_prefetch_hits,
-                   u->st.t_expert_wait, u->decode_tps, u->same ? "" : "  GREEDY IDS DIFFER");
+                   a ? "on" : "off", used ? 100.0 * (double)u->st.experts.hits / (double)used : 0.0,
+                   (double)u->st.experts.bytes_read / 1048576.0, u->st.experts.prefetched, u->st.experts.prefetch_hits,
+                   u->st.experts.t_wait, u->decode_tps, u->same ? "" : "  GREEDY IDS DIFFER");
         }
     const char *jd = getenv("KVQ_BENCH_JSON_DIR");
     char path[4096];
@@ -166,8 +166,8 @@ int main(int argc, char **argv)
             fprintf(js, "%s\n {\"cache_frac\": %.2f, \"slots\": %zu, \"read_ahead\": %d, \"hits\": %zu, \"misses\": %zu, "
                         "\"bytes_read\": %zu, \"prefetched\": %zu, \"prefetch_hits\": %zu, \"wait_s\": %.6f, "
                         "\"decode_tps\": %.2f, \"same_ids\": %d}",
-                    i ? "," : "", u->frac, u->slots, u->ahead, u->st.expert_hits, u->st.expert_misses,
-                    u->st.expert_bytes_read, u->st.expert_prefetched, u->st.expert_prefetch_hits, u->st.t_expert_wait,
+                    i ? "," : "", u->frac, u->slots, u->ahead, u->st.experts.hits, u->st.experts.misses,
+                    u->st.experts.bytes_read, u->st.experts.prefetched, u->st.experts.prefetch_hits, u->st.experts.t_wait,
                     u->decode_tps, u->same);
         }
         fprintf(js, "\n]}\n");

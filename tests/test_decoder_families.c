@@ -106,7 +106,7 @@ static void run_family(const char *name, enum kvq_type tk, enum kvq_type tv, dou
     struct kvq_seq_stats ss;
     kvq_seq_get_stats(s, &ss);
     if (expert_cache)
-        CHECKF(ss.expert_misses > 0 && ss.expert_cache_bytes > 0, "%s: the expert cache was not used", name);
+        CHECKF(ss.experts.misses > 0 && ss.experts.cache_bytes > 0, "%s: the expert cache was not used", name);
     printf("  %s %s/%s%s: logits %.2g x max|logit|, greedy %zu/%zu\n", name, kvq_type_traits(tk)->name,
            kvq_type_traits(tv)->name, expert_cache ? " (2-expert cache)" : "", worst, n_out, N);
 done:

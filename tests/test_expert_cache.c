@@ -71,7 +71,7 @@ static void test_expert_cache(void)
         static float l0[T * VOC], l1[T * VOC];
         struct kvq_seq_stats st;
         run_seq(m, 0, 1, ids, T, l0, g0, N, &st);
-        CHECK(st.expert_cache_bytes == 0 && st.expert_misses == 0 && st.expert_prefetched == 0);
+        CHECK(st.experts.cache_bytes == 0 && st.experts.misses == 0 && st.experts.prefetched == 0);
         const size_t slots[4] = {1, 2, 3, all};
         for (int i = 0; i < 8; i++) {
             const size_t n = slots[i / 2];
@@ -81,21 +81,21 @@ static void test_expert_cache(void)
             CHECKF(memcmp(l0, l1, sizeof l0) == 0, "%zu slots%s: logits differ from the mapped experts'", n,
                    ahead ? ", read-ahead" : "");
             CHECKF(memcmp(g0, g1, sizeof g0) == 0, "%zu slots%s: greedy ids differ", n, ahead ? ", read-ahead" : "");
-            CHECK(st.expert_cache_bytes == n * expert);
-            CHECKF(st.expert_bytes_read == st.expert_misses * expert, "%zu bytes read for %zu misses",
-                   st.expert_bytes_read, st.expert_misses);
-            CHECKF(st.expert_prefetch_bytes == st.expert_prefetched * expert, "%zu bytes read ahead for %zu experts",
-                   st.expert_prefetch_bytes, st.expert_prefetched);
-            CHECK(st.expert_prefetch_hits <= st.expert_prefetched && st.expert_prefetch_hits <= st.expert_hits);
-            CHECK(ahead || st.expert_prefetched == 0);
-            CHECK(st.expert_misses + st.expert_prefetched > 0);
+            CHECK(st.experts.cache_bytes == n * expert);
+            CHECKF(st.experts.bytes_read == st.experts.misses * expert, "%zu bytes read for %zu misses",
+                   st.experts.bytes_read, st.experts.misses);
+            CHECKF(st.experts.prefetch_bytes == st.experts.prefetched * expert, "%zu bytes read ahead for %zu experts",
+                   st.experts.prefetch_bytes, st.experts.prefetched);
+            CHECK(st.experts.prefetch_hits <= st.experts.prefetched && st.experts.prefetch_hits <= st.experts.hits);
+            CHECK(ahead || st.experts.prefetched == 0);
+            CHECK(st.experts.misses + st.experts.prefetched > 0);
             if (n == all)
-                CHECKF(st.expert_misses + st.expert_prefetched <= all && st.expert_hits > 0,
-                       "room for all: %zu misses, %zu read ahead, %zu hits", st.expert_misses, st.expert_prefetched,
-                       st.expert_hits);
+                CHECKF(st.experts.misses + st.experts.prefetched <= all && st.experts.hits > 0,
+                       "room for all: %zu misses, %zu read ahead, %zu hits", st.experts.misses, st.experts.prefetched,
+                       st.experts.hits);
             printf("  %s experts, cache of %zu of %zu%s: %zu hits, %zu misses, %zu read ahead (%zu of them hit)\n",
-                   cases[c].fused ? "fused" : "per-expert", n, all, ahead ? ", read-ahead" : "", st.expert_hits,
-                   st.expert_misses, st.expert_prefetched, st.expert_prefetch_hits);
+                   cases[c].fused ? "fused" : "per-expert", n, all, ahead ? ", read-ahead" : "", st.experts.hits,
+                   st.experts.misses, st.experts.prefetched, st.experts.prefetch_hits);
         }
         /* refusals, one line each */
         struct kvq_seq_config sc;
@@ -324,7 +324,7 @@ static void test_expert_cache_rss(void)
         struct kvq_seq_stats st;
         kvq_seq_get_stats(s, &st);
         if (cached)
-            CHECKF(st.expert_misses >= 2 * BIG_E - 8, "%zu misses: not every expert was used", st.expert_misses);
+            CHECKF(st.experts.misses >= 2 * BIG_E - 8, "%zu misses: not every expert was used", st.experts.misses);
         kvq_seq_free(s);
         kvq_model_free(m);
     }

@@ -226,20 +226,20 @@ static void print_summary(const struct opts *o, const kvq_model *m, const kvq_se
         fprintf(stderr, " (drafts accepted %zu of %zu)", st.accepted, st.drafted);
     fprintf(stderr, "\ntime:    matmul %.3f s, attention %.3f s, LM head %.3f s, host overhead %.3f s (%.1f%%)\n",
             st.t_matmul, st.t_attn, st.t_lm_head, st.t_host, busy > 0 ? 100.0 * st.t_host / busy : 0.0);
-    if (st.expert_cache_bytes) {
-        const size_t used = st.expert_hits + st.expert_misses;
+    if (st.experts.cache_bytes) {
+        const size_t used = st.experts.hits + st.experts.misses;
         fprintf(stderr, "experts: cache %.2f MiB, %zu of %zu fetches hit (%.1f%%), %.2f MiB read in %.3f s (%.2f GB/s)\n",
-                mib(st.expert_cache_bytes), st.expert_hits, used, used ? 100.0 * (double)st.expert_hits / (double)used : 0.0,
-                mib(st.expert_bytes_read), st.t_expert_read,
-                st.t_expert_read > 0 ? (double)st.expert_bytes_read / st.t_expert_read / 1e9 : 0.0);
-    if (st.expert_prefetched)
+                mib(st.experts.cache_bytes), st.experts.hits, used, used ? 100.0 * (double)st.experts.hits / (double)used : 0.0,
+                mib(st.experts.bytes_read), st.experts.t_read,
+                st.experts.t_read > 0 ? (double)st.experts.bytes_read / st.experts.t_read / 1e9 : 0.0);
+    if (st.experts.prefetched)
         fprintf(stderr,
                 "         read ahead: %zu experts (%.2f MiB in %.3f s, %.2f GB/s), %zu of them used (%.1f%%); "
                 "%.3f s waited for them\n",
-                st.expert_prefetched, mib(st.expert_prefetch_bytes), st.t_expert_prefetch,
-                st.t_expert_prefetch > 0 ? (double)st.expert_prefetch_bytes / st.t_expert_prefetch / 1e9 : 0.0,
-                st.expert_prefetch_hits, 100.0 * (double)st.expert_prefetch_hits / (double)st.expert_prefetched,
-                st.t_expert_wait);
+                st.experts.prefetched, mib(st.experts.prefetch_bytes), st.experts.t_prefetch,
+                st.experts.t_prefetch > 0 ? (double)st.experts.prefetch_bytes / st.experts.t_prefetch / 1e9 : 0.0,
+                st.experts.prefetch_hits, 100.0 * (double)st.experts.prefetch_hits / (double)st.experts.prefetched,
+                st.experts.t_wait);
     }
     size_t dev_free = 0, dev_total = 0;
     if (o->kvx.device == KVQ_DEVICE_CUDA && kvq_cuda_mem_info(&dev_free, &dev_total) == KVQ_OK) {

@@ -134,7 +134,7 @@ char *serve_metrics_text(struct serve_engine *e)
         now.pages_shared, now.page_refs, e->pages_peak, e->shared_peak, now.bytes_allocated, e->cfg.cache_name, now.bytes_per_token, e->cfg.cache_name, now.page_bytes,
         now.kv_budget, e->n_cached, e->cached_pages, e->reused_tokens, e->reuse_hits, e->shared_tokens, e->share_hits, now.steps, now.rows,
         e->drafted, e->accepted);
-    if (now.expert_cache_bytes) /* --expert-cache */
+    if (now.experts.cache_bytes) /* --expert-cache */
         out(&buf, &len, &cap,
             "# HELP kvq_expert_cache_bytes Memory of the expert cache's slots (--expert-cache).\n"
             "# TYPE kvq_expert_cache_bytes gauge\nkvq_expert_cache_bytes %zu\n"
@@ -149,8 +149,8 @@ char *serve_metrics_text(struct serve_engine *e)
             "# TYPE kvq_expert_prefetched_total counter\nkvq_expert_prefetched_total %zu\n"
             "# HELP kvq_expert_prefetch_hits_total Hits on an expert read ahead.\n"
             "# TYPE kvq_expert_prefetch_hits_total counter\nkvq_expert_prefetch_hits_total %zu\n",
-            now.expert_cache_bytes, now.expert_hits, now.expert_misses, now.expert_bytes_read, now.t_expert_read,
-            now.expert_prefetched, now.expert_prefetch_hits);
+            now.experts.cache_bytes, now.experts.hits, now.experts.misses, now.experts.bytes_read, now.experts.t_read,
+            now.experts.prefetched, now.experts.prefetch_hits);
     out(&buf, &len, &cap,
         "# HELP kvq_time_to_first_token_seconds From queueing to the first generated token.\n"
         "# TYPE kvq_time_to_first_token_seconds histogram\n");

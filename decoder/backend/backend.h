@@ -173,7 +173,6 @@ extern "C" {
  *  @return KVQ_OK and *out; KVQ_ERR_NOMEM. */
 kvq_status kvq_backend_cpu_create(const struct kvq_model *m, size_t max_rows, kvq_backend **out);
 
-struct kvq_expert_cache_stats;
 /** CPU backend: keep at most `bytes` of expert weights in memory, reading
  *  the experts from the checkpoint's files on demand (expert_cache.h) and,
  *  with prefetch, the next sparse layer's likely experts ahead; a second
@@ -182,7 +181,7 @@ struct kvq_expert_cache_stats;
  *  KVQ_ERR_IO; KVQ_ERR_NOMEM. */
 kvq_status kvq_backend_cpu_expert_cache(kvq_backend *b, size_t bytes, int prefetch, kvq_error *err);
 /** The CPU backend's expert cache statistics. @return 0 (and st zeroed) without a cache, else 1. */
-int kvq_backend_cpu_expert_stats(const kvq_backend *b, struct kvq_expert_cache_stats *st);
+int kvq_backend_cpu_expert_stats(const kvq_backend *b, struct kvq_expert_stats *st);
 
 /* kvq_backend_cuda_create flags. */
 enum {

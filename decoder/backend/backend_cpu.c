@@ -426,11 +426,17 @@ kvq_status kvq_backend_cpu_expert_cache(kvq_backend *b, size_t bytes, int prefet
     return kvq_cpu_moe_set_cache(b, cb->moe, bytes, prefetch, err);
 }
 
-int kvq_backend_cpu_expert_stats(const kvq_backend *b, struct kvq_expert_cache_stats *st)
+int kvq_backend_cpu_expert_stats(const kvq_backend *b, struct kvq_expert_stats *st)
 {
     const struct cpu_backend *cb = (const struct cpu_backend *)b;
+    struct kvq_expert_cache_stats es;
     memset(st, 0, sizeof *st);
-    return b->ops == &cpu_ops && cb->moe && kvq_cpu_moe_cache_stats(cb->moe, st);
+    if (b->ops != &cpu_ops || !cb->moe || !kvq_cpu_moe_cache_stats(cb->moe, &es))
+        return 0;
+    *st = (struct kvq_expert_stats){es.slots * es.slot_bytes, es.hits, es.misses, es.bytes_read, es.read_seconds,
+                                    es.prefetched, es.prefetch_bytes, es.prefetch_seconds, es.prefetch_hits,
+                                    es.prefetch_wait_seconds};
+    return 1;
 }
 
 static void softcap(float *y, int n, float c)

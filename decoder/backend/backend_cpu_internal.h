@@ -23,6 +23,7 @@ static inline float kvq_cpu_act(enum kvq_act_kind kind, float g)
 
 /* Scratch of the mixture-of-experts ops, allocated once with the backend. */
 struct kvq_cpu_moe;
+struct kvq_expert_cache_stats;
 
 /* For b's model (NULL *out for a dense one); also allocates b->moe_ids and
  * b->moe_w. @return KVQ_OK or KVQ_ERR_NOMEM. */

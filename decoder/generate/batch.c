@@ -19,7 +19,6 @@
 
 #include "backend.h"
 #include "decoder_internal.h"
-#include "expert_cache.h"
 #include "kv_store.h"
 #include "kvq_batch.h"
 #include "kvq_cuda.h"
@@ -615,16 +614,7 @@ void kvq_batch_get_stats(const kvq_batch *b, struct kvq_batch_stats *st)
     st->t_attn = b->tm.attn;
     st->t_lm_head = b->tm.lm_head;
     st->t_total = b->t_total;
-    struct kvq_expert_cache_stats es;
-    if (kvq_backend_cpu_expert_stats(b->be, &es)) {
-        st->expert_cache_bytes = es.slots * es.slot_bytes;
-        st->expert_hits = es.hits;
-        st->expert_misses = es.misses;
-        st->expert_bytes_read = es.bytes_read;
-        st->t_expert_read = es.read_seconds;
-        st->expert_prefetched = es.prefetched;
-        st->expert_prefetch_hits = es.prefetch_hits;
-    }
+    kvq_backend_cpu_expert_stats(b->be, &st->experts);
 }
 
 /* ---- the batch of one under kvq_seq (decoder_internal.h) ------------- */

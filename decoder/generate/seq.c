@@ -9,7 +9,6 @@
 #include <time.h>
 
 #include "backend.h"
-#include "expert_cache.h"
 #include "decoder_internal.h"
 #include "kv_store.h"
 #include "kvq_batch.h"
@@ -277,17 +276,5 @@ void kvq_seq_get_stats(const kvq_seq *s, struct kvq_seq_stats *st)
     size_t captured = 0, replayed = 0;
     kvq_cuda_step_counts(s->be->dev_step, &captured, &replayed);
     st->gpu_graph_steps = captured + replayed;
-    struct kvq_expert_cache_stats es;
-    if (kvq_backend_cpu_expert_stats(s->be, &es)) {
-        st->expert_cache_bytes = es.slots * es.slot_bytes;
-        st->expert_hits = es.hits;
-        st->expert_misses = es.misses;
-        st->expert_bytes_read = es.bytes_read;
-        st->t_expert_read = es.read_seconds;
-        st->expert_prefetched = es.prefetched;
-        st->expert_prefetch_bytes = es.prefetch_bytes;
-        st->t_expert_prefetch = es.prefetch_seconds;
-        st->expert_prefetch_hits = es.prefetch_hits;
-        st->t_expert_wait = es.prefetch_wait_seconds;
-    }
+    kvq_backend_cpu_expert_stats(s->be, &st->experts);
 }

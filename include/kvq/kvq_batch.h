@@ -179,10 +179,7 @@ struct kvq_batch_stats {
     int can_rollback;         /* 1: a truncation to any length keeps a slot exact; 0: only
                                * the last few hundred tokens (sliding-window layers:
                                * kvq_layer_spec.can_rollback) */
-    /* kvq_batch_config.seq.expert_cache (all zero without one), as kvq_seq_stats expert_* */
-    size_t expert_cache_bytes, expert_hits, expert_misses, expert_bytes_read;
-    double t_expert_read;
-    size_t expert_prefetched, expert_prefetch_hits;
+    struct kvq_expert_stats experts; /* kvq_batch_config.seq.expert_cache: one cache for all slots */
 };
 KVQ_API void kvq_batch_get_stats(const kvq_batch *b, struct kvq_batch_stats *st);
 

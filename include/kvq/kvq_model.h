@@ -347,7 +347,7 @@ struct kvq_seq_config {
                              * resident; > 0 keeps at most this many bytes of experts (whole experts,
                              * at least one) and preads the others from the checkpoint's files when
                              * the router picks them, least recently used out first: resident
-                             * memory bounded, results bit-identical (kvq_seq_stats expert_*) */
+                             * memory bounded, results bit-identical (kvq_seq_stats.experts) */
     int expert_prefetch;    /* with expert_cache: 1 reads ahead, on a thread of its own, the
                              * experts the next sparse layer's router picks on this layer's input,
                              * into slots neither layer holds; 0 (default): reads only what a layer
@@ -552,6 +552,21 @@ typedef int (*kvq_token_fn)(void *user, int32_t id);
 KVQ_API kvq_status kvq_seq_generate(kvq_seq *s, const int32_t *prompt, size_t n_prompt, const struct kvq_gen_params *p,
                             int32_t *out, size_t max_out, size_t *n_out, kvq_token_fn fn, void *user);
 
+/* What an expert cache (kvq_seq_config.expert_cache) did since the state
+ * was created: in kvq_seq_stats and kvq_batch_stats alike; all zero
+ * without a cache. */
+struct kvq_expert_stats {
+    size_t cache_bytes;        /* the slots' memory */
+    size_t hits, misses;       /* experts a forward used that were held / read from the files */
+    size_t bytes_read;         /* read for the misses */
+    double t_read;             /* seconds reading them (inside t_matmul) */
+    size_t prefetched;         /* experts read ahead (kvq_seq_config.expert_prefetch) */
+    size_t prefetch_bytes;     /* their bytes */
+    double t_prefetch;         /* seconds the read-ahead thread spent reading them */
+    size_t prefetch_hits;      /* hits on an expert read ahead (among hits) */
+    double t_wait;             /* seconds forwards waited for a read-ahead to land */
+};
+
 struct kvq_seq_stats {
     size_t tokens;            /* in the cache */
     size_t prefill_tokens;    /* tokens run through forward in chunks of T > 1 */
@@ -575,16 +590,7 @@ struct kvq_seq_stats {
     double gpu_matmul, gpu_attn, gpu_lm_head, gpu_other;
     size_t gpu_graph_steps; /* decode steps that ran as one CUDA graph (kvq_seq_config.cuda_graphs),
                              * since the state was created; 0 on the CPU */
-    /* kvq_seq_config.expert_cache, since the state was created (0 without one) */
-    size_t expert_cache_bytes;           /* the slots' memory */
-    size_t expert_hits, expert_misses;   /* experts a forward used that were held / read from the files */
-    size_t expert_bytes_read;            /* read for the misses */
-    double t_expert_read;                /* seconds reading them (inside t_matmul) */
-    size_t expert_prefetched;            /* experts read ahead (kvq_seq_config.expert_prefetch) */
-    size_t expert_prefetch_bytes;        /* their bytes */
-    double t_expert_prefetch;            /* seconds the read-ahead thread spent reading them */
-    size_t expert_prefetch_hits;         /* hits on an expert read ahead (among expert_hits) */
-    double t_expert_wait;                /* seconds forwards waited for a read-ahead to land */
+    struct kvq_expert_stats experts; /* kvq_seq_config.expert_cache */
 };
 /** Fills st. With a CUDA sequence this waits for its queued GPU work. */
 KVQ_API void kvq_seq_get_stats(const kvq_seq *s, struct kvq_seq_stats *st);
