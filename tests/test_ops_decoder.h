@@ -321,21 +321,27 @@ static void dop_reference(struct dop_fx *f)
     }
 }
 
-/* Host <-> backend buffers. */
+/* Host <-> backend buffers. On a device both wait for all queued work
+ * (the backend's stream is its own): a put lands before the op that
+ * follows, a get sees the ops before it. */
 static void dop_put(const kvq_backend *be, float *dst, const float *src, size_t n)
 {
-    if (be->device)
-        CHECK_OK(kvq_cuda_memcpy_h2d(dst, src, n * sizeof *src));
-    else
+    if (!be->device) {
         memcpy(dst, src, n * sizeof *src);
+        return;
+    }
+    CHECK_OK(kvq_cuda_memcpy_h2d(dst, src, n * sizeof *src));
+    CHECK_OK(kvq_cuda_synchronize());
 }
 
 static void dop_get(const kvq_backend *be, float *dst, const float *src, size_t n)
 {
-    if (be->device)
-        CHECK_OK(kvq_cuda_memcpy_d2h(dst, src, n * sizeof *src));
-    else
+    if (!be->device) {
         memcpy(dst, src, n * sizeof *src);
+        return;
+    }
+    CHECK_OK(kvq_cuda_synchronize());
+    CHECK_OK(kvq_cuda_memcpy_d2h(dst, src, n * sizeof *src));
 }
 
 /* which: 0 the CPU backend, 1 the CUDA backend. */
@@ -358,28 +364,18 @@ static void dop_run(struct dop_fx *f, int which)
     switch (f->op) {
     case DOP_EMBED:
         be->ops->embed(be, DOP_IDS, DOP_T, a->x);
-        if (be->device)
-            CHECK_OK(kvq_cuda_synchronize());
         dop_get(be, out, a->x, f->n_out);
         break;
     case DOP_NORM:
         dop_put(be, a->x, f->in, f->n_in);
         dop_put(be, a->xn, f->y0, f->n_in);
-        if (be->device)
-            CHECK_OK(kvq_cuda_synchronize());
         be->ops->norm(be, (enum kvq_norm_site)f->v->site, DOP_NORM_LAYER, a->x, a->xn, DOP_T);
-        if (be->device)
-            CHECK_OK(kvq_cuda_synchronize());
         dop_get(be, out, a->xn, f->n_out);
         break;
     case DOP_ROPE:
         dop_put(be, a->qkv, f->in, f->n_in);
         be->ops->set_pos(be, DOP_POS, DOP_T);
-        if (be->device)
-            CHECK_OK(kvq_cuda_synchronize());
         be->ops->qkv_rope(be, DOP_ROPE_LAYER, a->qkv, DOP_T, be->pos, a->q, a->k, a->v);
-        if (be->device)
-            CHECK_OK(kvq_cuda_synchronize());
         for (int t = 0; t < DOP_T; t++) {
             float *o = out + (size_t)t * m->qkv_dim;
             dop_get(be, o, a->q + (size_t)t * m->q_dim, (size_t)m->q_dim);
@@ -389,17 +385,11 @@ static void dop_run(struct dop_fx *f, int which)
         break;
     case DOP_GLU:
         dop_put(be, a->gu, f->in, f->n_in);
-        if (be->device)
-            CHECK_OK(kvq_cuda_synchronize());
         be->ops->glu(be, a->gu, a->h, DOP_T);
-        if (be->device)
-            CHECK_OK(kvq_cuda_synchronize());
         dop_get(be, out, a->h, f->n_out);
         break;
     case DOP_LM:
         dop_put(be, a->x, f->in, DOP_T * h);
-        if (be->device)
-            CHECK_OK(kvq_cuda_synchronize());
         CHECK_OK(be->ops->lm_head(be, a->x, DOP_T, out, f->argmax[which]));
         break;
     }

@@ -94,7 +94,6 @@ struct kvq_cpu_moe {
      * layer's input (the residual stream changes little between layers),
      * its experts by how many rows pick them */
     int prefetch;
-    float *ahead_logits; /* [max_rows][E] */
     int32_t *ahead_ids;  /* [top_k] one row's picks */
     float *ahead_w;      /* [top_k] */
     int32_t *votes;      /* [E] */
@@ -130,14 +129,13 @@ kvq_status kvq_cpu_moe_create(kvq_backend *b, struct kvq_cpu_moe **out)
         s->wave = malloc(E * sizeof *s->wave);
         s->wgu = malloc(E * sizeof *s->wgu);
         s->wdown = malloc(E * sizeof *s->wdown);
-        s->ahead_logits = alloc_f(R * E);
         s->ahead_ids = malloc(k * sizeof *s->ahead_ids);
         s->ahead_w = alloc_f(k);
         s->votes = malloc(E * sizeof *s->votes);
         s->ahead = malloc(E * sizeof *s->ahead);
     }
     if (!s || !b->moe_ids || !b->moe_w || !s->logits || !s->xg || !s->gu || !s->h || !s->yd || !s->acc ||
-        !s->start || !s->order || !s->wave || !s->wgu || !s->wdown || !s->ahead_logits || !s->ahead_ids ||
+        !s->start || !s->order || !s->wave || !s->wgu || !s->wdown || !s->ahead_ids ||
         !s->ahead_w || !s->votes || !s->ahead) {
         kvq_cpu_moe_free(b, s);
         return KVQ_ERR_NOMEM;
@@ -165,7 +163,6 @@ void kvq_cpu_moe_free(kvq_backend *b, struct kvq_cpu_moe *s)
     free(s->wave);
     free(s->wgu);
     free(s->wdown);
-    free(s->ahead_logits);
     free(s->ahead_ids);
     free(s->ahead_w);
     free(s->votes);
@@ -190,10 +187,11 @@ void kvq_cpu_moe_route(kvq_backend *b, struct kvq_cpu_moe *s, int layer, const f
         ln++;
     if (ln >= b->m->cfg.n_layers)
         return;
-    kvq_cpu_matmul(b, &b->m->moe[ln].router, x, s->ahead_logits, E, T, 0);
+    /* into s->logits: this layer's picks are in b->moe_ids and b->moe_w already */
+    kvq_cpu_matmul(b, &b->m->moe[ln].router, x, s->logits, E, T, 0);
     memset(s->votes, 0, (size_t)E * sizeof *s->votes);
     for (size_t t = 0; t < T; t++) {
-        kvq_moe_topk(s->ahead_logits + t * (size_t)E, E, k, a->router, a->norm_topk, s->ahead_ids, s->ahead_w);
+        kvq_moe_topk(s->logits + t * (size_t)E, E, k, a->router, a->norm_topk, s->ahead_ids, s->ahead_w);
         for (int j = 0; j < k; j++)
             s->votes[s->ahead_ids[j]]++;
     }
