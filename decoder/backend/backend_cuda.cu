@@ -234,6 +234,36 @@ __global__ void norm_kernel(const float *x, const float *w, float *y, int n, flo
     const float *xr = x + (size_t)blockIdx.x * n;
     float *yr = y + (size_t)blockIdx.x * n;
     float ss = 0.0f;
+    constexpr int kPer = 8; /* values a thread keeps: rows up to 8 x kNormThreads */
+    if (n <= kPer * (int)blockDim.x) {
+        /* all of this thread's x, w (and y) loads in flight at once: a
+         * loop that waited for each load in turn made this kernel, 65
+         * launches a decode step, a chain of memory latencies (same sums,
+         * same order, same bits) */
+        float xv[kPer], wv[kPer], yv[kPer];
+#pragma unroll
+        for (int k = 0; k < kPer; k++) {
+            const int i = threadIdx.x + k * (int)blockDim.x;
+            xv[k] = i < n ? xr[i] : 0.0f;
+            wv[k] = i < n ? w[i] : 0.0f;
+            yv[k] = i < n && accumulate ? yr[i] : 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < kPer; k++)
+            if (threadIdx.x + k * (int)blockDim.x < n)
+                ss += xv[k] * xv[k];
+        ss = block_sum(ss, red);
+        const float r = (float)(1.0 / sqrt((double)ss / n + (double)eps));
+#pragma unroll
+        for (int k = 0; k < kPer; k++) {
+            const int i = threadIdx.x + k * (int)blockDim.x;
+            if (i < n) {
+                const float v = (unit_offset ? 1.0f + wv[k] : wv[k]) * (xv[k] * r);
+                yr[i] = accumulate ? yv[k] + v : v;
+            }
+        }
+        return;
+    }
     for (int i = threadIdx.x; i < n; i += blockDim.x)
         ss += xr[i] * xr[i];
     ss = block_sum(ss, red);

@@ -36,7 +36,7 @@ struct ov_params {
     const uint16_t *k, *v; /* [max_seqs][rows_per_seq][H][d] f16 bits */
     const float *q;        /* [nb][Hq][d], unrotated */
     float *xtra;           /* out: [nb][Hq][d + 2], unnormalised O, m, l */
-    int rows_per_seq, sink_rows, ring, H, Hq, G, d;
+    int rows_per_seq, sink_rows, ring, H, Hq, G, d, nb;
     float c;               /* score = c q.k, in the exponent base's units */
     int seq[KVQ_CU_MAX_BATCH], se[KVQ_CU_MAX_BATCH], tl[KVQ_CU_MAX_BATCH], n[KVQ_CU_MAX_BATCH];
 };
@@ -49,22 +49,41 @@ struct ov_params {
  * all loaded before the first is used: read as the loop used them, a
  * page's 32 loads at d = 128 went one after another (ncu on an H200, 8B
  * shape: 10.2 -> 7.6 us a layer at 4K, 11.6 -> 9.1 us at 128K). */
+struct gain_params {
+    const float *q;
+    int Hq, G, d;
+    kvq_dev_pages pg;
+    batch_ids ids;
+    uint64_t mean_off;
+    uint32_t mean_bytes;
+    float c;
+    float *gain;
+    size_t stride;
+    int nz; /* blocks per (head, entry) */
+};
+
 template <int DMAX>
-__global__ void gain_kernel(const float *q, int Hq, int G, int d, kvq_dev_pages pg, batch_ids ids,
-                            uint64_t mean_off, uint32_t mean_bytes, float c, float *gain, size_t stride)
+__device__ __forceinline__ void gain_block(const gain_params &gp, int h, int b, int z)
 {
     constexpr int kG = 8;                    /* query heads kept in registers at once */
     extern __shared__ __align__(16) float qs[]; /* [G][d] */
-    const int h = blockIdx.x, b = blockIdx.y;
-    const int lo = ids.lo[b], hi = ids.len[b], P = (int)pg.page_tokens;
+    const float *q = gp.q;
+    const int Hq = gp.Hq, G = gp.G, d = gp.d;
+    const kvq_dev_pages &pg = gp.pg;
+    const uint64_t mean_off = gp.mean_off;
+    const uint32_t mean_bytes = gp.mean_bytes;
+    const float c = gp.c;
+    float *gain = gp.gain;
+    const size_t stride = gp.stride;
+    const int lo = gp.ids.lo[b], hi = gp.ids.len[b], P = (int)pg.page_tokens;
     if (hi <= lo)
         return;
     for (int i = threadIdx.x; i < G * d; i += blockDim.x)
         qs[i] = q[((size_t)b * Hq + (size_t)h * G) * d + i];
     __syncthreads();
-    for (int page = lo / P + (int)(blockIdx.z * blockDim.x + threadIdx.x); page < (hi + P - 1) / P;
-         page += (int)(gridDim.z * blockDim.x)) {
-        const int32_t phys = pg.ptab[(size_t)ids.seq[b] * pg.max_pages_per_seq + (size_t)page];
+    for (int page = lo / P + (int)(z * blockDim.x + threadIdx.x); page < (hi + P - 1) / P;
+         page += (int)(gp.nz * blockDim.x)) {
+        const int32_t phys = pg.ptab[(size_t)gp.ids.seq[b] * pg.max_pages_per_seq + (size_t)page];
         /* 2-byte aligned: the section is 16-aligned, a block 2 + d / 2 bytes (d even) */
         const uint16_t *w = reinterpret_cast<const uint16_t *>(pg.pool + (uint64_t)phys * pg.page_bytes + mean_off +
                                                                (uint64_t)h * mean_bytes);
@@ -102,6 +121,12 @@ __global__ void gain_kernel(const float *q, int Hq, int G, int d, kvq_dev_pages 
                     gain[((size_t)b * Hq + (size_t)h * G + g0 + g) * stride + (size_t)page] = sc * a[g];
         }
     }
+}
+
+template <int DMAX>
+__global__ void gain_kernel(const __grid_constant__ gain_params gp)
+{
+    gain_block<DMAX>(gp, blockIdx.x, blockIdx.y, blockIdx.z);
 }
 
 /* y = M x for a column-major dense matrix (M[i][j] at j * d + i), thread i. */
@@ -339,56 +364,161 @@ __device__ __forceinline__ float warps_merge(float *ml, int warp, int lane, floa
     return M;
 }
 
-/* Attention of one (query head, entry) over its f16 override rows, fp32:
- * 4 warps stride over the rows, one online softmax each, merged at the end
- * into an unnormalised partial. At most sink_rows + page_tokens rows. */
+/* Attention of one (query head, entry) over its f16 override rows, fp32,
+ * into an unnormalised partial (O, m, l). At most rows_per_seq = sink_rows +
+ * ring rows, so the scores fit in shared memory and the three passes
+ * (scores, weights, weighted values) each issue all their loads at once: a
+ * row-at-a-time online softmax was a chain of dependent loads per row
+ * (ncu on an H200, 8B shape, a full ring: 20 us a layer). */
 template <bool BASE2>
-__global__ void ov_kernel(const __grid_constant__ ov_params p)
+__device__ __forceinline__ void ov_block(const ov_params &p, int hq, int b)
 {
-    extern __shared__ float sh[];
-    const int d = p.d, hq = blockIdx.x, b = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    constexpr int kRows = 4; /* rows a warp scores at once */
+    extern __shared__ __align__(16) float sh[];
+    const int d = p.d, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int nw = blockDim.x >> 5;
     const int h = hq / p.G, seq = p.seq[b], se = p.se[b], tl = p.tl[b], n = p.n[b];
-    float *qv = sh, *acc = sh + d, *ml = acc + 4 * d;
+    float *qv = sh, *s = sh + d, *red = s + p.rows_per_seq; /* red: [32] */
+    int *ro = reinterpret_cast<int *>(red + 32);           /* [rows_per_seq]: row r's storage row */
     const float *src = p.q + ((size_t)b * p.Hq + hq) * d;
     for (int i = threadIdx.x; i < d; i += blockDim.x)
         qv[i] = src[i] * p.c;
-    float *my = acc + warp * d;
-    for (int j = lane; j < d; j += 32)
-        my[j] = 0.0f;
     __syncthreads();
-    float m = -INFINITY, l = 0.0f;
     const int n_rows = se + (n - tl);
-    for (int r = warp; r < n_rows; r += 4) {
+    auto row_of = [&](int r) {
         const int t = r < se ? r : tl + (r - se);
-        const int row = t < p.sink_rows ? t : p.sink_rows + t % p.ring;
-        const size_t off = (((size_t)seq * p.rows_per_seq + row) * p.H + h) * d;
-        const __half *kr = reinterpret_cast<const __half *>(p.k + off), *vr = reinterpret_cast<const __half *>(p.v + off);
-        float a = 0.0f;
-        for (int j = lane; j < d; j += 32)
-            a = fmaf(qv[j], __half2float(kr[j]), a);
-        for (int o = 16; o; o >>= 1)
-            a += __shfl_xor_sync(0xffffffffu, a, o);
-        const float m_new = fmaxf(m, a);
-        const float alpha = m == -INFINITY ? 0.0f : (BASE2 ? exp2f(m - m_new) : expf(m - m_new));
-        const float pw = BASE2 ? exp2f(a - m_new) : expf(a - m_new);
-        l = l * alpha + pw;
-        m = m_new;
-        for (int j = lane; j < d; j += 32)
-            my[j] = fmaf(pw, __half2float(vr[j]), my[j] * alpha);
+        return t < p.sink_rows ? t : p.sink_rows + t % p.ring;
+    };
+    auto off_of = [&](int row) { return (((size_t)seq * p.rows_per_seq + row) * p.H + h) * d; };
+    /* scores: each warp kRows rows at a time, their loads in flight together */
+    for (int r0 = warp * kRows; r0 < n_rows; r0 += nw * kRows) {
+        float a[kRows];
+#pragma unroll
+        for (int u = 0; u < kRows; u++) {
+            a[u] = 0.0f;
+            if (r0 + u < n_rows) {
+                const __half *kr = reinterpret_cast<const __half *>(p.k + off_of(row_of(r0 + u)));
+                for (int j = lane; j < d; j += 32)
+                    a[u] = fmaf(qv[j], __half2float(kr[j]), a[u]);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < kRows; u++) {
+            for (int o = 16; o; o >>= 1)
+                a[u] += __shfl_xor_sync(0xffffffffu, a[u], o);
+            if (lane == 0 && r0 + u < n_rows) {
+                s[r0 + u] = a[u];
+                ro[r0 + u] = row_of(r0 + u);
+            }
+        }
     }
-    float wgt[4], L;
-    const float M = warps_merge<BASE2>(ml, warp, lane, m, l, wgt, &L);
+    __syncthreads();
+    /* the maximum, then the weights in place and their sum, in a fixed order */
+    float m = -INFINITY;
+    for (int r = threadIdx.x; r < n_rows; r += blockDim.x)
+        m = fmaxf(m, s[r]);
+    for (int o = 16; o; o >>= 1)
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (lane == 0)
+        red[warp] = m;
+    __syncthreads();
+    float M = -INFINITY;
+    for (int w = 0; w < nw; w++)
+        M = fmaxf(M, red[w]);
+    for (int r = threadIdx.x; r < n_rows; r += blockDim.x)
+        s[r] = M == -INFINITY ? 0.0f : (BASE2 ? exp2f(s[r] - M) : expf(s[r] - M));
+    __syncthreads();
     float *dst = p.xtra + ((size_t)b * p.Hq + hq) * (d + 2);
+    if (warp == 0) {
+        float l = 0.0f;
+        for (int r = lane; r < n_rows; r += 32)
+            l += s[r];
+        for (int o = 16; o; o >>= 1)
+            l += __shfl_xor_sync(0xffffffffu, l, o);
+        if (lane == 0) {
+            dst[d] = M;
+            dst[d + 1] = M == -INFINITY ? 0.0f : l;
+        }
+    }
+    /* O = sum of w_r v_r: warp w takes rows w, w + nw, ..., its lanes the
+     * coordinates, kU rows' loads in flight at once; the warps' sums are
+     * then added in warp order (a fixed order: the same bits every run) */
+    constexpr int kU = 4, kQ = 4;
+    float *part = reinterpret_cast<float *>(ro + p.rows_per_seq); /* [nw][d] */
+    for (int j0 = 0; j0 < d; j0 += 32 * kQ) {
+        float acc[kQ];
+#pragma unroll
+        for (int q = 0; q < kQ; q++)
+            acc[q] = 0.0f;
+        int r = warp;
+        for (; r + (kU - 1) * nw < n_rows; r += kU * nw) {
+            float vv[kU][kQ];
+#pragma unroll
+            for (int u = 0; u < kU; u++) {
+                const __half *vr = reinterpret_cast<const __half *>(p.v + off_of(ro[r + u * nw]));
+#pragma unroll
+                for (int q = 0; q < kQ; q++) {
+                    const int j = j0 + lane + 32 * q;
+                    vv[u][q] = j < d ? __half2float(vr[j]) : 0.0f;
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < kU; u++)
+#pragma unroll
+                for (int q = 0; q < kQ; q++)
+                    acc[q] = fmaf(s[r + u * nw], vv[u][q], acc[q]);
+        }
+        for (; r < n_rows; r += nw) {
+            const __half *vr = reinterpret_cast<const __half *>(p.v + off_of(ro[r]));
+#pragma unroll
+            for (int q = 0; q < kQ; q++) {
+                const int j = j0 + lane + 32 * q;
+                if (j < d)
+                    acc[q] = fmaf(s[r], __half2float(vr[j]), acc[q]);
+            }
+        }
+#pragma unroll
+        for (int q = 0; q < kQ; q++) {
+            const int j = j0 + lane + 32 * q;
+            if (j < d)
+                part[warp * d + j] = acc[q];
+        }
+    }
+    __syncthreads();
     for (int j = threadIdx.x; j < d; j += blockDim.x) {
         float o = 0.0f;
-        for (int w = 0; w < 4; w++)
-            o += acc[w * d + j] * wgt[w];
+        for (int w = 0; w < nw; w++)
+            o += part[w * d + j];
         dst[j] = o;
     }
-    if (threadIdx.x == 0) {
-        dst[d] = M;
-        dst[d + 1] = L;
+}
+
+template <bool BASE2>
+__global__ void ov_kernel(const __grid_constant__ ov_params p)
+{
+    ov_block<BASE2>(p, blockIdx.x, blockIdx.y);
+}
+
+/* The override rows' attention and the page gains in one launch (key
+ * centering with the window: both read only the queries and what the
+ * append wrote, and each alone was a small latency-bound grid): blocks
+ * [0, Hq nb) as ov_kernel, the rest as gain_kernel. */
+struct side_params {
+    ov_params ov;
+    gain_params gain;
+};
+
+template <int DMAX>
+__global__ void side_kernel(const __grid_constant__ side_params sp)
+{
+    const int n_ov = sp.ov.Hq * sp.ov.nb;
+    const int i = (int)blockIdx.x;
+    if (i < n_ov) {
+        ov_block<true>(sp.ov, i % sp.ov.Hq, i / sp.ov.Hq);
+        return;
     }
+    const int j = i - n_ov, H = sp.gain.Hq / sp.gain.G;
+    gain_block<DMAX>(sp.gain, j % H, (j / H) % sp.ov.nb, j / (H * sp.ov.nb));
 }
 
 template <bool PDL> /* launched early: wait for the fused kernel's partials */
@@ -667,28 +797,41 @@ static void override_view(const kvq_cuda_cache *c, int seq, size_t n, int *se, i
 /* Key centering: the page gains of entries 0..nb over their packed ranges
  * [lo, hi), scores scaled by c (gain_kernel). A fixed grid for a batch size,
  * so that a step graph's node keeps its shape. */
-static kvq_status launch_gain(kvq_cuda_cache *c, int nb, const int *seqs, const int *lo, const int *hi,
-                              const float *q, int Hq, float scale)
+static gain_params gain_params_of(const kvq_cuda_cache *c, int nb, const int *seqs, const int *lo, const int *hi,
+                                  const float *q, int Hq, float scale)
 {
-    batch_ids ids;
-    memset(&ids, 0, sizeof ids);
+    gain_params gp;
+    memset(&gp, 0, sizeof gp);
     for (int i = 0; i < nb; i++) {
-        ids.seq[i] = seqs[i];
-        ids.lo[i] = lo[i];
-        ids.len[i] = hi[i];
+        gp.ids.seq[i] = seqs[i];
+        gp.ids.lo[i] = lo[i];
+        gp.ids.len[i] = hi[i];
     }
-    const int H = c->cfg.cache.n_kv_heads, G = Hq / H, d = c->cfg.cache.head_dim;
-    const int z = (int)((c->max_pages_per_seq + 127) / 128); /* every page of the longest sequence */
-    return kvq_cu_launch(c->step, false, d <= 128 ? gain_kernel<128> : d <= 256 ? gain_kernel<256> : gain_kernel<0>,
-                         dim3((unsigned)H, (unsigned)nb, (unsigned)z), dim3(128),
-                         (size_t)G * d * sizeof(float), c->stream, q, Hq, G, d, kvq_cu_pages_of(c), ids,
-                         (uint64_t)c->layout.mean_off, c->layout.mean_bytes, scale, c->gain_d,
-                         c->max_pages_per_seq);
+    gp.q = q;
+    gp.Hq = Hq;
+    gp.G = Hq / c->cfg.cache.n_kv_heads;
+    gp.d = c->cfg.cache.head_dim;
+    gp.pg = kvq_cu_pages_of(c);
+    gp.mean_off = (uint64_t)c->layout.mean_off;
+    gp.mean_bytes = c->layout.mean_bytes;
+    gp.c = scale;
+    gp.gain = c->gain_d;
+    gp.stride = c->max_pages_per_seq;
+    gp.nz = (int)((c->max_pages_per_seq + 127) / 128); /* every page of the longest sequence */
+    return gp;
 }
 
-/* Launches the attention over the override rows of entries 0..nb (xtra). */
-static kvq_status attend_overrides(kvq_cuda_cache *c, int nb, const int *seqs, const int *n, const int *se,
-                                   const int *tl, const float *q, int Hq, float scale, bool base2)
+static kvq_status launch_gain(kvq_cuda_cache *c, const gain_params &gp, int nb)
+{
+    const int H = c->cfg.cache.n_kv_heads, d = gp.d;
+    return kvq_cu_launch(c->step, false, d <= 128 ? gain_kernel<128> : d <= 256 ? gain_kernel<256> : gain_kernel<0>,
+                         dim3((unsigned)H, (unsigned)nb, (unsigned)gp.nz), dim3(128),
+                         (size_t)gp.G * d * sizeof(float), c->stream, gp);
+}
+
+/* The attention over the override rows of entries 0..nb (into xtra). */
+static ov_params ov_params_of(const kvq_cuda_cache *c, int nb, const int *seqs, const int *n, const int *se,
+                              const int *tl, const float *q, int Hq, float scale, bool base2)
 {
     ov_params op;
     memset(&op, 0, sizeof op);
@@ -703,6 +846,7 @@ static kvq_status attend_overrides(kvq_cuda_cache *c, int nb, const int *seqs, c
     op.Hq = Hq;
     op.G = Hq / op.H;
     op.d = c->cfg.cache.head_dim;
+    op.nb = nb;
     op.c = base2 ? scale * kLog2e : scale;
     for (int i = 0; i < nb; i++) {
         op.seq[i] = seqs[i];
@@ -710,9 +854,36 @@ static kvq_status attend_overrides(kvq_cuda_cache *c, int nb, const int *seqs, c
         op.se[i] = se[i];
         op.tl[i] = tl[i];
     }
-    const size_t smem = (5 * (size_t)op.d + 8) * sizeof(float);
-    return kvq_cu_launch(c->step, false, base2 ? ov_kernel<true> : ov_kernel<false>, dim3((unsigned)Hq, (unsigned)nb),
-                         dim3(128), smem, c->stream, op);
+    return op;
+}
+
+/* Threads of an override-rows block: 8 warps, so that a full ring's rows
+ * take few rounds of loads. */
+constexpr int kOvThreads = 256;
+
+static size_t ov_smem(const ov_params &op)
+{
+    return ((size_t)op.d * (1 + kOvThreads / 32) + 2 * (size_t)op.rows_per_seq + 32) * sizeof(float);
+}
+
+static kvq_status attend_overrides(kvq_cuda_cache *c, const ov_params &op, bool base2)
+{
+    return kvq_cu_launch(c->step, false, base2 ? ov_kernel<true> : ov_kernel<false>, dim3((unsigned)op.Hq, (unsigned)op.nb),
+                         dim3(kOvThreads), ov_smem(op), c->stream, op);
+}
+
+/* Both in one launch (side_kernel): the fused kernel with centred keys and
+ * override rows. */
+static kvq_status attend_side(kvq_cuda_cache *c, const ov_params &op, const gain_params &gp)
+{
+    side_params sp;
+    sp.ov = op;
+    sp.gain = gp;
+    const int H = c->cfg.cache.n_kv_heads, d = gp.d;
+    const size_t gsmem = (size_t)gp.G * d * sizeof(float), osmem = ov_smem(op);
+    const unsigned blocks = (unsigned)(op.Hq * op.nb + H * op.nb * gp.nz);
+    return kvq_cu_launch(c->step, false, d <= 128 ? side_kernel<128> : d <= 256 ? side_kernel<256> : side_kernel<0>,
+                         dim3(blocks), dim3(kOvThreads), gsmem > osmem ? gsmem : osmem, c->stream, sp);
 }
 
 /* Splits of the reference kernel's token ranges [lo, hi): requested (> 0),
@@ -737,7 +908,8 @@ static int ref_splits(const kvq_cuda_cache *c, int nb, int Hq, const int *lo, co
 /* The packed range [lo[i], hi[i]) of entry i on the fused kernel, then
  * its split merge (merged with the override partials xtra, if any). */
 static kvq_status attend_fused(kvq_cuda_cache *c, int nb, const int *seqs, const int *lo, const int *hi,
-                               const float *q, int Hq, float scale, float *out, const float *xtra, int n_splits)
+                               const float *q, int Hq, float scale, float *out, const float *xtra, int n_splits,
+                               bool gains_done)
 {
     const int H = c->cfg.cache.n_kv_heads, G = Hq / H;
     kvq_cu_fast_params p;
@@ -765,7 +937,8 @@ static kvq_status attend_fused(kvq_cuda_cache *c, int nb, const int *seqs, const
         p.len[i] = hi[i];
     }
     if (c->center) {
-        KVQ_CU_RET(launch_gain(c, nb, seqs, lo, hi, q, Hq, scale * kLog2e));
+        if (!gains_done)
+            KVQ_CU_RET(launch_gain(c, gain_params_of(c, nb, seqs, lo, hi, q, Hq, scale * kLog2e), nb));
         p.gain = c->gain_d;
         p.gain_stride = (int)c->max_pages_per_seq;
         p.Hq = Hq;
@@ -854,7 +1027,7 @@ static kvq_status attend_cores(kvq_cuda_cache *c, int nb, const int *seqs, const
         rp.ids.len[i] = hi[i];
     }
     if (c->center) { /* the cores' scores are in natural units */
-        KVQ_CU_RET(launch_gain(c, nb, seqs, lo, hi, q, Hq, scale));
+        KVQ_CU_RET(launch_gain(c, gain_params_of(c, nb, seqs, lo, hi, q, Hq, scale), nb));
         rp.gain = c->gain_d;
         rp.gain_stride = c->max_pages_per_seq;
     }
@@ -892,14 +1065,16 @@ static kvq_status attend_chunk(kvq_cuda_cache *c, int nb, const int *seqs, const
         n[i] = (int)(lens ? lens[i] : c->len[seqs[i]]);
         override_view(c, seqs[i], (size_t)n[i], &lo[i], &hi[i]);
     }
-    const bool overrides = c->ov_rows > 0;
+    const bool overrides = c->ov_rows > 0, side = overrides && use_fast && c->center;
     if (overrides) {
-        const kvq_status st = attend_overrides(c, nb, seqs, n, lo, hi, q, Hq, scale, use_fast != 0);
+        const ov_params op = ov_params_of(c, nb, seqs, n, lo, hi, q, Hq, scale, use_fast != 0);
+        const kvq_status st = side ? attend_side(c, op, gain_params_of(c, nb, seqs, lo, hi, q, Hq, scale * kLog2e))
+                                   : attend_overrides(c, op, use_fast != 0);
         if (st != KVQ_OK)
             return st;
     }
     const float *xtra = overrides ? c->xtra_d : NULL;
-    return use_fast ? attend_fused(c, nb, seqs, lo, hi, q, Hq, scale, out, xtra, n_splits)
+    return use_fast ? attend_fused(c, nb, seqs, lo, hi, q, Hq, scale, out, xtra, n_splits, side)
                     : attend_cores(c, nb, seqs, lo, hi, q, Hq, scale, out, xtra, use_ref, n_splits);
 }
 

@@ -249,7 +249,7 @@ struct ov_dst {
 /* One row x (global or shared memory) of codec cd into row, by one warp:
  * f32 and f16 copied, tq types encoded (codes, norms, QJL signs). buf0 and
  * buf1 hold d floats each, idx and sgn d bytes each (the warp's own). */
-__device__ void encode_row(const kvq_dev_codec &cd, const float *x, kvq_row row, float *buf0, float *buf1,
+__device__ __forceinline__ void encode_row(const kvq_dev_codec &cd, const float *x, kvq_row row, float *buf0, float *buf1,
                            uint8_t *idx, uint8_t *sgn, int lane)
 {
     const int d = cd.dim;
@@ -312,6 +312,7 @@ __device__ void encode_row(const kvq_dev_codec &cd, const float *x, kvq_row row,
     }
     const float inv = __frcp_rn(n);
     float gamma = 0.0f;
+    int c[4]; /* the fast path's codes, lane + 32 k */
     if (fast) {
         /* the same operations as below in registers (rot128_apply is
          * warp_rotate's butterflies in its order): the same bytes */
@@ -319,7 +320,6 @@ __device__ void encode_row(const kvq_dev_codec &cd, const float *x, kvq_row row,
         for (int k = 0; k < 4; k++)
             v[k] = __fmul_rn(v[k], inv);
         rot128_apply(cd.R, sg_r, v, lane);
-        int c[4];
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             c[k] = kvq_cu_bucket(cd, v[k]);
@@ -337,6 +337,43 @@ __device__ void encode_row(const kvq_dev_codec &cd, const float *x, kvq_row row,
                 sgn[lane + 32 * k] = !(v[k] < 0.0f);
         }
         __syncwarp();
+        if (kvq_dev_order(cd.type)) {
+            /* the row's words straight from the lanes' codes: lane i holds
+             * code i of each group of 32, so word k of a group is an OR over
+             * lanes (kvq_layout.h's device order), where the byte loop below
+             * ran ~1,000 dependent instructions on the step's critical path */
+            unsigned mine = 0; /* lane L < 12 writes word L */
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+#pragma unroll
+                for (int k = 0; k < 3; k++) {
+                    const unsigned cu = (unsigned)c[q];
+                    const unsigned part = lane < 24 ? ((lane >> 3) == k ? (cu & 7u) << (4 * (lane & 7)) : 0u)
+                                                    : ((cu >> k) & 1u) << (4 * (lane - 24) + 3);
+                    const unsigned w = __reduce_or_sync(0xffffffffu, part);
+                    mine = lane == 3 * q + k ? w : mine;
+                }
+            unsigned smine = 0; /* QJL signs: lane L < 4 writes group L's 32 */
+            if (cd.qjl)
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    const unsigned w = __ballot_sync(0xffffffffu, !(v[q] < 0.0f));
+                    smine = lane == q ? w : smine;
+                }
+            if (lane < 12)
+                for (int i = 0; i < 4; i++)
+                    codes[4 * lane + i] = (uint8_t)(mine >> (8 * i));
+            if (cd.qjl && lane < 4)
+                for (int i = 0; i < 4; i++)
+                    signs[4 * lane + i] = (uint8_t)(smine >> (8 * i));
+            if (lane == 0) {
+                store_u16(norm_p, kvq_f32_to_f16(n));
+                if (rnorm_p)
+                    store_u16(rnorm_p, kvq_f32_to_f16(gamma));
+            }
+            __syncwarp();
+            return;
+        }
     } else {
         for (int j = lane; j < d; j += 32)
             buf0[j] = __fmul_rn(buf0[j], inv);
@@ -387,8 +424,6 @@ __global__ void encode_kernel(int64_t n_rows, const float *k, const float *v, kv
                               kvq_dev_pages pg, const int32_t *tok_page, const int32_t *tok_slot, ov_dst ov,
                               int skip_k, const int *flag)
 {
-    if (flag && *flag) /* the input check refused a row: write nothing */
-        return;
     extern __shared__ float smem_f[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int dmax = ck.dim;
@@ -396,25 +431,53 @@ __global__ void encode_kernel(int64_t n_rows, const float *k, const float *v, kv
     float *buf1 = buf0 + dmax;
     uint8_t *idx = reinterpret_cast<uint8_t *>(smem_f + kWarps * 2 * dmax) + warp * 2 * dmax;
     uint8_t *sgn = idx + dmax;
+    /* d = 128: the row's copy (encode_smem); other dims read it where it is */
+    float *xs = reinterpret_cast<float *>(reinterpret_cast<uint8_t *>(smem_f) + kWarps * dmax * 10) + warp * dmax;
 
     for (int64_t r = (int64_t)blockIdx.x * kWarps + warp; r < n_rows; r += (int64_t)gridDim.x * kWarps) {
-        row_ref rr = locate(r, k, v, ck, cv, pg, tok_page, tok_slot);
-        const int d = rr.cd->dim;
-        if (ov.row) { /* in the same launch: one kernel less per layer and step */
-            const int64_t th = r >> 1, tok = th / pg.n_kv_heads;
-            const int32_t orow = ov.row[tok];
-            if (orow >= 0) {
-                const size_t hd = (size_t)pg.n_kv_heads * d;
-                uint16_t *dst = ((r & 1) ? ov.v : ov.k) + ((size_t)ov.seq[tok] * ov.rows_per_seq + orow) * hd +
-                                (size_t)(th % pg.n_kv_heads) * d;
-                for (int j = lane; j < d; j += 32)
-                    dst[j] = __half_as_ushort(__float2half_rn(rr.x[j]));
-            }
+        const int kv = (int)(r & 1);
+        const int64_t th = r >> 1, tok = th / pg.n_kv_heads; /* th = token * H + head */
+        const int h = (int)(th % pg.n_kv_heads);
+        const int d = kv ? cv.dim : ck.dim;
+        const float *x = (kv ? v : k) + th * d;
+        /* every load of the row issued before the first is used: at batch 1
+         * this kernel is a chain of memory latencies on the step's critical
+         * path (the check's flag, the token's page and slot, its ring row,
+         * the row itself), and they do not depend on each other */
+        const int refused = flag ? *flag : 0;
+        const int32_t page_i = tok_page[tok], slot = tok_slot[tok];
+        const int32_t orow = ov.row ? ov.row[tok] : -1, oseq = ov.row ? ov.seq[tok] : 0;
+        const bool d128 = d == 128 && dmax == 128;
+        float xr[4];
+        if (d128) {
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+                xr[q] = x[lane + 32 * q];
         }
-
-        if (skip_k && !(r & 1))
+        if (refused) /* the input check refused a row: write nothing */
+            return;
+        if (d128) {
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+                xs[lane + 32 * q] = xr[q];
+            __syncwarp();
+        }
+        const float *src = d128 ? xs : x;
+        if (orow >= 0) { /* in the same launch: one kernel less per layer and step */
+            const size_t hd = (size_t)pg.n_kv_heads * d;
+            uint16_t *dst = (kv ? ov.v : ov.k) + ((size_t)oseq * ov.rows_per_seq + orow) * hd + (size_t)h * d;
+            for (int j = lane; j < d; j += 32)
+                dst[j] = __half_as_ushort(__float2half_rn(src[j]));
+        }
+        if (skip_k && !kv)
             continue; /* key centering: the key waits for its page (pack_kernel) */
-        encode_row(*rr.cd, rr.x, rr.row, buf0, buf1, idx, sgn, lane);
+        uint8_t *page = pg.pool + (uint64_t)page_i * pg.page_bytes;
+        /* each branch names its codec and half of the page: picked at run
+         * time, the parameters were copied to local memory and read back */
+        if (kv)
+            encode_row(cv, src, kvq_dev_row(&pg.dl, page, 1, (uint32_t)h, (uint32_t)slot), buf0, buf1, idx, sgn, lane);
+        else
+            encode_row(ck, src, kvq_dev_row(&pg.dl, page, 0, (uint32_t)h, (uint32_t)slot), buf0, buf1, idx, sgn, lane);
     }
 }
 
@@ -493,6 +556,13 @@ __global__ void pack_kernel(const kvq_cu_pack_job *jobs, const float *k, kvq_dev
     }
 }
 
+/* encode_kernel's shared memory: per warp two float rows and two byte
+ * rows, and at d = 128 the row's copy (at d = 1024 that would pass 48 KB). */
+size_t encode_smem(int d)
+{
+    return (size_t)kWarps * d * (2 * sizeof(float) + 2) + (d == 128 ? (size_t)kWarps * d * sizeof(float) : 0);
+}
+
 int grid_for(int64_t n_rows)
 {
     int64_t blocks = (n_rows + kWarps - 1) / kWarps;
@@ -518,7 +588,7 @@ kvq_status kvq_cu_encode_rows(const kvq_cuda_cache *c, size_t n_tokens, const fl
     const int64_t n_rows = (int64_t)n_tokens * c->cfg.cache.n_kv_heads * 2;
     if (n_rows == 0)
         return KVQ_OK;
-    const size_t smem = (size_t)kWarps * c->dk.dim * (2 * sizeof(float) + 2);
+    const size_t smem = encode_smem(c->dk.dim);
     const ov_dst ov = {c->ov_rows ? tok_seq_d : NULL, c->ov_rows ? tok_row_d : NULL, c->ov_rows, c->ov_k_d, c->ov_v_d};
     return kvq_cu_launch(c->step, false, encode_kernel, dim3((unsigned)grid_for(n_rows)), dim3(kWarps * 32), smem,
                          c->stream, n_rows, k, v, c->dk, c->dv, kvq_cu_pages_of(c), tok_page_d, tok_slot_d, ov,
