@@ -337,10 +337,86 @@ static void test_expert_cache_rss(void)
     test_rm_dir(dir);
 }
 
+/* An expert read that fails (the checkpoint's file replaced by a shorter
+ * one after the model was mapped, so the cache's reads meet its end): the
+ * forward returns KVQ_ERR_IO, the sequence keeps the tokens it had, the
+ * failed slots are not used later (a second call fails the same way), and
+ * a fresh sequence over the restored file gives the mapped experts' bits;
+ * with read-ahead too. */
+static void test_read_error(void)
+{
+    char dir[64], path[96], keep[96];
+    snprintf(dir, sizeof dir, "/tmp/kvq_moe_ioerr_%d", (int)getpid());
+    struct synth sy = {4, 2, 1, 0, {0}, {0}, {0}};
+    write_synth(dir, &sy, 400);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    snprintf(keep, sizeof keep, "%s/model.keep", dir);
+    kvq_model *m = NULL;
+    CHECK_OK(kvq_model_load(dir, NULL, &m, NULL));
+    enum { T = 12 };
+    int32_t ids[T];
+    for (int t = 0; t < T; t++)
+        ids[t] = (int32_t)((7 * t + 3) % VOC);
+    static float want[VOC], got[VOC];
+    const size_t expert = (size_t)3 * MOE_F * HID * 2;
+    struct kvq_seq_config sc;
+    kvq_seq_config_default(&sc);
+    sc.type_k = sc.type_v = KVQ_TYPE_F32;
+    sc.max_ctx = 64;
+    kvq_seq *s = NULL;
+    CHECK(m && kvq_seq_create(m, &sc, &s, NULL) == KVQ_OK);
+    if (!s) {
+        kvq_model_free(m);
+        return;
+    }
+    CHECK_OK(kvq_seq_forward(s, ids, T, T - 1, want, NULL));
+    kvq_seq_free(s);
+    for (int ahead = 0; ahead < 2; ahead++) {
+        /* the mapping keeps the old file; the cache opens the short one */
+        CHECK(rename(path, keep) == 0);
+        FILE *f = fopen(path, "wb");
+        CHECK(f != NULL);
+        if (!f)
+            break;
+        static uint8_t head[4096];
+        FILE *k = fopen(keep, "rb");
+        const size_t n = k ? fread(head, 1, sizeof head, k) : 0; /* the header, then nothing */
+        if (k)
+            fclose(k);
+        CHECK(n > 0 && fwrite(head, 1, n, f) == n);
+        fclose(f);
+        sc.expert_cache = 2 * expert;
+        sc.expert_prefetch = ahead;
+        kvq_error err = {0};
+        CHECKF(kvq_seq_create(m, &sc, &s, &err) == KVQ_OK, "%s", err.msg);
+        if (!s)
+            break;
+        for (int again = 0; again < 2; again++) {
+            const kvq_status st = kvq_seq_forward(s, ids, T, T - 1, got, NULL);
+            CHECKF(st == KVQ_ERR_IO, "read-ahead %d, call %d: %s, want an I/O error", ahead, again, kvq_status_str(st));
+            CHECKF(kvq_seq_pos(s) == 0, "read-ahead %d: %zu tokens kept after the failed call", ahead, kvq_seq_pos(s));
+        }
+        kvq_seq_free(s);
+        CHECK(rename(keep, path) == 0);
+        s = NULL;
+        CHECK_OK(kvq_seq_create(m, &sc, &s, NULL));
+        if (!s)
+            break;
+        memset(got, 0, sizeof got);
+        CHECK_OK(kvq_seq_forward(s, ids, T, T - 1, got, NULL));
+        CHECKF(memcmp(want, got, sizeof want) == 0, "read-ahead %d: the restored file's logits differ", ahead);
+        kvq_seq_free(s);
+    }
+    kvq_model_free(m);
+    synth_free(&sy);
+    test_rm_dir(dir);
+}
+
 int main(void)
 {
     RUN(test_expert_cache);
     RUN(test_batch_invariance);
     RUN(test_expert_cache_rss);
+    RUN(test_read_error);
     return TEST_END("test_expert_cache");
 }

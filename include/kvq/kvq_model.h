@@ -488,8 +488,11 @@ KVQ_API size_t kvq_seq_max_ctx(const kvq_seq *s);
  *  truncated back to pos; with recent_f16 the pages for all n tokens are
  *  reserved first, so a refused budget changes nothing, and only a failure
  *  after that, e.g. non-finite activations, can cost the f16 copies of pos's
- *  partly filled page); KVQ_ERR_NONFINITE (NaN/Inf logits: the tokens
- *  stay appended, the outputs are undefined). */
+ *  partly filled page); KVQ_ERR_IO (expert_cache: reading an expert from
+ *  the checkpoint failed; as a cache error, the caches are truncated back
+ *  to pos, and the slots being read are dropped, so a later call reads
+ *  them again); KVQ_ERR_NONFINITE (NaN/Inf logits: the tokens stay
+ *  appended, the outputs are undefined). */
 KVQ_API kvq_status kvq_seq_forward(kvq_seq *s, const int32_t *ids, size_t n, size_t first_out, float *logits,
                            int32_t *argmax);
 
