@@ -397,6 +397,22 @@ static void test_read_error(void)
             CHECKF(kvq_seq_pos(s) == 0, "read-ahead %d: %zu tokens kept after the failed call", ahead, kvq_seq_pos(s));
         }
         kvq_seq_free(s);
+        /* a batch's step says which file and why (kvq serve answers with it) */
+        struct kvq_batch_config bc;
+        kvq_batch_config_default(&bc);
+        bc.seq = sc;
+        bc.max_seqs = 1;
+        kvq_batch *b = NULL;
+        CHECKF(kvq_batch_create(m, &bc, &b, &err) == KVQ_OK, "%s", err.msg);
+        int slot = -1;
+        int32_t tok = 0;
+        if (b && kvq_batch_add(b, &slot) == KVQ_OK) {
+            const struct kvq_batch_item it = {slot, ids, T, NULL, &tok, NULL, NULL, 0};
+            CHECK(kvq_batch_step(b, &it, 1, &err) == KVQ_ERR_IO);
+            CHECKF(strstr(err.msg, "model.safetensors") && strstr(err.msg, "the file ends before them"), "%s",
+                   err.msg);
+        }
+        kvq_batch_free(b);
         CHECK(rename(keep, path) == 0);
         s = NULL;
         CHECK_OK(kvq_seq_create(m, &sc, &s, NULL));

@@ -182,6 +182,9 @@ kvq_status kvq_backend_cpu_create(const struct kvq_model *m, size_t max_rows, kv
 kvq_status kvq_backend_cpu_expert_cache(kvq_backend *b, size_t bytes, int prefetch, kvq_error *err);
 /** The CPU backend's expert cache statistics. @return 0 (and st zeroed) without a cache, else 1. */
 int kvq_backend_cpu_expert_stats(const kvq_backend *b, struct kvq_expert_stats *st);
+/** Why the last step's expert read failed (the call gave KVQ_ERR_IO): file,
+ *  bytes, offset and reason; NULL otherwise (and for other backends). */
+const char *kvq_backend_cpu_expert_error(const kvq_backend *b);
 
 /* kvq_backend_cuda_create flags. */
 enum {

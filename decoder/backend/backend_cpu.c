@@ -439,6 +439,12 @@ int kvq_backend_cpu_expert_stats(const kvq_backend *b, struct kvq_expert_stats *
     return 1;
 }
 
+const char *kvq_backend_cpu_expert_error(const kvq_backend *b)
+{
+    const struct cpu_backend *cb = (const struct cpu_backend *)b;
+    return b && b->ops == &cpu_ops && cb->moe ? kvq_cpu_moe_cache_error(cb->moe) : NULL;
+}
+
 static void softcap(float *y, int n, float c)
 {
     for (int i = 0; i < n; i++)

@@ -38,5 +38,7 @@ kvq_status kvq_cpu_moe_experts(kvq_backend *b, struct kvq_cpu_moe *s, int layer,
 kvq_status kvq_cpu_moe_set_cache(kvq_backend *b, struct kvq_cpu_moe *s, size_t bytes, int prefetch, kvq_error *err);
 /* @return 0 without a cache, else 1 and st. */
 int kvq_cpu_moe_cache_stats(const struct kvq_cpu_moe *s, struct kvq_expert_cache_stats *st);
+/* Why the expert cache's last fetch failed (kvq_expert_cache_error), or NULL. */
+const char *kvq_cpu_moe_cache_error(const struct kvq_cpu_moe *s);
 
 #endif

@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -16,7 +17,7 @@
 #define MAX_READS 4 /* blocks per expert: gate, up, down (fused: gate_up, down) */
 
 struct read_job {
-    int fd;
+    int fd, file; /* file: index into m->fs, for the error message */
     size_t off, len;
     uint8_t *dst;
 };
@@ -33,6 +34,7 @@ struct kvq_expert_cache {
     int *fds;                 /* [files] */
     struct read_job *jobs;    /* [n_slots * MAX_READS] one fetch's reads */
     atomic_int read_error;
+    char why[320];            /* the failed fetch's first failed read (kvq_expert_cache_error) */
     uint64_t clock;
     struct kvq_expert_cache_stats st;
     /* read-ahead: one reader thread, started by the first prefetch. mu
@@ -190,7 +192,8 @@ void kvq_expert_cache_get_stats(struct kvq_expert_cache *c, struct kvq_expert_ca
     pthread_mutex_unlock(&c->mu);
 }
 
-/* @return 1 when all of j's bytes were read. */
+/* @return 0 when all of j's bytes were read, else the errno of the failed
+ * read (0 bytes read, the file ended early: -1). */
 static int read_job_run(const struct read_job *j)
 {
     size_t done = 0;
@@ -199,18 +202,26 @@ static int read_job_run(const struct read_job *j)
         if (r < 0 && errno == EINTR)
             continue;
         if (r <= 0)
-            return 0;
+            return r < 0 ? errno : -1;
         done += (size_t)r;
     }
-    return 1;
+    return 0;
 }
 
 static void read_task(void *p, int i, int w)
 {
     (void)w;
     struct kvq_expert_cache *c = p;
-    if (!read_job_run(&c->jobs[i]))
-        atomic_store(&c->read_error, 1);
+    const struct read_job *j = &c->jobs[i];
+    const int e = read_job_run(j);
+    if (e && atomic_exchange(&c->read_error, 1) == 0) /* the first failure says why */
+        snprintf(c->why, sizeof c->why, "%s: cannot read %zu bytes of expert weights at offset %zu: %s",
+                 c->m->fs.paths[j->file], j->len, j->off, e < 0 ? "the file ends before them" : strerror(e));
+}
+
+const char *kvq_expert_cache_error(const struct kvq_expert_cache *c)
+{
+    return c && c->why[0] ? c->why : NULL;
 }
 
 /* The reader thread: the queued slots' reads, one slot at a time. */
@@ -231,7 +242,7 @@ static void *reader_main(void *p)
         size_t bytes = 0;
         const double t0 = kvq_now();
         for (int j = 0; j < c->anjobs[s]; j++) {
-            ok &= read_job_run(&c->ajobs[(size_t)s * MAX_READS + (size_t)j]);
+            ok &= read_job_run(&c->ajobs[(size_t)s * MAX_READS + (size_t)j]) == 0;
             bytes += c->ajobs[(size_t)s * MAX_READS + (size_t)j].len;
         }
         pthread_mutex_lock(&c->mu);
@@ -259,7 +270,7 @@ static void place(struct kvq_expert_cache *c, int s, const struct kvq_wmat *src_
             const size_t len = (size_t)src[i]->b[b].rows * (size_t)src[i]->cols * kvq_st_dtype_size(src[i]->b[b].dtype);
             size_t off = 0;
             const int f = file_of(c->m, src[i]->b[b].data, &off);
-            jobs[(*n_jobs)++] = (struct read_job){c->fds[f], off, len, dst};
+            jobs[(*n_jobs)++] = (struct read_job){c->fds[f], f, off, len, dst};
             to[i]->b[b].data = dst;
             dst += len;
         }
@@ -380,6 +391,7 @@ kvq_status kvq_expert_cache_fetch(struct kvq_expert_cache *c, int l, const int32
         return KVQ_OK;
     const double t0 = kvq_now();
     atomic_store(&c->read_error, 0);
+    c->why[0] = 0;
     kvq_par_for(n_jobs, kvq_par_threads(), read_task, c);
     c->st.read_seconds += kvq_now() - t0;
     size_t bytes = 0;

@@ -62,4 +62,8 @@ int kvq_expert_cache_prefetch(struct kvq_expert_cache *c, int l, const int32_t *
 
 void kvq_expert_cache_get_stats(struct kvq_expert_cache *c, struct kvq_expert_cache_stats *st);
 
+/* Why the last fetch failed with KVQ_ERR_IO (file, bytes, offset,
+ * reason); NULL when it did not. Valid until the next fetch. */
+const char *kvq_expert_cache_error(const struct kvq_expert_cache *c);
+
 #endif

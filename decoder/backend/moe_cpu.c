@@ -292,6 +292,11 @@ kvq_status kvq_cpu_moe_set_cache(kvq_backend *b, struct kvq_cpu_moe *s, size_t b
     return KVQ_OK;
 }
 
+const char *kvq_cpu_moe_cache_error(const struct kvq_cpu_moe *s)
+{
+    return s->cache ? kvq_expert_cache_error(s->cache) : NULL;
+}
+
 int kvq_cpu_moe_cache_stats(const struct kvq_cpu_moe *s, struct kvq_expert_cache_stats *st)
 {
     if (!s->cache)

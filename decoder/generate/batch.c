@@ -493,6 +493,9 @@ kvq_status kvq_batch_step(kvq_batch *b, const struct kvq_batch_item *items, int 
             b->kv->ops->trim(b->kv, items[i].slot);
             cow_commit(b, items[i].slot, b->len[items[i].slot]);
         }
+        const char *why = st == KVQ_ERR_IO ? kvq_backend_cpu_expert_error(b->be) : NULL;
+        if (why)
+            return kvq_error_set(err, st, "reading experts from the checkpoint failed: %s", why);
         return kvq_error_set(err, st, "batched forward failed: %s", kvq_status_str(st));
     }
     for (int i = 0; i < n_items; i++) {
