@@ -395,6 +395,9 @@ static void test_read_error(void)
             const kvq_status st = kvq_seq_forward(s, ids, T, T - 1, got, NULL);
             CHECKF(st == KVQ_ERR_IO, "read-ahead %d, call %d: %s, want an I/O error", ahead, again, kvq_status_str(st));
             CHECKF(kvq_seq_pos(s) == 0, "read-ahead %d: %zu tokens kept after the failed call", ahead, kvq_seq_pos(s));
+            const char *why = kvq_seq_error_detail(s);
+            CHECKF(why && strstr(why, "model.safetensors") && strstr(why, "the file ends before them"), "detail: %s",
+                   why ? why : "(none)");
         }
         kvq_seq_free(s);
         /* a batch's step says which file and why (kvq serve answers with it) */
@@ -421,6 +424,7 @@ static void test_read_error(void)
         memset(got, 0, sizeof got);
         CHECK_OK(kvq_seq_forward(s, ids, T, T - 1, got, NULL));
         CHECKF(memcmp(want, got, sizeof want) == 0, "read-ahead %d: the restored file's logits differ", ahead);
+        CHECK(kvq_seq_error_detail(s) == NULL);
         kvq_seq_free(s);
     }
     kvq_model_free(m);

@@ -23,7 +23,12 @@ int cli_error(const char *cmd, const char *fmt, ...)
 
 int cli_status_error(const char *cmd, kvq_status st, const char *what)
 {
-    fprintf(stderr, "kvq %s: error: %s: %s\n", cmd, what, kvq_status_str(st));
+    return cli_status_error_why(cmd, st, what, NULL);
+}
+
+int cli_status_error_why(const char *cmd, kvq_status st, const char *what, const char *why)
+{
+    fprintf(stderr, "kvq %s: error: %s: %s\n", cmd, what, why ? why : kvq_status_str(st));
     switch (st) {
     case KVQ_ERR_INVALID_ARG:
     case KVQ_ERR_UNSUPPORTED:

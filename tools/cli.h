@@ -29,6 +29,9 @@ int cli_error(const char *cmd, const char *fmt, ...)
 /* Same, with the kvq_status text appended. @return 1 for work failures,
  * 2 for bad input (invalid argument, unsupported, non-finite, format). */
 int cli_status_error(const char *cmd, kvq_status st, const char *what);
+/* The same with the library's own account of the failure (e.g.
+ * kvq_seq_error_detail) in place of the status's name, when why != NULL. */
+int cli_status_error_why(const char *cmd, kvq_status st, const char *what, const char *why);
 
 /* Strict parsers: the whole string must be consumed. @return 0 or -1. */
 int cli_parse_int(const char *s, long min, long max, long *out);

@@ -349,6 +349,7 @@ kvq_status kvq_expert_cache_fetch(struct kvq_expert_cache *c, int l, const int32
 {
     const uint64_t stamp = ++c->clock; /* slots used at stamp are this fetch's: not victims */
     int n_jobs = 0, missed[KVQ_MAX_EXPERTS], n_missed = 0;
+    c->why[0] = 0;
     pthread_mutex_lock(&c->mu);
     for (int i = 0; i < n; i++) {
         const int32_t key = l * c->E + ids[i];
@@ -391,7 +392,6 @@ kvq_status kvq_expert_cache_fetch(struct kvq_expert_cache *c, int l, const int32
         return KVQ_OK;
     const double t0 = kvq_now();
     atomic_store(&c->read_error, 0);
-    c->why[0] = 0;
     kvq_par_for(n_jobs, kvq_par_threads(), read_task, c);
     c->st.read_seconds += kvq_now() - t0;
     size_t bytes = 0;

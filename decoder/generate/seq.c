@@ -155,6 +155,11 @@ size_t kvq_seq_pos(const kvq_seq *s)
     return s ? s->pos : 0;
 }
 
+const char *kvq_seq_error_detail(const kvq_seq *s)
+{
+    return s ? kvq_backend_cpu_expert_error(s->be) : NULL;
+}
+
 size_t kvq_seq_max_ctx(const kvq_seq *s)
 {
     return s ? s->max_ctx : 0;
