@@ -222,6 +222,18 @@ static_assert(sizeof(kvq_cu_pack_job) == 8 * sizeof(int32_t), "a pack job is eig
 kvq_status kvq_cu_pack_keys(const kvq_cuda_cache *c, int n_jobs, const kvq_cu_pack_job *jobs_d, const float *k,
                             const int *flag_d);
 
+/* cuda_side.cu, for decode entries 0..nb (sequence seqs[i], its first n[i]
+ * tokens, the packed ones [lo[i], hi[i]) and the rest f16 override rows),
+ * scores scaled by scale, in base 2 when base2 (the fused kernel's units):
+ * the override rows' partials into c->xtra_d (kvq_cu_attend_overrides;
+ * with_gains: also the key-mean gains, in the same launch), or the gains
+ * alone into c->gain_d (kvq_cu_key_gains). Launched on c's stream and step.
+ * @return KVQ_OK or KVQ_ERR_DEVICE. */
+kvq_status kvq_cu_attend_overrides(kvq_cuda_cache *c, int nb, const int *seqs, const int *n, const int *lo,
+                                   const int *hi, const float *q, int Hq, float scale, int base2, int with_gains);
+kvq_status kvq_cu_key_gains(kvq_cuda_cache *c, int nb, const int *seqs, const int *lo, const int *hi, const float *q,
+                            int Hq, float scale, int base2);
+
 /* Ends c's open capture (cuda_graph.cu): c issues on its own stream again;
  * *graph is the captured graph or NULL. */
 cudaError_t kvq_cu_capture_end(kvq_cuda_cache *c, cudaGraph_t *graph);
