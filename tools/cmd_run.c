@@ -651,7 +651,7 @@ static int run(void *user, kvq_model *m, kvq_tokenizer *tok)
     if (st == KVQ_ERR_BUDGET)
         stop_reason = "kv_budget";
     else if (st != KVQ_OK) {
-        rc = cli_status_error_why(CMD, st, "generation failed", kvq_seq_error_detail(s));
+        rc = cli_status_error_why(CMD, st, "generation failed", st == KVQ_ERR_IO ? kvq_seq_error_detail(s) : NULL);
         goto out;
     } else if (n_out && !o->no_eos && kvq_model_is_eos(c, out[n_out - 1]))
         stop_reason = "eos";

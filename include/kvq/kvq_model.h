@@ -496,10 +496,11 @@ KVQ_API size_t kvq_seq_max_ctx(const kvq_seq *s);
 KVQ_API kvq_status kvq_seq_forward(kvq_seq *s, const int32_t *ids, size_t n, size_t first_out, float *logits,
                            int32_t *argmax);
 
-/** Why s's last forward, generate or verify call failed, beyond its
- *  status, where the library knows more: today an expert read that gave
- *  KVQ_ERR_IO (the file, the bytes, the offset and the reason). NULL
- *  otherwise. Owned by s, valid until the next call on s. */
+/** After a forward or generate call on s that returned KVQ_ERR_IO: the
+ *  expert read that failed (the file, the bytes, the offset and the
+ *  reason). NULL when the last expert read succeeded; after other failures
+ *  it may still describe an earlier one, so ask only after KVQ_ERR_IO.
+ *  Owned by s, valid until the next call on s. */
 KVQ_API const char *kvq_seq_error_detail(const kvq_seq *s);
 
 /** Drops tokens [n, pos) from every cache and the history (speculative
