@@ -6,7 +6,7 @@
  *   bench_decoder_cuda --model DIR [--ctx 4096,32768,131072] [--batch 1,8]
  *                      [--types f16/f16,tq3j/tq3,tq3j/tq3+ctr] [--steps 32]
  *                      [--prefill 4096,32768] [--sample T,K,P] [--graphs on|off|both]
- *                      [--fast-prefill off|both] [--json FILE]
+ *                      [--fast-prefill off|on|both] [--chunk 2048,...] [--json FILE]
  *
  * A --types entry K/V+ctr runs that pair with key centering
  * (kvq_seq_config.center_k), the kvq command's default with the window; a
@@ -27,8 +27,12 @@
  * Bandwidth floor of a step: the bytes it must read (every weight matrix
  * once, and K/V of B x N tokens in the cache type) over the measured
  * device-to-device copy bandwidth; "% floor" is floor time / step time.
- * Prefill: one sequence, chunks of 2048 tokens from position 0 to N;
- * --fast-prefill both adds each length again with kvq_seq_config.fast_prefill.
+ * Prefill: one sequence, chunks of 2048 tokens (each --chunk size in turn)
+ * from position 0 to N; --fast-prefill off runs the exact two-GEMM products,
+ * on the default one bf16 GEMM (kvq_seq_config.fast_prefill), both each
+ * length with both. Each row also gives the GPU's own time per part
+ * (kvq_batch_stats.gpu_*: products, attention with the cache's appends, the
+ * LM head, the rest).
  * Capacity: from the device memory free after the weights and activations
  * (measured), the cache's exact bytes per token: the longest context of one
  * sequence and the number of 128K-token sequences that fit.
@@ -182,7 +186,9 @@ int main(int argc, char **argv)
 {
     const char *model_dir = NULL, *json_path = NULL, *types = "f16/f16,tq3j/tq3,tq3j/tq3+ctr";
     long ctxs[MAX_LIST] = {4096, 32768, 131072}, batches[MAX_LIST] = {1, 8}, prefills[MAX_LIST] = {4096, 32768};
-    int n_ctx = 3, n_batch = 2, n_prefill = 2, steps = 32, n_choose = 1, g_lo = 0, g_hi = 1, fast_hi = 0;
+    long chunks[MAX_LIST] = {2048};
+    int n_ctx = 3, n_batch = 2, n_prefill = 2, steps = 32, n_choose = 1, g_lo = 0, g_hi = 1, fast_lo = 0, fast_hi = 0;
+    int n_chunk = 1;
     kvq_sampler_params sp = kvq_sampler_params_default();
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--model"))
@@ -199,8 +205,17 @@ int main(int argc, char **argv)
             steps = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--json"))
             json_path = argv[i + 1];
-        else if (!strcmp(argv[i], "--fast-prefill"))
-            fast_hi = !strcmp(argv[i + 1], "both");
+        else if (!strcmp(argv[i], "--chunk"))
+            n_chunk = parse_list(argv[i + 1], chunks);
+        else if (!strcmp(argv[i], "--fast-prefill")) {
+            const char *f = argv[i + 1];
+            fast_lo = !strcmp(f, "on") ? 1 : 0;
+            fast_hi = !strcmp(f, "off") ? 0 : 1;
+            if (strcmp(f, "on") && strcmp(f, "off") && strcmp(f, "both")) {
+                fprintf(stderr, "bench_decoder_cuda: --fast-prefill takes on, off or both, not '%s'\n", f);
+                return 2;
+            }
+        }
         else if (!strcmp(argv[i], "--graphs")) {
             const char *g = argv[i + 1];
             g_lo = !strcmp(g, "on") ? 1 : 0;
@@ -345,8 +360,9 @@ int main(int argc, char **argv)
             /* prefill */
             kvq_batch_free(b);
             for (int pi = 0; pi < n_prefill; pi++)
-                for (int fast = 0; fast <= fast_hi; fast++) {
-                    const size_t N = (size_t)prefills[pi], chunk = 2048;
+                for (int ci = 0; ci < n_chunk; ci++)
+                for (int fast = fast_lo; fast <= fast_hi; fast++) {
+                    const size_t N = (size_t)prefills[pi], chunk = (size_t)chunks[ci];
                     b = NULL;
                     /* the whole context when N is the model's maximum (131072: Llama 3.1) */
                     const size_t fit = c->max_ctx > 0 && N + 8 > (size_t)c->max_ctx ? (size_t)c->max_ctx : N + 8;
@@ -370,12 +386,18 @@ int main(int argc, char **argv)
                     }
                     kvq_cuda_synchronize();
                     const double t = now_s() - ts;
-                    printf("%-9s prefill %zu tokens%s: %.2f s (%.0f tokens/s)%s\n", tp, N, fast ? " (fast)" : "", t, N / t,
-                           st == KVQ_OK ? "" : " FAILED");
+                    struct kvq_batch_stats ps;
+                    kvq_batch_get_stats(b, &ps);
+                    printf("%-9s prefill %zu tokens%s, chunks of %zu: %.2f s (%.0f tokens/s)%s; GPU: products %.2f s, "
+                           "attention %.2f s, LM head %.2f s, rest %.2f s\n",
+                           tp, N, fast ? " (fast)" : "", chunk, t, N / t, st == KVQ_OK ? "" : " FAILED", ps.gpu_matmul,
+                           ps.gpu_attn, ps.gpu_lm_head, ps.gpu_other);
                     if (js) {
-                        fprintf(js, "%s {\"kind\": \"prefill\", \"types\": \"%s\", \"ctx\": %zu, \"fast_prefill\": %d, "
-                                    "\"seconds\": %.3f, \"ok\": %d}\n",
-                                first ? "" : ",", tp, N, fast, t, st == KVQ_OK);
+                        fprintf(js, "%s {\"kind\": \"prefill\", \"types\": \"%s\", \"ctx\": %zu, \"chunk\": %zu, "
+                                    "\"fast_prefill\": %d, \"seconds\": %.3f, \"ok\": %d, \"gpu_matmul\": %.3f, "
+                                    "\"gpu_attn\": %.3f, \"gpu_lm_head\": %.3f, \"gpu_other\": %.3f}\n",
+                                first ? "" : ",", tp, N, chunk, fast, t, st == KVQ_OK, ps.gpu_matmul, ps.gpu_attn,
+                                ps.gpu_lm_head, ps.gpu_other);
                         first = 0;
                     }
                     free(ids);

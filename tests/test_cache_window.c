@@ -658,6 +658,38 @@ out:
     free(o);
 }
 
+/* The chunk a plan resolves to: the config's, or the device's default (256
+ * rows on the CPU, thousands on the GPU), at most the context and at least
+ * a verify pass; the device's working memory for it is none on the CPU and,
+ * in a build with CUDA (no device needed), grows with the chunk. */
+static void test_plan_chunk(void)
+{
+    const size_t ctx = (size_t)kvq_model_config_of(model)->max_ctx; /* 4096 */
+    struct kvq_seq_config sc;
+    kvq_seq_config_default(&sc);
+    struct kvq_seq_plan pl;
+    CHECK_OK(kvq_seq_plan_of(model, &sc, &pl));
+    CHECKF(pl.max_chunk == KVQ_DEFAULT_MAX_CHUNK && pl.work_bytes == 0, "%zu rows, %zu bytes", pl.max_chunk,
+           pl.work_bytes);
+    sc.device = KVQ_DEVICE_CUDA;
+    CHECK(kvq_default_max_chunk(KVQ_DEVICE_CUDA) > (int)ctx); /* so the context caps it */
+    CHECK_OK(kvq_seq_plan_of(model, &sc, &pl));
+    CHECKF(pl.max_chunk == ctx, "%zu rows", pl.max_chunk);
+    const size_t w_ctx = pl.work_bytes;
+    sc.max_ctx = 1000;
+    CHECK_OK(kvq_seq_plan_of(model, &sc, &pl));
+    CHECK(pl.max_chunk == 1000);
+    sc.max_chunk = 100;
+    CHECK_OK(kvq_seq_plan_of(model, &sc, &pl));
+    CHECK(pl.max_chunk == 100);
+    const size_t w_100 = pl.work_bytes;
+    CHECKF(w_100 < w_ctx || (w_100 == 0 && w_ctx == 0), "%zu bytes at 100 rows, %zu at %zu", w_100, w_ctx, ctx);
+    sc.max_chunk = 1;
+    sc.device = KVQ_DEVICE_CPU;
+    CHECK_OK(kvq_seq_plan_of(model, &sc, &pl));
+    CHECK(pl.max_chunk == KVQ_MAX_DRAFT + 1 && pl.work_bytes == 0);
+}
+
 /* Budgets with the buffers: the plan equals what the sequence holds, the
  * allocation never exceeds the budget, and a refused forward changes
  * nothing (the next logits equal those of a sequence that never saw it). */
@@ -732,6 +764,7 @@ int main(void)
     RUN(test_bad_config);
     RUN(test_prefill_is_generation);
     RUN(test_seq_budget);
+    RUN(test_plan_chunk);
     kvq_model_free(model);
     return TEST_END("test_cache_window");
 }

@@ -611,6 +611,83 @@ static void test_budget_matches_plan(void)
     free(ids);
 }
 
+/* The plan's working memory is what the device gives a sequence beyond its
+ * pages: two sequences whose chunks differ by 1024 rows differ in free
+ * device memory by the plans' difference (to the allocator's 2 MiB
+ * granules, a few of them per buffer), while the plan grows by tens of
+ * MiB, so a plan that missed a buffer of the chunk's size fails. */
+static void test_work_bytes_match_device(void)
+{
+    NEED_GPU();
+    struct kvq_seq_config sc;
+    kvq_seq_config_default(&sc);
+    sc.device = KVQ_DEVICE_CUDA;
+    sc.max_ctx = 2048;
+    size_t free0 = 0, free1 = 0, total = 0, plan[2] = {0, 0}, used[2] = {0, 0};
+    for (int i = 0; i < 2; i++) {
+        sc.max_chunk = i ? 1088 : 64;
+        struct kvq_seq_plan pl;
+        CHECK_OK(kvq_seq_plan_of(model, &sc, &pl));
+        plan[i] = pl.work_bytes;
+        kvq_seq *s = NULL;
+        kvq_error err = {0};
+        CHECK_OK(kvq_cuda_mem_info(&free0, &total));
+        CHECKF(kvq_seq_create(model, &sc, &s, &err) == KVQ_OK, "%s", err.msg);
+        CHECK_OK(kvq_cuda_mem_info(&free1, &total));
+        used[i] = free0 - free1;
+        kvq_seq_free(s);
+    }
+    const double dp = (double)plan[1] - (double)plan[0], du = (double)used[1] - (double)used[0];
+    CHECKF(dp > 16.0 * (1 << 20) && fabs(du - dp) <= 16.0 * (1 << 20),
+           "chunks of 64 and 1088 rows: the plan %.1f MiB apart, the device %.1f MiB", dp / (1 << 20), du / (1 << 20));
+}
+
+/* The GPU LM head runs on at most 256 rows at a time (its logits buffer is
+ * that size): a 600-token chunk's logits at every row, in three slices, are
+ * the CPU decoder's within the f32 bound with the same argmax, so a slice
+ * that skipped or overwrote rows fails. */
+static void test_lm_head_every_row(void)
+{
+    NEED_GPU();
+    enum { P = 600 };
+    size_t n = 0;
+    int32_t *ids = valid_tokens(8000, P, &n);
+    const int V = kvq_model_config_of(model)->vocab;
+    float *lg = malloc((size_t)P * V * sizeof *lg), *lc = malloc((size_t)P * V * sizeof *lc);
+    struct kvq_seq_config sc;
+    kvq_seq_config_default(&sc);
+    sc.type_k = sc.type_v = KVQ_TYPE_F32;
+    sc.recent_f16 = 0;
+    sc.fast_prefill = 0;
+    sc.max_chunk = P;
+    kvq_seq *s[2] = {NULL, NULL};
+    kvq_error err = {0};
+    for (int i = 0; i < 2; i++) {
+        sc.device = i ? KVQ_DEVICE_CUDA : KVQ_DEVICE_CPU;
+        CHECKF(kvq_seq_create(model, &sc, &s[i], &err) == KVQ_OK, "%s", err.msg);
+    }
+    if (ids && n >= P && lg && lc && s[0] && s[1]) {
+        CHECK_OK(kvq_seq_forward(s[0], ids, P, 0, lc, NULL));
+        CHECK_OK(kvq_seq_forward(s[1], ids, P, 0, lg, NULL));
+        double worst = 0;
+        int bad = 0;
+        for (int r = 0; r < P; r++) {
+            int a_c, a_g;
+            const double e = test_logits_rel_diff(lc + (size_t)r * V, lg + (size_t)r * V, V, &a_c, &a_g);
+            worst = fmax(worst, e);
+            if (!(e <= 1e-3 && a_c == a_g) && bad++ < 3)
+                CHECKF(0, "row %d: GPU vs CPU %.3g x max|logit|, argmax %d vs %d", r, e, a_g, a_c);
+        }
+        CHECKF(bad == 0, "%d of %d rows differ", bad, P);
+        printf("  LM head over %d rows: GPU vs CPU worst %.2e x max|logit|\n", P, worst);
+    }
+    kvq_seq_free(s[0]);
+    kvq_seq_free(s[1]);
+    free(ids);
+    free(lg);
+    free(lc);
+}
+
 /* A custom attention scale (Gemma's query_pre_attn_scalar^-1/2) on the GPU:
  * the store hands it to every kernel (the dense prefill of a 300-token
  * prompt, then decode steps). f32 caches: logits within the f32 bound of
@@ -690,6 +767,8 @@ int main(void)
     RUN(test_refusals);
     RUN(test_attn_scale_matches_cpu);
     RUN(test_budget_matches_plan);
+    RUN(test_work_bytes_match_device);
+    RUN(test_lm_head_every_row);
     RUN(test_every_kernel);
     RUN(test_fixture_cases_f32);
     RUN(test_sampled_generation);

@@ -41,6 +41,8 @@ static void usage(FILE *f)
             "                       user message; ends with the assistant header\n"
             "  --max-tokens N       tokens to generate (default 64; 0 = prefill only; at most %d)\n"
             "  --ctx N              context size in tokens, prompt included (default: the model's)\n"
+            "  --chunk N            prompt tokens per prefill forward (default %d on the CPU, %d\n"
+            "                       with --device cuda, whose products need thousands of rows)\n"
             "  --temp X             temperature (default 0 = greedy)\n"
             "  --top-k K            keep the K most likely tokens (default 0 = all)\n"
             "  --top-p P            nucleus sampling mass in (0, 1] (default 1)\n"
@@ -59,7 +61,7 @@ static void usage(FILE *f)
             "                       (--layer-types, --kv-auto included), then exit (no prompt needed)\n"
             "short forms: -m --model, -p --prompt, -f --prompt-file, -n --max-tokens, -c --ctx,\n"
             "-s --seed, -ctk/-ctv --cache-type-k/-v; --opt=VALUE works for every option\n",
-            MAX_TOKENS, KVQ_MAX_DRAFT);
+            MAX_TOKENS, KVQ_DEFAULT_MAX_CHUNK, KVQ_DEFAULT_MAX_CHUNK_CUDA, KVQ_MAX_DRAFT);
     kv_opts_usage(f); /* the cache options, --seed included, as kv_opts_parse reads them */
     fprintf(f, "\nexit status: 0 done; 1 failure; 2 bad input (also: the prompt does not fit the\n"
                "budget or context); 3 stopped early because the KV budget or the context ran\n"
@@ -68,7 +70,7 @@ static void usage(FILE *f)
 
 struct opts {
     const char *model, *prompt, *prompt_file, *prompt_ids, *dump, *chat;
-    long max_tokens, top_k, speculative, ctx;
+    long max_tokens, top_k, speculative, ctx, chunk;
     size_t expert_cache;
     double temp, top_p;
     int json, no_eos, plan, expert_prefetch;
@@ -125,6 +127,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
             bad = cli_parse_int(v, 0, MAX_TOKENS, &o->max_tokens), range = " (an integer, 0 to 16777216)";
         else if (strcmp(a, "--ctx") == 0)
             bad = cli_parse_int(v, 1, 1l << 30, &o->ctx), range = " (tokens, 1 or more)";
+        else if (strcmp(a, "--chunk") == 0)
+            bad = cli_parse_int(v, 1, 1 << 20, &o->chunk), range = " (tokens, 1 to 1048576)";
         else if (strcmp(a, "--top-k") == 0)
             bad = cli_parse_int(v, 0, 1 << 30, &o->top_k), range = " (an integer, 0 = all)";
         else if (strcmp(a, "--speculative") == 0)
@@ -438,7 +442,8 @@ static void plan_row_name(const struct kvq_seq_config *sc, int n_layers, int sel
 
 /* --plan --device cuda: what this GPU's free memory holds once the model is
  * on it (an estimate: the weights in their file's type, the embedding table
- * too, and 1 GiB for activations, cuBLAS and the RoPE table). */
+ * too, the activations and scratch of kvq_seq_plan.work_bytes and 256 MiB
+ * for cuBLAS and the RoPE tables). */
 static int print_gpu_plan(const struct opts *o, kvq_model *m)
 {
     const struct kvq_model_config *c = kvq_model_config_of(m);
@@ -449,25 +454,28 @@ static int print_gpu_plan(const struct opts *o, kvq_model *m)
     struct kvq_model_info mi;
     kvq_model_get_info(m, &mi);
     const size_t embed = mi.file_bytes > mi.weight_bytes ? mi.file_bytes - mi.weight_bytes : 0;
-    /* the dense prefill path's scratch (kvq_cuda_prefill_ws, decoder/backend/kv_store_cuda.c):
-     * chunks of kvq_seq_config.max_chunk's default, the past 32K positions at a time */
-    const size_t chunk = KVQ_DEFAULT_MAX_CHUNK, seg = c->max_ctx < 32768 ? (size_t)c->max_ctx : 32768;
-    const size_t prefill_ws = (c->head_dim == 64 || c->head_dim == 128)
-                                  ? kvq_cuda_prefill_ws_bytes(c->n_kv_heads, c->n_heads, c->head_dim, chunk, seg)
-                                  : 0;
-    const size_t need = mi.weight_bytes + embed + ((size_t)1 << 30) + prefill_ws;
-    const size_t room = fr > need ? fr - need : 0;
-    printf("\nOn this GPU (%s): %.2f GiB free, the model ~%.2f GiB, the prefill scratch %.2f GiB -> %.2f GiB for the "
-           "KV cache\n",
-           name, (double)fr / (1 << 30), (double)(need - ((size_t)1 << 30) - prefill_ws) / (1 << 30),
-           (double)prefill_ws / (1 << 30), (double)room / (1 << 30));
-    printf("%-15s %14s %22s\n", "K/V", "longest context", "sequences at full ctx");
     struct kvq_seq_config sc;
     kvq_seq_config_default(&sc);
     sc.device = KVQ_DEVICE_CUDA; /* the device's window ring (kvq_cuda_cache_f16_bytes) */
     sc.sink_tokens = o->kvx.sink_tokens;
     sc.recent_f16 = o->kvx.recent_f16;
     sc.center_k = o->kvx.center_k;
+    sc.max_ctx = (size_t)o->ctx;
+    sc.max_chunk = (int)o->chunk;
+    /* the activations and the prefill scratch for the chunk kvq run would use
+     * (kvq_seq_plan.work_bytes), plus what the plan leaves out: cuBLAS's
+     * workspace and the RoPE tables */
+    struct kvq_seq_plan wp;
+    if (kvq_seq_plan_of(m, &sc, &wp) != KVQ_OK)
+        wp.work_bytes = 0, wp.max_chunk = 0;
+    const size_t other = (size_t)256 << 20, work = wp.work_bytes + other;
+    const size_t need = mi.weight_bytes + embed + work;
+    const size_t room = fr > need ? fr - need : 0;
+    printf("\nOn this GPU (%s): %.2f GiB free, the model ~%.2f GiB, activations and scratch for chunks of %zu "
+           "%.2f GiB -> %.2f GiB for the KV cache\n",
+           name, (double)fr / (1 << 30), (double)(mi.weight_bytes + embed) / (1 << 30), wp.max_chunk,
+           (double)work / (1 << 30), (double)room / (1 << 30));
+    printf("%-15s %14s %22s\n", "K/V", "longest context", "sequences at full ctx");
     static const enum kvq_type pairs[][2] = {{KVQ_TYPE_F16, KVQ_TYPE_F16}, {KVQ_TYPE_Q8_0, KVQ_TYPE_Q8_0},
                                              {KVQ_TYPE_Q4_0, KVQ_TYPE_Q4_0}, {KVQ_TYPE_TQ3J, KVQ_TYPE_TQ3}};
     for (int i = -1; i < (int)(sizeof pairs / sizeof pairs[0]); i++) {
@@ -597,7 +605,8 @@ static int run(void *user, kvq_model *m, kvq_tokenizer *tok)
         goto out;
     struct kvq_seq_config sc;
     kv_opts_seq_config(&o->kvx, &sc);
-    sc.max_ctx = (size_t)o->ctx; /* 0: the model's */
+    sc.max_ctx = (size_t)o->ctx;     /* 0: the model's */
+    sc.max_chunk = (int)o->chunk; /* 0: the device's default */
     sc.expert_cache = o->expert_cache;
     sc.expert_prefetch = o->expert_prefetch;
     if (kvq_seq_create(m, &sc, &s, &err) != KVQ_OK) {

@@ -481,7 +481,10 @@ int serve_engine_start(const kvq_model *m, const kvq_tokenizer *tok, const struc
     e->tok = tok;
     e->cfg = *cfg;
     if (e->cfg.chunk <= 0)
-        e->cfg.chunk = KVQ_DEFAULT_MAX_CHUNK; /* kvq run's chunks: the same bits */
+        /* 256 on either device: prefixes are reused in whole chunks, and a
+         * long chunk would stall the running sequences' steps (kvq run's
+         * CPU chunks, so the same bits; on the GPU --chunk 8192 gives run's) */
+        e->cfg.chunk = KVQ_DEFAULT_MAX_CHUNK;
     if (e->cfg.max_queue <= 0)
         e->cfg.max_queue = 128;
     if (!e->cfg.batch.max_rows)

@@ -206,6 +206,11 @@ static inline unsigned kvq_seq_backend_flags(const struct kvq_seq_config *sc)
  *  @return KVQ_OK and *out; KVQ_ERR_NO_DEVICE (built without CUDA or no
  *  GPU); KVQ_ERR_NOMEM (device memory); KVQ_ERR_DEVICE. */
 kvq_status kvq_backend_cuda_create(const struct kvq_model *m, size_t max_rows, unsigned flags, kvq_backend **out);
+/* The device bytes kvq_backend_cuda_create allocates for rows of max_rows
+ * beyond the weights and tables: the activations (kvq_acts), the LM head's
+ * rows, the products' 16-bit inputs and split halves (kvq_seq_plan.work_bytes;
+ * 0 in a build without CUDA). */
+size_t kvq_backend_cuda_work_bytes(const struct kvq_model *m, size_t max_rows);
 
 /* What the CUDA backend cannot compute yet, asked before anything is
  * created: the models with sandwich norms (Gemma 2 and 3; the norm op has

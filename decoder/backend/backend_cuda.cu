@@ -70,8 +70,8 @@ struct cuda_backend {
     float *final_norm;        /* [hidden] */
     float *rope_cos, *rope_sin; /* [max_ctx][rotary_dim / 2] */
     float *rope_cos_local, *rope_sin_local; /* the same for the windowed layers' local base (Gemma 3), or NULL */
-    float *lm_x;              /* [max_rows][hidden] */
-    float *logits;            /* [max_rows][vocab] */
+    float *lm_x;              /* [min(max_rows, kLmRows)][hidden] */
+    float *logits;            /* [min(max_rows, kLmRows)][vocab] */
     int32_t *ids;             /* [max_rows] */
     kvq_gpu_sampler *smp;     /* argmax and sampling over logits */
     cudaStream_t stream;      /* every op's work (b->dev_stream) */
@@ -116,6 +116,10 @@ constexpr size_t kChunkRows = 16;
 constexpr size_t kTimeEvery = 16;
 /* Rows whose settings one lm_sample pass gathers (any R works, in passes). */
 constexpr size_t kSampleRows = 64;
+/* The LM head runs on at most kLmRows rows at a time: its logits buffer
+ * would otherwise be max_rows x vocab floats (4.2 GB for a prefill chunk of
+ * 8192 rows and Llama 3's vocabulary), for the one row a prefill asks. */
+constexpr size_t kLmRows = 256;
 /* Keys (row counts) whose step graphs are kept; failed step graphs in a
  * row after which graphs are turned off (a step that cannot be captured). */
 constexpr int kGraphKeys = 8;
@@ -702,13 +706,18 @@ kvq_status cuda_lm_head(kvq_backend *b, const float *x, size_t R, float *logits,
     if (R == 0 || (!logits && !argmax))
         return cb->sticky ? KVQ_ERR_DEVICE : KVQ_OK;
     cuda_mark(b, KVQ_PART_LM_HEAD, 0);
-    logits_of(b, x, R);
-    fold_done(cb);
     kvq_status st = KVQ_OK;
-    if (argmax)
-        st = kvq_gpu_argmax(cb->smp, cb->logits, R, argmax);
-    if (logits)
-        note(cb, cudaMemcpy(logits, cb->logits, R * (size_t)c->vocab * sizeof *logits, cudaMemcpyDeviceToHost));
+    for (size_t r0 = 0; r0 < R && st == KVQ_OK; r0 += kLmRows) {
+        const size_t n = R - r0 < kLmRows ? R - r0 : kLmRows;
+        logits_of(b, x + r0 * (size_t)c->hidden, n);
+        if (r0 == 0)
+            fold_done(cb);
+        if (argmax)
+            st = kvq_gpu_argmax(cb->smp, cb->logits, n, argmax + r0);
+        if (logits)
+            note(cb, cudaMemcpy(logits + r0 * (size_t)c->vocab, cb->logits, n * (size_t)c->vocab * sizeof *logits,
+                                cudaMemcpyDeviceToHost));
+    }
     close_forward(cb);
     if (cb->sticky || st == KVQ_ERR_DEVICE)
         return KVQ_ERR_DEVICE;
@@ -979,6 +988,45 @@ kvq_status upload_model(cuda_backend *cb)
 
 } // namespace
 
+namespace {
+
+/* The sizes of the working buffers that depend on max_rows, apart from
+ * kvq_acts: one place for create and kvq_backend_cuda_work_bytes. */
+struct work_sizes {
+    size_t lm_rows;   /* rows of lm_x and logits */
+    size_t xh_bytes;  /* the 16-bit hi and lo inputs of the widest projection (hidden, q_dim or ffn) */
+    size_t y2_floats; /* a split product's halves: kSplitRows rows of the widest output */
+};
+
+work_sizes work_of(const kvq_model *m, size_t max_rows)
+{
+    work_sizes w;
+    w.lm_rows = max_rows < kLmRows ? max_rows : kLmRows;
+    const int wide = m->cfg.ffn > m->q_dim ? (m->cfg.ffn > m->cfg.hidden ? m->cfg.ffn : m->cfg.hidden)
+                                           : (m->q_dim > m->cfg.hidden ? m->q_dim : m->cfg.hidden);
+    w.xh_bytes = 2 * max_rows * (size_t)wide * 2;
+    /* the widest output: the LM head's vocab, 2 ffn or q + 2 kv */
+    size_t widest = (size_t)m->cfg.vocab > 2 * (size_t)m->cfg.ffn ? (size_t)m->cfg.vocab : 2 * (size_t)m->cfg.ffn;
+    widest = widest > (size_t)m->qkv_dim ? widest : (size_t)m->qkv_dim;
+    w.y2_floats = 2 * (max_rows < kSplitRows ? max_rows : kSplitRows) * widest;
+    return w;
+}
+
+} /* namespace */
+
+extern "C" size_t kvq_backend_cuda_work_bytes(const kvq_model *m, size_t max_rows)
+{
+    struct kvq_acts a;
+    float **slot[KVQ_N_ACTS];
+    size_t floats[KVQ_N_ACTS], n = 0;
+    kvq_acts_table(&a, m, max_rows, slot, floats);
+    for (int i = 0; i < KVQ_N_ACTS; i++)
+        n += floats[i];
+    const work_sizes w = work_of(m, max_rows);
+    n += w.lm_rows * ((size_t)m->cfg.hidden + (size_t)m->cfg.vocab) + w.y2_floats;
+    return n * sizeof(float) + w.xh_bytes;
+}
+
 extern "C" kvq_status kvq_backend_cuda_create(const kvq_model *m, size_t max_rows, unsigned flags, kvq_backend **out)
 {
     if (kvq_backend_cuda_refusal(m)) /* no expert kernels yet: the callers name the reason */
@@ -1010,23 +1058,18 @@ extern "C" kvq_status kvq_backend_cuda_create(const kvq_model *m, size_t max_row
     float **slot[KVQ_N_ACTS];
     size_t floats[KVQ_N_ACTS];
     kvq_acts_table(&b->acts, m, max_rows, slot, floats);
+    const work_sizes ws = work_of(m, max_rows);
     for (int i = 0; i < KVQ_N_ACTS && st == KVQ_OK; i++)
         st = alloc(slot[i], floats[i]);
     if (st == KVQ_OK)
-        st = alloc(&cb->lm_x, max_rows * (size_t)m->cfg.hidden);
-    /* the widest projection input: hidden, q_dim or ffn (2 bytes each, as floats: 2x room) */
-    const int wide = m->cfg.ffn > m->q_dim ? (m->cfg.ffn > m->cfg.hidden ? m->cfg.ffn : m->cfg.hidden)
-                                           : (m->q_dim > m->cfg.hidden ? m->q_dim : m->cfg.hidden);
-    if (st == KVQ_OK && cudaMalloc(&cb->xh, 2 * max_rows * (size_t)wide * 2) != cudaSuccess)
+        st = alloc(&cb->lm_x, ws.lm_rows * (size_t)m->cfg.hidden);
+    if (st == KVQ_OK && cudaMalloc(&cb->xh, ws.xh_bytes) != cudaSuccess)
         st = KVQ_ERR_NOMEM;
-    /* the widest output: the LM head's vocab, 2 ffn or q + 2 kv */
-    size_t widest = (size_t)m->cfg.vocab > 2 * (size_t)m->cfg.ffn ? (size_t)m->cfg.vocab : 2 * (size_t)m->cfg.ffn;
-    widest = widest > (size_t)m->qkv_dim ? widest : (size_t)m->qkv_dim;
-    cb->y2_floats = 2 * (max_rows < kSplitRows ? max_rows : kSplitRows) * widest;
+    cb->y2_floats = ws.y2_floats;
     if (st == KVQ_OK && cudaMalloc(&cb->y2, cb->y2_floats * sizeof(float)) != cudaSuccess)
         st = KVQ_ERR_NOMEM;
     if (st == KVQ_OK)
-        st = alloc(&cb->logits, max_rows * (size_t)m->cfg.vocab);
+        st = alloc(&cb->logits, ws.lm_rows * (size_t)m->cfg.vocab);
     const size_t mr = max_rows;
     if (st == KVQ_OK && (cudaMalloc(&cb->ids, mr * sizeof(int32_t)) != cudaSuccess ||
                          cudaMalloc(&b->pos, mr * sizeof(int32_t)) != cudaSuccess))

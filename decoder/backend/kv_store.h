@@ -121,6 +121,11 @@ kvq_status kvq_kv_store_cuda_supports(const struct kvq_kv_store_config *cfg, kvq
  *  KVQ_ERR_BUDGET (a layer's budget share holds no page); a
  *  kvq_cuda_cache_create error (KVQ_ERR_NO_DEVICE without a GPU). */
 kvq_status kvq_kv_store_cuda_create(const struct kvq_kv_store_config *cfg, kvq_kv_store **out, kvq_error *err);
+/* The device bytes of the dense prefill path's scratch that
+ * kvq_kv_store_cuda_create allocates for chunks of max_rows over a context of
+ * max_tokens (at head dims 64 and 128, for caches the path supports: not f32
+ * or V with QJL signs); 0 where it allocates none. No device needed. */
+size_t kvq_kv_store_cuda_scratch_bytes(int n_kv, int n_heads, int head_dim, size_t max_rows, size_t max_tokens);
 
 static inline void kvq_kv_store_free(kvq_kv_store *s)
 {

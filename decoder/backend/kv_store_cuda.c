@@ -38,6 +38,22 @@ enum { PREFILL_MIN_ROWS = 64 };
  * of f16 K/V scratch at 8 KV heads x 128 dims; a 128K past goes in 4. */
 #define PREFILL_SEG ((size_t)32768)
 
+/* The past's positions the scratch holds at a time: the context, whole
+ * blocks of PREFILL_MIN_ROWS, at most PREFILL_SEG. */
+static size_t prefill_seg(size_t max_tokens)
+{
+    size_t seg = max_tokens + PREFILL_MIN_ROWS - 1;
+    seg -= seg % PREFILL_MIN_ROWS;
+    return seg < PREFILL_SEG ? seg : PREFILL_SEG;
+}
+
+size_t kvq_kv_store_cuda_scratch_bytes(int n_kv, int n_heads, int head_dim, size_t max_rows, size_t max_tokens)
+{
+    if (max_rows < PREFILL_MIN_ROWS || (head_dim != 64 && head_dim != 128))
+        return 0;
+    return kvq_cuda_prefill_ws_bytes(n_kv, n_heads, head_dim, max_rows, prefill_seg(max_tokens));
+}
+
 struct cuda_store {
     struct kvq_kv_store base;
     kvq_cuda_cache **caches; /* [n_layers] */
@@ -306,11 +322,9 @@ kvq_status kvq_kv_store_cuda_create(const struct kvq_kv_store_config *cfg, kvq_k
     }
     /* the dense prefill path where the chunk kernel applies: one scratch for
      * all layers, PREFILL_SEG positions of the past at a time */
-    if (cfg->max_rows >= PREFILL_MIN_ROWS && (s->head_dim == 64 || s->head_dim == 128) &&
+    if (kvq_kv_store_cuda_scratch_bytes(s->n_kv, s->n_heads, s->head_dim, cfg->max_rows, cfg->cfgs[0].max_tokens) &&
         kvq_cuda_prefill_supported(s->caches[0], s->n_heads)) {
-        size_t seg = cfg->cfgs[0].max_tokens + PREFILL_MIN_ROWS - 1;
-        seg -= seg % PREFILL_MIN_ROWS;
-        seg = seg < PREFILL_SEG ? seg : PREFILL_SEG;
+        const size_t seg = prefill_seg(cfg->cfgs[0].max_tokens);
         kvq_status st = kvq_cuda_prefill_ws_create(s->n_kv, s->n_heads, s->head_dim, cfg->max_rows, seg, &s->pws);
         if (st != KVQ_OK) {
             cuda_free_store(&s->base);

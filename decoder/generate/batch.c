@@ -262,7 +262,7 @@ kvq_status kvq_batch_create(const kvq_model *m, const struct kvq_batch_config *c
     kvq_status st = kvq_engine_config(&m->cfg, &bc.seq, &sc, &max_ctx, err);
     if (st != KVQ_OK)
         return st;
-    const size_t rows = bc.max_rows ? (size_t)bc.max_rows : KVQ_DEFAULT_MAX_CHUNK + (size_t)bc.max_seqs;
+    const size_t rows = bc.max_rows ? (size_t)bc.max_rows : (size_t)kvq_default_max_chunk(sc.device) + (size_t)bc.max_seqs;
     return create(m, &sc, max_ctx, bc.max_seqs, rows, 0, out, err);
 }
 
@@ -617,6 +617,14 @@ void kvq_batch_get_stats(const kvq_batch *b, struct kvq_batch_stats *st)
     st->t_attn = b->tm.attn;
     st->t_lm_head = b->tm.lm_head;
     st->t_total = b->t_total;
+    if (b->be->ops->part_times) {
+        double t[KVQ_N_PARTS];
+        b->be->ops->part_times(b->be, t, 0);
+        st->gpu_matmul = t[KVQ_PART_MATMUL];
+        st->gpu_attn = t[KVQ_PART_ATTN];
+        st->gpu_lm_head = t[KVQ_PART_LM_HEAD];
+        st->gpu_other = t[KVQ_PART_OTHER];
+    }
     kvq_backend_cpu_expert_stats(b->be, &st->experts);
 }
 

@@ -22,6 +22,20 @@ double kvq_now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+int kvq_default_max_chunk(enum kvq_device dev)
+{
+    return dev == KVQ_DEVICE_CUDA ? KVQ_DEFAULT_MAX_CHUNK_CUDA : KVQ_DEFAULT_MAX_CHUNK;
+}
+
+/* The chunk a config resolves to over a context of max_ctx: its own or the
+ * device's default, at most the context, at least a verify pass. */
+static size_t chunk_of(const struct kvq_seq_config *cfg, size_t max_ctx)
+{
+    size_t ch = cfg->max_chunk > 0 ? (size_t)cfg->max_chunk : (size_t)kvq_default_max_chunk(cfg->device);
+    ch = ch < max_ctx ? ch : max_ctx;
+    return ch > KVQ_MAX_DRAFT + 1 ? ch : KVQ_MAX_DRAFT + 1;
+}
+
 kvq_status kvq_seq_plan_of(const kvq_model *m, const struct kvq_seq_config *cfg, struct kvq_seq_plan *out)
 {
     if (!m || !cfg || !out)
@@ -55,6 +69,11 @@ kvq_status kvq_seq_plan_of(const kvq_model *m, const struct kvq_seq_config *cfg,
         }
     }
     if (st == KVQ_OK) {
+        out->max_chunk = chunk_of(cfg, max_ctx);
+        if (cfg->device == KVQ_DEVICE_CUDA)
+            out->work_bytes = kvq_backend_cuda_work_bytes(m, out->max_chunk) +
+                              kvq_kv_store_cuda_scratch_bytes(c->n_kv_heads, c->n_heads, c->head_dim,
+                                                              out->max_chunk, max_ctx);
         out->budget_tokens = fit;
         out->max_tokens = fit < max_ctx ? fit : max_ctx;
         for (int l = 0; l < c->n_layers; l++) {
@@ -84,11 +103,7 @@ kvq_status kvq_seq_create(const kvq_model *m, const struct kvq_seq_config *cfg, 
     s->m = m;
     s->cfg = sc;
     s->max_ctx = max_ctx;
-    s->max_chunk = sc.max_chunk ? sc.max_chunk : KVQ_DEFAULT_MAX_CHUNK;
-    if ((size_t)s->max_chunk > s->max_ctx)
-        s->max_chunk = (int)s->max_ctx;
-    if (s->max_chunk < KVQ_MAX_DRAFT + 1)
-        s->max_chunk = KVQ_MAX_DRAFT + 1; /* a verify pass is one chunk */
+    s->max_chunk = (int)chunk_of(&sc, s->max_ctx);
     if (!s->cfg.ngram)
         s->cfg.ngram = 3;
 

@@ -67,7 +67,8 @@ struct kvq_batch_config {
                                 * (per slot), and kv_budget: the whole pool, all slots */
     int max_seqs;              /* slots (default 8) */
     int max_rows;              /* rows of one step over all its sequences
-                                * (default KVQ_DEFAULT_MAX_CHUNK + max_seqs) */
+                                * (default kvq_default_max_chunk(seq.device)
+                                * + max_seqs) */
 };
 
 /** kvq_seq_config_default for seq, 8 slots, max_rows 0 (= 256 + max_seqs). */
@@ -174,6 +175,10 @@ struct kvq_batch_stats {
     size_t bytes_allocated;   /* memory the slots' caches hold now: pages and f16 buffers */
     size_t steps, rows;       /* forwards run, rows through them */
     double t_matmul, t_attn, t_lm_head, t_total; /* seconds in steps */
+    /* KVQ_DEVICE_CUDA: seconds of GPU time per part over the steps, as
+     * kvq_seq_stats.gpu_* (attention includes the cache's appends; other:
+     * embedding, norms, RoPE, GLU); 0 on the CPU. */
+    double gpu_matmul, gpu_attn, gpu_lm_head, gpu_other;
     int can_share;            /* 1: kvq_batch_share works (no layer has a sliding window:
                                * kvq_layer_spec.can_share) */
     int can_rollback;         /* 1: a truncation to any length keeps a slot exact; 0: only

@@ -292,7 +292,7 @@ struct kvq_seq_config {
     enum kvq_type type_v;   /* default KVQ_DEFAULT_TYPE_V (tq3) */
     uint64_t seed;          /* kvq codec seeds (per layer, derived) and sampler RNG */
     size_t max_ctx;         /* tokens; 0 = the model's max_ctx */
-    int max_chunk;          /* tokens per forward chunk (prefill); 0 = KVQ_DEFAULT_MAX_CHUNK */
+    int max_chunk;          /* tokens per forward chunk (prefill); 0 = kvq_default_max_chunk(device) */
     int ngram;              /* n-gram length for speculative drafts; 0 = 3 */
     size_t kv_budget;       /* bytes of cache pages over all layers; 0 = no limit.
                              * Split exactly: layer l's cache gets
@@ -363,9 +363,19 @@ struct kvq_seq_config {
                              * the products' time); decode steps (up to 64 rows) keep f32
                              * inputs either way */
 };
-/* kvq_seq_config.max_chunk's default: tokens per prefill forward (also the
- * chunk of `kvq serve` and the base of kvq_batch's max_rows). */
+/* kvq_seq_config.max_chunk's default on the CPU: tokens per prefill forward
+ * (also the chunk of `kvq serve` and the base of kvq_batch's max_rows). */
 #define KVQ_DEFAULT_MAX_CHUNK 256
+/* The same on KVQ_DEVICE_CUDA: the products and the prefill attention reach
+ * their rate only on thousands of rows (one H200, Llama-3.1-8B shape, default
+ * cache: a 32K prompt in 4.0 s in chunks of 256, 1.6 s in chunks of 8192; a
+ * 128K prompt in 15.6 s in chunks of 2048, 13.4 s in 8192), at the price of
+ * activations for that many rows (kvq_seq_plan.work_bytes). */
+#define KVQ_DEFAULT_MAX_CHUNK_CUDA 8192
+/** @return kvq_seq_config.max_chunk's default on dev (what 0 there means, and
+ *  the kvq command's --chunk default): KVQ_DEFAULT_MAX_CHUNK_CUDA on
+ *  KVQ_DEVICE_CUDA, KVQ_DEFAULT_MAX_CHUNK otherwise. */
+KVQ_API int kvq_default_max_chunk(enum kvq_device dev);
 /* kvq_seq_config.recent_f16: decided from the cache types. */
 #define KVQ_WINDOW_AUTO (-1)
 /* kvq_seq_config.center_k: wherever the window is on. */
@@ -414,6 +424,14 @@ struct kvq_seq_plan {
                               * context); SIZE_MAX without a budget */
     size_t fixed_bytes;      /* f16 override buffers (recent_f16, sink_tokens), all
                               * layers: allocated at create, included in bytes_at_max */
+    size_t max_chunk;        /* tokens per prefill forward: max_chunk or its default
+                              * (kvq_default_max_chunk), at most the context */
+    size_t work_bytes;       /* on KVQ_DEVICE_CUDA, the device bytes allocated at create
+                              * for forwards of max_chunk rows besides the weights and
+                              * the cache: the activations, the LM head's rows, the
+                              * products' 16-bit inputs and the dense prefill
+                              * scratch (cuBLAS's workspace and the RoPE tables aside);
+                              * 0 on the CPU or in a build without CUDA */
 };
 
 /** Plans a sequence of model m with cfg's types, f16 overrides, kv_budget and

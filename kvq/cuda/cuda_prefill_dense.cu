@@ -76,7 +76,11 @@ struct rows_params {
 };
 
 /* blockIdx.y < Hq: query head y; then H key heads, then H value heads; a
- * warp per position. */
+ * warp per position. At D = 128 with a rotation rot128_apply implements,
+ * the row stays in registers (the same butterflies in the same order as
+ * warp_rotate: the same bits); this kernel runs over every row of every
+ * chunk, and the shared-memory path's seven synchronised stages made it a
+ * latency chain (136 us per layer for a 2048-token chunk on an H200). */
 template <int D>
 __global__ void rows_kernel(const __grid_constant__ rows_params p)
 {
@@ -85,7 +89,6 @@ __global__ void rows_kernel(const __grid_constant__ rows_params p)
     const int i = blockIdx.x * 4 + warp, y = blockIdx.y;
     if (i >= p.n)
         return;
-    float *x = buf[warp], *tmp = x + D;
     const float *src;
     __half *dst;
     const kvq_dev_codec *cd;
@@ -106,7 +109,26 @@ __global__ void rows_kernel(const __grid_constant__ rows_params p)
         dst = p.vb + ((size_t)i * p.H + (y - p.Hq - p.H)) * D;
         cd = &p.cv;
     }
-    for (int j = lane; j < D; j += 32) /* a window row as the ring stores it: f16 */
+    if constexpr (D == 128) {
+        if (!cd->in_rot || rot128_ok(cd->R)) { /* warp-uniform: the shuffles see whole warps */
+            float sg[kRot128Pre][4], v[4];
+            if (cd->in_rot)
+                rot128_load_signs(cd->R, sg, lane);
+#pragma unroll
+            for (int k = 0; k < 4; k++) { /* a window row as the ring stores it: f16 */
+                const float x = src[lane + 32 * k];
+                v[k] = round_in ? __half2float(__float2half_rn(x)) : sc * x;
+            }
+            if (cd->in_rot)
+                rot128_apply(cd->R, sg, v, lane);
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                dst[lane + 32 * k] = __float2half_rn(v[k]);
+            return;
+        }
+    }
+    float *x = buf[warp], *tmp = x + D;
+    for (int j = lane; j < D; j += 32)
         x[j] = round_in ? __half2float(__float2half_rn(src[j])) : sc * src[j];
     __syncwarp();
     const float *r = cd->in_rot ? warp_rotate(cd->R, x, tmp, lane) : x;
@@ -552,6 +574,8 @@ int tma_map(CUtensorMap *m, const __half *a, int D, int heads, int rows, int bh,
 
 /* ---- 3. out = R_v^T O ------------------------------------------------------ */
 
+/* At D = 128 in registers, warp_rotate_t's operations in its order (each
+ * round undone: scale, the butterflies, the signs): the same bits. */
 template <int D>
 __global__ void finish_kernel(kvq_dev_codec cv, const float *o, float *out, int rows)
 {
@@ -560,6 +584,28 @@ __global__ void finish_kernel(kvq_dev_codec cv, const float *o, float *out, int 
     const int r = blockIdx.x * 4 + warp;
     if (r >= rows)
         return;
+    if constexpr (D == 128) {
+        if (!cv.in_rot || rot128_ok(cv.R)) {
+            float v[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                v[k] = o[(size_t)r * D + lane + 32 * k];
+            if (cv.in_rot && cv.R.kind != KVQ_ROT_IDENTITY)
+                for (int t = cv.R.rounds - 1; t >= 0; t--) {
+#pragma unroll
+                    for (int k = 0; k < 4; k++)
+                        v[k] *= cv.R.scale;
+                    fwht128_reg(v, lane);
+#pragma unroll
+                    for (int k = 0; k < 4; k++)
+                        v[k] *= cv.R.signs[t * 128 + 32 * k + lane];
+                }
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                out[(size_t)r * D + lane + 32 * k] = v[k];
+            return;
+        }
+    }
     float *x = buf[warp], *tmp = x + D;
     for (int j = lane; j < D; j += 32)
         x[j] = o[(size_t)r * D + j];
