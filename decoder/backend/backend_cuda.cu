@@ -1083,8 +1083,10 @@ extern "C" kvq_status kvq_backend_cuda_create(const kvq_model *m, size_t max_row
     b->dev_step = cb->step;
     if (st == KVQ_OK)
         st = kvq_gpu_sampler_create(m->cfg.vocab, mr, &cb->smp);
-    /* a forward marks 9 part changes per layer, then the LM head's */
-    cb->max_marks = 9 * m->cfg.n_layers + 8;
+    /* a forward marks 10 part changes per layer (into and out of its four
+     * products and its attention), then the LM head's; a set that ran out
+     * dropped the last layers' time from every part */
+    cb->max_marks = 10 * m->cfg.n_layers + 8;
     for (cuda_backend::mark_set &ms : cb->sets) {
         if (st != KVQ_OK)
             break;

@@ -149,113 +149,189 @@ struct deq_params {
     int center;
 };
 
+/* The levels of a tq codec (up to KVQ_CUDA_TQ_MAX_LEVELS), copied to shared
+ * memory: indexed by each lane's own code, the copy in the kernel's
+ * parameters (constant memory) is read once per distinct code, 8 times per
+ * lookup at 3 bits. */
+struct deq_levels {
+    float k[KVQ_CUDA_TQ_MAX_LEVELS], v[KVQ_CUDA_TQ_MAX_LEVELS];
+};
+
+__device__ __forceinline__ float level_of(const kvq_dev_codec &cd, const float *lv, unsigned i)
+{
+    return cd.levels <= KVQ_CUDA_TQ_MAX_LEVELS ? lv[i] : cd.levels_d[i];
+}
+
+/* Code c (0..31) of a 12-byte group of 3-bit codes in device order
+ * (kvq_layout.h) from its three words: codes 0-23 are the low 3 bits of the
+ * words' nibbles, codes 24-31 the nibbles' top bits, one word per bit. The
+ * same code as kvq_dev_code_get, from 3 word loads shared by the warp in
+ * place of 3 byte loads per code. */
+__device__ __forceinline__ unsigned code3_word(const uint32_t *w, int c)
+{
+    if (c < 24)
+        return (w[c >> 3] >> (4 * (c & 7))) & 7u;
+    const int sh = 4 * (c - 24) + 3;
+    return ((w[0] >> sh) & 1u) | (((w[1] >> sh) & 1u) << 1) | (((w[2] >> sh) & 1u) << 2);
+}
+
 /* Element j of a packed row in the codec's domain: norm c[idx] for tq
  * codecs, the element for f16 and llama.cpp's blocks. */
-__device__ __forceinline__ float elem_of(const kvq_dev_codec &cd, const kvq_row &r, int D, int j)
+__device__ __forceinline__ float elem_of(const kvq_dev_codec &cd, const float *lv, const kvq_row &r, int D, int j)
 {
     if (cd.rotated)
-        return kvq_f16_to_f32(*r.norm) * kvq_cu_centroid(cd, code_get(r.codes, cd.bits, D, j));
+        return kvq_f16_to_f32(*r.norm) * level_of(cd, lv, code_get(r.codes, cd.bits, D, j));
     return baseline_elem(cd.type, r.codes, j);
 }
 
-/* A warp per (position, KV head): 8 positions per block, blockIdx.y the head. */
+/* Elements lane + 32 k (k < 4) of a D = 128 row, as elem_of. */
+__device__ __forceinline__ void elems128(const kvq_dev_codec &cd, const float *lv, const kvq_row &r, int lane,
+                                         float x[4])
+{
+    if (cd.rotated && cd.bits == 3 && ((uintptr_t)r.codes & 3u) == 0) {
+        const float nv = kvq_f16_to_f32(*r.norm);
+        const uint32_t *w = reinterpret_cast<const uint32_t *>(r.codes);
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            x[k] = nv * level_of(cd, lv, code3_word(w + 3 * k, lane));
+        return;
+    }
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+        x[k] = elem_of(cd, lv, r, 128, lane + 32 * k);
+}
+
+/* Positions one warp decodes in turn: the sign tables and a page's rotated
+ * key mean are loaded or computed once for all of them. */
+constexpr int kDeqRun = 4;
+
+/* Position t's sink rows (f16, rotated into the codec's domain) or, past
+ * valid, zeros: masked keys, but finite. */
 template <int D>
-__global__ void deq_kernel(const __grid_constant__ deq_params p)
+__device__ void deq_plain(const deq_params &p, int t, int h, float *x, float *tmp, __half *kd, __half *vd, int lane)
+{
+    const bool sink = t < p.sink_rows;
+    for (int pass = 0; pass < 2; pass++) {
+        const kvq_dev_codec &cd = pass ? p.cv : p.ck;
+        const uint16_t *ov = (pass ? p.ov_v : p.ov_k) + (((size_t)p.seq * p.ov_rows + t) * p.H + h) * D;
+        for (int j = lane; j < D; j += 32)
+            x[j] = sink ? kvq_f16_to_f32(ov[j]) : 0.0f;
+        __syncwarp();
+        const float *y = sink && cd.in_rot ? warp_rotate(cd.R, x, tmp, lane) : x;
+        __half *d = pass ? vd : kd;
+        for (int j = lane; j < D; j += 32)
+            d[j] = __float2half_rn(y[j]);
+        __syncwarp();
+    }
+}
+
+/* A warp per kDeqRun positions of one KV head: 8 warps a block,
+ * blockIdx.y the head. */
+template <int D>
+__global__ void __launch_bounds__(256, 3) deq_kernel(const __grid_constant__ deq_params p)
 {
     __shared__ float buf[8][3 * D];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, h = blockIdx.y;
-    const int t = p.lo + blockIdx.x * 8 + warp;
-    if (t >= p.hi)
-        return;
-    float *x = buf[warp], *tmp = x + D, *z = x + 2 * D;
-    const size_t at = ((size_t)(t - p.seg_lo) * p.H + h) * D;
-    __half *kd = p.ka + at, *vd = p.va + at;
-    if (t < p.sink_rows || t >= p.valid) { /* a sink's f16 rows, or nothing (zeros: masked, but finite) */
-        const bool sink = t < p.sink_rows;
-        for (int pass = 0; pass < 2; pass++) {
-            const kvq_dev_codec &cd = pass ? p.cv : p.ck;
-            const uint16_t *ov = (pass ? p.ov_v : p.ov_k) + (((size_t)p.seq * p.ov_rows + t) * p.H + h) * D;
-            for (int j = lane; j < D; j += 32)
-                x[j] = sink ? kvq_f16_to_f32(ov[j]) : 0.0f;
-            __syncwarp();
-            const float *y = sink && cd.in_rot ? warp_rotate(cd.R, x, tmp, lane) : x;
-            __half *d = pass ? vd : kd;
-            for (int j = lane; j < D; j += 32)
-                d[j] = __float2half_rn(y[j]);
-            __syncwarp();
-        }
-        return;
+    __shared__ deq_levels lv;
+    if (threadIdx.x < 2 * KVQ_CUDA_TQ_MAX_LEVELS) {
+        const int i = threadIdx.x % KVQ_CUDA_TQ_MAX_LEVELS;
+        const kvq_dev_codec &cd = threadIdx.x < KVQ_CUDA_TQ_MAX_LEVELS ? p.ck : p.cv;
+        (threadIdx.x < KVQ_CUDA_TQ_MAX_LEVELS ? lv.k : lv.v)[i] = i < cd.levels ? cd.centroids[i] : 0.0f;
     }
-    const uint32_t page_i = (uint32_t)t / p.pg.page_tokens, slot = (uint32_t)t % p.pg.page_tokens;
-    uint8_t *pg = p.pg.pool + (uint64_t)p.pg.ptab[(size_t)p.seq * p.pg.max_pages_per_seq + page_i] * p.pg.page_bytes;
-    const kvq_row kr = kvq_dev_row(&p.pg.dl, pg, 0, (uint32_t)h, slot);
-    const kvq_row vr = kvq_dev_row(&p.pg.dl, pg, 1, (uint32_t)h, slot);
-    if constexpr (D == 128) { /* the same sums in registers (rot128_*: shuffles, no shared memory) */
-        if ((!p.ck.qjl || rot128_ok(p.ck.S)) && (!p.center || !p.ck.in_rot || rot128_ok(p.ck.R))) {
-            float x4[4], z4[4], sg[kRot128Pre][4];
+    __syncthreads();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, h = blockIdx.y;
+    const int t_lo = p.lo + (blockIdx.x * 8 + warp) * kDeqRun, t_hi = min(t_lo + kDeqRun, p.hi);
+    float *x = buf[warp], *tmp = x + D, *z = x + 2 * D;
+    const bool fast = D == 128 && (!p.ck.qjl || rot128_ok(p.ck.S)) && (!p.center || !p.ck.in_rot || rot128_ok(p.ck.R));
+    float mean[4]; /* R m of the key mean of page mean_page, lane + 32 k */
+    int mean_page = -1, pg_page = -1;
+    uint8_t *pg = nullptr;
+#pragma unroll 1
+    for (int t = t_lo; t < t_hi; t++) {
+        const size_t at = ((size_t)(t - p.seg_lo) * p.H + h) * D;
+        __half *kd = p.ka + at, *vd = p.va + at;
+        if (t < p.sink_rows || t >= p.valid) {
+            deq_plain<D>(p, t, h, x, tmp, kd, vd, lane);
+            continue;
+        }
+        const uint32_t page_i = (uint32_t)t / p.pg.page_tokens, slot = (uint32_t)t % p.pg.page_tokens;
+        if ((int)page_i != pg_page) { /* a run's positions share their page but for a page edge */
+            pg = p.pg.pool + (uint64_t)p.pg.ptab[(size_t)p.seq * p.pg.max_pages_per_seq + page_i] * p.pg.page_bytes;
+            pg_page = (int)page_i;
+        }
+        const kvq_row kr = kvq_dev_row(&p.pg.dl, pg, 0, (uint32_t)h, slot);
+        const kvq_row vr = kvq_dev_row(&p.pg.dl, pg, 1, (uint32_t)h, slot);
+        if constexpr (D == 128) { /* the same sums in registers (rot128_*: shuffles, no shared memory) */
+            if (fast) {
+                float x4[4], z4[4], v4[4];
+                elems128(p.ck, lv.k, kr, lane, x4);
+                elems128(p.cv, lv.v, vr, lane, v4);
+                if (p.ck.qjl) {
+                    float sg[kRot128Pre][4]; /* L1 hits after the first position */
+                    rot128_load_signs(p.ck.S, sg, lane);
+                    const float gam = kvq_f16_to_f32(*kr.norm) * kvq_f16_to_f32(*kr.rnorm) * p.ck.kappa;
 #pragma unroll
-            for (int k = 0; k < 4; k++)
-                x4[k] = elem_of(p.ck, kr, D, lane + 32 * k);
-            if (p.ck.qjl) {
-                const float gam = kvq_f16_to_f32(*kr.norm) * kvq_f16_to_f32(*kr.rnorm) * p.ck.kappa;
-                rot128_load_signs(p.ck.S, sg, lane);
+                    for (int k = 0; k < 4; k++)
+                        z4[k] = (kr.signs[4 * k + (lane >> 3)] >> (lane & 7)) & 1u ? gam : -gam;
+                    rot128_apply_t(p.ck.S, sg, z4, lane);
 #pragma unroll
-                for (int k = 0; k < 4; k++)
-                    z4[k] = (kr.signs[4 * k + (lane >> 3)] >> (lane & 7)) & 1u ? gam : -gam;
-                rot128_apply_t(p.ck.S, sg, z4, lane);
+                    for (int k = 0; k < 4; k++)
+                        x4[k] += z4[k];
+                }
+                if (p.center) { /* R m of the page's key mean, once per page */
+                    if ((int)page_i != mean_page) {
+                        const uint8_t *blk = pg + p.mean_off + (uint64_t)h * p.mean_bytes;
+                        const float sc = kvq_key_mean_scale(blk);
 #pragma unroll
-                for (int k = 0; k < 4; k++)
-                    x4[k] += z4[k];
-            }
-            if (p.center) {
-                const uint8_t *blk = pg + p.mean_off + (uint64_t)h * p.mean_bytes;
-                const float sc = kvq_key_mean_scale(blk);
+                        for (int k = 0; k < 4; k++)
+                            mean[k] = sc * (float)(kvq_key_mean_code(blk, lane + 32 * k) - 8);
+                        if (p.ck.in_rot) {
+                            float sg[kRot128Pre][4];
+                            rot128_load_signs(p.ck.R, sg, lane);
+                            rot128_apply(p.ck.R, sg, mean, lane);
+                        }
+                        mean_page = (int)page_i;
+                    }
 #pragma unroll
-                for (int k = 0; k < 4; k++)
-                    z4[k] = sc * (float)(kvq_key_mean_code(blk, lane + 32 * k) - 8);
-                if (p.ck.in_rot) {
-                    rot128_load_signs(p.ck.R, sg, lane);
-                    rot128_apply(p.ck.R, sg, z4, lane);
+                    for (int k = 0; k < 4; k++)
+                        x4[k] += mean[k];
                 }
 #pragma unroll
-                for (int k = 0; k < 4; k++)
-                    x4[k] += z4[k];
+                for (int k = 0; k < 4; k++) {
+                    kd[lane + 32 * k] = __float2half_rn(x4[k]);
+                    vd[lane + 32 * k] = __float2half_rn(v4[k]);
+                }
+                continue;
             }
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                kd[lane + 32 * k] = __float2half_rn(x4[k]);
-                vd[lane + 32 * k] = __float2half_rn(elem_of(p.cv, vr, D, lane + 32 * k));
-            }
-            return;
         }
-    }
-    /* K^: the levels, the QJL term folded through S^T, the page's mean */
-    for (int j = lane; j < D; j += 32)
-        x[j] = elem_of(p.ck, kr, D, j);
-    if (p.ck.qjl) {
-        const float gam = kvq_f16_to_f32(*kr.norm) * kvq_f16_to_f32(*kr.rnorm) * p.ck.kappa;
+        /* K^: the levels, the QJL term folded through S^T, the page's mean */
         for (int j = lane; j < D; j += 32)
-            z[j] = (kr.signs[j >> 3] >> (j & 7)) & 1u ? gam : -gam;
+            x[j] = elem_of(p.ck, lv.k, kr, D, j);
+        if (p.ck.qjl) {
+            const float gam = kvq_f16_to_f32(*kr.norm) * kvq_f16_to_f32(*kr.rnorm) * p.ck.kappa;
+            for (int j = lane; j < D; j += 32)
+                z[j] = (kr.signs[j >> 3] >> (j & 7)) & 1u ? gam : -gam;
+            __syncwarp();
+            const float *s = warp_rotate_t(p.ck.S, z, tmp, lane);
+            for (int j = lane; j < D; j += 32)
+                x[j] += s[j];
+        }
         __syncwarp();
-        const float *s = warp_rotate_t(p.ck.S, z, tmp, lane);
+        if (p.center) {
+            const uint8_t *blk = pg + p.mean_off + (uint64_t)h * p.mean_bytes;
+            const float sc = kvq_key_mean_scale(blk);
+            for (int j = lane; j < D; j += 32)
+                z[j] = sc * (float)(kvq_key_mean_code(blk, j) - 8);
+            __syncwarp();
+            const float *m = p.ck.in_rot ? warp_rotate(p.ck.R, z, tmp, lane) : z;
+            for (int j = lane; j < D; j += 32)
+                x[j] += m[j];
+        }
         for (int j = lane; j < D; j += 32)
-            x[j] += s[j];
+            kd[j] = __float2half_rn(x[j]);
+        for (int j = lane; j < D; j += 32)
+            vd[j] = __float2half_rn(elem_of(p.cv, lv.v, vr, D, j));
+        __syncwarp(); /* x, z and tmp are the next position's */
     }
-    __syncwarp();
-    if (p.center) {
-        const uint8_t *blk = pg + p.mean_off + (uint64_t)h * p.mean_bytes;
-        const float sc = kvq_key_mean_scale(blk);
-        for (int j = lane; j < D; j += 32)
-            z[j] = sc * (float)(kvq_key_mean_code(blk, j) - 8);
-        __syncwarp();
-        const float *m = p.ck.in_rot ? warp_rotate(p.ck.R, z, tmp, lane) : z;
-        for (int j = lane; j < D; j += 32)
-            x[j] += m[j];
-    }
-    for (int j = lane; j < D; j += 32)
-        kd[j] = __float2half_rn(x[j]);
-    for (int j = lane; j < D; j += 32)
-        vd[j] = __float2half_rn(elem_of(p.cv, vr, D, j));
 }
 
 /* ---- the attention -------------------------------------------------------- */
@@ -704,7 +780,7 @@ kvq_status run_d(kvq_cuda_cache *c, kvq_cuda_prefill_ws *ws, int seq, int pos0, 
             dp.lo = lo;
             dp.hi = end;
             dp.seg_lo = lo;
-            deq_kernel<D><<<dim3((unsigned)((end - lo + 7) / 8), (unsigned)H), 256, 0, st>>>(dp);
+            deq_kernel<D><<<dim3((unsigned)((end - lo + 8 * kDeqRun - 1) / (8 * kDeqRun)), (unsigned)H), 256, 0, st>>>(dp);
             KVQ_CU_TRY(cudaGetLastError());
         }
         fp.seg_lo = n_seg ? lo : 0;
