@@ -117,6 +117,11 @@ struct kvq_moe_layer {
     struct kvq_wmat router; /* [n_experts][hidden] */
     struct kvq_wmat *gu;    /* [n_experts]: [2 moe_ffn][hidden], gate rows then up rows */
     struct kvq_wmat *down;  /* [n_experts]: [hidden][moe_ffn] */
+    /* arch.shared_ffn > 0 (Qwen2-MoE): the shared expert and its gate, mapped
+     * like the layer's own projections (never through the expert cache) */
+    struct kvq_wmat shared_gu;   /* [2 shared_ffn][hidden], gate rows then up rows */
+    struct kvq_wmat shared_down; /* [hidden][shared_ffn] */
+    struct kvq_wmat shared_gate; /* [1][hidden] */
 };
 
 /* moe_load.c: layer l's router and experts from the mapped files (file fi,

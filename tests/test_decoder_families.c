@@ -13,7 +13,8 @@
  * codebooks were made for: no bound is claimed there).
  * A family whose fixture directory is not committed yet is skipped, with one
  * line naming the command that makes it. The mixture-of-experts families
- * (qwen3_moe with and without renormalised top-k and a dense layer, mixtral,
+ * (qwen3_moe with and without renormalised top-k and a dense layer, qwen2_moe
+ * with its gated shared expert, mixtral,
  * olmoe) run the same checks: their fixtures were made so that no router's
  * k-th and (k+1)-th logits are within 1e-3 of each other, so float32
  * rounding cannot change an expert choice.
@@ -39,7 +40,7 @@
 static const char *families[] = {"llama_llama3", "llama_linear", "llama_dynamic", "qwen2_yarn", "phi3_longrope",
                                  "qwen2_kbias", "mistral_window", "qwen2_window", "gemma3_text",
                                  /* mixtures of experts (make_refs.py MOE) */
-                                 "qwen3_moe", "qwen3_moe_norenorm", "mixtral", "olmoe"};
+                                 "qwen3_moe", "qwen3_moe_norenorm", "qwen2_moe", "mixtral", "olmoe"};
 #define N_FAMILIES (sizeof families / sizeof families[0])
 
 static int have_dir(const char *d)

@@ -214,6 +214,18 @@ static void test_config(void)
     CHECK(c.arch.expert_names == KVQ_EXPERTS_MIXTRAL && !c.arch.qk_norm);
     CHECK_OK(parse("\"model_type\": \"olmoe\", \"num_experts\": 8, \"num_experts_per_tok\": 2", &c, &err));
     CHECK(c.arch.qk_norm_full == 1 && !c.arch.qk_norm && c.arch.norm_topk == 0 && c.arch.moe_ffn == 40);
+    /* Qwen2-MoE: q/k/v biases (unless qkv_bias is false), a gated shared expert in every sparse layer */
+    CHECK_OK(parse("\"model_type\": \"qwen2_moe\", \"num_experts\": 8, \"num_experts_per_tok\": 2,"
+                   " \"moe_intermediate_size\": 24, \"shared_expert_intermediate_size\": 48, \"mlp_only_layers\": [0]",
+                   &c, &err));
+    CHECK(c.arch.n_experts == 8 && c.arch.moe_ffn == 24 && c.arch.shared_ffn == 48 && c.arch.qkv_bias == 1);
+    CHECK(c.arch.norm_topk == 0 && !c.arch.qk_norm && sparse_mask(&c) == 0x3e);
+    CHECK(kvq_model_config_layer_params_at(&c, 1) - kvq_model_config_layer_params_at(&c, 0) ==
+          8 * (32 + 3 * 32 * 24) + 3 * 32 * 48 + 32 - 3 * 32 * 40);
+    CHECK_OK(parse("\"model_type\": \"qwen2_moe\", \"num_experts\": 8, \"num_experts_per_tok\": 2,"
+                   " \"moe_intermediate_size\": 24, \"shared_expert_intermediate_size\": 48, \"qkv_bias\": false",
+                   &c, &err));
+    CHECK(c.arch.qkv_bias == 0);
     /* refusals, each naming its key */
     static const struct {
         const char *json, *needle;
@@ -230,7 +242,11 @@ static void test_config(void)
          " \"norm_topk_prob\": 1",
          "norm_topk_prob"},
         {"\"model_type\": \"olmoe\", \"num_experts\": 4, \"num_experts_per_tok\": 2, \"head_dim\": 8", "OLMoE"},
-        {"\"model_type\": \"qwen2_moe\"", "qwen2_moe"},
+        {"\"model_type\": \"qwen2_moe\", \"num_experts\": 4, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 8",
+         "shared_expert_intermediate_size"},
+        {"\"model_type\": \"qwen3_moe\", \"num_experts\": 4, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 8,"
+         " \"shared_expert_intermediate_size\": 16",
+         "shared experts are not supported for model_type 'qwen3_moe'"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         err.msg[0] = 0;

@@ -12,7 +12,11 @@
  * A row's result depends on which rows share an expert only through the
  * kernel choice (rows <= KVQ_MATVEC_MAX_M: the batch-invariant kernel), so
  * forward.c hands this op the same row groups as the projections.
+ * Qwen2-MoE's shared expert runs over all the rows after the routed ones,
+ * and sigmoid(gate . x) times its output is added to their sum, as
+ * transformers' Qwen2MoeSparseMoeBlock does.
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -113,12 +117,13 @@ kvq_status kvq_cpu_moe_create(kvq_backend *b, struct kvq_cpu_moe **out)
     if (c->arch.n_experts <= 0)
         return KVQ_OK;
     const size_t R = b->max_rows, E = (size_t)c->arch.n_experts, k = (size_t)c->arch.top_k;
-    const size_t H = (size_t)c->hidden, F = (size_t)c->arch.moe_ffn;
+    const size_t H = (size_t)c->hidden, S = c->arch.shared_ffn > 0 ? (size_t)c->arch.shared_ffn : 0;
+    const size_t F = (size_t)c->arch.moe_ffn > S ? (size_t)c->arch.moe_ffn : S; /* gu and h serve both */
     struct kvq_cpu_moe *s = calloc(1, sizeof *s);
     b->moe_ids = malloc(R * k * sizeof *b->moe_ids);
     b->moe_w = alloc_f(R * k);
     if (s) {
-        s->logits = alloc_f(R * E);
+        s->logits = alloc_f(R * (E > 1 ? E : 1)); /* also the shared expert's gate logits [R] */
         s->xg = alloc_f(R * H);
         s->gu = alloc_f(R * 2 * F);
         s->h = alloc_f(R * F);
@@ -239,6 +244,34 @@ static void run_expert(kvq_backend *b, struct kvq_cpu_moe *s, int e, const struc
     }
 }
 
+/* The shared expert over all T rows of x, each output scaled by
+ * sigmoid(gate . x) and added into s->acc. */
+static void run_shared(kvq_backend *b, struct kvq_cpu_moe *s, const struct kvq_moe_layer *ml, const float *x,
+                       size_t T)
+{
+    const struct kvq_model_config *c = &b->m->cfg;
+    const int S = c->arch.shared_ffn;
+    const size_t H = (size_t)c->hidden;
+    kvq_cpu_matmul(b, &ml->shared_gu, x, s->gu, 2 * S, T, 0);
+    for (size_t i = 0; i < T; i++) {
+        const float *g = s->gu + i * 2 * (size_t)S;
+        float *o = s->h + i * (size_t)S;
+        for (int j = 0; j < S; j++)
+            o[j] = kvq_cpu_act(c->arch.act, g[j]) * g[S + j];
+    }
+    kvq_cpu_matmul(b, &ml->shared_down, s->h, s->yd, (int)H, T, 0);
+    kvq_cpu_matmul(b, &ml->shared_gate, x, s->logits, 1, T, 0);
+    for (size_t i = 0; i < T; i++) {
+        const float w = 1.0f / (1.0f + expf(-s->logits[i]));
+        float *dst = s->acc + i * H;
+        const float *src = s->yd + i * H;
+        for (size_t j = 0; j < H; j++) {
+            const float p = w * src[j];
+            dst[j] += p;
+        }
+    }
+}
+
 kvq_status kvq_cpu_moe_experts(kvq_backend *b, struct kvq_cpu_moe *s, int layer, const float *x, float *y, size_t T)
 {
     const struct kvq_model_config *c = &b->m->cfg;
@@ -275,6 +308,8 @@ kvq_status kvq_cpu_moe_experts(kvq_backend *b, struct kvq_cpu_moe *s, int layer,
             e0 = e;
         }
     }
+    if (c->arch.shared_ffn > 0)
+        run_shared(b, s, ml, x, T);
     for (size_t i = 0; i < T * H; i++)
         y[i] += s->acc[i];
     return KVQ_OK;

@@ -92,6 +92,12 @@ static kvq_status arch_from_type(const cJSON *root, const char *type, struct kvq
         a->qkv_bias = a->o_bias = attention_bias;
         a->qk_norm = 1;
         a->n_experts = strcmp(type, "qwen3_moe") == 0 ? -1 : 0; /* -1: read by parse_moe */
+    } else if (strcmp(type, "qwen2_moe") == 0) {
+        /* q/k/v biases unless the config says otherwise (transformers 5's qkv_bias; the Hub's
+         * Qwen1.5-MoE and Qwen2-MoE configs do not name it) */
+        const cJSON *qb = cJSON_GetObjectItemCaseSensitive(root, "qkv_bias");
+        a->qkv_bias = !cJSON_IsFalse(qb);
+        a->n_experts = -1;
     } else if (strcmp(type, "mixtral") == 0) {
         a->n_experts = -1;
         a->expert_names = KVQ_EXPERTS_MIXTRAL;
@@ -103,7 +109,7 @@ static kvq_status arch_from_type(const cJSON *root, const char *type, struct kvq
     } else {
         return kvq_error_set(err, KVQ_ERR_UNSUPPORTED,
                              "config.json: model_type '%s' is not supported (llama, mistral, qwen2, qwen3, phi3, "
-                             "gemma3_text, qwen3_moe, mixtral, olmoe)",
+                             "gemma3_text, qwen3_moe, qwen2_moe, mixtral, olmoe)",
                              type);
     }
     return KVQ_OK;
@@ -119,7 +125,8 @@ static kvq_status parse_moe(const cJSON *root, struct kvq_model_config *c, kvq_e
     memset(a->moe_layers, 0, sizeof a->moe_layers);
     if (a->n_experts == 0)
         return KVQ_OK;
-    const int mixtral = a->expert_names == KVQ_EXPERTS_MIXTRAL, qwen = strcmp(c->model_type, "qwen3_moe") == 0;
+    const int mixtral = a->expert_names == KVQ_EXPERTS_MIXTRAL;
+    const int qwen2 = strcmp(c->model_type, "qwen2_moe") == 0, qwen = qwen2 || strcmp(c->model_type, "qwen3_moe") == 0;
     /* the family's key, else the other one: transformers 5.17 saves Qwen3-MoE's
      * num_experts as num_local_experts (an attribute_map), the Hub's configs
      * say num_experts */
@@ -156,9 +163,16 @@ static kvq_status parse_moe(const cJSON *root, struct kvq_model_config *c, kvq_e
     const cJSON *clip = cJSON_GetObjectItemCaseSensitive(root, "clip_qkv");
     if (clip && !cJSON_IsNull(clip))
         return kvq_error_set(err, KVQ_ERR_UNSUPPORTED, "config.json: clip_qkv is not supported");
-    const cJSON *shared = cJSON_GetObjectItemCaseSensitive(root, "shared_expert_intermediate_size");
-    if (cJSON_IsNumber(shared) && shared->valuedouble > 0)
-        return kvq_error_set(err, KVQ_ERR_UNSUPPORTED, "config.json: shared experts are not supported");
+    a->shared_ffn = 0;
+    if (qwen2) { /* Qwen2-MoE: a gated shared expert in every sparse layer */
+        if ((st = get_int(root, "shared_expert_intermediate_size", -1, MAX_DIM, &a->shared_ffn, err)))
+            return st;
+    } else {
+        const cJSON *shared = cJSON_GetObjectItemCaseSensitive(root, "shared_expert_intermediate_size");
+        if (cJSON_IsNumber(shared) && shared->valuedouble > 0)
+            return kvq_error_set(err, KVQ_ERR_UNSUPPORTED,
+                                 "config.json: shared experts are not supported for model_type '%s'", c->model_type);
+    }
     a->router = KVQ_ROUTER_SOFTMAX_TOPK;
     int step = 1;
     if (qwen && (st = get_int(root, "decoder_sparse_step", 1, MAX_LAYERS, &step, err)))
@@ -590,8 +604,9 @@ size_t kvq_model_config_layer_params_at(const struct kvq_model_config *c, int l)
     size_t h = (size_t)c->hidden, q = (size_t)c->n_heads * c->head_dim, kv = (size_t)c->n_kv_heads * c->head_dim;
     size_t f = (size_t)c->ffn;
     size_t p = h * q + 2 * h * kv + q * h + 2 * h;
-    if (kvq_model_layer_is_moe(c, l)) /* router [E][h] and E experts */
-        p += (size_t)c->arch.n_experts * (h + 3 * h * (size_t)c->arch.moe_ffn);
+    if (kvq_model_layer_is_moe(c, l)) /* router [E][h] and E experts; the shared expert and its gate [1][h] */
+        p += (size_t)c->arch.n_experts * (h + 3 * h * (size_t)c->arch.moe_ffn) +
+             (c->arch.shared_ffn > 0 ? 3 * h * (size_t)c->arch.shared_ffn + h : 0);
     else
         p += 3 * h * f;
     if (c->arch.qkv_bias)

@@ -8,6 +8,8 @@
  *  - fused, as transformers 5 holds them in memory (and writes them when it
  *    does not convert back on save): mlp.experts.gate_up_proj [E][2F][H]
  *    and mlp.experts.down_proj [E][H][F], router mlp.gate.weight.
+ * Qwen2-MoE's shared expert is mlp.shared_expert.gate_proj / up_proj /
+ * down_proj and its gate mlp.shared_expert_gate.weight [1][H], in both.
  * Each expert becomes a struct kvq_wmat over its rows where they lie (two
  * blocks, gate and up, or one slice of the fused tensor), so the grouped
  * expert products read the mapped file like every other projection, and a
@@ -27,7 +29,10 @@ static size_t round16(size_t n)
 size_t kvq_moe_arena_floats(const struct kvq_model_config *c)
 {
     const size_t E = (size_t)c->arch.n_experts, h = (size_t)c->hidden, f = (size_t)c->arch.moe_ffn;
+    const size_t sf = c->arch.shared_ffn > 0 ? (size_t)c->arch.shared_ffn : 0;
     size_t per = round16(E * h) + E * (round16(2 * f * h) + round16(h * f)), n = 0;
+    if (sf)
+        per += round16(2 * sf * h) + round16(h * sf) + round16(h);
     for (int l = 0; l < c->n_layers; l++)
         n += kvq_model_layer_is_moe(c, l) ? per : 0;
     return n;
@@ -57,6 +62,8 @@ size_t kvq_moe_bytes(const struct kvq_model *m)
         s += kvq_wmat_bytes(&m->moe[l].router);
         for (int e = 0; kvq_model_layer_is_moe(&m->cfg, l) && e < m->cfg.arch.n_experts; e++)
             s += kvq_wmat_bytes(&m->moe[l].gu[e]) + kvq_wmat_bytes(&m->moe[l].down[e]);
+        s += kvq_wmat_bytes(&m->moe[l].shared_gu) + kvq_wmat_bytes(&m->moe[l].shared_down) +
+             kvq_wmat_bytes(&m->moe[l].shared_gate);
     }
     return s;
 }
@@ -113,7 +120,44 @@ static void widen(struct kvq_wmat *w, float **f32)
     w->b[0] = (struct kvq_wblock){p, KVQ_ST_F32, w->rows};
 }
 
+/* The shared expert of layer x->l (arch.shared_ffn > 0) and its gate. */
+static kvq_status load_shared(const struct ctx *x, struct kvq_moe_layer *ml, float **f32)
+{
+    const int H = x->m->cfg.hidden, S = x->m->cfg.arch.shared_ffn;
+    const int64_t in_dims[2] = {S, H}, out_dims[2] = {H, S}, g_dims[2] = {1, H};
+    static const char *const nm[4] = {"mlp.shared_expert.gate_proj.weight", "mlp.shared_expert.up_proj.weight",
+                                      "mlp.shared_expert.down_proj.weight", "mlp.shared_expert_gate.weight"};
+    const struct kvq_st_tensor *t[4];
+    kvq_status st;
+    for (int i = 0; i < 4; i++)
+        if (!(t[i] = tensor(x, nm[i], 2, i < 2 ? in_dims : i == 2 ? out_dims : g_dims, 0, &st)))
+            return st;
+    memset(&ml->shared_gu, 0, sizeof ml->shared_gu);
+    memset(&ml->shared_down, 0, sizeof ml->shared_down);
+    memset(&ml->shared_gate, 0, sizeof ml->shared_gate);
+    add_block(&ml->shared_gu, t[0], 0, S, H);
+    add_block(&ml->shared_gu, t[1], 0, S, H);
+    add_block(&ml->shared_down, t[2], 0, H, S);
+    add_block(&ml->shared_gate, t[3], 0, 1, H);
+    widen(&ml->shared_gu, f32);
+    widen(&ml->shared_down, f32);
+    widen(&ml->shared_gate, f32);
+    return KVQ_OK;
+}
+
+static kvq_status load_routed(struct kvq_model *m, int fi, int l, float **f32, const char *dir, kvq_error *err);
+
 kvq_status kvq_moe_load_layer(struct kvq_model *m, int fi, int l, float **f32, const char *dir, kvq_error *err)
+{
+    kvq_status st = load_routed(m, fi, l, f32, dir, err);
+    if (st != KVQ_OK || m->cfg.arch.shared_ffn <= 0)
+        return st;
+    const struct ctx x = {m, fi, l, dir, err};
+    return load_shared(&x, &m->moe[l], f32);
+}
+
+/* The router and the routed experts, in either layout. */
+static kvq_status load_routed(struct kvq_model *m, int fi, int l, float **f32, const char *dir, kvq_error *err)
 {
     const struct kvq_model_config *c = &m->cfg;
     const int E = c->arch.n_experts, H = c->hidden, F = c->arch.moe_ffn;

@@ -154,6 +154,9 @@ struct kvq_model_arch {
     enum kvq_router_kind router;
     int norm_topk;       /* SOFTMAX_TOPK: the k weights renormalised to sum 1 */
     enum kvq_expert_names expert_names;
+    int shared_ffn;      /* > 0: every sparse layer also runs a shared expert of this intermediate
+                            size on every token, scaled by sigmoid(shared_expert_gate . x) and added
+                            to the routed experts' sum (Qwen2-MoE: shared_expert_intermediate_size) */
     uint8_t moe_layers[KVQ_MODEL_MAX_LAYERS / 8]; /* bit l: layer l is sparse (Qwen3-MoE: not in
                             mlp_only_layers and (l + 1) % decoder_sparse_step == 0) */
     uint8_t key_outlier_layers[KVQ_MODEL_MAX_LAYERS / 8]; /* bit l: layer l's k_proj bias has at
@@ -171,7 +174,7 @@ struct kvq_model_arch {
 #define KVQ_MODEL_MAX_EOS 4
 
 struct kvq_model_config {
-    char model_type[32]; /* "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text", "qwen3_moe",
+    char model_type[32]; /* "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text", "qwen3_moe", "qwen2_moe",
                             "mixtral", "olmoe" */
     int hidden;          /* hidden_size */
     int n_layers;        /* num_hidden_layers */

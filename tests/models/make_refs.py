@@ -122,6 +122,13 @@ FAMILIES = {
         decoder_sparse_step=2, mlp_only_layers=[], intermediate_size=96), 40,
         "Qwen3-MoE: top-3 of 6 without renormalisation; only layer 1 sparse (decoder_sparse_step 2); "
         "experts stored fused (transformers 5: mlp.experts.gate_up_proj / down_proj)"),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", base(
+        num_hidden_layers=3, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+        shared_expert_intermediate_size=48, norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[2],
+        intermediate_size=96), 40,
+        "Qwen2-MoE (Qwen1.5-MoE, Qwen2-57B-A14B): q/k/v bias, softmax router, top-2 of 8 not renormalised, "
+        "a shared expert (intermediate 48) gated by sigmoid(shared_expert_gate x) on every token; layer 2 "
+        "dense (mlp_only_layers); experts stored per expert as on the Hub"),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", base(
         num_hidden_layers=2, num_local_experts=8, num_experts_per_tok=2, intermediate_size=32, sliding_window=None,
         router_jitter_noise=0.0), 40,
@@ -134,7 +141,7 @@ FAMILIES = {
 }
 
 # expert layout each MoE fixture is stored in (see the module docstring)
-MOE = {"qwen3_moe": "per_expert", "qwen3_moe_norenorm": "fused", "mixtral": "per_expert", "olmoe": "fused"}
+MOE = {"qwen2_moe": "per_expert", "qwen3_moe": "per_expert", "qwen3_moe_norenorm": "fused", "mixtral": "per_expert", "olmoe": "fused"}
 
 LEN_DEPENDENT = {"llama_dynamic", "phi3_longrope"}
 KBIAS_RATIO = 30.0
