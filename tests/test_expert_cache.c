@@ -55,7 +55,7 @@ static void test_expert_cache(void)
     for (size_t c = 0; c < 2; c++) {
         char dir[64];
         snprintf(dir, sizeof dir, "/tmp/kvq_moe_cache_%d_%zu", (int)getpid(), c);
-        struct synth sy = {cases[c].E, cases[c].k, cases[c].norm, cases[c].fused, {0}, {0}, {0}};
+        struct synth sy = {.E = cases[c].E, .k = cases[c].k, .norm = cases[c].norm, .fused = cases[c].fused};
         write_synth(dir, &sy, 200 + c);
         kvq_model *m = NULL;
         kvq_error err = {0};
@@ -135,7 +135,7 @@ static void test_batch_invariance(void)
 {
     char dir[64];
     snprintf(dir, sizeof dir, "/tmp/kvq_moe_batch_%d", (int)getpid());
-    struct synth sy = {4, 2, 1, 0, {0}, {0}, {0}};
+    struct synth sy = {.E = 4, .k = 2, .norm = 1, .fused = 0};
     write_synth(dir, &sy, 300);
     kvq_model *m = NULL;
     CHECK_OK(kvq_model_load(dir, NULL, &m, NULL));
@@ -347,7 +347,7 @@ static void test_read_error(void)
 {
     char dir[64], path[96], keep[96];
     snprintf(dir, sizeof dir, "/tmp/kvq_moe_ioerr_%d", (int)getpid());
-    struct synth sy = {4, 2, 1, 0, {0}, {0}, {0}};
+    struct synth sy = {.E = 4, .k = 2, .norm = 1, .fused = 0};
     write_synth(dir, &sy, 400);
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     snprintf(keep, sizeof keep, "%s/model.keep", dir);

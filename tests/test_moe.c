@@ -305,6 +305,27 @@ static void moe_ref(const struct synth *sy, int l, const float *x, const float *
                 y[t * HID + i] += rw[j] * s;
             }
         }
+        if (!sy->shared)
+            continue;
+        /* Qwen2-MoE: + sigmoid(gate . x) x the shared expert's output */
+        double gl = 0, h[SHARED_F];
+        for (int i = 0; i < HID; i++)
+            gl += (double)xt[i] * sy->sgate[l][i];
+        const float *g = sy->sgu[l], *u = g + SHARED_F * HID;
+        for (int f = 0; f < SHARED_F; f++) {
+            double a = 0, b = 0;
+            for (int i = 0; i < HID; i++) {
+                a += (double)xt[i] * g[f * HID + i];
+                b += (double)xt[i] * u[f * HID + i];
+            }
+            h[f] = a / (1 + exp(-a)) * b;
+        }
+        for (int i = 0; i < HID; i++) {
+            double s = 0;
+            for (int f = 0; f < SHARED_F; f++)
+                s += h[f] * sy->sdown[l][i * SHARED_F + f];
+            y[t * HID + i] += s / (1 + exp(-gl));
+        }
     }
 }
 
@@ -348,12 +369,13 @@ static void check_ops(kvq_backend *be, const struct synth *sy, int l, size_t T, 
 static void test_cpu_ops(void)
 {
     static const struct {
-        int E, k, norm, fused;
-    } cases[] = {{4, 2, 1, 0}, {6, 3, 0, 1}};
-    for (size_t c = 0; c < 2; c++) {
+        int E, k, norm, fused, shared;
+    } cases[] = {{4, 2, 1, 0, 0}, {6, 3, 0, 1, 0}, {5, 2, 0, 0, 1}, {4, 2, 1, 1, 1}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         char dir[64];
         snprintf(dir, sizeof dir, "/tmp/kvq_moe_%d_%zu", (int)getpid(), c);
-        struct synth sy = {cases[c].E, cases[c].k, cases[c].norm, cases[c].fused, {0}, {0}, {0}};
+        struct synth sy = {.E = cases[c].E, .k = cases[c].k, .norm = cases[c].norm, .fused = cases[c].fused,
+                           .shared = cases[c].shared};
         write_synth(dir, &sy, 100 + c);
         kvq_model *m[2] = {NULL, NULL};
         kvq_error err = {0};
@@ -376,12 +398,13 @@ static void test_cpu_ops(void)
                 }
                 /* widened at load or as read: the same f32 values, the same kernels */
                 CHECKF(memcmp(y[0], y[1], Ts[ti] * HID * sizeof(float)) == 0,
-                       "weights_f32 changes the bits of layer %d at %zu rows", l, Ts[ti]);
+                       "case %zu: weights_f32 changes the bits of layer %d at %zu rows", c, l, Ts[ti]);
             }
         struct kvq_model_info mi;
         kvq_model_get_info(m[0], &mi);
         const size_t esz = cases[c].fused ? 4 : 2;
-        const size_t moe = 2 * (size_t)cases[c].E * (HID + 3 * HID * MOE_F) * esz;
+        const size_t moe = 2 * ((size_t)cases[c].E * (HID + 3 * HID * MOE_F) +
+                                (cases[c].shared ? 3 * HID * SHARED_F + HID : 0)) * esz;
         const size_t attn = NL * (size_t)(32 * HID + 2 * 16 * HID + HID * 32) * esz, dense = 3 * HID * DENSE_F * esz;
         const size_t norms = (NL * 2 + 1) * HID * sizeof(float), lm = VOC * HID * esz;
         CHECKF(mi.weight_bytes == moe + attn + dense + norms + lm, "weight_bytes %zu, want %zu", mi.weight_bytes,

@@ -2,7 +2,9 @@
  * (test_moe.c, test_expert_cache.c): 3 layers (layer 1 dense by
  * mlp_only_layers), hidden 32, experts of 24, random weights stored per
  * expert in bf16 or fused in f32, and their values kept as f32 for the
- * scalar references. */
+ * scalar references. With `shared`, a qwen2_moe checkpoint instead: no q/k
+ * norms, no q/k/v biases (qkv_bias false), and in each sparse layer a
+ * shared expert of SHARED_F with its gate. */
 #ifndef KVQ_TEST_MOE_SYNTH_H
 #define KVQ_TEST_MOE_SYNTH_H
 
@@ -24,10 +26,13 @@
 #define NL 3 /* layer 1 dense (mlp_only_layers) */
 #define MOE_F 24
 #define DENSE_F 40
+#define SHARED_F 40 /* over MOE_F: the experts op sizes its buffers for both */
 
 struct synth {
     int E, k, norm, fused; /* fused: f32 3-D tensors, else per-expert bf16 */
     float *router[NL], *gu[NL], *down[NL]; /* the stored values, as f32: [E][H], [E][2F][H], [E][H][F] */
+    int shared;                            /* qwen2_moe with a shared expert */
+    float *sgu[NL], *sdown[NL], *sgate[NL]; /* its [2 SHARED_F][H], [H][SHARED_F], [1][H] */
 };
 
 static inline float bf16_round(float x)
@@ -67,14 +72,17 @@ static inline float *add_random(kvq_st_writer *w, const char *name, int nd, cons
 static inline void write_synth(const char *dir, struct synth *sy, uint64_t seed)
 {
     mkdir(dir, 0777);
-    char js[1024], path[256], name[160];
+    char js[1024], path[256], name[160], extra[128] = "";
+    if (sy->shared)
+        snprintf(extra, sizeof extra, ", \"qkv_bias\": false, \"shared_expert_intermediate_size\": %d", SHARED_F);
     snprintf(js, sizeof js,
-             "{\"model_type\": \"qwen3_moe\", \"hidden_size\": %d, \"num_hidden_layers\": %d,"
+             "{\"model_type\": \"%s\", \"hidden_size\": %d, \"num_hidden_layers\": %d,"
              " \"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"head_dim\": 16, \"intermediate_size\": %d,"
              " \"vocab_size\": %d, \"max_position_embeddings\": 128, \"rms_norm_eps\": 1e-6, \"num_experts\": %d,"
              " \"num_experts_per_tok\": %d, \"moe_intermediate_size\": %d, \"norm_topk_prob\": %s,"
-             " \"mlp_only_layers\": [1], \"tie_word_embeddings\": false}",
-             HID, NL, DENSE_F, VOC, sy->E, sy->k, MOE_F, sy->norm ? "true" : "false");
+             " \"mlp_only_layers\": [1], \"tie_word_embeddings\": false%s}",
+             sy->shared ? "qwen2_moe" : "qwen3_moe", HID, NL, DENSE_F, VOC, sy->E, sy->k, MOE_F,
+             sy->norm ? "true" : "false", extra);
     snprintf(path, sizeof path, "%s/config.json", dir);
     CHECK(test_write_file(path, js, strlen(js)) == 0);
     kvq_st_writer *w = NULL;
@@ -101,10 +109,12 @@ static inline void write_synth(const char *dir, struct synth *sy, uint64_t seed)
             snprintf(name, sizeof name, "model.layers.%d.self_attn.%s.weight", l, att[i]);
             ADD(name, 2, 0.15f, 0.0f, rows[i], cols[i]);
         }
-        snprintf(name, sizeof name, "model.layers.%d.self_attn.q_norm.weight", l);
-        ADD(name, 1, 0.1f, 1.0f, 16);
-        snprintf(name, sizeof name, "model.layers.%d.self_attn.k_norm.weight", l);
-        ADD(name, 1, 0.1f, 1.0f, 16);
+        if (!sy->shared) {
+            snprintf(name, sizeof name, "model.layers.%d.self_attn.q_norm.weight", l);
+            ADD(name, 1, 0.1f, 1.0f, 16);
+            snprintf(name, sizeof name, "model.layers.%d.self_attn.k_norm.weight", l);
+            ADD(name, 1, 0.1f, 1.0f, 16);
+        }
         snprintf(name, sizeof name, "model.layers.%d.input_layernorm.weight", l);
         ADD(name, 1, 0.1f, 1.0f, HID);
         snprintf(name, sizeof name, "model.layers.%d.post_attention_layernorm.weight", l);
@@ -121,6 +131,21 @@ static inline void write_synth(const char *dir, struct synth *sy, uint64_t seed)
         snprintf(name, sizeof name, "model.layers.%d.mlp.gate.weight", l);
         ADD(name, 2, 0.3f, 0.0f, E, HID);
         sy->router[l] = plain[--np];
+        if (sy->shared) {
+            sy->sgu[l] = malloc(2 * SHARED_F * HID * sizeof(float));
+            static const char *const snm[] = {"gate_proj", "up_proj"};
+            for (int i = 0; i < 2; i++) {
+                snprintf(name, sizeof name, "model.layers.%d.mlp.shared_expert.%s.weight", l, snm[i]);
+                ADD(name, 2, 0.2f, 0.0f, SHARED_F, HID);
+                memcpy(sy->sgu[l] + (size_t)i * SHARED_F * HID, plain[np - 1], SHARED_F * HID * sizeof(float));
+            }
+            snprintf(name, sizeof name, "model.layers.%d.mlp.shared_expert.down_proj.weight", l);
+            ADD(name, 2, 0.2f, 0.0f, HID, SHARED_F);
+            sy->sdown[l] = plain[--np];
+            snprintf(name, sizeof name, "model.layers.%d.mlp.shared_expert_gate.weight", l);
+            ADD(name, 2, 0.3f, 0.0f, 1, HID);
+            sy->sgate[l] = plain[--np];
+        }
         sy->gu[l] = malloc((size_t)E * 2 * MOE_F * HID * sizeof(float));
         sy->down[l] = malloc((size_t)E * HID * MOE_F * sizeof(float));
         if (sy->fused) {
@@ -162,6 +187,9 @@ static inline void synth_free(struct synth *sy)
         free(sy->router[l]);
         free(sy->gu[l]);
         free(sy->down[l]);
+        free(sy->sgu[l]);
+        free(sy->sdown[l]);
+        free(sy->sgate[l]);
     }
 }
 

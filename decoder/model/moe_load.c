@@ -32,7 +32,7 @@ size_t kvq_moe_arena_floats(const struct kvq_model_config *c)
     const size_t sf = c->arch.shared_ffn > 0 ? (size_t)c->arch.shared_ffn : 0;
     size_t per = round16(E * h) + E * (round16(2 * f * h) + round16(h * f)), n = 0;
     if (sf)
-        per += round16(2 * sf * h) + round16(h * sf) + round16(h);
+        per += 2 * round16(sf * h) + round16(h * sf) + round16(h);
     for (int l = 0; l < c->n_layers; l++)
         n += kvq_model_layer_is_moe(c, l) ? per : 0;
     return n;
@@ -120,6 +120,25 @@ static void widen(struct kvq_wmat *w, float **f32)
     w->b[0] = (struct kvq_wblock){p, KVQ_ST_F32, w->rows};
 }
 
+/* weights_f32: each of w's blocks widened into an f32 block of its own,
+ * so that the products run in the same pieces as over the mapped blocks
+ * (one sgemm of 2S columns measured other bits than two of S). */
+static void widen_each(struct kvq_wmat *w, float **f32)
+{
+    if (!f32)
+        return;
+    for (int i = 0; i < w->n_blocks; i++) {
+        struct kvq_wmat one = *w;
+        one.n_blocks = 1;
+        one.b[0] = w->b[i];
+        one.rows = w->b[i].rows;
+        float *p = *f32;
+        kvq_wmat_to_f32(&one, p);
+        *f32 += round16((size_t)one.rows * (size_t)w->cols);
+        w->b[i] = (struct kvq_wblock){p, KVQ_ST_F32, one.rows};
+    }
+}
+
 /* The shared expert of layer x->l (arch.shared_ffn > 0) and its gate. */
 static kvq_status load_shared(const struct ctx *x, struct kvq_moe_layer *ml, float **f32)
 {
@@ -139,7 +158,7 @@ static kvq_status load_shared(const struct ctx *x, struct kvq_moe_layer *ml, flo
     add_block(&ml->shared_gu, t[1], 0, S, H);
     add_block(&ml->shared_down, t[2], 0, H, S);
     add_block(&ml->shared_gate, t[3], 0, 1, H);
-    widen(&ml->shared_gu, f32);
+    widen_each(&ml->shared_gu, f32);
     widen(&ml->shared_down, f32);
     widen(&ml->shared_gate, f32);
     return KVQ_OK;
