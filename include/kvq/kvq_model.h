@@ -261,7 +261,7 @@ struct kvq_model_info {
     size_t file_bytes;        /* bytes of all weight files */
     size_t weight_bytes;      /* bytes of the weights the forward pass reads, mapped or converted
                                  (embedding table excluded; routers and experts included) */
-    size_t expert_bytes;      /* of weight_bytes, the mixture-of-experts routers and experts (0: dense) */
+    size_t expert_bytes;      /* of weight_bytes, the mixture-of-experts routers and experts, shared ones included (0: dense) */
     double load_seconds;      /* wall time of kvq_model_load */
 };
 KVQ_API void kvq_model_get_info(const kvq_model *m, struct kvq_model_info *info);
