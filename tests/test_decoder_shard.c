@@ -96,6 +96,64 @@ static void test_shard_roundtrip(void)
     CHECK(kvq_shard_plan_groups(bytes, 4, 1.0, groups) == 4); /* a layer over the limit still gets a shard */
 }
 
+/* Mixture-of-experts checkpoints (tests/models: Qwen2-MoE's experts per
+ * expert with a shared expert, OLMoE's fused) shard like dense ones: the
+ * sharded model gives the plain directory's logits at every prompt position
+ * bit for bit, and its plan counts each layer's experts. */
+static void test_shard_moe(void)
+{
+    static const char *const fams[] = {"qwen2_moe", "olmoe"};
+    for (size_t f = 0; f < sizeof fams / sizeof fams[0]; f++) {
+        char src[128], out[128];
+        snprintf(src, sizeof src, "tests/models/%s", fams[f]);
+        snprintf(out, sizeof out, "%s/moe-%s", tmp, fams[f]);
+        struct kvq_shard_opts o = {0.1, 1, 0}; /* ~0.15 MB a layer: one layer a shard */
+        kvq_error err = {0};
+        CHECKF(kvq_shard_write(src, out, &o, &err) == KVQ_OK, "%s: %s", fams[f], err.msg);
+        kvq_model *m[2] = {NULL, NULL};
+        CHECK_OK(kvq_model_load(src, NULL, &m[0], &err));
+        CHECKF(kvq_model_load(out, NULL, &m[1], &err) == KVQ_OK, "%s: %s", fams[f], err.msg);
+        const struct kvq_model_config *c = m[0] ? kvq_model_config_of(m[0]) : NULL;
+        if (m[0] && m[1] && c) {
+            struct kvq_model_info a, b;
+            kvq_model_get_info(m[0], &a);
+            kvq_model_get_info(m[1], &b);
+            CHECKF(b.sharded && b.expert_bytes == a.expert_bytes && b.weight_bytes == a.weight_bytes,
+                   "%s: expert bytes %zu vs %zu", fams[f], b.expert_bytes, a.expert_bytes);
+            enum { T = 24 };
+            int32_t ids[T];
+            for (int i = 0; i < T; i++)
+                ids[i] = (int32_t)((1 + 37 * i) % c->vocab);
+            float *lg[2];
+            for (int i = 0; i < 2; i++) {
+                lg[i] = malloc((size_t)T * c->vocab * sizeof *lg[i]);
+                struct kvq_seq_config sc;
+                kvq_seq_config_default(&sc);
+                sc.type_k = sc.type_v = KVQ_TYPE_F32;
+                kvq_seq *s = NULL;
+                CHECK_OK(kvq_seq_create(m[i], &sc, &s, NULL));
+                if (s && lg[i])
+                    CHECK_OK(kvq_seq_forward(s, ids, T, 0, lg[i], NULL));
+                kvq_seq_free(s);
+            }
+            if (lg[0] && lg[1])
+                CHECKF(memcmp(lg[0], lg[1], (size_t)T * c->vocab * sizeof(float)) == 0,
+                       "%s: the sharded model's logits differ", fams[f]);
+            free(lg[0]);
+            free(lg[1]);
+            size_t bytes[8];
+            struct kvq_model_config cfg;
+            CHECK_OK(kvq_shard_measure(src, &cfg, bytes, 8, &err));
+            for (int l = 0; l < cfg.n_layers && l < 8; l++)
+                CHECKF(bytes[l] == kvq_model_config_layer_params_at(&cfg, l) * 2, "%s: layer %d measured %zu bytes",
+                       fams[f], l, bytes[l]); /* bf16 */
+        }
+        kvq_model_free(m[0]);
+        kvq_model_free(m[1]);
+        test_rm_dir(out);
+    }
+}
+
 /* Applies one edit to the manifest JSON, loads, restores. */
 typedef void (*edit_fn)(cJSON *root);
 
@@ -304,6 +362,7 @@ int main(void)
     snprintf(shard, sizeof shard, "%s/sharded", tmp);
     RUN(test_fnv);
     RUN(test_shard_roundtrip);
+    RUN(test_shard_moe);
     RUN(test_manifest_violations);
     RUN(test_bad_weights);
     free(meta);
