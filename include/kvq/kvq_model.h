@@ -372,7 +372,7 @@ struct kvq_seq_config {
 /* The same on KVQ_DEVICE_CUDA: the products and the prefill attention reach
  * their rate only on thousands of rows (one H200, Llama-3.1-8B shape, default
  * cache: a 32K prompt in 4.0 s in chunks of 256, 1.6 s in chunks of 8192; a
- * 128K prompt in 15.6 s in chunks of 2048, 13.4 s in 8192), at the price of
+ * 128K prompt in 15.6 s in chunks of 2048, 13.1 s in 8192), at the price of
  * activations for that many rows (kvq_seq_plan.work_bytes). */
 #define KVQ_DEFAULT_MAX_CHUNK_CUDA 8192
 /** @return kvq_seq_config.max_chunk's default on dev (what 0 there means, and
