@@ -10,12 +10,16 @@
  *   read MiB     what the misses read from the checkpoint's files,
  *   ahead        experts read ahead, and how many a fetch then used,
  *   wait s       forwards waiting for a read-ahead to land,
- *   decode t/s   the decode's speed (the files sit in the page cache here:
- *                this is CPU time, not the disk's).
+ *   read GB/s    the misses' bytes over the time the fetches spent reading,
+ *   decode t/s   the decode's speed (without --direct the files sit in the
+ *                page cache after their first read: CPU time, not the disk's).
+ * --direct reads every miss with O_DIRECT (kvq_seq_config.expert_direct),
+ * so each one comes from the disk; bench/experts_synth.py makes a
+ * checkpoint whose experts are large enough for that to mean something.
  * Every run's greedy ids are checked to equal the run without a cache
  * (exit 1 otherwise): the cache must not change a bit.
  *
- *   bench_experts [--model DIR] [--decode N]   (N default 160: prompt + N within the context)
+ *   bench_experts [--model DIR] [--decode N] [--direct]   (N default 160: prompt + N within the context)
  * JSON: $KVQ_BENCH_JSON_DIR/bench_experts.json (default: this binary's folder).
  */
 #include <stdint.h>
@@ -42,6 +46,8 @@ struct run {
 };
 
 /* One sequence with a cache of `bytes` (0: none); greedy ids into out. */
+static int opt_direct; /* --direct */
+
 static void run_one(const kvq_model *m, size_t bytes, int ahead, const int32_t *prompt, int n_decode, int32_t *out,
                     struct kvq_seq_stats *st, double *tps)
 {
@@ -52,6 +58,7 @@ static void run_one(const kvq_model *m, size_t bytes, int ahead, const int32_t *
     sc.max_ctx = PROMPT + (size_t)n_decode + 1;
     sc.expert_cache = bytes;
     sc.expert_prefetch = ahead;
+    sc.expert_direct = bytes ? opt_direct : 0;
     kvq_seq *s = NULL;
     kvq_error err = {0};
     if (kvq_seq_create(m, &sc, &s, &err) != KVQ_OK) {
@@ -86,8 +93,10 @@ int main(int argc, char **argv)
             dir = argv[++i];
         else if (!strcmp(argv[i], "--decode") && i + 1 < argc)
             n_decode = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--direct"))
+            opt_direct = 1;
         else {
-            fprintf(stderr, "usage: %s [--model DIR] [--decode N]\n", PROG);
+            fprintf(stderr, "usage: %s [--model DIR] [--decode N] [--direct]\n", PROG);
             return 2;
         }
     }
@@ -127,10 +136,11 @@ int main(int argc, char **argv)
     struct run runs[8];
     int n_runs = 0, bad = 0;
     printf("%s: %s, %d sparse layers x %d experts (top %d), %zu bytes an expert; %d-token prompt, %d decoded; "
-           "without a cache %.0f tok/s\n",
-           PROG, dir, sparse, c->arch.n_experts, c->arch.top_k, expert, PROMPT, n_decode, tps0);
-    printf("%-6s %-6s %-10s %7s %10s %14s %8s %10s\n", "cache", "slots", "read-ahead", "hit %", "read MiB",
-           "ahead (used)", "wait s", "decode t/s");
+           "without a cache %.1f tok/s%s\n",
+           PROG, dir, sparse, c->arch.n_experts, c->arch.top_k, expert, PROMPT, n_decode, tps0,
+           opt_direct ? "; the cache reads with O_DIRECT" : "");
+    printf("%-6s %-6s %-10s %7s %10s %9s %14s %8s %10s\n", "cache", "slots", "read-ahead", "hit %", "read MiB",
+           "read GB/s", "ahead (used)", "wait s", "decode t/s");
     for (int f = 0; f < 4; f++)
         for (int a = 0; a < 2; a++) {
             struct run *u = &runs[n_runs++];
@@ -142,10 +152,12 @@ int main(int argc, char **argv)
             u->same = memcmp(ids, ref, (size_t)n_decode * sizeof *ids) == 0;
             bad |= !u->same;
             const size_t used = u->st.experts.hits + u->st.experts.misses;
-            printf("%5.0f%% %6zu %-10s %7.1f %10.3f %7zu (%4zu) %8.4f %10.1f%s\n", 100 * u->frac, u->slots,
+            const double gbs = u->st.experts.t_read > 0 ? (double)u->st.experts.bytes_read / u->st.experts.t_read / 1e9 : 0;
+            printf("%5.0f%% %6zu %-10s %7.1f %10.3f %9.2f %7zu (%4zu) %8.4f %10.2f%s\n", 100 * u->frac, u->slots,
                    a ? "on" : "off", used ? 100.0 * (double)u->st.experts.hits / (double)used : 0.0,
-                   (double)u->st.experts.bytes_read / 1048576.0, u->st.experts.prefetched, u->st.experts.prefetch_hits,
-                   u->st.experts.t_wait, u->decode_tps, u->same ? "" : "  GREEDY IDS DIFFER");
+                   (double)u->st.experts.bytes_read / 1048576.0, gbs, u->st.experts.prefetched,
+                   u->st.experts.prefetch_hits, u->st.experts.t_wait, u->decode_tps,
+                   u->same ? "" : "  GREEDY IDS DIFFER");
         }
     const char *jd = getenv("KVQ_BENCH_JSON_DIR");
     char path[4096];
@@ -159,16 +171,16 @@ int main(int argc, char **argv)
     FILE *js = fopen(path, "w");
     if (js) {
         fprintf(js, "{\"model\": \"%s\", \"sparse_layers\": %d, \"experts\": %d, \"top_k\": %d, \"expert_bytes\": %zu, "
-                    "\"prompt\": %d, \"decode\": %d, \"no_cache_tps\": %.2f, \"runs\": [",
-                dir, sparse, c->arch.n_experts, c->arch.top_k, expert, PROMPT, n_decode, tps0);
+                    "\"prompt\": %d, \"decode\": %d, \"direct\": %d, \"no_cache_tps\": %.2f, \"runs\": [",
+                dir, sparse, c->arch.n_experts, c->arch.top_k, expert, PROMPT, n_decode, opt_direct, tps0);
         for (int i = 0; i < n_runs; i++) {
             const struct run *u = &runs[i];
             fprintf(js, "%s\n {\"cache_frac\": %.2f, \"slots\": %zu, \"read_ahead\": %d, \"hits\": %zu, \"misses\": %zu, "
-                        "\"bytes_read\": %zu, \"prefetched\": %zu, \"prefetch_hits\": %zu, \"wait_s\": %.6f, "
-                        "\"decode_tps\": %.2f, \"same_ids\": %d}",
+                        "\"bytes_read\": %zu, \"read_s\": %.6f, \"prefetched\": %zu, \"prefetch_hits\": %zu, "
+                        "\"wait_s\": %.6f, \"decode_tps\": %.2f, \"same_ids\": %d}",
                     i ? "," : "", u->frac, u->slots, u->ahead, u->st.experts.hits, u->st.experts.misses,
-                    u->st.experts.bytes_read, u->st.experts.prefetched, u->st.experts.prefetch_hits, u->st.experts.t_wait,
-                    u->decode_tps, u->same);
+                    u->st.experts.bytes_read, u->st.experts.t_read, u->st.experts.prefetched,
+                    u->st.experts.prefetch_hits, u->st.experts.t_wait, u->decode_tps, u->same);
         }
         fprintf(js, "\n]}\n");
         fclose(js);

@@ -97,6 +97,9 @@ check "run: --max-tokens out of range names the limit" $?
 $kvq_t run -m "$model" -p hi --expert-prefetch maybe 2>"$tmp/err"; rc=$?
 [ "$rc" -eq 2 ] && [ "$(wc -l <"$tmp/err")" -eq 1 ] && grep -q "expert-prefetch.*on or off" "$tmp/err"
 check "run: --expert-prefetch takes on or off, one line" $?
+$kvq_t run -m "$model" -p hi --expert-direct yes 2>"$tmp/err"; rc=$?
+[ "$rc" -eq 2 ] && [ "$(wc -l <"$tmp/err")" -eq 1 ] && grep -q "expert-direct.*on or off" "$tmp/err"
+check "run: --expert-direct takes on or off, one line" $?
 $kvq_t run -m "$model" -p hi --expert-cache 1MiB 2>"$tmp/err"; rc=$?
 [ "$rc" -ne 0 ] && [ "$(wc -l <"$tmp/err")" -eq 1 ] && grep -q "no experts" "$tmp/err"
 check "run: --expert-cache on a dense model: one line naming why" $?

@@ -21,6 +21,9 @@
 
 /* Prompt logits and greedy ids of model m with an expert cache of `bytes`
  * (0: none); *st: its statistics. */
+/* expert_direct for run_seq's sequences */
+static int opt_direct;
+
 static void run_seq(const kvq_model *m, size_t bytes, int prefetch, const int32_t *ids, size_t T, float *logits,
                     int32_t *greedy, size_t N, struct kvq_seq_stats *st)
 {
@@ -30,6 +33,7 @@ static void run_seq(const kvq_model *m, size_t bytes, int prefetch, const int32_
     sc.max_ctx = T + N;
     sc.expert_cache = bytes;
     sc.expert_prefetch = prefetch;
+    sc.expert_direct = opt_direct;
     kvq_seq *s = NULL;
     kvq_error err = {0};
     CHECKF(kvq_seq_create(m, &sc, &s, &err) == KVQ_OK, "%s", err.msg);
@@ -125,6 +129,64 @@ static void test_expert_cache(void)
     kvq_seq *s = NULL;
     CHECK(dense && kvq_seq_create(dense, &sc, &s, &err) == KVQ_ERR_INVALID_ARG && !s && strstr(err.msg, "no experts"));
     kvq_model_free(dense);
+}
+
+/* kvq_seq_config.expert_direct: the committed fixtures' experts (per
+ * expert and fused) read with O_DIRECT through 1 and 2 slots, with and
+ * without read-ahead, give the mapped experts' logits bit for bit; each
+ * miss reads its blocks' 4 KiB-aligned ranges. Skipped where the
+ * filesystem refuses O_DIRECT (tmpfs), with the reason. */
+static void test_expert_direct(void)
+{
+    static const char *const fams[] = {"tests/models/qwen3_moe", "tests/models/olmoe"};
+    enum { T = 20, N = 8 };
+    for (size_t f = 0; f < sizeof fams / sizeof fams[0]; f++) {
+        kvq_model *m = NULL;
+        kvq_error err = {0};
+        CHECKF(kvq_model_load(fams[f], NULL, &m, &err) == KVQ_OK, "%s", err.msg);
+        if (!m)
+            continue;
+        const struct kvq_model_config *c = kvq_model_config_of(m);
+        struct kvq_seq_config sc;
+        kvq_seq_config_default(&sc);
+        sc.expert_cache = 1 << 20;
+        sc.expert_direct = 1;
+        kvq_seq *s = NULL;
+        if (kvq_seq_create(m, &sc, &s, &err) != KVQ_OK) {
+            kvq_model_free(m);
+            CHECKF(strstr(err.msg, "O_DIRECT") != NULL, "%s", err.msg);
+            SKIP("%s", err.msg);
+        }
+        kvq_seq_free(s);
+        int32_t ids[T], g0[N], g1[N];
+        for (int t = 0; t < T; t++)
+            ids[t] = (int32_t)((3 + 29 * t) % c->vocab);
+        static float l0[T * 256], l1[T * 256];
+        CHECK(c->vocab <= 256);
+        struct kvq_seq_stats st;
+        opt_direct = 0;
+        run_seq(m, 0, 0, ids, T, l0, g0, N, &st);
+        const size_t expert = (size_t)3 * c->hidden * c->arch.moe_ffn * 2; /* bf16 */
+        for (int i = 0; i < 4; i++) {
+            const size_t slots = 1 + (size_t)(i / 2);
+            const int ahead = i % 2;
+            opt_direct = 1;
+            memset(l1, 0, sizeof l1);
+            /* room for `slots` experts with their aligned ranges (at most 3 blocks of 2 pages more) */
+            run_seq(m, slots * (expert + 6 * 4096), ahead, ids, T, l1, g1, N, &st);
+            opt_direct = 0;
+            CHECKF(memcmp(l0, l1, (size_t)T * c->vocab * sizeof(float)) == 0 && memcmp(g0, g1, sizeof g0) == 0,
+                   "%s, %zu slots%s, O_DIRECT: logits or ids differ from the mapped experts'", fams[f], slots,
+                   ahead ? ", read-ahead" : "");
+            CHECKF(st.experts.misses > 0 && st.experts.bytes_read >= st.experts.misses * expert &&
+                       st.experts.bytes_read % 4096 == 0,
+                   "%s: %zu bytes read for %zu misses", fams[f], st.experts.bytes_read, st.experts.misses);
+            printf("  %s, O_DIRECT, %zu slots%s: %zu misses, %zu bytes read (%.2f x the experts' bytes)\n", fams[f],
+                   slots, ahead ? ", read-ahead" : "", st.experts.misses, st.experts.bytes_read,
+                   (double)st.experts.bytes_read / (double)(st.experts.misses * expert));
+        }
+        kvq_model_free(m);
+    }
 }
 
 /* kvq_batch over a sparse model: prompts of 5, 9 and 20 tokens in one step
@@ -435,6 +497,7 @@ static void test_read_error(void)
 int main(void)
 {
     RUN(test_expert_cache);
+    RUN(test_expert_direct);
     RUN(test_batch_invariance);
     RUN(test_expert_cache_rss);
     RUN(test_read_error);

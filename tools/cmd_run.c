@@ -56,6 +56,8 @@ static void usage(FILE *f)
             "  --expert-prefetch on|off  with --expert-cache: read the next sparse layer's likely\n"
             "                       experts ahead, on a thread of its own (its router on this\n"
             "                       layer's input; default off)\n"
+            "  --expert-direct on|off  with --expert-cache: read the experts with O_DIRECT, past\n"
+            "                       the page cache (default off)\n"
             "  --plan               print bytes per token and the longest context fitting the\n"
             "                       budget for every cache type and for the chosen types\n"
             "                       (--layer-types, --kv-auto included), then exit (no prompt needed)\n"
@@ -73,7 +75,7 @@ struct opts {
     long max_tokens, top_k, speculative, ctx, chunk;
     size_t expert_cache;
     double temp, top_p;
-    int json, no_eos, plan, expert_prefetch;
+    int json, no_eos, plan, expert_prefetch, expert_direct;
     struct kv_opts kvx; /* cache types, budget, seed (also the sampler's) and the other KV options */
 };
 
@@ -137,6 +139,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
             bad = cli_parse_size(v, &o->expert_cache) || o->expert_cache == 0, range = " (a size such as 512MiB)";
         else if (strcmp(a, "--expert-prefetch") == 0)
             bad = strcmp(v, "on") && strcmp(v, "off"), o->expert_prefetch = !strcmp(v, "on"), range = " (on or off)";
+        else if (strcmp(a, "--expert-direct") == 0)
+            bad = strcmp(v, "on") && strcmp(v, "off"), o->expert_direct = !strcmp(v, "on"), range = " (on or off)";
         else if (strcmp(a, "--temp") == 0)
             bad = cli_parse_double(v, &o->temp) || o->temp < 0, range = " (0 or more)";
         else if (strcmp(a, "--top-p") == 0)
@@ -609,6 +613,7 @@ static int run(void *user, kvq_model *m, kvq_tokenizer *tok)
     sc.max_chunk = (int)o->chunk; /* 0: the device's default */
     sc.expert_cache = o->expert_cache;
     sc.expert_prefetch = o->expert_prefetch;
+    sc.expert_direct = o->expert_direct;
     if (kvq_seq_create(m, &sc, &s, &err) != KVQ_OK) {
         rc = cli_error(CMD, "%s", err.msg);
         goto out;

@@ -41,6 +41,8 @@ static void usage(FILE *f)
                "                       mapped); same answers\n"
                "  --expert-prefetch on|off  with --expert-cache: read the next sparse layer's likely\n"
                "                       experts ahead (default off)\n"
+               "  --expert-direct on|off  with --expert-cache: read the experts with O_DIRECT, past\n"
+               "                       the page cache (default off)\n"
                "  --speculative N      n-gram speculative decoding with up to N drafts a step\n"
                "                       (0..15, default 0: off; not for requests with logprobs or\n"
                "                       logit_bias); the answers are plain decoding's\n"
@@ -69,7 +71,7 @@ struct opts {
     const char *host, *api_key, *model_name, *chat_template;
     long port, max_seqs, ctx, chunk, max_queue, timeout, drain_timeout, prefix_cache, speculative;
     long max_conns, max_conns_per_ip;
-    int prefix_share, expert_prefetch;
+    int prefix_share, expert_prefetch, expert_direct;
     size_t max_body, expert_cache;
 };
 
@@ -118,6 +120,10 @@ static int own_option(void *user, const char *a, const char *v)
         if (strcmp(v, "on") != 0 && strcmp(v, "off") != 0)
             return 1;
         o->expert_prefetch = strcmp(v, "on") == 0;
+    } else if (strcmp(a, "--expert-direct") == 0) {
+        if (strcmp(v, "on") != 0 && strcmp(v, "off") != 0)
+            return 1;
+        o->expert_direct = strcmp(v, "on") == 0;
     }
     else
         return -1;
@@ -174,6 +180,7 @@ static int serve(void *user, kvq_model *m, kvq_tokenizer *tok)
     ec.batch.seq.max_ctx = (size_t)o->ctx;
     ec.batch.seq.expert_cache = o->expert_cache;
     ec.batch.seq.expert_prefetch = o->expert_prefetch;
+    ec.batch.seq.expert_direct = o->expert_direct;
     ec.batch.max_seqs = (int)o->max_seqs;
     ec.chunk = (int)o->chunk;
     ec.max_queue = (int)o->max_queue;

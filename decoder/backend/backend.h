@@ -179,7 +179,7 @@ kvq_status kvq_backend_cpu_create(const struct kvq_model *m, size_t max_rows, kv
  *  call replaces the cache. @return KVQ_OK; KVQ_ERR_INVALID_ARG (a dense
  *  model, weights widened at load, bytes below one expert: err says which);
  *  KVQ_ERR_IO; KVQ_ERR_NOMEM. */
-kvq_status kvq_backend_cpu_expert_cache(kvq_backend *b, size_t bytes, int prefetch, kvq_error *err);
+kvq_status kvq_backend_cpu_expert_cache(kvq_backend *b, size_t bytes, int prefetch, int direct, kvq_error *err);
 /** The CPU backend's expert cache statistics. @return 0 (and st zeroed) without a cache, else 1. */
 int kvq_backend_cpu_expert_stats(const kvq_backend *b, struct kvq_expert_stats *st);
 /** Why the last step's expert read failed (the call gave KVQ_ERR_IO): file,

@@ -417,13 +417,13 @@ static kvq_status cpu_moe_experts(kvq_backend *b, int layer, const float *x, flo
 
 static const struct kvq_backend_ops cpu_ops; /* below: what tells a CPU backend */
 
-kvq_status kvq_backend_cpu_expert_cache(kvq_backend *b, size_t bytes, int prefetch, kvq_error *err)
+kvq_status kvq_backend_cpu_expert_cache(kvq_backend *b, size_t bytes, int prefetch, int direct, kvq_error *err)
 {
     struct cpu_backend *cb = (struct cpu_backend *)b;
     if (b->ops != &cpu_ops || !cb->moe)
         return kvq_error_set(err, KVQ_ERR_INVALID_ARG, "expert cache: %s",
                              b->ops != &cpu_ops ? "not a CPU backend" : "the model has no experts");
-    return kvq_cpu_moe_set_cache(b, cb->moe, bytes, prefetch, err);
+    return kvq_cpu_moe_set_cache(b, cb->moe, bytes, prefetch, direct, err);
 }
 
 int kvq_backend_cpu_expert_stats(const kvq_backend *b, struct kvq_expert_stats *st)

@@ -35,7 +35,8 @@ void kvq_cpu_moe_route(kvq_backend *b, struct kvq_cpu_moe *s, int layer, const f
 kvq_status kvq_cpu_moe_experts(kvq_backend *b, struct kvq_cpu_moe *s, int layer, const float *x, float *y, size_t T);
 /* Replaces s's expert cache by one of `bytes` (expert_cache.h), reading
  * ahead when prefetch is 1. */
-kvq_status kvq_cpu_moe_set_cache(kvq_backend *b, struct kvq_cpu_moe *s, size_t bytes, int prefetch, kvq_error *err);
+kvq_status kvq_cpu_moe_set_cache(kvq_backend *b, struct kvq_cpu_moe *s, size_t bytes, int prefetch, int direct,
+                                  kvq_error *err);
 /* @return 0 without a cache, else 1 and st. */
 int kvq_cpu_moe_cache_stats(const struct kvq_cpu_moe *s, struct kvq_expert_cache_stats *st);
 /* Why the expert cache's last fetch failed (kvq_expert_cache_error), or NULL. */

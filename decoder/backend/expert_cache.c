@@ -1,5 +1,6 @@
 /* expert_cache.c - mixture-of-experts weights in a bounded set of slots,
  * read on demand from the checkpoint (expert_cache.h). */
+#define _GNU_SOURCE /* O_DIRECT */
 #include "expert_cache.h"
 
 #include <errno.h>
@@ -15,10 +16,13 @@
 #include "parallel.h"
 
 #define MAX_READS 4 /* blocks per expert: gate, up, down (fused: gate_up, down) */
+#define DIRECT_ALIGN ((size_t)4096) /* O_DIRECT: offsets, lengths and buffers in these units */
 
 struct read_job {
     int fd, file; /* file: index into m->fs, for the error message */
     size_t off, len;
+    size_t need; /* bytes that must arrive: len, or with O_DIRECT the block's end within the
+                  * aligned range (the file may end before the range does) */
     uint8_t *dst;
 };
 
@@ -26,6 +30,7 @@ struct kvq_expert_cache {
     const struct kvq_model *m;
     int n_slots, E;
     size_t slot_bytes;
+    int direct;               /* the fds are O_DIRECT: reads of aligned ranges */
     uint8_t *mem;             /* [n_slots][slot_bytes] */
     int32_t *slot_key;        /* layer * E + expert held, or -1 */
     uint64_t *slot_used;      /* clock of the last fetch that used it */
@@ -51,6 +56,16 @@ struct kvq_expert_cache {
     pthread_mutex_t mu;
     pthread_cond_t work, done;
 };
+
+/* Bytes a block of len bytes at file offset off takes in a slot: itself,
+ * or with O_DIRECT the aligned range around it. */
+static size_t span_of(int direct, size_t off, size_t len)
+{
+    if (!direct)
+        return len;
+    const size_t a = off & ~(DIRECT_ALIGN - 1);
+    return (off + len + DIRECT_ALIGN - 1) / DIRECT_ALIGN * DIRECT_ALIGN - a;
+}
 
 /* The file holding p, and p's offset in it; -1 when p is not in a mapping. */
 static int file_of(const struct kvq_model *m, const void *p, size_t *off)
@@ -102,7 +117,7 @@ void kvq_expert_cache_free(struct kvq_expert_cache *c)
     free(c);
 }
 
-kvq_status kvq_expert_cache_create(const struct kvq_model *m, size_t bytes, struct kvq_expert_cache **out,
+kvq_status kvq_expert_cache_create(const struct kvq_model *m, size_t bytes, int direct, struct kvq_expert_cache **out,
                                    kvq_error *err)
 {
     const struct kvq_model_config *cfg = &m->cfg;
@@ -120,9 +135,11 @@ kvq_status kvq_expert_cache_create(const struct kvq_model *m, size_t bytes, stru
                         return kvq_error_set(err, KVQ_ERR_INVALID_ARG,
                                              "expert cache: the experts must be read from the checkpoint's files "
                                              "(not widened to f32 at load)");
-                    s += (size_t)w[i]->b[b].rows * (size_t)w[i]->cols * kvq_st_dtype_size(w[i]->b[b].dtype);
+                    s += span_of(direct, off,
+                                 (size_t)w[i]->b[b].rows * (size_t)w[i]->cols * kvq_st_dtype_size(w[i]->b[b].dtype));
                 }
-            s = (s + 63) & ~(size_t)63;
+            const size_t unit = direct ? DIRECT_ALIGN : 64;
+            s = (s + unit - 1) / unit * unit;
             slot = s > slot ? s : slot;
             total++;
         }
@@ -135,9 +152,10 @@ kvq_status kvq_expert_cache_create(const struct kvq_model *m, size_t bytes, stru
     c->m = m;
     c->E = cfg->arch.n_experts;
     c->slot_bytes = slot;
+    c->direct = direct;
     c->n_slots = (int)(bytes / slot < total ? bytes / slot : total);
     const size_t keys = (size_t)cfg->n_layers * (size_t)c->E;
-    c->mem = aligned_alloc(64, (size_t)c->n_slots * slot); /* pages become resident as slots fill */
+    c->mem = aligned_alloc(direct ? DIRECT_ALIGN : 64, (size_t)c->n_slots * slot); /* pages become resident as slots fill */
     c->slot_key = malloc((size_t)c->n_slots * sizeof *c->slot_key);
     c->slot_used = calloc((size_t)c->n_slots, sizeof *c->slot_used);
     c->where = malloc(keys * sizeof *c->where);
@@ -165,10 +183,11 @@ kvq_status kvq_expert_cache_create(const struct kvq_model *m, size_t bytes, stru
     for (int i = 0; i < m->fs.n; i++)
         c->fds[i] = -1;
     for (int i = 0; i < m->fs.n; i++)
-        if ((c->fds[i] = open(m->fs.paths[i], O_RDONLY | O_CLOEXEC)) < 0) {
+        if ((c->fds[i] = open(m->fs.paths[i], O_RDONLY | O_CLOEXEC | (direct ? O_DIRECT : 0))) < 0) {
             const int e = errno;
             kvq_expert_cache_free(c);
-            return kvq_error_set(err, KVQ_ERR_IO, "%s: cannot open: %s", m->fs.paths[i], strerror(e));
+            return kvq_error_set(err, KVQ_ERR_IO, "%s: cannot open%s: %s", m->fs.paths[i],
+                                 direct ? " for direct reads (O_DIRECT)" : "", strerror(e));
         }
     for (int s = 0; s < c->n_slots; s++)
         c->slot_key[s] = -1;
@@ -197,7 +216,7 @@ void kvq_expert_cache_get_stats(struct kvq_expert_cache *c, struct kvq_expert_ca
 static int read_job_run(const struct read_job *j)
 {
     size_t done = 0;
-    while (done < j->len) {
+    while (done < j->need) {
         const ssize_t r = pread(j->fd, j->dst + done, j->len - done, (off_t)(j->off + done));
         if (r < 0 && errno == EINTR)
             continue;
@@ -270,9 +289,11 @@ static void place(struct kvq_expert_cache *c, int s, const struct kvq_wmat *src_
             const size_t len = (size_t)src[i]->b[b].rows * (size_t)src[i]->cols * kvq_st_dtype_size(src[i]->b[b].dtype);
             size_t off = 0;
             const int f = file_of(c->m, src[i]->b[b].data, &off);
-            jobs[(*n_jobs)++] = (struct read_job){c->fds[f], f, off, len, dst};
-            to[i]->b[b].data = dst;
-            dst += len;
+            /* O_DIRECT: the aligned range around the block, the block inside it */
+            const size_t a = c->direct ? off & ~(DIRECT_ALIGN - 1) : off, span = span_of(c->direct, off, len);
+            jobs[(*n_jobs)++] = (struct read_job){c->fds[f], f, a, span, off - a + len, dst};
+            to[i]->b[b].data = dst + (off - a);
+            dst += span;
         }
     }
 }

@@ -39,9 +39,13 @@ struct kvq_expert_cache_stats {
 
 /** A cache of at most `bytes` bytes of m's experts (as many whole experts
  *  as fit). m's experts must be mapped from its files (not weights_f32).
+ *  direct: the files are read with O_DIRECT, each block of an expert as the
+ *  4 KiB-aligned range around it (a slot holds the ranges; the matrices
+ *  point into them), so no read goes through the page cache.
  *  @return KVQ_OK; KVQ_ERR_INVALID_ARG (no experts, not mapped, bytes below
- *  one expert); KVQ_ERR_IO (a file cannot be opened); KVQ_ERR_NOMEM. */
-kvq_status kvq_expert_cache_create(const struct kvq_model *m, size_t bytes, struct kvq_expert_cache **out,
+ *  one expert); KVQ_ERR_IO (a file cannot be opened, or not with O_DIRECT);
+ *  KVQ_ERR_NOMEM. */
+kvq_status kvq_expert_cache_create(const struct kvq_model *m, size_t bytes, int direct, struct kvq_expert_cache **out,
                                    kvq_error *err);
 void kvq_expert_cache_free(struct kvq_expert_cache *c);
 

@@ -315,10 +315,11 @@ kvq_status kvq_cpu_moe_experts(kvq_backend *b, struct kvq_cpu_moe *s, int layer,
     return KVQ_OK;
 }
 
-kvq_status kvq_cpu_moe_set_cache(kvq_backend *b, struct kvq_cpu_moe *s, size_t bytes, int prefetch, kvq_error *err)
+kvq_status kvq_cpu_moe_set_cache(kvq_backend *b, struct kvq_cpu_moe *s, size_t bytes, int prefetch, int direct,
+                                  kvq_error *err)
 {
     struct kvq_expert_cache *c = NULL;
-    kvq_status st = kvq_expert_cache_create(b->m, bytes, &c, err);
+    kvq_status st = kvq_expert_cache_create(b->m, bytes, direct, &c, err);
     if (st != KVQ_OK)
         return st == KVQ_ERR_NOMEM ? kvq_error_set(err, st, "expert cache: out of memory") : st;
     kvq_expert_cache_free(s->cache);

@@ -53,7 +53,7 @@ kvq_status kvq_engine_open(const kvq_model *m, const struct kvq_seq_config *sc, 
         (*kv)->ops->attach(*kv, (*be)->dev_stream, (*be)->dev_step);
     /* experts read on demand into a bounded cache: one for all of a batch's
      * slots, which share the backend */
-    if (sc->expert_cache && (st = kvq_backend_cpu_expert_cache(*be, sc->expert_cache, sc->expert_prefetch, err)) != KVQ_OK) {
+    if (sc->expert_cache && (st = kvq_backend_cpu_expert_cache(*be, sc->expert_cache, sc->expert_prefetch, sc->expert_direct, err)) != KVQ_OK) {
         kvq_backend_free(*be);
         kvq_kv_store_free(*kv);
         *be = NULL;

@@ -357,6 +357,11 @@ struct kvq_seq_config {
                              * fetches. Same results either way; off by default until it is measured
                              * to help on a real model (on the random test checkpoints it does not:
                              * bench_experts) */
+    int expert_direct;      /* with expert_cache: 1 reads the experts with O_DIRECT, past the
+                             * page cache (whose copies would otherwise take as much memory
+                             * again as the experts read, until the kernel drops them), in
+                             * 4 KiB-aligned pieces; refused at create where the filesystem
+                             * does not support it. 0 (default): plain pread. Same results */
     int fast_prefill;       /* 1 (default): on KVQ_DEVICE_CUDA a product of more than 64 rows
                              * (a prefill chunk) with 16-bit weights rounds its inputs to the
                              * weights' type, one GEMM with f32 sums, as transformers', vLLM's
