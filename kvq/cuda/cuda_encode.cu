@@ -499,17 +499,6 @@ __device__ float centred_source(const kvq_cu_pack_job &J, int t, int h, int j, c
     return __half2float(__ushort_as_half(r[j]));
 }
 
-/* A page of a prefill chunk is a job; with 4 warps each encoded 16 of a
- * 64-token page's keys one after another, a latency chain (102 us per layer
- * for a 2048-token chunk on an H200): up to 16 warps share the page's mean
- * (pack_smem: as many as 48 KB of shared memory hold). */
-constexpr int kPackWarps = 16;
-
-size_t pack_smem(int d, int warps)
-{
-    return ((size_t)d + (size_t)warps * 3 * d) * sizeof(float) + (size_t)warps * 2 * d;
-}
-
 __global__ void pack_kernel(const kvq_cu_pack_job *jobs, const float *k, kvq_dev_codec ck, kvq_dev_pages pg,
                             uint64_t mean_off, uint32_t mean_bytes, const uint16_t *ov_k, int ov_rows, int sink_rows,
                             int ring, const int *flag)
@@ -521,9 +510,9 @@ __global__ void pack_kernel(const kvq_cu_pack_job *jobs, const float *k, kvq_dev
         return;
     extern __shared__ float smem_f[];
     const int h = blockIdx.x, d = ck.dim, H = (int)pg.n_kv_heads, P = (int)pg.page_tokens;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (int)(blockDim.x >> 5);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     float *mean = smem_f, *x = mean + d + warp * 3 * d, *buf0 = x + d, *buf1 = buf0 + d;
-    uint8_t *idx = reinterpret_cast<uint8_t *>(smem_f + d + nw * 3 * d) + warp * 2 * d, *sgn = idx + d;
+    uint8_t *idx = reinterpret_cast<uint8_t *>(smem_f + d + kWarps * 3 * d) + warp * 2 * d, *sgn = idx + d;
     uint8_t *page = pg.pool + (uint64_t)J.page * pg.page_bytes;
     uint8_t *blk = page + mean_off + (uint64_t)h * mean_bytes;
     __shared__ float scale_s;
@@ -557,7 +546,7 @@ __global__ void pack_kernel(const kvq_cu_pack_job *jobs, const float *k, kvq_dev
     for (int j = threadIdx.x; j < d; j += blockDim.x) /* m~, as kvq_key_mean_decode */
         mean[j] = kvq_key_mean_scale(blk) * (float)(kvq_key_mean_code(blk, j) - 8);
     __syncthreads();
-    for (int t = J.from + warp; t < J.to; t += nw) {
+    for (int t = J.from + warp; t < J.to; t += kWarps) {
         for (int j = lane; j < d; j += 32)
             x[j] = __fsub_rn(centred_source(J, t, h, j, k, H, d, ov_k, ov_rows, sink_rows, ring), mean[j]);
         __syncwarp();
@@ -612,12 +601,9 @@ kvq_status kvq_cu_pack_keys(const kvq_cuda_cache *c, int n_jobs, const kvq_cu_pa
     if (n_jobs == 0)
         return KVQ_OK;
     const int d = c->dk.dim;
-    int warps = kPackWarps;
-    while (warps > kWarps && pack_smem(d, warps) > 48 * 1024)
-        warps /= 2;
-    const size_t smem = pack_smem(d, warps);
+    const size_t smem = ((size_t)d + kWarps * 3 * (size_t)d) * sizeof(float) + kWarps * 2 * (size_t)d;
     const int H = c->cfg.cache.n_kv_heads;
-    return kvq_cu_launch(c->step, false, pack_kernel, dim3((unsigned)H, (unsigned)n_jobs), dim3(warps * 32), smem,
+    return kvq_cu_launch(c->step, false, pack_kernel, dim3((unsigned)H, (unsigned)n_jobs), dim3(kWarps * 32), smem,
                          c->stream, jobs_d, k, c->dk, kvq_cu_pages_of(c), (uint64_t)c->layout.mean_off,
                          c->layout.mean_bytes, (const uint16_t *)c->ov_k_d, c->ov_rows, c->sink_rows,
                          c->ring ? c->ring : 1, flag_d);
