@@ -213,35 +213,53 @@ void kvq_cpu_moe_route(kvq_backend *b, struct kvq_cpu_moe *s, int layer, const f
     s->ahead_layer = ln;
 }
 
-/* Expert e's rows of this call through its matrices gu / down, weighted
- * into s->acc. */
-static void run_expert(kvq_backend *b, struct kvq_cpu_moe *s, int e, const struct kvq_wmat *gu,
-                       const struct kvq_wmat *down, const float *x)
+/* s->yd[n][hidden] = down . (act(gate . x) * (up . x)) for the n rows of x,
+ * through an expert of intermediate size F (gu: gate rows then up rows). */
+static void expert_mlp(kvq_backend *b, struct kvq_cpu_moe *s, const struct kvq_wmat *gu, const struct kvq_wmat *down,
+                       const float *x, size_t n, int F)
 {
     const struct kvq_model_config *c = &b->m->cfg;
-    const int k = c->arch.top_k, F = c->arch.moe_ffn;
-    const size_t H = (size_t)c->hidden;
-    const int32_t *rows = s->order + s->start[e];
-    const size_t n = (size_t)(s->start[e + 1] - s->start[e]);
-    for (size_t i = 0; i < n; i++)
-        memcpy(s->xg + i * H, x + (size_t)(rows[i] / k) * H, H * sizeof *x);
-    kvq_cpu_matmul(b, gu, s->xg, s->gu, 2 * F, n, 0);
+    kvq_cpu_matmul(b, gu, x, s->gu, 2 * F, n, 0);
     for (size_t i = 0; i < n; i++) {
         const float *g = s->gu + i * 2 * (size_t)F;
         float *o = s->h + i * (size_t)F;
         for (int j = 0; j < F; j++)
             o[j] = kvq_cpu_act(c->arch.act, g[j]) * g[F + j];
     }
-    kvq_cpu_matmul(b, down, s->h, s->yd, (int)H, n, 0);
+    kvq_cpu_matmul(b, down, s->h, s->yd, c->hidden, n, 0);
+}
+
+/* Output row i of s->yd times its weight, rounded, then added into s->acc:
+ * as transformers' multiply and index_add. With rows (an expert's entries
+ * of b->moe_ids), the weight is w[rows[i]] and the row rows[i] / k; else
+ * w[i] and row i. */
+static void add_weighted(struct kvq_cpu_moe *s, size_t H, size_t n, const float *w, const int32_t *rows, int k)
+{
     for (size_t i = 0; i < n; i++) {
-        const float w = b->moe_w[rows[i]];
-        float *dst = s->acc + (size_t)(rows[i] / k) * H;
+        const float wi = w[rows ? (size_t)rows[i] : i];
+        float *dst = s->acc + (rows ? (size_t)(rows[i] / k) : i) * H;
         const float *src = s->yd + i * H;
         for (size_t j = 0; j < H; j++) {
-            const float p = src[j] * w; /* rounded, then added: as transformers' multiply and index_add */
+            const float p = src[j] * wi;
             dst[j] += p;
         }
     }
+}
+
+/* Expert e's rows of this call through its matrices gu / down, weighted
+ * into s->acc. */
+static void run_expert(kvq_backend *b, struct kvq_cpu_moe *s, int e, const struct kvq_wmat *gu,
+                       const struct kvq_wmat *down, const float *x)
+{
+    const struct kvq_model_config *c = &b->m->cfg;
+    const int k = c->arch.top_k;
+    const size_t H = (size_t)c->hidden;
+    const int32_t *rows = s->order + s->start[e];
+    const size_t n = (size_t)(s->start[e + 1] - s->start[e]);
+    for (size_t i = 0; i < n; i++)
+        memcpy(s->xg + i * H, x + (size_t)(rows[i] / k) * H, H * sizeof *x);
+    expert_mlp(b, s, gu, down, s->xg, n, c->arch.moe_ffn);
+    add_weighted(s, H, n, b->moe_w, rows, k);
 }
 
 /* The shared expert over all T rows of x, each output scaled by
@@ -250,26 +268,11 @@ static void run_shared(kvq_backend *b, struct kvq_cpu_moe *s, const struct kvq_m
                        size_t T)
 {
     const struct kvq_model_config *c = &b->m->cfg;
-    const int S = c->arch.shared_ffn;
-    const size_t H = (size_t)c->hidden;
-    kvq_cpu_matmul(b, &ml->shared_gu, x, s->gu, 2 * S, T, 0);
-    for (size_t i = 0; i < T; i++) {
-        const float *g = s->gu + i * 2 * (size_t)S;
-        float *o = s->h + i * (size_t)S;
-        for (int j = 0; j < S; j++)
-            o[j] = kvq_cpu_act(c->arch.act, g[j]) * g[S + j];
-    }
-    kvq_cpu_matmul(b, &ml->shared_down, s->h, s->yd, (int)H, T, 0);
+    expert_mlp(b, s, &ml->shared_gu, &ml->shared_down, x, T, c->arch.shared_ffn);
     kvq_cpu_matmul(b, &ml->shared_gate, x, s->logits, 1, T, 0);
-    for (size_t i = 0; i < T; i++) {
-        const float w = 1.0f / (1.0f + expf(-s->logits[i]));
-        float *dst = s->acc + i * H;
-        const float *src = s->yd + i * H;
-        for (size_t j = 0; j < H; j++) {
-            const float p = w * src[j];
-            dst[j] += p;
-        }
-    }
+    for (size_t i = 0; i < T; i++)
+        s->logits[i] = 1.0f / (1.0f + expf(-s->logits[i]));
+    add_weighted(s, (size_t)c->hidden, T, s->logits, NULL, 1);
 }
 
 kvq_status kvq_cpu_moe_experts(kvq_backend *b, struct kvq_cpu_moe *s, int layer, const float *x, float *y, size_t T)
