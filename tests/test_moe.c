@@ -257,6 +257,27 @@ static void test_config(void)
 
 /* ---- the CPU ops over synthetic checkpoints --------------------------- */
 
+/* o[HID] = down . (silu(gate . x) * (up . x)) in double, for an expert of
+ * intermediate size F ([F][HID] gate and up, [HID][F] down). */
+static void mlp_ref(const float *x, const float *g, const float *u, const float *d, int F, double *o)
+{
+    double h[SHARED_F > MOE_F ? SHARED_F : MOE_F];
+    for (int f = 0; f < F; f++) {
+        double a = 0, b = 0;
+        for (int i = 0; i < HID; i++) {
+            a += (double)x[i] * g[f * HID + i];
+            b += (double)x[i] * u[f * HID + i];
+        }
+        h[f] = a / (1 + exp(-a)) * b;
+    }
+    for (int i = 0; i < HID; i++) {
+        double s = 0;
+        for (int f = 0; f < F; f++)
+            s += h[f] * d[i * F + f];
+        o[i] = s;
+    }
+}
+
 static void moe_ref(const struct synth *sy, int l, const float *x, const float *y0, size_t T, double *y, int32_t *ids,
                     double *gap)
 {
@@ -287,45 +308,21 @@ static void moe_ref(const struct synth *sy, int l, const float *x, const float *
         for (int j = 0; j < k; j++) {
             const int e = rid[j];
             ids[t * (size_t)k + (size_t)j] = e;
-            const float *g = sy->gu[l] + (size_t)e * 2 * MOE_F * HID, *u = g + MOE_F * HID;
-            const float *d = sy->down[l] + (size_t)e * HID * MOE_F;
-            double h[MOE_F];
-            for (int f = 0; f < MOE_F; f++) {
-                double a = 0, b = 0;
-                for (int i = 0; i < HID; i++) {
-                    a += (double)xt[i] * g[f * HID + i];
-                    b += (double)xt[i] * u[f * HID + i];
-                }
-                h[f] = a / (1 + exp(-a)) * b;
-            }
-            for (int i = 0; i < HID; i++) {
-                double s = 0;
-                for (int f = 0; f < MOE_F; f++)
-                    s += h[f] * d[i * MOE_F + f];
-                y[t * HID + i] += rw[j] * s;
-            }
+            const float *g = sy->gu[l] + (size_t)e * 2 * MOE_F * HID;
+            double o[HID];
+            mlp_ref(xt, g, g + MOE_F * HID, sy->down[l] + (size_t)e * HID * MOE_F, MOE_F, o);
+            for (int i = 0; i < HID; i++)
+                y[t * HID + i] += rw[j] * o[i];
         }
         if (!sy->shared)
             continue;
         /* Qwen2-MoE: + sigmoid(gate . x) x the shared expert's output */
-        double gl = 0, h[SHARED_F];
+        double gl = 0, o[HID];
         for (int i = 0; i < HID; i++)
             gl += (double)xt[i] * sy->sgate[l][i];
-        const float *g = sy->sgu[l], *u = g + SHARED_F * HID;
-        for (int f = 0; f < SHARED_F; f++) {
-            double a = 0, b = 0;
-            for (int i = 0; i < HID; i++) {
-                a += (double)xt[i] * g[f * HID + i];
-                b += (double)xt[i] * u[f * HID + i];
-            }
-            h[f] = a / (1 + exp(-a)) * b;
-        }
-        for (int i = 0; i < HID; i++) {
-            double s = 0;
-            for (int f = 0; f < SHARED_F; f++)
-                s += h[f] * sy->sdown[l][i * SHARED_F + f];
-            y[t * HID + i] += s / (1 + exp(-gl));
-        }
+        mlp_ref(xt, sy->sgu[l], sy->sgu[l] + SHARED_F * HID, sy->sdown[l], SHARED_F, o);
+        for (int i = 0; i < HID; i++)
+            y[t * HID + i] += o[i] / (1 + exp(-gl));
     }
 }
 

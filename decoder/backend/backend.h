@@ -163,6 +163,21 @@ struct kvq_backend {
     void *dev_step;       /* device backends: the step recorder (a kvq_cuda_step), NULL when graphs are off */
 };
 
+/* The device's time per part (part_times, nothing reset) into the gpu_*
+ * fields of kvq_seq_stats and kvq_batch_stats; left as they are on a backend
+ * without device timing. */
+static inline void kvq_backend_gpu_parts(kvq_backend *b, double *matmul, double *attn, double *lm_head, double *other)
+{
+    if (!b->ops->part_times)
+        return;
+    double t[KVQ_N_PARTS];
+    b->ops->part_times(b, t, 0);
+    *matmul = t[KVQ_PART_MATMUL];
+    *attn = t[KVQ_PART_ATTN];
+    *lm_head = t[KVQ_PART_LM_HEAD];
+    *other = t[KVQ_PART_OTHER];
+}
+
 #ifdef __cplusplus
 extern "C" {
 #endif

@@ -617,14 +617,7 @@ void kvq_batch_get_stats(const kvq_batch *b, struct kvq_batch_stats *st)
     st->t_attn = b->tm.attn;
     st->t_lm_head = b->tm.lm_head;
     st->t_total = b->t_total;
-    if (b->be->ops->part_times) {
-        double t[KVQ_N_PARTS];
-        b->be->ops->part_times(b->be, t, 0);
-        st->gpu_matmul = t[KVQ_PART_MATMUL];
-        st->gpu_attn = t[KVQ_PART_ATTN];
-        st->gpu_lm_head = t[KVQ_PART_LM_HEAD];
-        st->gpu_other = t[KVQ_PART_OTHER];
-    }
+    kvq_backend_gpu_parts(b->be, &st->gpu_matmul, &st->gpu_attn, &st->gpu_lm_head, &st->gpu_other);
     kvq_backend_cpu_expert_stats(b->be, &st->experts);
 }
 

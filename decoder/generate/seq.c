@@ -285,14 +285,7 @@ void kvq_seq_get_stats(const kvq_seq *s, struct kvq_seq_stats *st)
     st->t_lm_head = s->tm->lm_head;
     double host = st->t_prefill + st->t_decode - st->t_matmul - st->t_attn - st->t_lm_head;
     st->t_host = host > 0 ? host : 0;
-    if (s->be->ops->part_times) {
-        double t[KVQ_N_PARTS];
-        s->be->ops->part_times(s->be, t, 0);
-        st->gpu_matmul = t[KVQ_PART_MATMUL];
-        st->gpu_attn = t[KVQ_PART_ATTN];
-        st->gpu_lm_head = t[KVQ_PART_LM_HEAD];
-        st->gpu_other = t[KVQ_PART_OTHER];
-    }
+    kvq_backend_gpu_parts(s->be, &st->gpu_matmul, &st->gpu_attn, &st->gpu_lm_head, &st->gpu_other);
     size_t captured = 0, replayed = 0;
     kvq_cuda_step_counts(s->be->dev_step, &captured, &replayed);
     st->gpu_graph_steps = captured + replayed;
